@@ -1,0 +1,3 @@
+from gpuweave.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per ``gpuweave`` sub-command; each exposes ``register(subparsers)``."""

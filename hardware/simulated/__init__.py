@@ -1,0 +1,1 @@
+"""Simulated hardware: a faithful pynvml call surface and a fake sysfs tree."""

@@ -1,0 +1,1 @@
+"""health package of gpuweave."""

@@ -1,0 +1,1 @@
+"""mig package of gpuweave."""

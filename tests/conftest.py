@@ -1,0 +1,1 @@
+"""Shared test configuration: warnings are errors (pyproject), fixtures live beside their suites."""

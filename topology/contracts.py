@@ -1,0 +1,44 @@
+"""Names that pods, nodes and other components depend on.
+
+These are contracts (DESIGN §3): changing one breaks users' pod specs or the handoff between
+the extender and the node agent. Keep old names working when adding new ones.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Resource names users' pod specs already carry.
+RESOURCE_GPU: Final = "nvidia.com/gpu"
+RESOURCE_MIG_PREFIX: Final = "nvidia.com/mig-"  # + profile, e.g. nvidia.com/mig-3g.40gb
+RESOURCE_EFA: Final = "vpc.amazonaws.com/efa"
+
+# Fractional GPUs (gpuweave's own names). One unit of compute is 1% of one GPU's SMs,
+# one unit of memory is 1 GiB of one GPU's memory. A container's units all come from one GPU.
+RESOURCE_GPU_COMPUTE: Final = "gpuweave.io/gpu-compute"
+RESOURCE_GPU_MEMORY: Final = "gpuweave.io/gpu-memory"
+# Time-sliced replicas of whole GPUs (configurable per GPU).
+RESOURCE_GPU_SHARED: Final = "gpuweave.io/gpu-shared"
+
+# Pod annotations.
+ANNOTATION_GPU_SELECTOR: Final = "gpuweave.io/gpu-selector"  # CEL over DRA-named attributes
+ANNOTATION_PLACEMENT: Final = "gpuweave.io/placement"  # best-effort | nvlink-required | nic-aligned ...
+ANNOTATION_ASSIGNMENT: Final = "gpuweave.io/assignment"  # extender's device choice (JSON), set at bind
+ANNOTATION_OPT_OUT_EVICTION: Final = "gpuweave.io/no-health-eviction"  # label: "true" opts a pod out
+
+# DRA-style attribute domain for capability selectors.
+ATTRIBUTE_DOMAIN: Final = "gpuweave.io"
+
+# Published objects.
+API_GROUP: Final = "gpuweave.io"
+API_VERSION: Final = "v1alpha1"
+NODE_INVENTORY_KIND: Final = "GpuNodeInventory"
+NODE_INVENTORY_PLURAL: Final = "gpunodeinventories"
+BAD_HARDWARE_KIND: Final = "GpuBadHardware"
+BAD_HARDWARE_PLURAL: Final = "gpubadhardwares"
+MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG layout (node annotation)
+
+
+def mig_resource_name(profile: str) -> str:
+    """``nvidia.com/mig-<profile>`` as the mixed MIG strategy names it."""
+    return f"{RESOURCE_MIG_PREFIX}{profile}"

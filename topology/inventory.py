@@ -1,0 +1,140 @@
+"""Inventory values: what a GPU node is made of, as frozen dataclasses.
+
+Every part of gpuweave speaks in these values. Discovery (``hardware/``) produces a
+``NodeInventory``; the topology graph, the device plugin, the MIG manager, health and the
+scheduler extender consume it. They carry no behaviour beyond small derived properties, so
+they are cheap to build in tests and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Architecture(StrEnum):
+    """GPU architecture family, named as NVML's ``nvmlDeviceGetArchitecture`` names them."""
+
+    KEPLER = "kepler"
+    MAXWELL = "maxwell"
+    PASCAL = "pascal"
+    VOLTA = "volta"
+    TURING = "turing"
+    AMPERE = "ampere"
+    ADA = "ada"
+    HOPPER = "hopper"
+    BLACKWELL = "blackwell"
+    UNKNOWN = "unknown"
+
+
+class NicType(StrEnum):
+    EFA = "efa"
+    INFINIBAND = "infiniband"
+    ETHERNET = "ethernet"
+
+
+@dataclass(frozen=True)
+class PcieSwitch:
+    """A PCIe switch below one host bridge (root complex); GPUs and NICs hang off switches."""
+
+    name: str
+    numa_node: int
+    root: str  # host bridge / root complex identifier, e.g. "pci0000:00"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    pci_bus_id: str  # "00000000:53:00.0" as NVML prints it
+    product: str  # "NVIDIA H100 80GB HBM3"
+    architecture: Architecture
+    compute_capability: str  # "9.0"
+    memory_mib: int
+    numa_node: int
+    pcie_switch: str | None  # name of the PcieSwitch above the GPU; None when on a root port
+    pcie_root: str  # host bridge the GPU sits under
+    minor: int  # /dev/nvidia<minor>
+    mig_capable: bool = False
+    mig_enabled: bool = False
+
+    @property
+    def device_node(self) -> str:
+        return f"/dev/nvidia{self.minor}"
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device: a GPU instance plus one compute instance inside it."""
+
+    uuid: str  # "MIG-xxxxxxxx-..."
+    parent_uuid: str
+    parent_index: int
+    profile: str  # "1g.10gb", "3g.40gb", "1g.10gb+me"
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement_start: int  # first memory slot
+    placement_size: int  # memory slots covered
+    memory_mib: int
+    compute_slices: int
+
+
+@dataclass(frozen=True)
+class Nic:
+    name: str  # "rdmap16s27" / "efa_0"
+    type: NicType
+    pci_bus_id: str
+    numa_node: int
+    pcie_switch: str | None
+    pcie_root: str
+    uverbs_device: str | None = None  # "/dev/infiniband/uverbs0" for RDMA-capable adapters
+    netdev: str | None = None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """Direct NVLink connection between two GPUs (by index), ``links`` lanes wide."""
+
+    gpu_a: int
+    gpu_b: int
+    links: int
+
+
+@dataclass(frozen=True)
+class NvSwitchFabric:
+    """All listed GPUs reach each other through NVSwitches with ``links_per_gpu`` links each."""
+
+    gpus: tuple[int, ...]
+    links_per_gpu: int
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything gpuweave knows about one node's accelerators and their interconnect."""
+
+    name: str
+    numa_nodes: int
+    gpus: tuple[Gpu, ...]
+    pcie_switches: tuple[PcieSwitch, ...] = ()
+    nvlinks: tuple[NvLink, ...] = ()
+    nvswitch: NvSwitchFabric | None = None
+    nics: tuple[Nic, ...] = ()
+    mig_devices: tuple[MigDevice, ...] = ()
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def gpu(self, index: int) -> Gpu:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise KeyError(f"node {self.name} has no GPU with index {index}")
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise KeyError(f"node {self.name} has no GPU with UUID {uuid}")
+
+    def mig_devices_of(self, gpu_index: int) -> tuple[MigDevice, ...]:
+        return tuple(m for m in self.mig_devices if m.parent_index == gpu_index)
