@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of external APIs (see proto/generate.py)."""

@@ -1,0 +1,61 @@
+"""Regenerate the Python stubs of the kubelet device-plugin API from ``proto/v1beta1/api.proto``.
+
+Run ``python -m proto.generate`` from the repository root after editing the ``.proto``. The stubs
+are committed so installs need no code generator; ``tests/unit/test_deviceplugin_proto.py``
+regenerates into a temporary directory and fails when the committed files are stale.
+
+The proto is compiled with the repository root as include path, so generated modules import each
+other as ``proto.v1beta1.api_pb2`` and work as ``from proto.v1beta1 import api_pb2, api_pb2_grpc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROTO_FILES = ("proto/v1beta1/api.proto",)
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+
+
+def _plugin_path(name: str) -> str | None:
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which(name)
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Compile every proto into ``out_root`` (mirroring the repository layout); return the files."""
+    from grpc_tools import protoc  # dev dependency: imported only when generating
+
+    args = ["grpc_tools.protoc", f"-I{REPO_ROOT}", f"--python_out={out_root}", f"--grpc_python_out={out_root}"]
+    mypy_plugin, mypy_grpc_plugin = _plugin_path("protoc-gen-mypy"), _plugin_path("protoc-gen-mypy_grpc")
+    if mypy_plugin and mypy_grpc_plugin:
+        args += [
+            f"--plugin=protoc-gen-mypy={mypy_plugin}",
+            f"--plugin=protoc-gen-mypy_grpc={mypy_grpc_plugin}",
+            f"--mypy_out={out_root}",
+            f"--mypy_grpc_out={out_root}",
+        ]
+    args += [str(REPO_ROOT / name) for name in PROTO_FILES]
+    status = protoc.main(args)
+    if status != 0:
+        raise RuntimeError(f"protoc failed with status {status} for {', '.join(PROTO_FILES)}")
+    generated_dirs = {(out_root / name).parent for name in PROTO_FILES}
+    return sorted(p for d in generated_dirs for p in d.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT, help="output root (default: the repository)")
+    args = parser.parse_args(argv)
+    for path in generate(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

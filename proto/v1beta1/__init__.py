@@ -1,0 +1,1 @@
+"""Kubelet device-plugin API v1beta1: api.proto and its generated stubs."""
