@@ -1,0 +1,17 @@
+"""Errors raised by the health package."""
+
+from __future__ import annotations
+
+from topology.errors import GpuweaveError
+
+
+class HealthError(GpuweaveError):
+    """Base of health errors."""
+
+
+class HealthStateError(HealthError):
+    """Persisted health state (bad-hardware list, kernel-log cursor) cannot be read or written."""
+
+
+class HealthConfigError(HealthError):
+    """The health configuration is invalid."""

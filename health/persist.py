@@ -1,0 +1,31 @@
+"""Atomic JSON files in the state directory (write tmp + fsync + os.replace)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from health.errors import HealthStateError
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON so a crash leaves the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``, or None when the file does not exist."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise HealthStateError(f"cannot read health state file {path}: {exc}; fix or delete it") from exc

@@ -1,0 +1,1 @@
+"""Health signal sources: kernel log, NVML events, periodic device checks."""

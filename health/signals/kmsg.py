@@ -1,0 +1,164 @@
+"""Kernel-log signals: NVRM Xid lines, fallen-off-the-bus lines and NVSwitch SXid lines.
+
+The kernel log is the fallback when NVML events are missed and the only record of what happened
+before the agent registered for events (NVML does not replay older events). ``parse_line`` is pure;
+``KernelLogTail`` reads new lines from a file (simulation, a captured log) or from ``/dev/kmsg``
+and persists its position, so a restarted agent reads only what it has not seen.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from health.persist import read_json, write_json_atomic
+
+PciKey = tuple[int, int, int]  # (domain, bus, device): Xid lines carry no function number
+
+_PREFIX = re.compile(r"^(?:<\d+>)?(?:\d+,\d+,\d+,[^;]*;)?\s*(?:\[\s*[\d.]+\]\s*)?")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)"
+    r"(?:\s+GPU-I:(?P<gi>\d+))?(?:\s+GPU-CI:(?P<ci>\d+))?[^)]*\).*?: (?P<xid>\d+),(?P<rest>.*)$"
+)
+_OFF_BUS = re.compile(
+    r"NVRM: (?:The NVIDIA GPU|GPU at|GPU) (?:PCI:)?(?P<pci>[0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(?:\.\d)?"
+    r"\b.*fallen off the bus"
+)
+_SXID = re.compile(
+    r"nvidia-nvswitch\d*: SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(?:\.\d)?\): "
+    r"(?P<sxid>\d+), (?P<kind>Non-fatal|Fatal)"
+)
+_FATAL_TOKEN = re.compile(r"\b(Fatal|Nonfatal)\b")
+
+FALLEN_OFF_BUS_XID = 79
+
+
+def pci_key(address: str) -> PciKey:
+    """(domain, bus, device) of ``0000:3b:00``, ``00000000:3B:00.0`` or ``PCI:0000:3b:00``."""
+    parts = address.removeprefix("PCI:").split(".")[0].split(":")
+    if len(parts) != 3:
+        raise ValueError(f"not a PCI address: {address!r}")
+    domain, bus, device = (int(p, 16) for p in parts)
+    return domain, bus, device
+
+
+@dataclass(frozen=True)
+class KernelXid:
+    pci: PciKey
+    xid: int
+    gpu_instance: int | None
+    compute_instance: int | None
+    nonfatal_hint: bool  # the line says "Nonfatal" (NVLink5 144-150)
+    text: str
+
+
+@dataclass(frozen=True)
+class KernelSxid:
+    pci: PciKey
+    sxid: int
+    fatal: bool
+    text: str
+
+
+KernelRecord = KernelXid | KernelSxid
+
+
+def parse_line(line: str) -> KernelRecord | None:
+    """One kernel-log line (plain, ``dmesg`` or ``/dev/kmsg`` framing) as a record, or None."""
+    text = _PREFIX.sub("", line.strip(), count=1)
+    if (match := _XID.search(text)) is not None:
+        token = _FATAL_TOKEN.search(match["rest"])
+        return KernelXid(
+            pci=pci_key(match["pci"]),
+            xid=int(match["xid"]),
+            gpu_instance=int(match["gi"]) if match["gi"] else None,
+            compute_instance=int(match["ci"]) if match["ci"] else None,
+            nonfatal_hint=token is not None and token[1] == "Nonfatal",
+            text=text,
+        )
+    if (match := _OFF_BUS.search(text)) is not None:
+        return KernelXid(pci_key(match["pci"]), FALLEN_OFF_BUS_XID, None, None, False, text)
+    if (match := _SXID.search(text)) is not None:
+        return KernelSxid(pci_key(match["pci"]), int(match["sxid"]), match["kind"] == "Fatal", text)
+    return None
+
+
+def xid_line(
+    pci_bus_id: str,
+    xid: int,
+    message: str,
+    *,
+    gpu_instance: int | None = None,
+    compute_instance: int | None = None,
+) -> str:
+    """The NVRM line the driver writes for an Xid (used by the simulated node to fake the kernel log)."""
+    domain, bus, device = pci_key(pci_bus_id)
+    where = f"PCI:{domain:04x}:{bus:02x}:{device:02x}"
+    if gpu_instance is not None:
+        where += f" GPU-I:{gpu_instance:02d}"
+        if compute_instance is not None:
+            where += f" GPU-CI:{compute_instance:02d}"
+    return f"NVRM: Xid ({where}): {xid}, pid='<unknown>', name=<unknown>, {message}"
+
+
+class KernelLogTail:
+    """New kernel-log records since the last call, from a file or ``/dev/kmsg``, with a saved cursor.
+
+    For a file the cursor is a byte offset (a file shorter than the cursor was rotated: start over);
+    for ``/dev/kmsg`` it is the last sequence number seen. ``fresh_start`` is True when no cursor
+    existed, i.e. what the first read returns happened before the agent ever ran (boot history).
+    """
+
+    def __init__(self, path: Path, *, cursor_file: Path) -> None:
+        self._path = path
+        self._cursor_file = cursor_file
+        saved = read_json(cursor_file)
+        self.fresh_start = not isinstance(saved, dict)
+        self._offset = int(saved.get("offset", 0)) if isinstance(saved, dict) else 0
+        self._seq = int(saved.get("seq", -1)) if isinstance(saved, dict) else -1
+
+    def read_new(self) -> list[KernelRecord]:
+        """Parse and return records appended since the previous call; a missing log yields nothing."""
+        try:
+            mode = os.stat(self._path).st_mode
+        except FileNotFoundError:
+            return []
+        lines = self._read_kmsg() if stat.S_ISCHR(mode) else self._read_file()
+        write_json_atomic(self._cursor_file, {"offset": self._offset, "seq": self._seq})
+        return [record for line in lines if (record := parse_line(line)) is not None]
+
+    def _read_file(self) -> list[str]:
+        with self._path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size < self._offset:
+                self._offset = 0
+            handle.seek(self._offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return complete.decode("utf-8", errors="replace").splitlines()
+
+    def _read_kmsg(self) -> list[str]:
+        lines: list[str] = []
+        fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                try:
+                    record = os.read(fd, 8192).decode("utf-8", errors="replace")
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:  # overwritten while we read: keep going
+                        continue
+                    if exc.errno == errno.EAGAIN:
+                        break
+                    raise
+                seq = int(record.split(",", 2)[1]) if record.count(",") >= 2 else self._seq + 1
+                if seq > self._seq:
+                    self._seq = seq
+                    lines.append(record)
+        finally:
+            os.close(fd)
+        return lines
