@@ -1,0 +1,126 @@
+"""Where MIG targets come from: a declared per-node layout, or the demand of pending pods.
+
+Declared: the node annotation ``gpuweave.io/mig-layout`` holds JSON keyed by GPU index::
+
+    {"gpus": {"3": ["3g.40gb", "3g.40gb"],          # profiles; the planner places them
+              "4": ["4g.40gb@0", "1g.10gb@6"],      # profile@start pins a placement
+              "5": [],                              # MIG on, no instances
+              "6": null}}                           # whole GPU, MIG off
+
+GPUs not listed are left as they are. Demand: pending pods' ``nvidia.com/mig-<profile>`` requests
+are turned into per-GPU plans by ``derive_demand_plans`` (pure), which keeps busy instances, counts
+idle instances of a requested profile as serving it, and adds instances where they fit, GPU by
+GPU in index order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from mig.catalog import GpuModel
+from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
+from topology.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_MIG_PREFIX
+from topology.errors import InvalidInputError
+
+WHOLE_GPU = None  # the declared layout value that means "MIG off"
+
+
+class _LayoutWire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpus: dict[str, list[str] | None]
+
+    @field_validator("gpus")
+    @classmethod
+    def _indices_are_numbers(cls, gpus: dict[str, list[str] | None]) -> dict[str, list[str] | None]:
+        for key in gpus:
+            if not key.isdigit():
+                raise ValueError(f"GPU key {key!r} is not a GPU index")
+        return gpus
+
+
+def parse_entry(text: str) -> TargetEntry:
+    """``3g.40gb`` or ``3g.40gb@4`` (pinned start slot)."""
+    profile, sep, start = text.strip().partition("@")
+    if not profile or (sep and not start.isdigit()):
+        raise InvalidInputError(
+            f"bad MIG layout entry {text!r}: expected PROFILE or PROFILE@START, e.g. 3g.40gb@4"
+        )
+    return TargetEntry(profile, int(start) if sep else None)
+
+
+def parse_profile_list(text: str) -> tuple[TargetEntry, ...]:
+    """A comma-separated CLI list: ``3g.40gb,3g.40gb`` or ``1g.10gb@6``; empty means no instances."""
+    return tuple(parse_entry(part) for part in text.split(",") if part.strip())
+
+
+def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | None]:
+    """The declared layout per GPU index; ``None`` means whole GPU (MIG off)."""
+    try:
+        wire = _LayoutWire.model_validate_json(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "value"
+        raise InvalidInputError(
+            f"bad {MIG_LAYOUT_ANNOTATION} annotation at {where}: {first['msg']}; "
+            'expected {"gpus": {"3": ["3g.40gb", "3g.40gb"]}}'
+        ) from exc
+    return {
+        int(index): None if entries is None else tuple(parse_entry(e) for e in entries)
+        for index, entries in sorted(wire.gpus.items(), key=lambda kv: int(kv[0]))
+    }
+
+
+def mig_requests(resources: Mapping[str, int]) -> dict[str, int]:
+    """``{"nvidia.com/mig-1g.10gb": 2, "cpu": 4}`` -> ``{"1g.10gb": 2}``."""
+    return {
+        name.removeprefix(RESOURCE_MIG_PREFIX): count
+        for name, count in resources.items()
+        if name.startswith(RESOURCE_MIG_PREFIX) and count > 0
+    }
+
+
+@dataclass(frozen=True)
+class GpuMigState:
+    """One MIG-enabled GPU as the demand planner sees it."""
+
+    index: int
+    model: GpuModel
+    instances: tuple[Instance, ...]
+
+
+def derive_demand_plans(
+    pending: Sequence[Mapping[str, int]],
+    gpus: Sequence[GpuMigState],
+) -> dict[int, Plan]:
+    """Per-GPU plans serving as much of the pending MIG requests as fits; unchanged GPUs omitted.
+
+    ``pending`` holds each pending pod's MIG requests (profile -> count). Idle instances of a
+    requested profile anywhere on the node serve it first; the rest is placed GPU by GPU.
+    """
+    total: Counter[str] = Counter()
+    for requests in pending:
+        total.update({p: c for p, c in requests.items() if c > 0})
+    idle = Counter(i.profile for gpu in gpus for i in gpu.instances if not i.busy)
+    missing = Counter({p: c - idle[p] for p, c in total.items() if c > idle[p]})
+    plans: dict[int, Plan] = {}
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        offered = {p.name for p in gpu.model.profiles}
+        wanted = {p: c for p, c in missing.items() if p in offered and c > 0}
+        if not wanted:
+            continue
+        local_idle = Counter(i.profile for i in gpu.instances if not i.busy)
+        demand = {p: c + local_idle[p] for p, c in wanted.items()}
+        try:
+            plan = plan_demand(gpu.model, gpu.instances, demand)
+        except MigPlanError:
+            continue
+        if plan.is_noop:
+            continue
+        plans[gpu.index] = plan
+        missing.subtract(Counter(p.profile for p in plan.create))
+        missing.update(Counter(i.profile for i in plan.destroy if i.profile in total))
+    return plans
