@@ -1,0 +1,319 @@
+"""The node agent: every resource's server, kubelet registration, health, control socket.
+
+``NodeAgent`` is the in-process API the rest of the node talks to:
+
+- ``refresh_inventory()`` re-discovers hardware (after a MIG reshape or a hot-plug) and updates
+  each resource's list in place; a new resource name gets its own server, socket and
+  registration; a resource that lost every device streams an empty list; nothing else restarts.
+- ``set_device_health(device_id, healthy, reason)`` records a fault on a device ID or on a
+  physical GPU UUID (which fans out to that GPU's MIG devices and shares, never to siblings).
+- ``withhold(ids, reason)`` / ``release(ids)``: devices reported Unhealthy so the kubelet stops
+  placing new work there (the Suspect state of the health design), without calling them failed.
+- ``control.add_route(method, handler)`` adds a command to ``STATE_DIR/agent.sock``.
+- ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from deviceplugin.allocation import ContainerGrant, grant_for
+from deviceplugin.control import ControlServer
+from deviceplugin.devices import PluginDevice, build_catalogue, unhealthy_reasons
+from deviceplugin.errors import AllocationRejectedError
+from deviceplugin.metrics import AgentMetrics
+from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
+from deviceplugin.registration import KubeletWatcher
+from deviceplugin.server import DevicePluginService, ResourceServer
+from deviceplugin.sharing import SharingPlan
+from deviceplugin.state import ResourceState
+from topology.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+
+AGENT_FILE = "agent.json"
+
+
+class HandoffSource(Protocol):
+    """Supplies the extender's recorded device choice for the container being admitted."""
+
+    def hint(self, request: PreferenceRequest, devices: dict[str, PluginDevice]) -> list[str] | None: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    kubelet_dir: Path
+    state_dir: Path
+    sharing: SharingPlan = field(default_factory=SharingPlan)
+    poll_interval: float = 0.1
+
+
+@dataclass
+class _Resource:
+    state: ResourceState
+    server: ResourceServer
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        discover: Callable[[], NodeInventory],
+        chooser_for: Callable[[NodeInventory], GpuSetChooser | None] | None = None,
+        handoff: HandoffSource | None = None,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or AgentMetrics()
+        self.control = ControlServer(config.state_dir)
+        self._discover = discover
+        self._chooser_for = chooser_for
+        self._handoff = handoff
+        self._lock = threading.RLock()
+        self._file_lock = threading.Lock()
+        self._resources: dict[str, _Resource] = {}
+        self._faults: dict[str, str] = {}
+        self._withheld: dict[str, str] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._inventory: NodeInventory | None = None
+        self._chooser: GpuSetChooser | None = None
+        self._watcher = KubeletWatcher(
+            config.kubelet_dir,
+            servers=self._servers,
+            poll_interval=config.poll_interval,
+            on_registered=self._registered,
+        )
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve every resource, then register (the watcher's first round), then open control."""
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.refresh_inventory()
+        self._add_builtin_routes()
+        self.control.start()
+        self._watcher.start()
+        self._write_agent_file()
+
+    def stop(self) -> None:
+        self._watcher.stop()
+        self.control.stop()
+        with self._lock:
+            resources = list(self._resources.values())
+        for resource in resources:
+            resource.server.stop()
+        (self.config.state_dir / AGENT_FILE).unlink(missing_ok=True)
+
+    # ---- inventory -------------------------------------------------------------------------
+    @property
+    def inventory(self) -> NodeInventory:
+        if self._inventory is None:
+            raise RuntimeError("agent not started: no inventory yet")
+        return self._inventory
+
+    def refresh_inventory(self) -> dict[str, int]:
+        """Re-discover and update every resource in place; return device counts per resource."""
+        inventory = self._discover()
+        catalogue = build_catalogue(inventory, self.config.sharing)
+        with self._lock:
+            self._inventory = inventory
+            self._chooser = self._chooser_for(inventory) if self._chooser_for else None
+            for name in catalogue.keys() - self._resources.keys():
+                self._add_resource(name)
+            for name in self._resources.keys() - catalogue.keys():
+                catalogue[name] = ()
+            self._apply(catalogue)
+        self._changed()
+        return {name: len(devices) for name, devices in catalogue.items()}
+
+    def _add_resource(self, name: str) -> None:
+        state = ResourceState(name)
+        service = DevicePluginService(
+            state,
+            prefer=self._prefer,
+            grant=partial(self._grant, name),
+            on_error=partial(self._preference_failed, name),
+        )
+        server = ResourceServer(service, resource=name, kubelet_dir=self.config.kubelet_dir)
+        server.start()  # serving before the watcher registers it
+        self._resources[name] = _Resource(state, server)
+
+    def _apply(self, catalogue: dict[str, tuple[PluginDevice, ...]] | None = None) -> None:
+        with self._lock:
+            for name, resource in self._resources.items():
+                devices = (
+                    catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
+                )
+                reasons = unhealthy_reasons(devices, faults=self._faults, withheld=self._withheld)
+                resource.state.update(devices, reasons)
+                self.metrics.unhealthy_devices.labels(name).set(len(reasons))
+
+    # ---- health ----------------------------------------------------------------------------
+    def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        """Record a device's (or a whole GPU's, by UUID) health; streams the change at once."""
+        with self._lock:
+            if healthy:
+                self._faults.pop(device_id, None)
+            else:
+                self._faults[device_id] = reason or "unhealthy"
+            self._apply()
+        self._changed()
+
+    def withhold(self, device_ids: Iterable[str], reason: str = "withheld") -> None:
+        with self._lock:
+            for device_id in device_ids:
+                self._withheld[device_id] = reason
+            self._apply()
+        self._changed()
+
+    def release(self, device_ids: Iterable[str]) -> None:
+        with self._lock:
+            for device_id in device_ids:
+                self._withheld.pop(device_id, None)
+            self._apply()
+        self._changed()
+
+    def health_report(self) -> dict[str, Any]:
+        """Per resource, every device's health and reason; plus the raw fault and withheld maps."""
+        with self._lock:
+            resources = {
+                name: [
+                    {"id": s.device.id, "health": s.health, "reason": s.reason} for s in r.state.snapshot()
+                ]
+                for name, r in self._resources.items()
+            }
+            return {"resources": resources, "faults": dict(self._faults), "withheld": dict(self._withheld)}
+
+    # ---- kubelet-facing policy -------------------------------------------------------------
+    def _prefer(self, request: PreferenceRequest) -> list[str]:
+        with self._lock:
+            resource = self._resources[request.resource]
+            chooser = self._chooser
+        devices = resource.state.devices()
+        hint = self._handoff.hint(request, devices) if self._handoff is not None else None
+        return preferred_devices(request, devices=devices, gpu_chooser=chooser, hint=hint)
+
+    def _preference_failed(self, resource_name: str, what: str, exc: BaseException) -> None:
+        self.metrics.preferred_fallbacks.labels(resource_name).inc()
+
+    def _grant(self, resource_name: str, device_ids: Sequence[str]) -> ContainerGrant:
+        with self._lock:
+            resource = self._resources[resource_name]
+        try:
+            grant = grant_for(
+                resource_name,
+                device_ids,
+                devices=resource.state.devices(),
+                unhealthy=resource.state.unhealthy(),
+                mps_pipe_dir=self.config.sharing.mps_pipe_directory,
+            )
+        except AllocationRejectedError:
+            self.metrics.allocations.labels(resource_name, "rejected").inc()
+            raise
+        self.metrics.allocations.labels(resource_name, "granted").inc()
+        return grant
+
+    # ---- introspection ---------------------------------------------------------------------
+    def _servers(self) -> list[ResourceServer]:
+        with self._lock:
+            return [r.server for r in self._resources.values()]
+
+    def resource_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._resources)
+
+    def state_of(self, resource: str) -> ResourceState:
+        with self._lock:
+            return self._resources[resource].state
+
+    def registered(self) -> dict[str, bool]:
+        return self._watcher.registered()
+
+    def status(self) -> dict[str, Any]:
+        registered = self._watcher.registered()
+        with self._lock:
+            resources = {
+                name: {
+                    "socket": str(r.server.socket_path),
+                    "devices": len(r.state.devices()),
+                    "unhealthy": len(r.state.unhealthy()),
+                    "registered": registered.get(name, False),
+                    "streams": r.state.stream_count,
+                }
+                for name, r in self._resources.items()
+            }
+        return {
+            "pid": os.getpid(),
+            "node": self._inventory.name if self._inventory else "",
+            "kubelet_dir": str(self.config.kubelet_dir),
+            "control_socket": str(self.control.socket_path),
+            "resources": resources,
+            "registration_counts": self._watcher.registration_counts(),
+        }
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _registered(self, resource: str) -> None:
+        self.metrics.registrations.labels(resource).inc()
+        self._write_agent_file()
+
+    def _changed(self) -> None:
+        self._write_agent_file()
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("agent change listener failed")
+
+    def _write_agent_file(self) -> None:
+        with self._file_lock:
+            if self.config.state_dir.exists():
+                write_json_atomically(self.config.state_dir / AGENT_FILE, self.status())
+
+    def _add_builtin_routes(self) -> None:
+        self.control.add_route("agent.status", lambda params: self.status())
+        self.control.add_route("agent.refresh", lambda params: {"resources": self.refresh_inventory()})
+        self.control.add_route("agent.health", lambda params: self.health_report())
+        self.control.add_route("device.set_health", self._route_set_health)
+        self.control.add_route("device.withhold", self._route_withhold)
+        self.control.add_route("device.release", self._route_release)
+
+    def _route_set_health(self, params: dict[str, Any]) -> dict[str, Any]:
+        device_id, healthy = params.get("device"), params.get("healthy")
+        if not isinstance(device_id, str) or not isinstance(healthy, bool):
+            raise AllocationRejectedError('device.set_health needs {"device": str, "healthy": bool}')
+        self.set_device_health(device_id, healthy, str(params.get("reason", "")))
+        return self.health_report()
+
+    def _route_withhold(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.withhold(_id_list(params), str(params.get("reason", "withheld")))
+        return self.health_report()
+
+    def _route_release(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.release(_id_list(params))
+        return self.health_report()
+
+
+def _id_list(params: dict[str, Any]) -> list[str]:
+    ids = params.get("devices")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise AllocationRejectedError('expected {"devices": [str, ...]}')
+    return ids

@@ -1,0 +1,168 @@
+"""The agent's local control socket: newline-delimited JSON over ``STATE_DIR/agent.sock``.
+
+One request per connection: ``{"method": "mig.apply", "params": {...}}`` answered by
+``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": "...", "code": "bad_request"}``.
+Parts of the agent add their own commands with ``ControlServer.add_route`` (the MIG manager adds
+``mig.apply``, fault injection adds ``sim.inject``); ``call_agent`` is the client for tools and tests.
+The socket is mode 0600: only the node's root (the agent's user) may steer the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.errors import ControlError
+from topology.errors import GpuweaveError
+
+log = logging.getLogger(__name__)
+
+CONTROL_SOCKET = "agent.sock"
+MAX_REQUEST_BYTES = 1 << 20
+Params = dict[str, Any]
+Route = Callable[[Params], dict[str, Any]]
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = bytearray()
+    while b"\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ControlError(f"request larger than {MAX_REQUEST_BYTES} bytes")
+    return bytes(data).split(b"\n", 1)[0]
+
+
+class ControlServer:
+    """Serves registered routes on a unix socket; each request runs on a small worker pool."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.socket_path = state_dir / CONTROL_SOCKET
+        self._routes: dict[str, Route] = {}
+        self._routes_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="control")
+
+    def add_route(self, method: str, handler: Route) -> None:
+        """Add a command; ``handler(params)`` returns a JSON-able dict or raises ``GpuweaveError``."""
+        with self._routes_lock:
+            if method in self._routes:
+                raise ControlError(f"control method {method!r} is already registered", code="conflict")
+            self._routes[method] = handler
+
+    def methods(self) -> list[str]:
+        with self._routes_lock:
+            return sorted(self._routes)
+
+    def start(self) -> None:
+        self.socket_path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        listener.listen(16)
+        listener.settimeout(0.2)
+        self._listener = listener
+        self._thread = threading.Thread(target=self._accept_loop, name="control-accept", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._listener is not None:
+            self._listener.close()
+        self._workers.shutdown(wait=True)
+        self.socket_path.unlink(missing_ok=True)
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            self._workers.submit(self._serve, conn)
+
+    def dispatch(self, request: object) -> dict[str, Any]:
+        """Answer one decoded request (also usable in-process)."""
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+            return {
+                "ok": False,
+                "error": 'request must be {"method": str, "params": object}',
+                "code": "bad_request",
+            }
+        params = request.get("params") or {}
+        if not isinstance(params, dict):
+            return {"ok": False, "error": "params must be a JSON object", "code": "bad_request"}
+        method = request["method"]
+        with self._routes_lock:
+            handler = self._routes.get(method)
+        if handler is None:
+            return {
+                "ok": False,
+                "error": f"unknown method {method!r}; known: {self.methods()}",
+                "code": "not_found",
+            }
+        try:
+            return {"ok": True, "result": handler(params)}
+        except ControlError as exc:
+            return {"ok": False, "error": str(exc), "code": exc.code}
+        except GpuweaveError as exc:
+            return {"ok": False, "error": str(exc), "code": "bad_request"}
+        except Exception as exc:
+            log.exception("control method %s failed", method)
+            return {"ok": False, "error": f"{method} failed: {exc}", "code": "internal"}
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            try:
+                line = _read_line(conn)
+                try:
+                    response = self.dispatch(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    response = {"ok": False, "error": f"request is not JSON: {exc}", "code": "bad_request"}
+            except (ControlError, OSError) as exc:
+                response = {"ok": False, "error": str(exc), "code": "bad_request"}
+            try:
+                conn.sendall(json.dumps(response).encode() + b"\n")
+            except OSError:
+                log.warning("control client went away before the answer")
+
+
+def call_agent(
+    state_dir: Path | str, method: str, params: Params | None = None, *, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Call a running agent's control method; return its result or raise ``ControlError``."""
+    path = Path(state_dir) / CONTROL_SOCKET
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        try:
+            conn.connect(str(path))
+            conn.sendall(json.dumps({"method": method, "params": params or {}}).encode() + b"\n")
+            line = _read_line(conn)
+        except OSError as exc:
+            raise ControlError(
+                f"cannot reach the node agent at {path}: {exc}; is `gpuweave node-agent` running?",
+                code="unavailable",
+            ) from exc
+    response = json.loads(line)
+    if not response.get("ok"):
+        raise ControlError(
+            f"{method}: {response.get('error')}", code=str(response.get("code", "bad_request"))
+        )
+    result = response.get("result")
+    return result if isinstance(result, dict) else {"value": result}

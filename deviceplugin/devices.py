@@ -1,0 +1,162 @@
+"""The device catalogue: which kubelet resources a node offers and the devices in each.
+
+Pure functions of a ``NodeInventory`` and a ``SharingPlan``. Device IDs follow
+``topology.assignment`` so the extender's recorded choice and the kubelet's IDs agree: a GPU's
+UUID, a MIG device's UUID, an EFA adapter's name, and ``<gpu-uuid>::<kind>-<unit>`` for shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from deviceplugin.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan
+from topology.assignment import device_id_gpu, device_id_mig, device_id_share
+from topology.contracts import (
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+    mig_resource_name,
+)
+from topology.inventory import Gpu, NicType, NodeInventory
+
+MIB_PER_GIB = 1024
+MAX_DEVICE_ID_LENGTH = 63
+
+
+class DeviceKind(StrEnum):
+    GPU = "gpu"
+    MIG = "mig"
+    EFA = "efa"
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    REPLICA = "replica"
+
+
+@dataclass(frozen=True)
+class PluginDevice:
+    """One device as the kubelet sees it, with what Allocate needs to hand it to a container."""
+
+    id: str
+    resource: str
+    kind: DeviceKind
+    numa_node: int | None
+    gpu_uuid: str | None = None  # the physical GPU behind a GPU, MIG or share device
+    gpu_index: int | None = None
+    unit: int = 0  # share unit number
+    device_nodes: tuple[str, ...] = ()  # host device nodes handed to the container (EFA uverbs)
+    pcie_switch: str | None = None
+
+
+def _numa(value: int) -> int | None:
+    """NUMA node as sysfs reports it; -1 (unknown) becomes None so TopologyInfo is omitted."""
+    return value if value >= 0 else None
+
+
+def _gpu_device(gpu: Gpu) -> PluginDevice:
+    return PluginDevice(
+        id=device_id_gpu(gpu.uuid),
+        resource=RESOURCE_GPU,
+        kind=DeviceKind.GPU,
+        numa_node=_numa(gpu.numa_node),
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        pcie_switch=gpu.pcie_switch,
+    )
+
+
+def _share_devices(gpu: Gpu, *, resource: str, kind: DeviceKind, units: int) -> list[PluginDevice]:
+    return [
+        PluginDevice(
+            id=device_id_share(gpu.uuid, kind.value, unit),
+            resource=resource,
+            kind=kind,
+            numa_node=_numa(gpu.numa_node),
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            unit=unit,
+            pcie_switch=gpu.pcie_switch,
+        )
+        for unit in range(units)
+    ]
+
+
+def _devices_of_gpu(gpu: Gpu, inventory: NodeInventory, plan: SharingPlan) -> list[PluginDevice]:
+    if gpu.mig_enabled:
+        return [
+            PluginDevice(
+                id=device_id_mig(mig.uuid),
+                resource=mig_resource_name(mig.profile),
+                kind=DeviceKind.MIG,
+                numa_node=_numa(gpu.numa_node),
+                gpu_uuid=gpu.uuid,
+                gpu_index=gpu.index,
+                pcie_switch=gpu.pcie_switch,
+            )
+            for mig in inventory.mig_devices_of(gpu.index)
+        ]
+    sharing = plan.for_gpu(gpu)
+    if sharing.mode is SharingMode.FRACTIONAL:
+        compute = _share_devices(
+            gpu, resource=RESOURCE_GPU_COMPUTE, kind=DeviceKind.COMPUTE, units=COMPUTE_UNITS_PER_GPU
+        )
+        memory_units = gpu.memory_mib // MIB_PER_GIB
+        return compute + _share_devices(
+            gpu, resource=RESOURCE_GPU_MEMORY, kind=DeviceKind.MEMORY, units=memory_units
+        )
+    if sharing.mode is SharingMode.TIME_SLICED:
+        return _share_devices(
+            gpu, resource=RESOURCE_GPU_SHARED, kind=DeviceKind.REPLICA, units=sharing.replicas
+        )
+    return [_gpu_device(gpu)]
+
+
+def _efa_devices(inventory: NodeInventory) -> list[PluginDevice]:
+    return [
+        PluginDevice(
+            id=nic.name,
+            resource=RESOURCE_EFA,
+            kind=DeviceKind.EFA,
+            numa_node=_numa(nic.numa_node),
+            device_nodes=(nic.uverbs_device,) if nic.uverbs_device else (),
+            pcie_switch=nic.pcie_switch,
+        )
+        for nic in inventory.nics
+        if nic.type is NicType.EFA
+    ]
+
+
+def build_catalogue(inventory: NodeInventory, plan: SharingPlan) -> dict[str, tuple[PluginDevice, ...]]:
+    """Resource name -> devices, sorted by ID. ``nvidia.com/gpu`` is always present (maybe empty)."""
+    by_resource: dict[str, list[PluginDevice]] = {RESOURCE_GPU: []}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        for device in _devices_of_gpu(gpu, inventory, plan):
+            by_resource.setdefault(device.resource, []).append(device)
+    for device in _efa_devices(inventory):
+        by_resource.setdefault(device.resource, []).append(device)
+    for resource, devices in by_resource.items():
+        for device in devices:
+            if len(device.id) > MAX_DEVICE_ID_LENGTH:
+                raise ValueError(f"device ID {device.id!r} of {resource} is longer than 63 characters")
+    return {resource: tuple(devices) for resource, devices in by_resource.items()}
+
+
+def unhealthy_reasons(
+    devices: Iterable[PluginDevice], *, faults: Mapping[str, str], withheld: Mapping[str, str]
+) -> dict[str, str]:
+    """Device ID -> reason for every device that must be reported Unhealthy.
+
+    A fault or withholding recorded on a physical GPU's UUID fans out to every device backed by
+    that GPU (its MIG devices, shares and replicas) and to nothing else.
+    """
+    reasons: dict[str, str] = {}
+    for device in devices:
+        for source in (faults, withheld):
+            reason = source.get(device.id) or (source.get(device.gpu_uuid) if device.gpu_uuid else None)
+            if reason:
+                reasons[device.id] = reason
+                break
+    return reasons

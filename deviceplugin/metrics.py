@@ -1,0 +1,40 @@
+"""Prometheus metrics of one node agent, in the agent's own registry (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.registrations = Counter(
+            "gpuweave_deviceplugin_registrations",
+            "Successful Register calls to the kubelet, per resource",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.allocations = Counter(
+            "gpuweave_deviceplugin_allocations",
+            "Allocate container requests answered, per resource and outcome",
+            ["resource", "outcome"],
+            registry=self.registry,
+        )
+        self.preferred_fallbacks = Counter(
+            "gpuweave_deviceplugin_preferred_allocation_errors",
+            "GetPreferredAllocation calls answered empty because of an internal error",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.handoff = Counter(
+            "gpuweave_deviceplugin_handoff",
+            "GetPreferredAllocation handoff outcomes: followed, mismatch, no assignment, ambiguous",
+            ["resource", "outcome"],
+            registry=self.registry,
+        )
+        self.unhealthy_devices = Gauge(
+            "gpuweave_deviceplugin_unhealthy_devices",
+            "Devices reported Unhealthy to the kubelet, per resource",
+            ["resource"],
+            registry=self.registry,
+        )

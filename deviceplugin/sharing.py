@@ -1,0 +1,92 @@
+"""How each GPU is offered: whole, as fractional MPS shares, or as time-sliced replicas.
+
+A GPU is offered under exactly one mode so the kubelet's per-resource accounting can never hand
+the same GPU out twice: ``exclusive`` (``nvidia.com/gpu``), ``fractional``
+(``gpuweave.io/gpu-compute`` in 1% units plus ``gpuweave.io/gpu-memory`` in 1 GiB units) or
+``time-sliced`` (``gpuweave.io/gpu-shared`` with a per-GPU replica count). The configuration is a
+YAML file read at the edge with pydantic and turned into a frozen ``SharingPlan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from topology.errors import InvalidInputError
+from topology.inventory import Gpu
+
+COMPUTE_UNITS_PER_GPU = 100
+DEFAULT_REPLICAS = 4
+
+
+class SharingMode(StrEnum):
+    EXCLUSIVE = "exclusive"
+    FRACTIONAL = "fractional"
+    TIME_SLICED = "time-sliced"
+
+
+class GpuSharingModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    mode: SharingMode = SharingMode.EXCLUSIVE
+    replicas: int = Field(default=DEFAULT_REPLICAS, ge=1, le=64)
+
+
+class SharingConfigModel(BaseModel):
+    """The file format: ``gpus`` keys are GPU indexes (``"0"``) or UUIDs (``GPU-...``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    api_version: Literal["gpuweave.io/v1alpha1"] = Field(default="gpuweave.io/v1alpha1", alias="apiVersion")
+    kind: Literal["SharingConfig"] = "SharingConfig"
+    default: GpuSharingModel = GpuSharingModel()
+    gpus: dict[str, GpuSharingModel] = Field(default_factory=dict)
+    mps_pipe_directory: str | None = Field(default=None, alias="mpsPipeDirectory")
+
+
+@dataclass(frozen=True)
+class GpuSharing:
+    mode: SharingMode
+    replicas: int = DEFAULT_REPLICAS
+
+
+@dataclass(frozen=True)
+class SharingPlan:
+    """Per-GPU sharing decisions; GPUs not named use ``default``."""
+
+    default: GpuSharing = GpuSharing(SharingMode.EXCLUSIVE)
+    per_gpu: dict[str, GpuSharing] = field(default_factory=dict, hash=False)
+    mps_pipe_directory: str | None = None
+
+    def for_gpu(self, gpu: Gpu) -> GpuSharing:
+        return self.per_gpu.get(gpu.uuid) or self.per_gpu.get(str(gpu.index)) or self.default
+
+
+def plan_from_model(model: SharingConfigModel) -> SharingPlan:
+    def convert(entry: GpuSharingModel) -> GpuSharing:
+        return GpuSharing(entry.mode, entry.replicas)
+
+    return SharingPlan(
+        default=convert(model.default),
+        per_gpu={key: convert(value) for key, value in model.gpus.items()},
+        mps_pipe_directory=model.mps_pipe_directory,
+    )
+
+
+def load_sharing_plan(path: Path) -> SharingPlan:
+    """Read a sharing configuration file; a bad file is an ``InvalidInputError`` naming the field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInputError(f"cannot read sharing config {path}: {exc}") from exc
+    try:
+        return plan_from_model(SharingConfigModel.model_validate(raw or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "value"
+        raise InvalidInputError(f"bad sharing config {path} at {where}: {first['msg']}") from exc

@@ -1,0 +1,1 @@
+"""Test support shared by suites: the kubelet device-manager emulator and helpers."""

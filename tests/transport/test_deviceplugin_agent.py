@@ -1,0 +1,189 @@
+"""The in-process NodeAgent against the kubelet emulator over real unix sockets."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.control import call_agent
+from deviceplugin.errors import ControlError
+from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from proto.v1beta1 import api_pb2
+from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.small_inventory import gpu_uuid, small_inventory
+from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from topology.inventory import NodeInventory
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[Path, Path]]:
+    root = Path(tempfile.mkdtemp(prefix="gw", dir="/tmp"))
+    yield root / "k", root / "s"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class Holder:
+    """A mutable inventory the agent re-discovers from (stands in for the hardware backend)."""
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        self.inventory = inventory
+
+    def discover(self) -> NodeInventory:
+        return self.inventory
+
+
+def start(
+    dirs: tuple[Path, Path], holder: Holder, sharing: SharingPlan | None = None
+) -> tuple[NodeAgent, KubeletEmulator]:
+    kubelet_dir, state_dir = dirs
+    kubelet = KubeletEmulator(kubelet_dir)
+    kubelet.start()
+    config = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=sharing or SharingPlan())
+    agent = NodeAgent(config, discover=holder.discover)
+    agent.start()
+    return agent, kubelet
+
+
+@pytest.fixture
+def running(dirs: tuple[Path, Path]) -> Iterator[tuple[NodeAgent, KubeletEmulator, Holder]]:
+    holder = Holder(small_inventory())
+    agent, kubelet = start(dirs, holder)
+    yield agent, kubelet, holder
+    agent.stop()
+    kubelet.stop()
+
+
+def test_registers_and_streams_gpus_with_numa(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
+    agent, kubelet, _ = running
+    assert kubelet.wait_for(
+        lambda: len(kubelet.devices(RESOURCE_GPU)) == 4 and len(kubelet.devices(RESOURCE_EFA)) == 2
+    )
+    devices = kubelet.devices(RESOURCE_GPU)
+    assert devices[gpu_uuid(0)].numa_nodes == (0,)
+    assert devices[gpu_uuid(3)].numa_nodes == (1,)
+    assert all(d.health == "Healthy" for d in devices.values())
+    assert (agent.config.kubelet_dir / "gpuweave-gpu.sock").stat().st_mode & 0o777 == 0o600
+
+
+def test_allocate_returns_env_and_cdi(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
+    _, kubelet, _ = running
+    assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 4)
+    ids, response = kubelet.allocate(RESOURCE_GPU, 2)
+    assert sorted(ids) in ([gpu_uuid(0), gpu_uuid(1)], [gpu_uuid(2), gpu_uuid(3)])  # an NVLink pair
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+    assert [c.name for c in response.cdi_devices] == [f"nvidia.com/gpu={i}" for i in ids]
+
+
+def test_efa_allocate_returns_only_its_uverbs(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
+    _, kubelet, _ = running
+    assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_EFA)) == 2)
+    ids, response = kubelet.allocate(RESOURCE_EFA, 1, numa_hint=[1])
+    assert ids == ["rdmap17s0"]
+    assert [(d.container_path, d.host_path) for d in response.devices] == [
+        ("/dev/infiniband/uverbs1", "/dev/infiniband/uverbs1")
+    ]
+    assert "NVIDIA_VISIBLE_DEVICES" not in response.envs
+
+
+def test_unknown_id_is_invalid_argument_and_server_keeps_serving(
+    running: tuple[NodeAgent, KubeletEmulator, Holder],
+) -> None:
+    _, kubelet, _ = running
+    assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 4)
+    stub = kubelet.stub(RESOURCE_GPU)
+    bad = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-nope"])]
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Allocate(bad, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "GPU-nope" in info.value.details()  # type: ignore[attr-defined]
+    ids, _ = kubelet.allocate(RESOURCE_GPU, 1)
+    assert len(ids) == 1
+
+
+def test_health_fault_on_gpu_streams_unhealthy_and_recovers(
+    running: tuple[NodeAgent, KubeletEmulator, Holder],
+) -> None:
+    agent, kubelet, _ = running
+    assert kubelet.wait_for(lambda: len(kubelet.healthy(RESOURCE_GPU)) == 4)
+    agent.set_device_health(gpu_uuid(2), False, "Xid 79")
+    assert kubelet.wait_for(lambda: kubelet.healthy(RESOURCE_GPU) == {gpu_uuid(i) for i in (0, 1, 3)})
+    agent.withhold([gpu_uuid(0)], "suspect")
+    assert kubelet.wait_for(lambda: kubelet.healthy(RESOURCE_GPU) == {gpu_uuid(i) for i in (1, 3)})
+    agent.set_device_health(gpu_uuid(2), True)
+    agent.release([gpu_uuid(0)])
+    assert kubelet.wait_for(lambda: len(kubelet.healthy(RESOURCE_GPU)) == 4)
+
+
+def test_mig_reshape_adds_resource_and_empties_others_without_restart(
+    running: tuple[NodeAgent, KubeletEmulator, Holder],
+) -> None:
+    agent, kubelet, holder = running
+    assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 4)
+    gpu_stream = kubelet.endpoint(RESOURCE_GPU)
+    holder.inventory = small_inventory(mig_on=(3,))
+    agent.refresh_inventory()
+    mig = "nvidia.com/mig-3g.40gb"
+    assert kubelet.wait_for(
+        lambda: len(kubelet.devices(mig)) == 2 and len(kubelet.devices(RESOURCE_GPU)) == 3
+    )
+    assert kubelet.endpoint(RESOURCE_GPU) is gpu_stream  # same registration, list updated in place
+    ids, response = kubelet.allocate(mig, 1)
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+    holder.inventory = small_inventory()
+    agent.refresh_inventory()
+    assert kubelet.wait_for(lambda: kubelet.devices(mig) == {} and kubelet.endpoint(mig).updates >= 2)
+    assert mig in kubelet.resources()  # still registered, streaming an empty list
+
+
+def test_control_socket_routes(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
+    agent, kubelet, _ = running
+    assert kubelet.wait_for(lambda: all(agent.registered().get(r) for r in (RESOURCE_GPU, RESOURCE_EFA)))
+    status = call_agent(agent.config.state_dir, "agent.status")
+    assert status["resources"][RESOURCE_GPU]["devices"] == 4
+    agent.control.add_route("test.echo", lambda params: {"echo": params})
+    assert call_agent(agent.config.state_dir, "test.echo", {"x": 1}) == {"echo": {"x": 1}}
+    call_agent(agent.config.state_dir, "device.withhold", {"devices": [gpu_uuid(1)]})
+    assert kubelet.wait_for(lambda: gpu_uuid(1) not in kubelet.healthy(RESOURCE_GPU))
+    with pytest.raises(ControlError, match="unknown method"):
+        call_agent(agent.config.state_dir, "no.such")
+    with pytest.raises(ControlError, match="devices"):
+        call_agent(agent.config.state_dir, "device.withhold", {"devices": "x"})
+
+
+def test_fractional_units_stay_on_one_gpu(dirs: tuple[Path, Path]) -> None:
+    plan = SharingPlan(
+        per_gpu={"2": GpuSharing(SharingMode.FRACTIONAL), "3": GpuSharing(SharingMode.FRACTIONAL)}
+    )
+    agent, kubelet = start(dirs, Holder(small_inventory()), plan)
+    try:
+        assert kubelet.wait_for(
+            lambda: (
+                len(kubelet.devices(RESOURCE_GPU_COMPUTE)) == 200 and len(kubelet.devices(RESOURCE_GPU)) == 2
+            )
+        )
+        first, response = kubelet.allocate(RESOURCE_GPU_COMPUTE, 70)
+        gpu = first[0].split("::")[0]
+        assert {i.split("::")[0] for i in first} == {gpu}
+        assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70"
+        second, _ = kubelet.allocate(RESOURCE_GPU_COMPUTE, 30)  # tightest fit: the 30 left on that GPU
+        assert {i.split("::")[0] for i in second} == {gpu}
+        _, memory = kubelet.allocate(RESOURCE_GPU_MEMORY, 10)
+        assert memory.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
+        spread = [f"{gpu_uuid(2)}::compute-99", f"{gpu_uuid(3)}::compute-99"]
+        with pytest.raises(grpc.RpcError, match="one GPU"):
+            kubelet.stub(RESOURCE_GPU_COMPUTE).Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=spread)]
+                )
+            )
+    finally:
+        agent.stop()
+        kubelet.stop()
