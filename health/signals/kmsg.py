@@ -87,24 +87,6 @@ def parse_line(line: str) -> KernelRecord | None:
     return None
 
 
-def xid_line(
-    pci_bus_id: str,
-    xid: int,
-    message: str,
-    *,
-    gpu_instance: int | None = None,
-    compute_instance: int | None = None,
-) -> str:
-    """The NVRM line the driver writes for an Xid (used by the simulated node to fake the kernel log)."""
-    domain, bus, device = pci_key(pci_bus_id)
-    where = f"PCI:{domain:04x}:{bus:02x}:{device:02x}"
-    if gpu_instance is not None:
-        where += f" GPU-I:{gpu_instance:02d}"
-        if compute_instance is not None:
-            where += f" GPU-CI:{compute_instance:02d}"
-    return f"NVRM: Xid ({where}): {xid}, pid='<unknown>', name=<unknown>, {message}"
-
-
 class KernelLogTail:
     """New kernel-log records since the last call, from a file or ``/dev/kmsg``, with a saved cursor.
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from health.signals.kmsg import KernelLogTail, KernelSxid, KernelXid, parse_line, pci_key, xid_line
+from hardware.simulated.health_calls import xid_kernel_line as xid_line
+from health.signals.kmsg import KernelLogTail, KernelSxid, KernelXid, parse_line, pci_key
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,263 @@
+"""Health reads and writes against the hardware: NVML events and counters, EFA sysfs, GPU reset.
+
+``NvmlHealthProbe`` speaks the pynvml call surface through the library object it is given (the
+real ``pynvml`` module through ``hardware.nvml``, or the simulated library), so it never imports
+pynvml itself. It returns plain frozen values and maps NVML errors to ``ProbeError`` kinds; it does
+not judge health (``health/`` does). Calls may hang: callers run them under their own timeouts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from topology.errors import GpuweaveError
+
+EFA_VENDOR = "0x1d0f"
+EFA_DEVICE_PREFIX = "0xefa"
+NO_INSTANCE = 0xFFFFFFFF
+
+# NVML constants (nvml.h); read from the library when it defines them.
+_XID_EVENT, _DBE_EVENT = 0x8, 0x2
+_ERROR_NOT_SUPPORTED, _ERROR_TIMEOUT, _ERROR_GPU_IS_LOST, _ERROR_INVALID_ARGUMENT = 3, 10, 15, 2
+_MEMORY_ERROR_UNCORRECTED, _MEMORY_ERROR_CORRECTED, _VOLATILE_ECC = 1, 0, 0
+_TEMPERATURE_GPU = 0
+
+
+class ProbeError(GpuweaveError):
+    """A hardware read failed; ``kind`` is ``lost``, ``unsupported``, ``timeout`` or ``error``."""
+
+    def __init__(self, message: str, *, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ResetRefusedError(GpuweaveError):
+    """A GPU reset was refused (processes still use the GPU, or the tool failed)."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    gpu_uuid: str
+    event_type: int
+    xid: int  # eventData: the Xid, or 999 for an unknown one; 0 for a DBE event
+    gpu_instance: int | None
+    compute_instance: int | None
+
+    @property
+    def is_dbe(self) -> bool:
+        return self.event_type == _DBE_EVENT
+
+
+@dataclass(frozen=True)
+class GpuReadings:
+    """One round of counters for one GPU; None where the GPU does not support the read."""
+
+    volatile_dbe: int | None
+    volatile_sbe: int | None
+    remapped_rows: tuple[int, int, bool, bool] | None  # correctable, uncorrectable, pending, failure
+    retired_pages_pending: bool | None
+    nvlinks_down: tuple[int, ...]
+    nvlinks_active: int
+    temperature_c: int | None
+    pcie_width: tuple[int, int] | None  # current, max
+    pcie_generation: tuple[int, int] | None  # current, max (drops at idle to save power)
+
+
+@dataclass(frozen=True)
+class EfaAdapter:
+    name: str
+    netdev: str | None
+    operstate: str | None  # "up", "down", "unknown"; None for an EFA-only interface (no netdev)
+
+
+class NvmlHealthProbe:
+    """Health reads through a pynvml-shaped library (``lib``) and an EFA sysfs root."""
+
+    def __init__(
+        self, lib: Any, *, sysfs_root: Path = Path("/sys"), reset: Callable[[str], None] | None = None
+    ) -> None:
+        self._lib = lib
+        self._sysfs_root = sysfs_root
+        self._reset = reset or nvidia_smi_reset
+        self._event_set: Any = None
+
+    def _const(self, name: str, default: int) -> int:
+        return int(getattr(self._lib, name, default))
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._lib.NVMLError as exc:
+            value = getattr(exc, "value", None)
+            if value == self._const("NVML_ERROR_GPU_IS_LOST", _ERROR_GPU_IS_LOST):
+                raise ProbeError(f"{what}: GPU is lost (fallen off the bus)", kind="lost") from exc
+            if value in (self._const("NVML_ERROR_NOT_SUPPORTED", _ERROR_NOT_SUPPORTED),):
+                raise ProbeError(f"{what}: not supported", kind="unsupported") from exc
+            if value == self._const("NVML_ERROR_TIMEOUT", _ERROR_TIMEOUT):
+                raise ProbeError(f"{what}: timed out", kind="timeout") from exc
+            raise ProbeError(f"{what}: NVML error {exc}", kind="error") from exc
+
+    def _optional(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return self._call(what, fn)
+        except ProbeError as exc:
+            if exc.kind == "unsupported":
+                return None
+            raise
+
+    def _handle(self, uuid: str) -> Any:
+        return self._call(f"GPU {uuid}", lambda: self._lib.nvmlDeviceGetHandleByUUID(uuid))
+
+    # --- events -------------------------------------------------------------------------------
+
+    def register_events(self, gpu_uuids: Iterable[str]) -> list[str]:
+        """Register Xid and DBE events for the GPUs; returns the UUIDs that could not be registered."""
+        lib = self._lib
+        self._event_set = self._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
+        mask = self._const("nvmlEventTypeXidCriticalError", _XID_EVENT) | self._const(
+            "nvmlEventTypeDoubleBitEccError", _DBE_EVENT
+        )
+        failed = []
+        for uuid in gpu_uuids:
+            try:
+                handle = self._handle(uuid)
+                self._call(
+                    f"register events on {uuid}",
+                    partial(lib.nvmlDeviceRegisterEvents, handle, mask, self._event_set),
+                )
+            except ProbeError:
+                failed.append(uuid)
+        return failed
+
+    def wait_event(self, timeout_ms: int) -> XidEvent | None:
+        """The next event, or None when none arrived within ``timeout_ms``."""
+        lib = self._lib
+        try:
+            data = self._call(
+                "nvmlEventSetWait", lambda: lib.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+            )
+        except ProbeError as exc:
+            if exc.kind == "timeout":
+                return None
+            raise
+        uuid = self._call("event device UUID", lambda: _text(lib.nvmlDeviceGetUUID(data.device)))
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return XidEvent(
+            gpu_uuid=uuid,
+            event_type=int(data.eventType),
+            xid=int(data.eventData),
+            gpu_instance=None if gi == NO_INSTANCE else gi,
+            compute_instance=None if ci == NO_INSTANCE else ci,
+        )
+
+    # --- periodic reads -----------------------------------------------------------------------
+
+    def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings:
+        """Read every health counter of one GPU; raises ``ProbeError`` (kind ``lost``) for a lost GPU."""
+        lib, h = self._lib, self._handle(uuid)
+        unc, cor, vol = (
+            self._const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", _MEMORY_ERROR_UNCORRECTED),
+            self._const("NVML_MEMORY_ERROR_TYPE_CORRECTED", _MEMORY_ERROR_CORRECTED),
+            self._const("NVML_VOLATILE_ECC", _VOLATILE_ECC),
+        )
+        rows = self._optional("remapped rows", lambda: lib.nvmlDeviceGetRemappedRows(h))
+        pending = self._optional("retired pages", lambda: lib.nvmlDeviceGetRetiredPagesPendingStatus(h))
+        width = self._optional(
+            "PCIe width",
+            lambda: (lib.nvmlDeviceGetCurrPcieLinkWidth(h), lib.nvmlDeviceGetMaxPcieLinkWidth(h)),
+        )
+        gen = self._optional(
+            "PCIe generation",
+            lambda: (lib.nvmlDeviceGetCurrPcieLinkGeneration(h), lib.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+        )
+        down = [
+            link
+            for link in range(expected_nvlinks)
+            if not self._optional(f"NVLink {link}", partial(lib.nvmlDeviceGetNvLinkState, h, link))
+        ]
+        return GpuReadings(
+            volatile_dbe=self._optional("ECC DBE", lambda: lib.nvmlDeviceGetTotalEccErrors(h, unc, vol)),
+            volatile_sbe=self._optional("ECC SBE", lambda: lib.nvmlDeviceGetTotalEccErrors(h, cor, vol)),
+            remapped_rows=None
+            if rows is None
+            else (int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])),
+            retired_pages_pending=None if pending is None else bool(pending),
+            nvlinks_down=tuple(down),
+            nvlinks_active=expected_nvlinks - len(down),
+            temperature_c=self._optional(
+                "temperature", lambda: lib.nvmlDeviceGetTemperature(h, _TEMPERATURE_GPU)
+            ),
+            pcie_width=None if width is None else (int(width[0]), int(width[1])),
+            pcie_generation=None if gen is None else (int(gen[0]), int(gen[1])),
+        )
+
+    def gpu_busy(self, uuid: str) -> bool:
+        """Whether compute processes still run on the GPU (a reset must wait); a lost GPU runs nothing."""
+        try:
+            return self._processes(uuid)
+        except ProbeError as exc:
+            if exc.kind == "lost":
+                return False
+            raise
+
+    def _processes(self, uuid: str) -> bool:
+        procs = self._optional(
+            "running processes", lambda: self._lib.nvmlDeviceGetComputeRunningProcesses(self._handle(uuid))
+        )
+        return bool(procs)
+
+    def reset_gpu(self, uuid: str) -> None:
+        if self.gpu_busy(uuid):
+            raise ResetRefusedError(f"GPU {uuid} still runs compute processes; reset after they exit")
+        self._reset(uuid)
+
+    def read_efa(self) -> tuple[EfaAdapter, ...]:
+        """EFA adapters found by PCI vendor/device (never by name) with their netdev link state."""
+        return read_efa_adapters(self._sysfs_root)
+
+
+def read_efa_adapters(sysfs_root: Path) -> tuple[EfaAdapter, ...]:
+    found = []
+    base = sysfs_root / "class" / "infiniband"
+    for dev in sorted(base.iterdir()) if base.is_dir() else []:
+        vendor = _read(dev / "device" / "vendor")
+        device = _read(dev / "device" / "device")
+        if vendor != EFA_VENDOR or not (device or "").startswith(EFA_DEVICE_PREFIX):
+            continue
+        net = dev / "device" / "net"
+        netdevs = sorted(p.name for p in net.iterdir()) if net.is_dir() else []
+        netdev = netdevs[0] if netdevs else None
+        operstate = _read(net / netdev / "operstate") if netdev else None
+        found.append(EfaAdapter(dev.name, netdev, operstate))
+    return tuple(found)
+
+
+def nvidia_smi_reset(uuid: str, *, timeout_s: float = 120.0) -> None:
+    """Reset one GPU with ``nvidia-smi -r -i <uuid>`` (NVML has no public reset call)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "-r", "-i", uuid], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ResetRefusedError(
+            f"nvidia-smi -r -i {uuid} failed: {exc}; a node reboot may be needed"
+        ) from exc
+    if done.returncode != 0:
+        message = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise ResetRefusedError(f"nvidia-smi -r -i {uuid} exited {done.returncode}: {message[0]}")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,363 @@
+"""The running health monitor: event listener, periodic check rounds, watchdog, change push.
+
+Three threads feed one ``HealthEngine`` under one lock:
+
+- the **event listener** waits on NVML Xid/DBE events (``event_wait_ms`` at a time, its heartbeat)
+  and applies each at once, so a fatal Xid withholds the device within one wait period;
+- the **round loop** every ``round_interval_s`` reads the kernel log, reads each GPU's counters
+  in parallel under ``check_timeout_s`` (a hung read fails that GPU closed: Suspect, "check timed
+  out", while the others go on), checks EFA, runs remediation, and closes the round;
+- the **watchdog** restarts a loop whose heartbeat is older than ``stall_threshold_s`` and withholds
+  every GPU while the checks are not running, so checking never silently stops.
+
+After every change the devices whose health flipped are pushed to the ``HealthSink`` (the device
+plugin) and every ``on_change`` callback gets the new snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
+from health.checks import Finding, judge_efa, judge_failure, judge_readings, temperature_outliers
+from health.engine import Clock, HealthEngine
+from health.policy import Fault, Window, WindowCounter
+from health.scope import HealthSnapshot, NodeFaultKind
+from health.signals.kmsg import KernelLogTail
+from health.xid import Severity
+from topology.inventory import NicType
+
+log = logging.getLogger(__name__)
+
+
+class HealthSink(Protocol):
+    """Where per-device health goes (the node agent's ``set_device_health``)."""
+
+    def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None: ...
+
+
+class HealthProbe(Protocol):
+    def register_events(self, gpu_uuids: list[str]) -> list[str]: ...
+    def wait_event(self, timeout_ms: int) -> XidEvent | None: ...
+    def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings: ...
+    def read_efa(self) -> tuple[EfaAdapter, ...]: ...
+
+
+class RoundHook(Protocol):
+    """Runs at the end of each round with the monitor (remediation, cluster publishing)."""
+
+    def __call__(self, monitor: HealthMonitor) -> None: ...
+
+
+@dataclass
+class _Pending:
+    thread: threading.Thread
+    result: list[Any]
+
+
+class TimeoutRunner:
+    """Runs calls on their own threads and stops waiting at a deadline; a still-hung key is not rerun."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, _Pending] = {}
+
+    def start(self, key: str, fn: Callable[[], Any]) -> bool:
+        """Start ``fn`` for ``key``; False when the previous call for ``key`` is still hung."""
+        previous = self._running.get(key)
+        if previous is not None and previous.thread.is_alive():
+            return False
+        box: list[Any] = []
+
+        def target() -> None:
+            try:
+                box.append(("ok", fn()))
+            except Exception as exc:
+                box.append(("error", exc))
+
+        thread = threading.Thread(target=target, name=f"health-check-{key}", daemon=True)
+        self._running[key] = _Pending(thread, box)
+        thread.start()
+        return True
+
+    def collect(self, key: str, deadline_s: float) -> tuple[str, Any]:  # status, value
+        """("ok", value) | ("error", exception) | ("timeout", None) within ``deadline_s``."""
+        pending = self._running[key]
+        pending.thread.join(max(deadline_s, 0.0))
+        return pending.result[0] if pending.result else ("timeout", None)
+
+    def join_all(self, timeout_s: float) -> None:
+        for pending in self._running.values():
+            pending.thread.join(timeout_s)
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        engine: HealthEngine,
+        probe: HealthProbe,
+        *,
+        clock: Clock,
+        sink: HealthSink | None = None,
+        kernel_log: KernelLogTail | None = None,
+        round_hooks: tuple[RoundHook, ...] = (),
+    ) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+        self._probe = probe
+        self._clock = clock
+        self._sink = sink
+        self._kernel_log = kernel_log
+        self._round_hooks = round_hooks
+        self._listeners: list[Callable[[HealthSnapshot], None]] = []
+        self.lock = threading.RLock()
+        self._pushed: dict[str, tuple[bool, str]] = {}
+        self._stop = threading.Event()
+        self._runner = TimeoutRunner()
+        self._threads: dict[str, threading.Thread] = {}
+        self._beats: dict[str, float] = {}
+        self._temperature: dict[str, WindowCounter] = {}
+        self.rounds_completed = 0
+        self._first_kernel_read = True
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[HealthSnapshot], None]) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        failed = self._probe_register()
+        with self.lock:
+            for uuid in failed:  # no Xid events from this GPU: fail closed until checks say otherwise
+                self.engine.apply(
+                    uuid, Fault(self._clock(), "events", Severity.SUSPECT, "Xid event registration failed")
+                )
+        self.publish()
+        self._spawn("events", self._event_loop)
+        self._spawn("rounds", self._round_loop)
+        self._spawn("watchdog", self._watchdog_loop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in list(self._threads.values()):
+            thread.join(timeout=10)
+        self._runner.join_all(0.1)
+
+    def _probe_register(self) -> list[str]:
+        try:
+            return self._probe.register_events([g.uuid for g in self.engine.inventory.gpus])
+        except Exception as exc:
+            log.warning("cannot register for NVML events (%s); relying on the kernel log and checks", exc)
+            return [g.uuid for g in self.engine.inventory.gpus]
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        self._beats[name] = self._clock()
+        thread = threading.Thread(target=self._guard(name, target), name=f"health-{name}", daemon=True)
+        self._threads[name] = thread
+        thread.start()
+
+    def _guard(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except Exception:
+                log.exception("health %s loop died; the watchdog restarts it", name)
+
+        return run
+
+    # --- change push ----------------------------------------------------------------------------
+
+    def snapshot(self) -> HealthSnapshot:
+        with self.lock:
+            return self.engine.snapshot()
+
+    def publish(self) -> None:
+        """Push devices whose health changed to the sink and the snapshot to every listener."""
+        with self.lock:
+            snap = self.engine.snapshot()
+            changes = []
+            for device in [*snap.gpus, *snap.migs, *snap.efa_up]:
+                state = snap.state_of(device)
+                reason = self._reason(snap, device)
+                now = (snap.is_healthy(device), f"{state}: {reason}" if reason else str(state))
+                if self._pushed.get(device) != now:
+                    self._pushed[device] = now
+                    changes.append((device, *now))
+        for device, healthy, reason in changes:
+            if self._sink is not None:
+                self._sink.set_device_health(device, healthy, "" if healthy else reason)
+            log.info("device %s %s", device, "healthy" if healthy else f"unhealthy ({reason})")
+        for listener in self._listeners:
+            listener(snap)
+
+    @staticmethod
+    def _reason(snap: HealthSnapshot, device: str) -> str:
+        record = snap.migs.get(device) or snap.gpus.get(device)
+        return record.reason if record else ""
+
+    # --- event listener -------------------------------------------------------------------------
+
+    def _event_loop(self) -> None:
+        while not self._stop.is_set():
+            self._beats["events"] = self._clock()
+            try:
+                event = self._probe.wait_event(self.settings.event_wait_ms)
+            except Exception as exc:
+                log.warning("NVML event wait failed: %s; retrying", exc)
+                self._stop.wait(self.settings.event_wait_ms / 1000)
+                continue
+            if event is not None:
+                self.on_event(event)
+
+    def on_event(self, event: XidEvent) -> None:
+        with self.lock:
+            if event.is_dbe:
+                self.engine.on_xid(event.gpu_uuid, 48)  # a DBE event grades as the DBE Xid
+            else:
+                self.engine.on_xid(
+                    event.gpu_uuid,
+                    event.xid,
+                    gpu_instance=event.gpu_instance,
+                    compute_instance=event.compute_instance,
+                )
+        self.publish()
+
+    # --- rounds ---------------------------------------------------------------------------------
+
+    def _round_loop(self) -> None:
+        while not self._stop.is_set():
+            self._beats["rounds"] = self._clock()
+            self.run_round()
+            self._stop.wait(self.settings.round_interval_s)
+
+    def run_round(self) -> None:
+        """One round: kernel log, GPU checks (parallel, time-boxed), EFA, hooks, close the round."""
+        self._read_kernel_log()
+        findings, completed, temps = self._check_gpus()
+        findings = self._add_temperature(findings, temps)
+        efa_ok = self._check_efa()
+        with self.lock:
+            clean = {uuid for uuid, found in findings.items() if self.engine.on_findings(uuid, found)}
+        self.publish()
+        for hook in self._round_hooks:
+            try:
+                hook(self)
+            except Exception:
+                log.exception("health round hook failed")
+        with self.lock:
+            self.engine.end_round(clean, all_checks_completed=completed and efa_ok)
+            self.rounds_completed += 1
+        self.publish()
+
+    def _read_kernel_log(self) -> None:
+        if self._kernel_log is None:
+            return
+        at_boot = self._first_kernel_read and self._kernel_log.fresh_start
+        self._first_kernel_read = False
+        try:
+            records = self._kernel_log.read_new()
+        except OSError as exc:
+            log.warning("cannot read the kernel log: %s", exc)
+            return
+        with self.lock:
+            for record in records:
+                self.engine.on_kernel_record(record, at_boot=at_boot)
+
+    def _check_gpus(self) -> tuple[dict[str, list[Finding]], bool, dict[str, int]]:
+        inventory = self.engine.inventory
+        links = _nvlinks_per_gpu(inventory)
+        started = {}
+        for gpu in inventory.gpus:
+            read = _reader(self._probe, gpu.uuid, links.get(gpu.index, 0))
+            started[gpu.uuid] = self._runner.start(gpu.uuid, read)
+        deadline = self._clock() + self.settings.check_timeout_s
+        findings: dict[str, list[Finding]] = {}
+        temps: dict[str, int] = {}
+        completed = True
+        for uuid, fresh in started.items():
+            status, value = (
+                self._runner.collect(uuid, deadline - self._clock()) if fresh else ("timeout", None)
+            )
+            if status == "ok" and isinstance(value, GpuReadings):
+                findings[uuid] = judge_readings(value)
+                if value.temperature_c is not None:
+                    temps[uuid] = value.temperature_c
+                continue
+            completed = False
+            error = value if status == "error" else None
+            findings[uuid] = [judge_failure(error, timeout_s=self.settings.check_timeout_s)]
+        return findings, completed, temps
+
+    def _add_temperature(
+        self, findings: dict[str, list[Finding]], temps: dict[str, int]
+    ) -> dict[str, list[Finding]]:
+        window: Window = self.settings.temperature_window
+        at = self._clock()
+        for uuid, gap in temperature_outliers(temps, gap_c=self.settings.temperature_gap_c).items():
+            counter, tripped = self._temperature.get(uuid, WindowCounter()).observe(at, window)
+            self._temperature[uuid] = counter
+            if tripped:
+                reason = f"{gap:.0f} C above the node median for {window.threshold} rounds"
+                findings[uuid].append(Finding("temperature-gap", Severity.SUSPECT, reason))
+        return findings
+
+    def _check_efa(self) -> bool:
+        expected = [n.name for n in self.engine.inventory.nics if n.type is NicType.EFA]
+        if not expected and self.settings.expected_efa is None:
+            return True
+        if not self._runner.start("efa", self._probe.read_efa):
+            return False
+        status, value = self._runner.collect("efa", self.settings.check_timeout_s)
+        if status != "ok":
+            log.warning("EFA check did not complete: %s %s", status, value)
+            return False
+        count = self.settings.expected_efa if self.settings.expected_efa is not None else len(expected)
+        up, faults = judge_efa(value, expected=expected, expected_count=count)
+        with self.lock:
+            self.engine.efa_up = up
+            self.engine.set_checked_node_faults(
+                {NodeFaultKind.EFA_MISSING, NodeFaultKind.EFA_LINK_DOWN}, faults
+            )
+        return True
+
+    # --- watchdog -------------------------------------------------------------------------------
+
+    def _watchdog_loop(self) -> None:
+        period = min(self.settings.round_interval_s, 1.0)
+        while not self._stop.wait(period):
+            now = self._clock()
+            for name, target in (("events", self._event_loop), ("rounds", self._round_loop)):
+                stale = now - self._beats.get(name, now)
+                alive = self._threads[name].is_alive()
+                if alive and stale <= self.settings.stall_threshold_s:
+                    continue
+                self._stalled(name, stale)
+                if not alive:
+                    self._spawn(name, target)
+
+    def _stalled(self, name: str, stale: float) -> None:
+        log.error("health %s loop silent for %.1f s; withholding every GPU until it runs again", name, stale)
+        reason = f"health {name} loop stalled for {stale:.1f} s"
+        with self.lock:
+            for uuid in self.engine.gpus:
+                self.engine.apply(uuid, Fault(self._clock(), "watchdog", Severity.SUSPECT, reason))
+        self.publish()
+
+
+def _reader(probe: HealthProbe, uuid: str, links: int) -> Callable[[], GpuReadings]:
+    return lambda: probe.read_gpu(uuid, expected_nvlinks=links)
+
+
+def _nvlinks_per_gpu(inventory: Any) -> dict[int, int]:
+    """NVLink links each GPU should have active (direct links plus NVSwitch links)."""
+    links: dict[int, int] = {}
+    for link in inventory.nvlinks:
+        links[link.gpu_a] = links.get(link.gpu_a, 0) + link.links
+        links[link.gpu_b] = links.get(link.gpu_b, 0) + link.links
+    if inventory.nvswitch is not None:
+        for index in inventory.nvswitch.gpus:
+            links[index] = links.get(index, 0) + inventory.nvswitch.links_per_gpu
+    return links
