@@ -169,6 +169,14 @@ class TopologyGraph:
         gbps: float = self._graph.edges[_gpu_node(a), _gpu_node(b)]["gbps"]
         return gbps
 
+    def pcie_link(self, a: int, b: int) -> PairLink:
+        """The PCIe path between GPUs ``a`` and ``b``, ignoring any NVLink (for PCIe-only models)."""
+        self._require_gpu(a)
+        self._require_gpu(b)
+        if a == b:
+            return PairLink(LinkClass.X)
+        return PairLink(_pcie_class(_place_of(self._gpus[a]), _place_of(self._gpus[b])))
+
     def gpu_nic_link(self, gpu: int, nic: str) -> PairLink:
         self._require_gpu(gpu)
         if nic not in self._nics:

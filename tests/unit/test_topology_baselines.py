@@ -1,0 +1,76 @@
+"""The go-gpuallocator-like baseline: its pair weights, its NVSwitch blind spot, its partitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.topology_nodes import dgx1_v100, make_gpu, nvswitch_node, p4d
+from topology.baselines import go_gpuallocator_like, go_gpuallocator_pair_score
+from topology.errors import TopologyError
+from topology.graph import TopologyGraph
+from topology.inventory import NodeInventory, NvSwitchFabric
+from topology.search import best_set
+
+ALL8 = frozenset(range(8))
+DGX1 = TopologyGraph.from_inventory(dgx1_v100())
+
+
+@pytest.mark.parametrize(
+    ("inventory", "a", "b", "score"),
+    [
+        (dgx1_v100(), 0, 3, 40 + 200),  # two switches under one host bridge + two NVLinks
+        (dgx1_v100(), 0, 1, 50 + 100),  # one switch + one NVLink
+        (dgx1_v100(), 0, 5, 10),  # across sockets, no NVLink
+        (nvswitch_node(), 0, 1, 40),  # NVSwitch pair: no NVLink credit at all
+        (nvswitch_node(), 0, 2, 20),
+        (nvswitch_node(), 0, 4, 10),
+    ],
+)
+def test_pair_scores(inventory: NodeInventory, a: int, b: int, score: int) -> None:
+    assert go_gpuallocator_pair_score(TopologyGraph.from_inventory(inventory), a, b) == score
+
+
+@pytest.mark.parametrize(
+    ("available", "size", "must", "expected"),
+    [
+        (ALL8, 2, frozenset(), (0, 3)),  # the partition {0,3},{1,2},{4,7},{5,6} of its static table
+        (ALL8, 4, frozenset(), (0, 1, 2, 3)),
+        (ALL8, 2, frozenset({5}), (5, 6)),
+        (ALL8, 8, frozenset(), tuple(range(8))),
+        (frozenset({1, 2, 3, 4, 5}), 2, frozenset(), (2, 3)),  # partition {2,3},{1,5}, 4 spare
+        (frozenset({0, 1}), 3, frozenset(), None),
+        (ALL8, 2, frozenset({0, 1, 2}), None),
+    ],
+)
+def test_dgx1_choices(available: frozenset[int], size: int, must: frozenset[int],
+                      expected: tuple[int, ...] | None) -> None:
+    assert go_gpuallocator_like(DGX1, available=available, size=size, must_include=must) == expected
+
+
+def test_nvswitch_blind_spot_prefers_a_pcie_pair_over_an_nvswitch_pair() -> None:
+    # GPUs 0 and 1 share a PCIe switch but sit outside the NVSwitch fabric; 2 and 3 are on it.
+    gpus = (make_gpu(0, switch="sw0"), make_gpu(1, switch="sw0"), make_gpu(2, switch="sw2", root="r1"),
+            make_gpu(3, switch="sw3", root="r2"))
+    node = NodeInventory(name="partial-fabric", numa_nodes=1, gpus=gpus,
+                         nvswitch=NvSwitchFabric(gpus=(2, 3), links_per_gpu=18))
+    graph = TopologyGraph.from_inventory(node)
+    available = frozenset(range(4))
+    assert go_gpuallocator_like(graph, available=available, size=2) == (0, 1)
+    ours = best_set(graph, available=available, size=2)
+    assert ours is not None and ours.gpus == (2, 3)
+
+
+def test_nic_pairs_on_p4d_follow_pcie_switches() -> None:
+    graph = TopologyGraph.from_inventory(p4d())
+    assert go_gpuallocator_like(graph, available=ALL8 - {0}, size=2) == (2, 3)
+
+
+def test_sixteen_gpus_are_tractable() -> None:
+    graph = TopologyGraph.from_inventory(nvswitch_node(gpus=16))
+    chosen = go_gpuallocator_like(graph, available=frozenset(range(16)) - {0, 9}, size=8)
+    assert chosen is not None and len(chosen) == 8
+
+
+def test_size_below_one_is_an_error() -> None:
+    with pytest.raises(TopologyError, match="ask for 1 or more"):
+        go_gpuallocator_like(DGX1, available=ALL8, size=0)
