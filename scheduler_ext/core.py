@@ -1,1 +1,114 @@
-"""Placeholder; filled in by its issue."""
+"""The pure decision core: does a pod fit a node, with which devices, and how good is the node.
+
+No I/O here: the HTTP adapter and the cluster cache hand in values (``PodRequest``, ``NodeState``)
+and get values back (``Verdict``). Decisions are memoized by (node state token, request), where
+equal tokens mean the same layout in the same free state; that is what makes a 5,000-node filter
+cheap: nodes differ in name, rarely in state.
+
+Verdict semantics, as kube-scheduler uses them: ``fits=False, unresolvable=True`` means no amount
+of preemption on this node can help (too few GPUs, none matching the selector, unhealthy
+hardware, an impossible topology policy); plain ``fits=False`` means freeing devices would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from scheduler_ext.layout import NodeLayout
+from scheduler_ext.planners import Planner
+from scheduler_ext.registry import LayoutRegistry
+from scheduler_ext.requests import PodRequest
+from scheduler_ext.selector import SelectorCache, SelectorError
+from scheduler_ext.state import NodeState
+from scheduler_ext.verdict import MAX_SCORE, PASS_THROUGH, PlanStep, Verdict, fail, unresolvable
+
+MAX_MEMO_ENTRIES = 500_000
+NOTHING_ASKED = Verdict(fits=True, score=MAX_SCORE // 2)
+
+
+class DecisionCore:
+    """Decides per (pod, node); owns the decision memo. Thread-safe."""
+
+    def __init__(self, registry: LayoutRegistry, *, selectors: SelectorCache | None = None) -> None:
+        self.registry = registry
+        self.selectors = selectors or SelectorCache()
+        self._memo: dict[tuple[object, ...], dict[int, Verdict]] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def decide(self, request: PodRequest, node: NodeState | None, *, name: str = "") -> Verdict:
+        return self.decide_many(request, [(name or (node.name if node else ""), node)])[0]
+
+    def decide_many(
+        self, request: PodRequest, nodes: Iterable[tuple[str, NodeState | None]]
+    ) -> list[Verdict]:
+        """One verdict per (name, state); a None state is a node the cache does not know."""
+        if not request.interested:
+            return [PASS_THROUGH for _ in nodes]
+        if all(c.is_empty for c in request.containers):
+            return [NOTHING_ASKED for _ in nodes]
+        memo = self._memo.get(request.signature)
+        if memo is None:
+            with self._lock:
+                memo = self._memo.setdefault(request.signature, {})
+        verdicts = []
+        for name, node in nodes:
+            if node is None:
+                verdicts.append(fail(f"node {name} is not (yet) in the gpuweave extender's cache"))
+                continue
+            token = node.token if node.token >= 0 else self.registry.token(node.memo_key)
+            verdict = memo.get(token)
+            if verdict is None:
+                verdict = self._decide_uncached(request, node)
+                self._remember(memo, token, verdict)
+            verdicts.append(verdict)
+        return verdicts
+
+    def _remember(self, memo: dict[int, Verdict], token: int, verdict: Verdict) -> None:
+        with self._lock:
+            if self._size >= MAX_MEMO_ENTRIES:
+                for inner in self._memo.values():
+                    inner.clear()
+                self._size = 0
+            memo[token] = verdict
+            self._size += 1
+
+    def _decide_uncached(self, request: PodRequest, node: NodeState) -> Verdict:
+        if node.layout is None:
+            return unresolvable(
+                f"node {node.name} publishes no GpuNodeInventory; run the gpuweave node agent there "
+                "or keep GPU pods off it"
+            )
+        try:
+            eligible = self._eligible_gpus(request.selector, node.layout)
+        except SelectorError as exc:
+            return unresolvable(str(exc))
+        if request.selector is not None and not eligible:
+            products = sorted({g.attributes.product_name for g in node.layout.gpus}) or ["no GPUs"]
+            return unresolvable(
+                f"no GPU on the node matches the gpu-selector (node has {', '.join(products)})"
+            )
+        planner = Planner(
+            request=request,
+            layout=node.layout,
+            free=node.free,
+            eligible=eligible,
+            search=self.registry.search(node.layout_id),
+        )
+        steps: list[PlanStep] = []
+        for stage in (planner.plan_gpus, planner.plan_migs, planner.plan_shares, planner.plan_nics):
+            step = stage()
+            if isinstance(step, Verdict):
+                return step
+            steps.append(step)
+        return planner.combine(steps)
+
+    def _eligible_gpus(self, selector: str | None, layout: NodeLayout) -> frozenset[int]:
+        if selector is None:
+            return frozenset(g.index for g in layout.gpus)
+        self.selectors.check(selector)
+        return frozenset(g.index for g in layout.gpus if self.selectors.matches(selector, g.attributes))
+
+    def memo_size(self) -> int:
+        return self._size

@@ -1,0 +1,70 @@
+"""Wiring of one extender process: registry, core, cache, feeder, binder, service, HTTP server.
+
+``build_snapshot_extender`` and ``build_kube_extender`` are the two ways to assemble it; the CLI
+command and the tests call them, so tests run exactly what production runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler_ext.cache import ClusterCache
+from scheduler_ext.core import DecisionCore
+from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.registry import LayoutRegistry
+from scheduler_ext.server import ExtenderHTTPServer
+from scheduler_ext.service import Binder, ExtenderService
+from scheduler_ext.snapshot import SnapshotBinder, load_snapshot
+
+
+@dataclass
+class Extender:
+    """A wired extender; ``close`` stops the server and any watches."""
+
+    cache: ClusterCache
+    core: DecisionCore
+    service: ExtenderService
+    metrics: ExtenderMetrics
+    server: ExtenderHTTPServer | None = None
+    stoppers: tuple[object, ...] = ()
+
+    def serve(
+        self, *, host: str, port: int, tls_cert: Path | None = None, tls_key: Path | None = None
+    ) -> str:
+        """Bind the HTTP(S) listener and serve in a background thread; returns its URL."""
+        server = ExtenderHTTPServer((host, port), service=self.service, metrics=self.metrics)
+        if tls_cert is not None and tls_key is not None:
+            server.use_tls(cert=tls_cert, key=tls_key)
+        self.server = server
+        server.serve_in_thread()
+        return server.url
+
+    def close(self) -> None:
+        for stopper in self.stoppers:
+            stop = getattr(stopper, "stop", None)
+            if callable(stop):
+                stop()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def build_core() -> tuple[ClusterCache, DecisionCore]:
+    registry = LayoutRegistry()
+    return ClusterCache(registry), DecisionCore(registry)
+
+
+def assemble(
+    cache: ClusterCache, core: DecisionCore, binder: Binder, *, stoppers: tuple[object, ...] = ()
+) -> Extender:
+    metrics = ExtenderMetrics()
+    service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics)
+    return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
+
+
+def build_snapshot_extender(snapshot: Path) -> Extender:
+    cache, core = build_core()
+    load_snapshot(snapshot, cache)
+    return assemble(cache, core, SnapshotBinder(cache))

@@ -1,0 +1,203 @@
+"""The cluster cache: nodes, their inventories, and which pod holds which device.
+
+Reads take no lock: each node's ``NodeState`` is an immutable value replaced wholesale on change
+(copy-on-write), and a dict lookup of it is atomic. Writes to one node's state go through that
+node's lock, so binds on different nodes never wait for each other.
+
+Pod assignment annotations are the source of truth for who holds what; between a bind and the
+watch delivering the annotated pod, the bind's allocation is *assumed* so concurrent decisions
+never double-book. A restart rebuilds everything from the API (or the snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
+from scheduler_ext.registry import LayoutRegistry
+from scheduler_ext.state import NodeState
+from topology.errors import GpuweaveError, InvalidInputError
+
+LOG = logging.getLogger(__name__)
+MAX_REMEMBERED_PODS = 20_000
+
+
+class DoubleBookingError(GpuweaveError):
+    """A bind would hand out a device another pod holds."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A pod's devices on one node; ``assumed`` until the watch shows the annotation."""
+
+    record: PodRecord
+    assumed: bool
+
+
+class ClusterCache:
+    """Thread-safe; see module doc for the locking model."""
+
+    def __init__(self, registry: LayoutRegistry) -> None:
+        self.registry = registry
+        self._states: dict[str, NodeState] = {}
+        self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
+        self._known_nodes: set[str] = set()
+        self._holdings: dict[str, Holding] = {}  # pod UID -> devices held
+        self._by_node: dict[str, set[str]] = {}  # node -> UIDs holding devices there
+        self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # UID -> last seen pod object
+        self._pod_uids: dict[str, str] = {}  # namespace/name -> UID
+        self._node_locks: dict[str, threading.RLock] = {}
+        self._meta_lock = threading.Lock()  # guards the lock table and pod bookkeeping only
+        self.synced = threading.Event()
+
+    # ---- reads (no lock) ----------------------------------------------------------------------
+    def node(self, name: str) -> NodeState | None:
+        return self._states.get(name)
+
+    def node_names(self) -> list[str]:
+        return list(self._states)
+
+    def pod_object(self, *, uid: str = "", key: str = "") -> Mapping[str, Any] | None:
+        if not uid:
+            uid = self._pod_uids.get(key, "")
+        return self._pods.get(uid)
+
+    def holdings_on(self, node: str) -> list[PodRecord]:
+        holdings = (self._holdings.get(uid) for uid in list(self._by_node.get(node, ())))
+        return [h.record for h in holdings if h is not None]
+
+    def holding(self, uid: str) -> Holding | None:
+        return self._holdings.get(uid)
+
+    def node_lock(self, name: str) -> threading.RLock:
+        lock = self._node_locks.get(name)
+        if lock is None:
+            with self._meta_lock:
+                lock = self._node_locks.setdefault(name, threading.RLock())
+        return lock
+
+    # ---- nodes and inventories ----------------------------------------------------------------
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if name:
+            self._known_nodes.add(name)
+            self._rebuild(name)
+
+    def delete_node(self, name: str) -> None:
+        self._known_nodes.discard(name)
+        self._rebuild(name)
+
+    def upsert_inventory(self, obj: Mapping[str, Any]) -> None:
+        try:
+            record = inventory_record(obj)
+        except InvalidInputError as exc:
+            LOG.warning("ignoring GpuNodeInventory: %s", exc)
+            return
+        self._bases[record.node] = _base_state(self.registry, record)
+        self._rebuild(record.node)
+
+    def delete_inventory(self, name: str) -> None:
+        self._bases.pop(name, None)
+        self._rebuild(name)
+
+    # ---- pods -----------------------------------------------------------------------------------
+    def remember_pod(self, obj: Mapping[str, Any]) -> None:
+        """Keep a pending pod's object so a later bind (which names it only) can be decided."""
+        record = pod_record(obj)
+        with self._meta_lock:
+            self._pods[record.uid] = obj
+            self._pods.move_to_end(record.uid)
+            self._pod_uids[record.key] = record.uid
+            while len(self._pods) > MAX_REMEMBERED_PODS:
+                _, old = self._pods.popitem(last=False)
+                self._pod_uids.pop(pod_record(old).key, None)
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        record = pod_record(obj)
+        if record.terminated:
+            self.delete_pod(record.uid)
+            return
+        self.remember_pod(obj)
+        previous = self._holdings.get(record.uid)
+        if not record.devices and (previous is None or previous.assumed):
+            return  # an assumed bind stays until the annotation (or the pod's end) arrives
+        self._set_holding(record.uid, Holding(record, assumed=False) if record.devices else None)
+
+    def delete_pod(self, uid: str) -> None:
+        with self._meta_lock:
+            obj = self._pods.pop(uid, None)
+            if obj is not None:
+                self._pod_uids.pop(pod_record(obj).key, None)
+        self._set_holding(uid, None)
+
+    def assume(self, record: PodRecord) -> None:
+        """Record a bind's devices before the API shows them; raises ``DoubleBookingError``."""
+        assert record.node is not None
+        with self.node_lock(record.node):
+            state = self._states.get(record.node)
+            holders = state.holders if state is not None else {}
+            clash = sorted(d for d in record.devices if holders.get(d, record.uid) != record.uid)
+            if clash:
+                raise DoubleBookingError(
+                    f"pod {record.key} would take devices {', '.join(clash)} on node {record.node} "
+                    "that other pods hold; kube-scheduler will retry the pod"
+                )
+            self._put_holding(record.uid, Holding(record, assumed=True))
+            self._rebuild_locked(record.node)
+
+    def forget(self, uid: str) -> None:
+        """Drop an assumed holding whose bind failed."""
+        holding = self._holdings.get(uid)
+        if holding is not None and holding.assumed:
+            self._set_holding(uid, None)
+
+    def _set_holding(self, uid: str, holding: Holding | None) -> None:
+        previous = self._holdings.get(uid)
+        nodes = {h.record.node for h in (previous, holding) if h is not None and h.record.node}
+        for node in sorted(n for n in nodes if n):
+            with self.node_lock(node):
+                self._put_holding(uid, holding)
+                self._rebuild_locked(node)
+
+    def _put_holding(self, uid: str, holding: Holding | None) -> None:
+        previous = self._holdings.pop(uid, None)
+        if previous is not None and previous.record.node:
+            self._by_node.get(previous.record.node, set()).discard(uid)
+        if holding is not None and holding.record.node:
+            self._holdings[uid] = holding
+            self._by_node.setdefault(holding.record.node, set()).add(uid)
+
+    # ---- state rebuild --------------------------------------------------------------------------
+    def _rebuild(self, name: str) -> None:
+        with self.node_lock(name):
+            self._rebuild_locked(name)
+
+    def _rebuild_locked(self, name: str) -> None:
+        base = self._bases.get(name)
+        if base is None and name not in self._known_nodes:
+            self._states.pop(name, None)
+            return
+        holders = _holders(self.holdings_on(name))
+        if base is None:
+            self._states[name] = NodeState(name=name, holders=holders)
+            return
+        self._states[name] = self.registry.tokenized(base.with_holders(holders))
+
+
+def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:
+    return registry.node_state(
+        record.inventory, name=record.node, sharing=record.sharing, unhealthy=record.unhealthy
+    )
+
+
+def _holders(records: Iterable[PodRecord]) -> dict[str, str]:
+    holders: dict[str, str] = {}
+    for record in records:
+        for device in record.devices:
+            holders.setdefault(device, record.uid)
+    return holders

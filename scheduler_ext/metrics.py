@@ -1,0 +1,87 @@
+"""Prometheus metrics of the extender, on a registry owned by one server (no global state).
+
+Rejection reasons are counted by class (``nvlink``, ``numa``, ``capacity`` ...), not by their
+text, whose node names and numbers would explode the label space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+REASON_CLASSES = (
+    ("gpu-selector", "selector"),
+    ("NVLink", "nvlink"),
+    ("NUMA", "numa"),
+    ("EFA", "efa"),
+    ("MIG", "mig"),
+    ("unhealthy", "unhealthy"),
+    ("GpuNodeInventory", "no-inventory"),
+    ("cache", "unknown-node"),
+    ("share", "shares"),
+    ("replicas", "shares"),
+    ("free", "busy"),
+    ("offers", "capacity"),
+    ("whole number", "bad-request"),
+)
+
+
+def reason_class(reason: str) -> str:
+    for needle, label in REASON_CLASSES:
+        if needle in reason:
+            return label
+    return "other"
+
+
+class ExtenderMetrics:
+    """Latency per verb, decisions per verb and outcome, rejections per reason class."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "gpuweave_extender_request_seconds",
+            "Time to answer one extender request, by verb",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "gpuweave_extender_decisions",
+            "Node decisions made, by verb and outcome (passed, failed)",
+            ["verb", "outcome"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "gpuweave_extender_rejections",
+            "Nodes rejected for a pod, by reason class",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.bad_requests = Counter(
+            "gpuweave_extender_bad_requests",
+            "Requests answered 400, by verb",
+            ["verb"],
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "gpuweave_extender_binds", "Bind outcomes (bound, error)", ["outcome"], registry=self.registry
+        )
+        self.cached_nodes = Gauge(
+            "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
+        )
+
+    def decided(self, verb: str, *, passed: int, failed: Mapping[str, str]) -> None:
+        self.decisions.labels(verb, "passed").inc(passed)
+        if failed:
+            self.decisions.labels(verb, "failed").inc(len(failed))
+            counts: dict[str, int] = {}
+            for reason in failed.values():
+                label = reason_class(reason)
+                counts[label] = counts.get(label, 0) + 1
+            for label, count in counts.items():
+                self.rejections.labels(label).inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,216 @@
+"""Per-resource planners: whole GPUs, MIG devices, GPU shares and EFA adapters for one pod on one node.
+
+Each stage returns either a ``PlanStep`` (what each container gets, plus a 0..1 quality) or a
+failing ``Verdict`` with a specific reason. Init containers run one at a time before the app
+containers, so (as the kubelet does) they reuse devices picked for the pod rather than add to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from scheduler_ext.layout import NodeLayout, ShareMode
+from scheduler_ext.nics import plan_nic_containers
+from scheduler_ext.requests import ContainerRequest, Placement, PodRequest
+from scheduler_ext.search import LayoutSearch
+from scheduler_ext.shares import plan_share_containers
+from scheduler_ext.state import FreeState
+from scheduler_ext.verdict import MAX_SCORE, ContainerPlan, PlanStep, Verdict, fail, unresolvable
+
+
+@dataclass
+class Planner:
+    request: PodRequest
+    layout: NodeLayout
+    free: FreeState
+    eligible: frozenset[int]
+    search: LayoutSearch
+    _gpus_chosen: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    # ---- whole GPUs -------------------------------------------------------------------------
+    def plan_gpus(self) -> PlanStep | Verdict:
+        need = self.request.pod_gpus()
+        if need == 0:
+            return PlanStep()
+        what = "GPUs matching the gpu-selector" if self.request.selector else "GPUs"
+        exclusive = frozenset(
+            g.index for g in self.layout.gpus if g.index in self.eligible and g.index in self._exclusive()
+        )
+        if len(exclusive) < need:
+            return unresolvable(f"pod needs {need} whole {what}; node offers {len(exclusive)}")
+        healthy = exclusive & self.free.healthy_gpus
+        if len(healthy) < need:
+            return unresolvable(
+                f"pod needs {need} whole {what}; node has {len(healthy)} healthy "
+                f"({len(exclusive) - len(healthy)} withheld as unhealthy)"
+            )
+        impossible = self._policy_check(healthy, need, free=False)
+        if impossible is not None:
+            return unresolvable(impossible)
+        available = healthy & self.free.free_gpus
+        if len(available) < need:
+            return fail(f"pod needs {need} free {what}; node has {len(available)} free of {len(healthy)}")
+        blocked = self._policy_check(available, need, free=True)
+        if blocked is not None:
+            return fail(blocked)
+        chosen = self._choose(available, need)
+        if chosen is None:
+            return fail(f"no set of {need} free {what} satisfies placement {self.request.placement.value}")
+        gpus, quality, lookahead = chosen
+        return PlanStep(
+            plans=self._split_gpus(gpus),
+            quality=self._gpu_quality(gpus, quality, lookahead),
+            gpus_used=gpus,
+        )
+
+    def _exclusive(self) -> frozenset[int]:
+        return frozenset(
+            g.index for g in self.layout.gpus if g.mode is ShareMode.EXCLUSIVE and not g.mig_enabled
+        )
+
+    def _policy_check(self, gpus: frozenset[int], need: int, *, free: bool) -> str | None:
+        adjective = "free " if free else ""
+        placement = self.request.placement
+        if placement is Placement.NVLINK_REQUIRED and need > 1:
+            largest = len(self.search.graph.largest_nvlink_clique(gpus))
+            if largest < need:
+                return f"needs {need} NVLink-connected GPUs; largest {adjective}NVLink group is {largest}"
+        if placement is Placement.SINGLE_NUMA:
+            per_numa: dict[int, int] = {}
+            for index in gpus:
+                numa = self.layout.gpu_by_index[index].numa_node
+                per_numa[numa] = per_numa.get(numa, 0) + 1
+            most = max(per_numa.values(), default=0)
+            if most < need:
+                return f"needs {need} GPUs on one NUMA node; most {adjective}GPUs on one NUMA node is {most}"
+        if placement is Placement.NIC_ALIGNED:
+            aligned = sum(1 for index in gpus if self.layout.nic_aligned(index))
+            if aligned < need:
+                return (
+                    f"needs {need} GPUs with an EFA adapter on their PCIe switch; "
+                    f"node has {aligned} such {adjective}GPUs"
+                )
+        return None
+
+    def _choose(self, available: frozenset[int], need: int) -> tuple[tuple[int, ...], float, float] | None:
+        return self.search.best(available, need, policy=self.request.placement.value)
+
+    def _split_gpus(self, pool: tuple[int, ...]) -> dict[str, ContainerPlan]:
+        """Give app containers disjoint best subsets of the pool; init containers reuse it."""
+        plans: dict[str, ContainerPlan] = {}
+        remaining = frozenset(pool)
+        app = sorted((c for c in self.request.containers if not c.init and c.gpus), key=lambda c: -c.gpus)
+        for container in app:
+            subset = self._subset(remaining, container.gpus)
+            remaining -= frozenset(subset)
+            plans[container.name] = ContainerPlan(name=container.name, gpus=subset)
+        for container in self.request.containers:
+            if container.init and container.gpus:
+                plans[container.name] = ContainerPlan(
+                    name=container.name, gpus=self._subset(frozenset(pool), container.gpus)
+                )
+        self._gpus_chosen = {name: plan.gpus for name, plan in plans.items()}
+        return plans
+
+    def _subset(self, pool: frozenset[int], size: int) -> tuple[int, ...]:
+        if size == len(pool):
+            return tuple(sorted(pool))
+        found = self.search.best(pool, size)
+        return found[0] if found is not None else tuple(sorted(pool)[:size])
+
+    def _gpu_quality(self, gpus: tuple[int, ...], quality: float, lookahead: float) -> float:
+        """Topology quality of the set, packing, and what stays possible for later requests."""
+        remaining = self.free.free_gpus - frozenset(gpus)
+        total = max(1, len(self.free.healthy_gpus))
+        packing = 1.0 - len(remaining) / total
+        if not remaining:
+            lookahead = 1.0  # a node filled exactly leaves nothing to fragment
+        return 0.5 * quality + 0.2 * packing + 0.3 * lookahead
+
+    # ---- MIG devices ------------------------------------------------------------------------
+    def plan_migs(self) -> PlanStep | Verdict:
+        profiles = sorted({p for c in self.request.containers for p, _ in c.mig})
+        plans: dict[str, ContainerPlan] = {}
+        left = set(self.free.free_migs)
+        for profile in profiles:
+            step = self._plan_profile(profile, left, plans)
+            if isinstance(step, Verdict):
+                return step
+        if not profiles:
+            return PlanStep()
+        healthy = max(1, len(self.free.healthy_migs))
+        return PlanStep(plans=plans, quality=1.0 - len(left) / healthy)
+
+    def _plan_profile(self, profile: str, left: set[int], plans: dict[str, ContainerPlan]) -> Verdict | None:
+        def count(c: ContainerRequest) -> int:
+            return dict(c.mig).get(profile, 0)
+
+        need = max(
+            sum(count(c) for c in self.request.containers if not c.init),
+            max((count(c) for c in self.request.containers if c.init), default=0),
+        )
+        ofprofile = [m for m in self.layout.migs if m.profile == profile and m.parent_index in self.eligible]
+        healthy = [m for m in ofprofile if m.position in self.free.healthy_migs]
+        if len(healthy) < need:
+            return unresolvable(
+                f"pod needs {need} MIG devices of profile {profile}; node has {len(healthy)} healthy "
+                f"of {len(ofprofile)} (change the node's MIG layout to offer more)"
+            )
+        free = [m for m in healthy if m.position in left]
+        if len(free) < need:
+            return fail(f"pod needs {need} free MIG devices of profile {profile}; node has {len(free)} free")
+        per_parent: dict[int, int] = {}
+        for m in self.layout.migs:
+            if m.position in left:
+                per_parent[m.parent_index] = per_parent.get(m.parent_index, 0) + 1
+        # Pack: take slices from the GPU with the fewest free devices, keeping emptier GPUs whole.
+        ordered = sorted(free, key=lambda m: (per_parent[m.parent_index], m.parent_index, m.position))
+        pool = [m.position for m in ordered[:need]]
+        left.difference_update(pool)
+        remaining = list(pool)
+        for container in self.request.containers:
+            want = count(container)
+            if not want:
+                continue
+            taken = tuple(pool[:want]) if container.init else tuple(remaining[:want])
+            if not container.init:
+                remaining = remaining[want:]
+            base = plans.get(container.name, ContainerPlan(name=container.name))
+            plans[container.name] = replace(base, migs=base.migs + taken)
+        return None
+
+    # ---- shares and EFA ---------------------------------------------------------------------
+    def plan_shares(self) -> PlanStep | Verdict:
+        return plan_share_containers(
+            request=self.request, layout=self.layout, free=self.free, eligible=self.eligible
+        )
+
+    def plan_nics(self) -> PlanStep | Verdict:
+        return plan_nic_containers(
+            request=self.request, layout=self.layout, free=self.free, gpus_chosen=self._gpus_chosen
+        )
+
+    def combine(self, steps: list[PlanStep]) -> Verdict:
+        plans: dict[str, ContainerPlan] = {}
+        for step in steps:
+            for name, part in step.plans.items():
+                base = plans.get(name, ContainerPlan(name=name))
+                plans[name] = _merge(base, part)
+        qualities = [s.quality for s in steps if s.quality is not None]
+        quality = sum(qualities) / len(qualities) if qualities else 0.5
+        score = max(0, min(MAX_SCORE, round(quality * MAX_SCORE)))
+        ordered = tuple(plans[c.name] for c in self.request.containers if c.name in plans)
+        return Verdict(fits=True, score=score, plan=ordered)
+
+
+def _merge(base: ContainerPlan, part: ContainerPlan) -> ContainerPlan:
+    return replace(
+        base,
+        gpus=base.gpus + part.gpus,
+        migs=base.migs + part.migs,
+        nics=base.nics + part.nics,
+        share_gpu=part.share_gpu if part.share_gpu is not None else base.share_gpu,
+        compute=base.compute + part.compute,
+        memory=base.memory + part.memory,
+        replicas=base.replicas + part.replicas,
+    )

@@ -1,0 +1,239 @@
+"""What a pod asks of gpuweave: per-container device requests, capability selector, placement policy.
+
+Parsed once per pod from the pod object kube-scheduler sends (a plain dict), so the decision core
+works on small frozen values and can memoize on them. Extended resources are whole numbers in
+Kubernetes; the limit is authoritative (kubelet requires request == limit for them) and a request
+alone is accepted as both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+from topology.contracts import (
+    ANNOTATION_GPU_SELECTOR,
+    ANNOTATION_PLACEMENT,
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+    RESOURCE_MIG_PREFIX,
+)
+from topology.errors import InvalidInputError
+
+OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, "gpuweave.io/")
+
+
+class Placement(StrEnum):
+    """Topology policy from the ``gpuweave.io/placement`` annotation."""
+
+    BEST_EFFORT = "best-effort"
+    NVLINK_REQUIRED = "nvlink-required"
+    NIC_ALIGNED = "nic-aligned"
+    SINGLE_NUMA = "single-numa"
+
+
+class BadPodRequestError(InvalidInputError):
+    """The pod's resource requests or gpuweave annotations cannot be understood."""
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """Device counts one container asks for. ``mig`` is sorted (profile, count) pairs."""
+
+    name: str
+    init: bool = False
+    gpus: int = 0
+    mig: tuple[tuple[str, int], ...] = ()
+    efa: int = 0
+    compute: int = 0  # 1% of one GPU's SMs per unit
+    memory_gib: int = 0  # 1 GiB of one GPU's memory per unit
+    shared: int = 0  # time-sliced replicas of one GPU
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.gpus or self.mig or self.efa or self.compute or self.memory_gib or self.shared)
+
+    @property
+    def wants_share(self) -> bool:
+        return bool(self.compute or self.memory_gib or self.shared)
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """Everything the decision core needs to know about one pod; hashable for memoization."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerRequest, ...]
+    selector: str | None = None
+    placement: Placement = Placement.BEST_EFFORT
+    priority: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def interested(self) -> bool:
+        """False for pods gpuweave must pass through untouched."""
+        return self.selector is not None or any(not c.is_empty for c in self.containers)
+
+    @cached_property
+    def signature(self) -> tuple[object, ...]:
+        """The part of the request decisions depend on (names and UID excluded)."""
+        return (self.containers_signature, self.selector, self.placement)
+
+    @property
+    def containers_signature(self) -> tuple[tuple[object, ...], ...]:
+        return tuple(
+            (c.init, c.gpus, c.mig, c.efa, c.compute, c.memory_gib, c.shared) for c in self.containers
+        )
+
+    def pod_gpus(self) -> int:
+        """Whole GPUs the pod holds at once: init containers run one at a time, before the rest."""
+        app = sum(c.gpus for c in self.containers if not c.init)
+        init = max((c.gpus for c in self.containers if c.init), default=0)
+        return max(app, init)
+
+
+def parse_count(value: object, *, resource: str, container: str) -> int:
+    """A whole-number quantity ("2", 2, "2000m") as Kubernetes accepts for extended resources."""
+    if isinstance(value, bool):
+        raise BadPodRequestError(f"container {container!r}: {resource} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str):
+        number = _parse_quantity_string(value.strip(), resource=resource, container=container)
+    else:
+        raise BadPodRequestError(f"container {container!r}: {resource} must be a whole number, got {value!r}")
+    if number < 0:
+        raise BadPodRequestError(f"container {container!r}: {resource} must not be negative, got {value!r}")
+    return number
+
+
+def _parse_quantity_string(text: str, *, resource: str, container: str) -> int:
+    if text.endswith("m") and text[:-1].isdigit():
+        milli = int(text[:-1])
+        if milli % 1000 == 0:
+            return milli // 1000
+    elif text.isdigit():
+        return int(text)
+    raise BadPodRequestError(
+        f"container {container!r}: {resource}={text!r} is not a whole number; "
+        "extended resources are requested in whole units"
+    )
+
+
+def _container_request(container: Mapping[str, Any], *, init: bool) -> ContainerRequest:
+    name = str(container.get("name", ""))
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise BadPodRequestError(f"container {name!r}: resources must be an object")
+    merged: dict[str, object] = {}
+    for section in ("requests", "limits"):  # limits win: kubelet requires request == limit
+        values = resources.get(section) or {}
+        if not isinstance(values, Mapping):
+            raise BadPodRequestError(f"container {name!r}: resources.{section} must be an object")
+        merged.update({str(k): v for k, v in values.items() if str(k).startswith(OUR_PREFIXES)})
+    counts = {k: parse_count(v, resource=k, container=name) for k, v in merged.items()}
+    mig = tuple(
+        sorted(
+            (k[len(RESOURCE_MIG_PREFIX) :], n)
+            for k, n in counts.items()
+            if k.startswith(RESOURCE_MIG_PREFIX) and n
+        )
+    )
+    return ContainerRequest(
+        name=name,
+        init=init,
+        gpus=counts.get(RESOURCE_GPU, 0),
+        mig=mig,
+        efa=counts.get(RESOURCE_EFA, 0),
+        compute=counts.get(RESOURCE_GPU_COMPUTE, 0),
+        memory_gib=counts.get(RESOURCE_GPU_MEMORY, 0),
+        shared=counts.get(RESOURCE_GPU_SHARED, 0),
+    )
+
+
+def _validate_container(request: ContainerRequest) -> None:
+    if request.gpus and request.wants_share:
+        raise BadPodRequestError(
+            f"container {request.name!r} asks for whole GPUs and GPU shares at once; "
+            "request either nvidia.com/gpu or gpuweave.io/gpu-* in one container"
+        )
+    if request.shared and (request.compute or request.memory_gib):
+        raise BadPodRequestError(
+            f"container {request.name!r} mixes time-sliced replicas (gpuweave.io/gpu-shared) with "
+            "MPS shares (gpu-compute/gpu-memory); choose one"
+        )
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def parse_placement(value: object) -> Placement:
+    if value is None:
+        return Placement.BEST_EFFORT
+    text = str(value).strip().lower()
+    try:
+        return Placement(text)
+    except ValueError:
+        valid = ", ".join(p.value for p in Placement)
+        raise BadPodRequestError(f"annotation {ANNOTATION_PLACEMENT}={value!r} is not one of: {valid}") from None
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """Parse a v1.Pod (as a dict) into a ``PodRequest``; raises ``BadPodRequestError`` on nonsense."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
+        raise BadPodRequestError("pod metadata and spec must be objects")
+    containers: list[ContainerRequest] = []
+    for section, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(section) or []
+        if not isinstance(items, list) or not all(isinstance(c, Mapping) for c in items):
+            raise BadPodRequestError(f"pod spec.{section} must be a list of objects")
+        containers.extend(_container_request(c, init=init) for c in items)
+    for request in containers:
+        _validate_container(request)
+    annotations = _annotations(pod)
+    selector = annotations.get(ANNOTATION_GPU_SELECTOR)
+    priority = spec.get("priority")
+    return PodRequest(
+        namespace=str(metadata.get("namespace") or "default"),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        containers=tuple(containers),
+        selector=str(selector).strip() if selector is not None and str(selector).strip() else None,
+        placement=parse_placement(annotations.get(ANNOTATION_PLACEMENT)),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+    )
+
+
+def pod_is_ours(pod: Mapping[str, Any]) -> bool:
+    """Cheap pass-through test: does the pod mention any of our resources or annotations?"""
+    annotations = _annotations(pod)
+    if ANNOTATION_GPU_SELECTOR in annotations or ANNOTATION_PLACEMENT in annotations:
+        return True
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return False
+    for section in ("initContainers", "containers"):
+        for container in spec.get(section) or []:
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            for values in (resources.get("requests"), resources.get("limits")):
+                if isinstance(values, Mapping) and any(str(k).startswith(OUR_PREFIXES) for k in values):
+                    return True
+    return False

@@ -1,0 +1,214 @@
+"""The HTTP(S) adapter: kube-scheduler's extender calls in, JSON out; stdlib ``http.server``.
+
+Every request is answered: a body that is too large, not JSON, or not the verb's message gets
+400 with a one-line reason and the connection stays usable. Keep-alive (HTTP/1.1) matters here:
+kube-scheduler calls filter and prioritize for every pod, and a TCP handshake per call would
+cost more than the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.service import ExtenderService
+from scheduler_ext.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderPreemptionArgs,
+    WireError,
+    canonical_keys,
+    parse,
+)
+
+LOG = logging.getLogger(__name__)
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read and discard up to this much of an oversized body
+JSON = "application/json"
+
+
+class ExtenderHTTPServer(ThreadingHTTPServer):
+    """One thread per connection; holds the service and metrics the handler uses."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(
+        self, address: tuple[str, int], *, service: ExtenderService, metrics: ExtenderMetrics
+    ) -> None:
+        self.service = service
+        self.metrics = metrics
+        super().__init__(address, ExtenderHandler)
+
+    def use_tls(self, *, cert: Path, key: Path) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(certfile=str(cert), keyfile=str(key))
+        self.socket = context.wrap_socket(self.socket, server_side=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
+        return f"{scheme}://{host!s}:{port}"
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="gpuweave-extender-http", daemon=True)
+        thread.start()
+        return thread
+
+
+class BadRequestError(Exception):
+    def __init__(self, reason: str, *, close: bool = False) -> None:
+        super().__init__(reason)
+        self.close = close
+
+
+class ExtenderHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ExtenderHTTPServer
+    server_version = "gpuweave-extender"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        LOG.debug("%s " + format, self.address_string(), *args)
+
+    # ---- routing ----------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        cache = self.server.service.cache
+        if path.endswith("/healthz"):
+            self._send(200, b"ok\n", "text/plain")
+        elif path.endswith("/readyz"):
+            ready = cache.synced.is_set()
+            self._send(200 if ready else 503, b"ok\n" if ready else b"cache not synced\n", "text/plain")
+        elif path.endswith("/metrics"):
+            self.server.metrics.cached_nodes.set(len(cache.node_names()))
+            self._send(200, self.server.metrics.render(), "text/plain; version=0.0.4")
+        else:
+            self._send(404, b"not found\n", "text/plain")
+
+    def do_POST(self) -> None:
+        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        handler = self._verbs().get(verb)
+        if handler is None:
+            self._drain(self._length_or_zero())
+            self._send(404, f"unknown extender verb {verb!r}\n".encode(), "text/plain")
+            return
+        started = time.perf_counter()
+        try:
+            body = self._read_json()
+            payload = handler(body)
+        except (BadRequestError, WireError) as exc:
+            self.server.metrics.bad_requests.labels(verb).inc()
+            LOG.info("400 on %s: %s", verb, exc)
+            self.close_connection = bool(getattr(exc, "close", False))
+            self._send(400, f"{exc}\n".encode(), "text/plain")
+            return
+        self._send(200, payload, JSON)
+        self.server.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
+    def _verbs(self) -> Mapping[str, Callable[[object], bytes]]:
+        return {
+            "filter": self._filter,
+            "prioritize": self._prioritize,
+            "bind": self._bind,
+            "preempt": self._preempt,
+        }
+
+    # ---- verbs ------------------------------------------------------------------------------------
+    def _filter(self, body: object) -> bytes:
+        args, pod = self._args(ExtenderArgs, body)
+        assert isinstance(args, ExtenderArgs)
+        return self.server.service.filter(args, pod).model_dump_json().encode()
+
+    def _prioritize(self, body: object) -> bytes:
+        args, pod = self._args(ExtenderArgs, body)
+        assert isinstance(args, ExtenderArgs)
+        priorities = self.server.service.prioritize(args, pod)
+        return json.dumps([{"Host": p.Host, "Score": p.Score} for p in priorities]).encode()
+
+    def _bind(self, body: object) -> bytes:
+        args = parse(ExtenderBindingArgs, body)
+        error = self.server.service.bind(args)
+        self.server.metrics.binds.labels("error" if error else "bound").inc()
+        if error:
+            LOG.info("bind %s/%s on %s refused: %s", args.PodNamespace, args.PodName, args.Node, error)
+        return ExtenderBindingResult(Error=error).model_dump_json().encode()
+
+    def _preempt(self, body: object) -> bytes:
+        args, pod = self._args(ExtenderPreemptionArgs, body)
+        assert isinstance(args, ExtenderPreemptionArgs)
+        return self.server.service.preempt(args, pod).model_dump_json().encode()
+
+    @staticmethod
+    def _args(
+        model: type[ExtenderArgs] | type[ExtenderPreemptionArgs], body: object
+    ) -> tuple[ExtenderArgs | ExtenderPreemptionArgs, Mapping[str, Any]]:
+        args = parse(model, body)
+        raw = canonical_keys(body, model)
+        assert isinstance(raw, Mapping)
+        return args, raw["Pod"]
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+    def _length_or_zero(self) -> int:
+        try:
+            return max(0, int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            return 0
+
+    def _read_json(self) -> object:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raise BadRequestError("chunked request bodies are not accepted; send Content-Length", close=True)
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None:
+            raise BadRequestError("missing Content-Length header")
+        try:
+            length = int(raw_length)
+        except ValueError:
+            raise BadRequestError(f"bad Content-Length {raw_length!r}", close=True) from None
+        if length < 0:
+            raise BadRequestError(f"bad Content-Length {raw_length!r}", close=True)
+        if length > MAX_BODY_BYTES:
+            drained = self._drain(length)
+            raise BadRequestError(
+                f"request body is {length} bytes; the limit is {MAX_BODY_BYTES} "
+                "(use nodeCacheCapable: true so kube-scheduler sends node names only)",
+                close=not drained,
+            )
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise BadRequestError(f"request body ended after {len(body)} of {length} bytes", close=True)
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadRequestError(f"request body is not JSON: {exc}") from None
+
+    def _drain(self, length: int) -> bool:
+        """Read and drop a body we will not use, so the connection stays in sync. False if too big."""
+        if length > MAX_DRAIN_BYTES:
+            return False
+        left = length
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 20))
+            if not chunk:
+                return False
+            left -= len(chunk)
+        return True
+
+    def _send(self, status: int, payload: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)

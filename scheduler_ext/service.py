@@ -1,0 +1,186 @@
+"""The four extender verbs over the cache and the decision core, transport-free.
+
+The HTTP adapter decodes a body into a wire model, calls one method here and encodes the result;
+this module decides nothing about HTTP and the core decides nothing about Kubernetes objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from scheduler_ext.cache import ClusterCache, DoubleBookingError
+from scheduler_ext.core import DecisionCore
+from scheduler_ext.objects import PodRecord
+from scheduler_ext.preempt import choose_victims
+from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
+from scheduler_ext.verdict import Verdict, materialize
+from scheduler_ext.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    MetaPod,
+    MetaVictims,
+)
+from topology.assignment import PodAssignment
+from topology.errors import GpuweaveError
+
+LOG = logging.getLogger(__name__)
+
+
+class BindError(GpuweaveError):
+    """Writing the assignment or the Binding failed; nothing stays half-done."""
+
+
+class Binder(Protocol):
+    """Makes a bind real: annotation then Binding (API), or in-memory only (snapshot)."""
+
+    def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None: ...
+
+
+class Observer(Protocol):
+    """Where decisions are counted (metrics); a no-op is fine."""
+
+    def decided(self, verb: str, *, passed: int, failed: Mapping[str, str]) -> None: ...
+
+
+@dataclass
+class ExtenderService:
+    cache: ClusterCache
+    core: DecisionCore
+    binder: Binder
+    observer: Observer | None = None
+
+    # ---- filter / prioritize --------------------------------------------------------------------
+    def filter(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> ExtenderFilterResult:
+        names = self._names(args)
+        if not pod_is_ours(pod):
+            return ExtenderFilterResult(NodeNames=names, Nodes=args.Nodes)
+        self.cache.remember_pod(pod)
+        try:
+            request = pod_request(pod)
+        except BadPodRequestError as exc:
+            self._observe("filter", 0, {n: str(exc) for n in names})
+            return ExtenderFilterResult(NodeNames=[], FailedAndUnresolvableNodes={n: str(exc) for n in names})
+        verdicts = self._verdicts(request, names)
+        passed = [n for n, v in zip(names, verdicts, strict=True) if v.fits]
+        failed = {
+            n: v.reason for n, v in zip(names, verdicts, strict=True) if not v.fits and not v.unresolvable
+        }
+        hopeless = {n: v.reason for n, v in zip(names, verdicts, strict=True) if v.unresolvable}
+        self._observe("filter", len(passed), {**failed, **hopeless})
+        nodes = None
+        if args.Nodes is not None and args.NodeNames is None:
+            keep = set(passed)
+            nodes = args.Nodes.model_copy(
+                update={"items": [n for n in args.Nodes.items or [] if n.metadata.name in keep]}
+            )
+            return ExtenderFilterResult(Nodes=nodes, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless)
+        return ExtenderFilterResult(NodeNames=passed, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless)
+
+    def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> list[HostPriority]:
+        names = self._names(args)
+        if not pod_is_ours(pod):
+            return [HostPriority(Host=n, Score=0) for n in names]
+        try:
+            request = pod_request(pod)
+        except BadPodRequestError:
+            return [HostPriority(Host=n, Score=0) for n in names]
+        verdicts = self._verdicts(request, names)
+        return [
+            HostPriority(Host=n, Score=v.score if v.fits else 0) for n, v in zip(names, verdicts, strict=True)
+        ]
+
+    def _names(self, args: ExtenderArgs) -> list[str]:
+        if args.NodeNames is not None:
+            return list(args.NodeNames)
+        return [n.metadata.name for n in (args.Nodes.items or [] if args.Nodes else [])]
+
+    def _verdicts(self, request: PodRequest, names: list[str]) -> list[Verdict]:
+        node = self.cache.node
+        return self.core.decide_many(request, [(n, node(n)) for n in names])
+
+    def _observe(self, verb: str, passed: int, failed: Mapping[str, str]) -> None:
+        if self.observer is not None:
+            self.observer.decided(verb, passed=passed, failed=failed)
+
+    # ---- bind -----------------------------------------------------------------------------------
+    def bind(self, args: ExtenderBindingArgs) -> str:
+        """Returns "" on success, else the error text for ``ExtenderBindingResult.Error``."""
+        key = f"{args.PodNamespace}/{args.PodName}"
+        pod = self.cache.pod_object(uid=args.PodUID) or self.cache.pod_object(key=key)
+        if pod is None:
+            return (
+                f"pod {key} (uid {args.PodUID or '?'}) is unknown to the extender; it was never filtered here"
+            )
+        try:
+            request = pod_request(pod)
+        except BadPodRequestError as exc:
+            return str(exc)
+        if not request.interested or all(c.is_empty for c in request.containers):
+            return self._bind_plain(pod, args.Node)
+        try:
+            record = self._assume(request, args.Node)
+        except (DoubleBookingError, BindError) as exc:
+            return str(exc)
+        try:
+            self.binder.bind(pod, node=args.Node, assignment=record[1])
+        except BindError as exc:
+            self.cache.forget(request.uid)
+            return str(exc)
+        return ""
+
+    def _assume(self, request: PodRequest, node_name: str) -> tuple[PodRecord, PodAssignment]:
+        with self.cache.node_lock(node_name):
+            node = self.cache.node(node_name)
+            verdict = self.core.decide(request, node, name=node_name)
+            if not verdict.fits or node is None:
+                raise BindError(f"pod {request.key} no longer fits node {node_name}: {verdict.reason}")
+            assignment = materialize(verdict.plan, node)
+            record = PodRecord(
+                uid=request.uid,
+                namespace=request.namespace,
+                name=request.name,
+                node=node_name,
+                devices=frozenset(assignment.all_device_ids()),
+                priority=request.priority,
+                terminated=False,
+            )
+            self.cache.assume(record)  # re-checks for double booking (re-entrant node lock)
+        return record, assignment
+
+    def _bind_plain(self, pod: Mapping[str, Any], node: str) -> str:
+        try:
+            self.binder.bind(pod, node=node, assignment=None)
+        except BindError as exc:
+            return str(exc)
+        return ""
+
+    # ---- preempt --------------------------------------------------------------------------------
+    def preempt(self, args: ExtenderPreemptionArgs, pod: Mapping[str, Any]) -> ExtenderPreemptionResult:
+        proposed: dict[str, tuple[list[str], int]] = {}
+        if args.NodeNameToMetaVictims is not None:
+            for node, meta in args.NodeNameToMetaVictims.items():
+                proposed[node] = ([p.UID for p in meta.Pods or []], meta.NumPDBViolations)
+        elif args.NodeNameToVictims is not None:
+            for node, victims in args.NodeNameToVictims.items():
+                proposed[node] = ([p.metadata.uid for p in victims.Pods or []], victims.NumPDBViolations)
+        if not pod_is_ours(pod):
+            chosen = proposed
+        else:
+            try:
+                request = pod_request(pod)
+            except BadPodRequestError:
+                return ExtenderPreemptionResult()
+            chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
+        return ExtenderPreemptionResult(
+            NodeNameToMetaVictims={
+                node: MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=pdb)
+                for node, (uids, pdb) in chosen.items()
+            }
+        )
