@@ -15,8 +15,10 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from deviceplugin.allocation import ContainerGrant
 from deviceplugin.errors import AllocationRejectedError, DevicePluginError
@@ -26,6 +28,7 @@ from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+SERVICE_NAME = "v1beta1.DevicePlugin"
 MAX_UNIX_PATH = 107
 SERVER_WORKERS = 8
 Preference = Callable[[PreferenceRequest], list[str]]
@@ -141,6 +144,41 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
+def _parsed(
+    message_type: type[Message], method: Callable[[Any, grpc.ServicerContext], Any]
+) -> Callable[[bytes, grpc.ServicerContext], Any]:
+    """Wrap an RPC so undecodable request bytes get INVALID_ARGUMENT instead of INTERNAL."""
+
+    def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            request = message_type.FromString(raw)
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
+        return method(request, context)
+
+    return handler
+
+
+def strict_handler(service: DevicePluginService) -> grpc.GenericRpcHandler[Any, Any]:
+    """The v1beta1 DevicePlugin service with request decoding under our control."""
+    unary: dict[str, tuple[type[Message], Callable[[Any, grpc.ServicerContext], Any]]] = {
+        "GetDevicePluginOptions": (api_pb2.Empty, service.GetDevicePluginOptions),
+        "GetPreferredAllocation": (api_pb2.PreferredAllocationRequest, service.GetPreferredAllocation),
+        "Allocate": (api_pb2.AllocateRequest, service.Allocate),
+        "PreStartContainer": (api_pb2.PreStartContainerRequest, service.PreStartContainer),
+    }
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _parsed(message, method), response_serializer=lambda m: m.SerializeToString()
+        )
+        for name, (message, method) in unary.items()
+    }
+    handlers["ListAndWatch"] = grpc.unary_stream_rpc_method_handler(
+        _parsed(api_pb2.Empty, service.ListAndWatch), response_serializer=lambda m: m.SerializeToString()
+    )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
 def socket_name_for(resource: str) -> str:
     """Short, stable socket file name: ``gpuweave-<name after the domain>.sock``."""
     return f"gpuweave-{resource.rsplit('/', 1)[-1]}.sock"
@@ -172,7 +210,7 @@ class ResourceServer:
         self.socket_path.unlink(missing_ok=True)
         executor = ThreadPoolExecutor(max_workers=SERVER_WORKERS, thread_name_prefix=f"dp-{self.endpoint}")
         server = grpc.server(executor, options=[("grpc.so_reuseport", 0)])
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_generic_rpc_handlers((strict_handler(self.service),))
         if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
             executor.shutdown(wait=False)
             raise DevicePluginError(

@@ -1,20 +1,86 @@
-"""`gpuweave node-agent`: run the node agent: device plugin servers, health, MIG, publishing"""
+"""`gpuweave node-agent`: run the node agent: device plugin servers, health, MIG, publishing.
+
+The composition root of the node-agent process: it picks the hardware source (simulated profile
+or the real GPUs), the sharing plan, the topology chooser and, with ``--kubeconfig``, the
+publisher and the handoff pod lister; starts the agent; and stops everything on SIGTERM/SIGINT
+(servers closed, sockets removed).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.sharing import SharingPlan, load_sharing_plan
+from deviceplugin.topology_choice import gpu_chooser_for
+from hardware.profiles import load_profile
 from topology.errors import GpuweaveError
+from topology.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_STATE_DIR = "/var/run/gpuweave"
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "node-agent",
         help="run the node agent: device plugin servers, health, MIG, publishing",
+        description="Serve the kubelet device-plugin API for GPUs, MIG devices, fractional GPUs and EFA.",
     )
+    add = parser.add_argument
+    add("--kubelet-dir", type=Path, default=Path(DEFAULT_KUBELET_DIR), help="kubelet device-plugin directory")
+    add("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="holds agent.sock and agent.json")
+    parser.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated hardware from a node profile")
+    parser.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or the hostname)")
+    add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
+    kube = parser.add_mutually_exclusive_group()
+    kube.add_argument(
+        "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
+    )
+    kube.add_argument("--no-kube", action="store_true", help="run with no API server")
     parser.set_defaults(handler=run)
 
 
+def node_name(args: argparse.Namespace) -> str:
+    return str(args.node_name or os.environ.get("NODE_NAME") or socket.gethostname())
+
+
+def discovery_for(args: argparse.Namespace) -> Callable[[], NodeInventory]:
+    """The hardware source: a simulated node profile, or the real GPUs through NVML."""
+    name = node_name(args)
+    if args.simulate:
+        profile = load_profile(args.simulate)
+        return lambda: profile.to_inventory(node_name=name)
+    raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
+
+
+def build_agent(args: argparse.Namespace) -> NodeAgent:
+    sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
+    config = AgentConfig(kubelet_dir=args.kubelet_dir, state_dir=args.state_dir, sharing=sharing)
+    return NodeAgent(config, discover=discovery_for(args), chooser_for=gpu_chooser_for)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise GpuweaveError("`gpuweave node-agent` is not available in this build yet")
+    if not args.kubelet_dir.is_dir():
+        raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
+    agent = build_agent(args)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    agent.start()
+    log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
+    try:
+        stop.wait()
+    finally:
+        agent.stop()
+    return 0

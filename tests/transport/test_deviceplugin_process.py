@@ -1,0 +1,146 @@
+"""The real node-agent process, driven by the kubelet emulator over unix sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hardware.profiles import builtin_profile_names, load_profile
+from proto.v1beta1 import api_pb2
+from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.kubelet_emulator import KubeletEmulator
+from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
+from topology.inventory import NicType, NodeInventory
+
+
+def expected_counts(inventory: NodeInventory) -> dict[str, int]:
+    counts = {RESOURCE_GPU: sum(1 for g in inventory.gpus if not g.mig_enabled)}
+    efa = sum(1 for n in inventory.nics if n.type is NicType.EFA)
+    if efa:
+        counts[RESOURCE_EFA] = efa
+    return counts
+
+
+class Node:
+    def __init__(self, profile: str) -> None:
+        self.root = short_temp_dir()
+        self.kubelet = KubeletEmulator(self.root / "k")
+        self.kubelet.start()
+        self.inventory = load_profile(profile).to_inventory(node_name="node-a")
+        self.expected = expected_counts(self.inventory)
+        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile)
+
+    def all_registered(self) -> bool:
+        return all(len(self.kubelet.devices(r)) == n for r, n in self.expected.items())
+
+    def close(self) -> None:
+        rc = self.agent.stop()
+        self.kubelet.stop()
+        remove_tree(self.root)
+        assert rc == 0, getattr(self.agent, "stderr", "")
+
+
+@pytest.fixture
+def p5() -> Iterator[Node]:
+    node = Node("p5.48xlarge")
+    assert node.kubelet.wait_for(node.all_registered, timeout=30)
+    yield node
+    node.close()
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_builtin_profile_registers_and_allocates(profile: str) -> None:
+    node = Node(profile)
+    try:
+        assert node.kubelet.wait_for(node.all_registered, timeout=30), node.kubelet.rejections
+        uuids = {g.uuid: g for g in node.inventory.gpus}
+        seen = node.kubelet.devices(RESOURCE_GPU)
+        assert set(seen) == set(uuids)
+        assert all(d.numa_nodes == (uuids[d.id].numa_node,) for d in seen.values())
+        ids, response = node.kubelet.allocate(RESOURCE_GPU, 2, numa_hint=[0])
+        assert len(set(ids)) == 2 and set(ids) <= set(uuids)
+        assert response.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+        rest = len(uuids) - 2
+        more, _ = node.kubelet.allocate(RESOURCE_GPU, rest)
+        assert set(more) == set(uuids) - set(ids)
+        if RESOURCE_EFA in node.expected:
+            nics, efa = node.kubelet.allocate(RESOURCE_EFA, 1, numa_hint=[1])
+            assert [d.host_path for d in efa.devices] == [
+                next(n.uverbs_device for n in node.inventory.nics if n.name == nics[0])
+            ]
+    finally:
+        node.close()
+
+
+def abort_code(call: grpc.RpcError) -> grpc.StatusCode:
+    return call.code()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_bad_input_gets_invalid_argument_and_server_keeps_serving(p5: Node) -> None:
+    stub = p5.kubelet.stub(RESOURCE_GPU)
+    some = sorted(p5.kubelet.devices(RESOURCE_GPU))
+    bad_allocates = [
+        api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x"])]),
+        api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[])]),
+        api_pb2.AllocateRequest(container_requests=[]),
+        api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[some[0], some[0]])]
+        ),
+    ]
+    for request in bad_allocates:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Allocate(request, timeout=5)
+        assert abort_code(info.value) == grpc.StatusCode.INVALID_ARGUMENT
+    too_big = api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=some[:2], allocation_size=3)
+    zero = api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=some[:2], allocation_size=0)
+    for container in (too_big, zero):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetPreferredAllocation(
+                api_pb2.PreferredAllocationRequest(container_requests=[container]), timeout=5
+            )
+        assert abort_code(info.value) == grpc.StatusCode.INVALID_ARGUMENT
+        assert "size" in info.value.details()  # type: ignore[attr-defined]
+    raw = p5.kubelet.endpoint(RESOURCE_GPU).channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\xff\xff\xff", timeout=5)
+    assert abort_code(info.value) == grpc.StatusCode.INVALID_ARGUMENT
+    ids, _ = p5.kubelet.allocate(RESOURCE_GPU, 8)
+    assert sorted(ids) == some
+
+
+def test_preferred_allocation_prefers_nics_on_the_gpus_numa_node(p5: Node) -> None:
+    ids, _ = p5.kubelet.allocate(RESOURCE_EFA, 4, numa_hint=[1])
+    nics = {n.name: n for n in p5.inventory.nics}
+    assert {nics[i].numa_node for i in ids} == {1}
+
+
+def test_kubelet_restarts_keep_ids_and_leak_nothing(p5: Node) -> None:
+    before = {r: set(p5.kubelet.devices(r)) for r in p5.expected}
+    p5.kubelet.restart()
+    assert p5.kubelet.wait_for(p5.all_registered, timeout=10)
+    fds, threads = p5.agent.fd_count(), p5.agent.thread_count()
+    for round_number in range(100):
+        p5.kubelet.restart()
+        assert p5.kubelet.wait_for(p5.all_registered, timeout=10), f"round {round_number}"
+    assert {r: set(p5.kubelet.devices(r)) for r in p5.expected} == before
+    assert p5.agent.fd_count() <= fds + 2
+    assert p5.agent.thread_count() <= threads + 2
+    status = p5.agent.status()
+    assert status is not None
+    counts = status["registration_counts"]
+    assert isinstance(counts, dict) and counts[RESOURCE_GPU] >= 102
+
+
+def test_agent_rebinds_its_socket_when_deleted(p5: Node) -> None:
+    socket_path = Path(p5.kubelet.plugin_dir) / "gpuweave-gpu.sock"
+    registrations = p5.kubelet.registrations.count(RESOURCE_GPU)
+    socket_path.unlink()
+    assert p5.kubelet.wait_for(
+        lambda: p5.kubelet.registrations.count(RESOURCE_GPU) > registrations, timeout=5
+    )
+    assert socket_path.exists()
+    ids, _ = p5.kubelet.allocate(RESOURCE_GPU, 1)
+    assert len(ids) == 1
