@@ -42,6 +42,7 @@ class HealthEngine:
         self.node_faults: set[NodeFault] = set()
         self.efa_up: dict[str, bool] = {}
         self.gate = StartupGate(settings.startup_rounds)
+        self.fault_observers: list[Callable[[str, Fault], None]] = []
         self.update_inventory(inventory)
 
     def update_inventory(self, inventory: NodeInventory) -> None:
@@ -72,6 +73,9 @@ class HealthEngine:
         if book is None:
             return DeviceRecord()
         book[device] = step(book[device], event, self.settings.policy)
+        if isinstance(event, Fault):
+            for observer in self.fault_observers:
+                observer(device, event)
         return book[device]
 
     def snapshot(self) -> HealthSnapshot:

@@ -170,6 +170,9 @@ class HealthMonitor:
 
     # --- change push ----------------------------------------------------------------------------
 
+    def now(self) -> float:
+        return self._clock()
+
     def snapshot(self) -> HealthSnapshot:
         with self.lock:
             return self.engine.snapshot()

@@ -1,0 +1,213 @@
+"""The Kubernetes side of health, behind ``ClusterActions``: the only health module importing kubernetes.
+
+- Pods on a device are found from the extender's assignment annotation (``gpuweave.io/assignment``)
+  on pods bound to this node. Pods placed without the extender carry no annotation and are not
+  evicted by device; the kubelet's podresources API would name them, and is a planned addition.
+- Eviction uses ``policy/v1`` Eviction with ``gracePeriodSeconds``; HTTP 429 (a PodDisruptionBudget
+  refused) is reported as blocked and retried by the caller next round.
+- Conditions go to the node status; Events to the node or the pod; taints on ``spec.taints``.
+- The bad-hardware list is shared as cluster-scoped ``GpuBadHardware`` objects, one per GPU
+  (``manifests/crds/gpubadhardware.yaml``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from health.badlist import BadGpu
+from health.remediation import EvictionOutcome, PodRef
+from health.scope import NodeCondition
+from topology.assignment import PodAssignment
+from topology.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    ANNOTATION_OPT_OUT_EVICTION,
+    API_GROUP,
+    API_VERSION,
+    BAD_HARDWARE_KIND,
+    BAD_HARDWARE_PLURAL,
+)
+from topology.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+COMPONENT = "gpuweave-health"
+CORDON_ANNOTATION = "gpuweave.io/cordoned-by-health"
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def bad_hardware_name(uuid: str) -> str:
+    """Object name of a GPU's ``GpuBadHardware`` (DNS-1123: lower case)."""
+    return uuid.lower()
+
+
+class KubeCluster:
+    def __init__(self, api: client.ApiClient, *, node_name: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self.node_name = node_name
+
+    # --- pods -----------------------------------------------------------------------------------
+
+    def pods_on_node(self) -> list[PodRef]:
+        pods: Any = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
+        found = []
+        for pod in pods.items:
+            if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            meta = pod.metadata
+            raw = (meta.annotations or {}).get(ANNOTATION_ASSIGNMENT)
+            if not raw:
+                continue
+            try:
+                devices = frozenset(PodAssignment.from_annotation(raw).all_device_ids())
+            except InvalidInputError as exc:
+                log.warning("pod %s/%s: %s", meta.namespace, meta.name, exc)
+                continue
+            opted_out = (meta.labels or {}).get(ANNOTATION_OPT_OUT_EVICTION) == "true"
+            found.append(PodRef(meta.namespace, meta.name, devices, opted_out))
+        return found
+
+    def evict(self, pod: PodRef, *, grace_s: int) -> str:
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            delete_options=client.V1DeleteOptions(grace_period_seconds=grace_s),
+        )
+        try:
+            self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+        except ApiException as exc:
+            if exc.status == 429:
+                return EvictionOutcome.BLOCKED
+            if exc.status == 404:
+                return EvictionOutcome.GONE
+            log.warning(
+                "eviction of %s/%s failed: HTTP %s %s", pod.namespace, pod.name, exc.status, exc.reason
+            )
+            return EvictionOutcome.FAILED
+        return EvictionOutcome.EVICTED
+
+    # --- node -----------------------------------------------------------------------------------
+
+    def post_event(
+        self, *, reason: str, message: str, pod: PodRef | None = None, warning: bool = True
+    ) -> None:
+        namespace = pod.namespace if pod else "default"
+        involved = (
+            client.V1ObjectReference(kind="Pod", namespace=pod.namespace, name=pod.name)
+            if pod
+            else client.V1ObjectReference(kind="Node", name=self.node_name, uid=self.node_name)
+        )
+        now = _now()
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{self.node_name}.gpuweave-health.", namespace=namespace
+            ),
+            involved_object=involved,
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component=COMPONENT, host=self.node_name),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self._core.create_namespaced_event(namespace, event)
+
+    def set_conditions(self, conditions: tuple[NodeCondition, ...]) -> None:
+        node: Any = self._core.read_node_status(self.node_name)
+        current: dict[str, Any] = {c.type: c for c in (node.status.conditions or [])}
+        now = _now().isoformat()
+        patch = []
+        for cond in conditions:
+            old = current.get(cond.type)
+            changed = old is None or old.status != cond.status
+            patch.append(
+                {
+                    "type": cond.type,
+                    "status": cond.status,
+                    "reason": cond.reason,
+                    "message": cond.message[:1024],
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now if old is None or changed else _iso(old.last_transition_time),
+                }
+            )
+        self._core.patch_node_status(self.node_name, {"status": {"conditions": patch}})
+
+    def taint_counts(self, key: str) -> tuple[int, int, bool]:
+        nodes: list[Any] = self._core.list_node().items
+        tainted = {n.metadata.name for n in nodes if any(t.key == key for t in (n.spec.taints or []))}
+        return len(nodes), len(tainted), self.node_name in tainted
+
+    def set_taint(self, key: str, *, present: bool, value: str = "") -> None:
+        node: Any = self._core.read_node(self.node_name)
+        taints: list[Any] = [t for t in (node.spec.taints or []) if t.key != key]
+        if present:
+            taints.append(client.V1Taint(key=key, value=value or None, effect="NoSchedule"))
+        elif len(taints) == len(node.spec.taints or []):
+            return
+        body = {"spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]}}
+        self._core.patch_node(self.node_name, body)
+
+    def set_cordon(self, cordoned: bool) -> None:
+        node: Any = self._core.read_node(self.node_name)
+        ours = (node.metadata.annotations or {}).get(CORDON_ANNOTATION) == "true"
+        if not cordoned and not ours:
+            return  # someone else cordoned the node: not ours to undo
+        annotations = {CORDON_ANNOTATION: "true" if cordoned else None}
+        self._core.patch_node(
+            self.node_name, {"spec": {"unschedulable": cordoned}, "metadata": {"annotations": annotations}}
+        )
+
+    # --- bad hardware ---------------------------------------------------------------------------
+
+    def list_bad_hardware(self) -> dict[str, BadGpu]:
+        listed: Any = self._custom.list_cluster_custom_object(API_GROUP, API_VERSION, BAD_HARDWARE_PLURAL)
+        found = {}
+        for item in listed.get("items", []):
+            spec = item.get("spec", {})
+            try:
+                entry = BadGpu(
+                    str(spec["uuid"]),
+                    str(spec.get("reason", "")),
+                    str(spec.get("node", "")),
+                    str(spec.get("since", "")),
+                    int(spec.get("strikes", 0)),
+                )
+            except (KeyError, TypeError, ValueError):
+                log.warning(
+                    "ignoring malformed %s %s", BAD_HARDWARE_KIND, item.get("metadata", {}).get("name")
+                )
+                continue
+            found[entry.uuid] = entry
+        return found
+
+    def add_bad_hardware(self, entry: BadGpu) -> None:
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": BAD_HARDWARE_KIND,
+            "metadata": {"name": bad_hardware_name(entry.uuid)},
+            "spec": {
+                "uuid": entry.uuid,
+                "reason": entry.reason[:1024],
+                "node": entry.node,
+                "since": entry.since,
+                "strikes": entry.strikes,
+            },
+        }
+        try:
+            self._custom.create_cluster_custom_object(API_GROUP, API_VERSION, BAD_HARDWARE_PLURAL, body)
+        except ApiException as exc:
+            if exc.status != 409:  # already listed (by this node earlier, or another)
+                raise
+
+
+def _iso(value: object) -> str:
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    return str(value) if value else _now().isoformat()

@@ -1,0 +1,270 @@
+"""Graded remediation, run at the end of every check round.
+
+For each Failed device the ladder's next step decides what happens:
+
+- ``reset-gpu`` / ``recreate-mig``: evict the pods on that device only (Eviction API, grace period
+  for checkpointing, PDB refusals retried next round, opted-out pods left alone), wait until the
+  device runs nothing, then reset the GPU (or recreate the MIG instance); success puts the device
+  on probation, failure moves it one step up the ladder;
+- ``reboot-node``: the device stays withheld and the node gets a reboot-required fault (condition
+  and, under the cluster-wide disruption cap, a taint);
+- ``replace``: the GPU goes on the bad-hardware list.
+
+Node-level state is published every round: conditions, the node-fault taint (capped), the startup
+taint (removed once the startup gate opens) and the bad-hardware list.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from health.badlist import BadGpu, BadHardwareList
+from health.metrics import HealthMetrics
+from health.monitor import HealthMonitor
+from health.policy import DeviceRecord, DeviceState, RemediationFinished, RemediationStarted
+from health.scope import (
+    TAINT_HEALTH_PENDING,
+    TAINT_NODE_FAULT,
+    NodeCondition,
+    NodeFault,
+    NodeFaultKind,
+    node_conditions,
+    taint_decision,
+)
+from health.xid import Action, Cause
+from topology.assignment import parent_gpu_of_share
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    devices: frozenset[str]  # device IDs from the pod's assignment annotation
+    opted_out: bool = False  # labelled gpuweave.io/no-health-eviction=true
+
+
+class EvictionOutcome:
+    EVICTED = "evicted"
+    BLOCKED = "blocked"  # a PodDisruptionBudget said no (HTTP 429): retry next round
+    GONE = "gone"
+    FAILED = "failed"
+
+
+class ClusterActions(Protocol):
+    """What remediation asks of the Kubernetes API (``health.kube.KubeCluster``)."""
+
+    def pods_on_node(self) -> list[PodRef]: ...
+    def evict(self, pod: PodRef, *, grace_s: int) -> str: ...
+    def post_event(
+        self, *, reason: str, message: str, pod: PodRef | None = None, warning: bool = True
+    ) -> None: ...
+    def set_conditions(self, conditions: tuple[NodeCondition, ...]) -> None: ...
+    def taint_counts(
+        self, key: str
+    ) -> tuple[int, int, bool]: ...  # nodes total, nodes tainted, this node tainted
+    def set_taint(self, key: str, *, present: bool, value: str = "") -> None: ...
+    def set_cordon(self, cordoned: bool) -> None: ...
+    def list_bad_hardware(self) -> dict[str, BadGpu]: ...
+    def add_bad_hardware(self, entry: BadGpu) -> None: ...
+
+
+class DeviceOps(Protocol):
+    def gpu_busy(self, uuid: str) -> bool: ...
+    def reset_gpu(self, uuid: str) -> None: ...
+
+
+MigRecreate = Callable[[str, int, int], None]  # parent GPU UUID, GPU instance id, compute instance id
+WallClock = Callable[[], datetime.datetime]
+
+
+@dataclass
+class Remediator:
+    node_name: str
+    device_ops: DeviceOps
+    badlist: BadHardwareList
+    cluster: ClusterActions | None = None
+    recreate_mig: MigRecreate | None = None
+    metrics: HealthMetrics | None = None
+    wall_clock: WallClock = field(default=lambda: datetime.datetime.now(datetime.UTC))
+    _evicted: set[tuple[str, str]] = field(default_factory=set)
+    _published: dict[str, object] = field(default_factory=dict)
+
+    def __call__(self, monitor: HealthMonitor) -> None:
+        snap = monitor.snapshot()
+        failed = [
+            (d, r)
+            for book in (snap.gpus, snap.migs)
+            for d, r in book.items()
+            if r.state is DeviceState.FAILED
+        ]
+        for device, record in failed:
+            self._remediate(monitor, device, record)
+        self._sync_bad_list(monitor)
+        self._publish_node(monitor)
+
+    # --- per device -----------------------------------------------------------------------------
+
+    def _remediate(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> None:
+        action = record.next_action()
+        if action is None:
+            return
+        if action is Action.REPLACE:
+            self._retire(monitor, device, f"needs replacement: {record.reason}")
+        elif action is Action.REBOOT_NODE:
+            with monitor.lock:
+                monitor.engine.node_faults.add(
+                    NodeFault(NodeFaultKind.REBOOT_REQUIRED, device, record.reason)
+                )
+        elif self._drained(monitor, device, record):
+            self._run(monitor, device, action)
+
+    def _run(self, monitor: HealthMonitor, device: str, action: Action) -> None:
+        engine = monitor.engine
+        gpu = engine.mig_parent.get(device, device)
+        if action is Action.RESET_GPU and self.device_ops.gpu_busy(gpu):
+            return  # still in use: wait for the processes to end
+        with monitor.lock:
+            engine.apply(device, RemediationStarted(monitor.now(), action))
+        monitor.publish()
+        ok, detail = True, ""
+        try:
+            if action is Action.RECREATE_MIG:
+                placement = engine.mig_placement(device)
+                if self.recreate_mig is None or placement is None:
+                    raise RuntimeError(f"cannot recreate MIG device {device}: no MIG manager wired")
+                self.recreate_mig(*placement)
+            else:
+                self.device_ops.reset_gpu(gpu)
+        except Exception as exc:
+            ok, detail = False, f"{action} failed: {exc}"
+            log.warning("remediation of %s: %s", device, detail)
+        with monitor.lock:
+            engine.apply(device, RemediationFinished(monitor.now(), ok, detail))
+        if self.metrics is not None:
+            self.metrics.remediations.labels(action.value, "ok" if ok else "failed").inc()
+        self._event(
+            f"Gpuweave{'Remediated' if ok else 'RemediationFailed'}",
+            f"{device}: {action} {detail}".strip(),
+            warning=not ok,
+        )
+        monitor.publish()
+
+    def _drained(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> bool:
+        """Evict pods on the device (once each); True when none remain."""
+        if self.cluster is None:
+            return True
+        ids = _device_ids(monitor, device)
+        try:
+            pods = [
+                p
+                for p in self.cluster.pods_on_node()
+                if p.devices & ids or any(parent_gpu_of_share(d) in ids for d in p.devices)
+            ]
+        except Exception as exc:
+            log.warning("cannot list pods for %s: %s; retrying next round", device, exc)
+            return False
+        for pod in pods:
+            self._evict(pod, device, record, monitor.settings.eviction_grace_s)
+        return not pods
+
+    def _evict(self, pod: PodRef, device: str, record: DeviceRecord, grace_s: int) -> None:
+        key = (pod.namespace, pod.name)
+        if pod.opted_out or key in self._evicted or self.cluster is None:
+            return
+        outcome = self.cluster.evict(pod, grace_s=grace_s)
+        cause = (record.cause or Cause.HARDWARE).value
+        if self.metrics is not None:
+            self.metrics.evictions.labels(cause, outcome).inc()
+        if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+            self._evicted.add(key)
+            message = f"evicted: device {device} failed ({record.reason}); grace {grace_s} s"
+            self.cluster.post_event(reason="GpuweaveDeviceFailed", message=message, pod=pod)
+        else:
+            log.info("eviction of %s/%s %s; retrying next round", pod.namespace, pod.name, outcome)
+
+    def _retire(self, monitor: HealthMonitor, device: str, reason: str) -> None:
+        gpu = monitor.engine.mig_parent.get(device, device)
+        with monitor.lock:
+            monitor.engine.mark_bad(gpu, reason)
+        monitor.publish()
+
+    # --- node level -----------------------------------------------------------------------------
+
+    def _sync_bad_list(self, monitor: HealthMonitor) -> None:
+        with monitor.lock:
+            retired = monitor.engine.retired()
+            strikes = monitor.engine.strikes()
+        self.badlist.save_strikes({**self.badlist.strikes(), **strikes})
+        for uuid, record in retired.items():
+            entry = BadGpu(uuid, record.reason, self.node_name, self.wall_clock().isoformat(), record.strikes)
+            if self.badlist.add(entry):
+                self._event("GpuweaveBadHardware", f"GPU {uuid} is on the bad-hardware list: {record.reason}")
+            if self.cluster is not None and self._published.get(f"bad/{uuid}") is None:
+                try:
+                    self.cluster.add_bad_hardware(self.badlist.entries()[uuid])
+                    self._published[f"bad/{uuid}"] = True
+                except Exception as exc:
+                    log.warning("cannot publish bad GPU %s: %s; retrying next round", uuid, exc)
+
+    def _publish_node(self, monitor: HealthMonitor) -> None:
+        if self.cluster is None:
+            return
+        snap = monitor.snapshot()
+        try:
+            conditions = node_conditions(snap)
+            if self._published.get("conditions") != conditions:
+                self.cluster.set_conditions(conditions)
+                self._published["conditions"] = conditions
+            self._node_taint(monitor, snap.node_faults)
+            if self._published.get("startup") != snap.startup_pending:
+                self.cluster.set_taint(TAINT_HEALTH_PENDING, present=snap.startup_pending)
+                self._published["startup"] = snap.startup_pending
+        except Exception as exc:
+            log.warning("cannot publish node health: %s; retrying next round", exc)
+
+    def _node_taint(self, monitor: HealthMonitor, faults: frozenset[NodeFault]) -> None:
+        assert self.cluster is not None
+        total, tainted, mine = self.cluster.taint_counts(TAINT_NODE_FAULT)
+        decision = taint_decision(
+            faults,
+            already_tainted=mine,
+            nodes_total=total,
+            nodes_tainted=tainted,
+            cap_fraction=monitor.settings.disruption_cap_fraction,
+        )
+        if decision.taint != mine:
+            kinds = ",".join(sorted({f.kind.value for f in faults}))
+            self.cluster.set_taint(TAINT_NODE_FAULT, present=decision.taint, value=kinds)
+            if monitor.settings.cordon_node_faults:
+                self.cluster.set_cordon(decision.taint)
+            self._event(
+                "GpuweaveNodeFault" if decision.taint else "GpuweaveNodeFaultCleared",
+                decision.reason,
+                warning=decision.taint,
+            )
+        elif decision.blocked_by_cap and self._published.get("blocked") != decision.reason:
+            self._event("GpuweaveNodeTaintBlocked", decision.reason)
+        self._published["blocked"] = decision.reason if decision.blocked_by_cap else None
+
+    def _event(self, reason: str, message: str, *, warning: bool = True) -> None:
+        if self.cluster is None:
+            log.info("%s: %s", reason, message)
+            return
+        try:
+            self.cluster.post_event(reason=reason, message=message, warning=warning)
+        except Exception as exc:
+            log.warning("cannot post event %s: %s", reason, exc)
+
+
+def _device_ids(monitor: HealthMonitor, device: str) -> frozenset[str]:
+    """The device-plugin IDs served from ``device``: a GPU with its MIG devices, or one MIG device."""
+    engine = monitor.engine
+    if device in engine.mig_parent:
+        return frozenset({device})
+    return frozenset({device, *(m for m, parent in engine.mig_parent.items() if parent == device)})
