@@ -65,6 +65,12 @@ def go_gpuallocator_like(
     return tuple(indices[p] for p in range(len(indices)) if chosen >> p & 1)
 
 
+def clear_baseline_caches() -> None:
+    """Forget memoized partitions (benchmarks use it to time cold calls)."""
+    _best_partition.cache_clear()
+    _set_score.cache_clear()
+
+
 def _choose(scores: ScoreMatrix, *, free: list[int], must: list[int], size: int) -> int:
     """The returned set's mask: best partition's best set, or with required GPUs the best holder."""
     free_mask = _mask(free)

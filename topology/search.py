@@ -22,6 +22,7 @@ from topology.errors import InvalidInputError, TopologyError
 from topology.graph import TopologyGraph, TopologyShape
 from topology.scoring import (
     BoolArray,
+    FloatArray,
     IntArray,
     RowScores,
     SetScore,
@@ -114,12 +115,12 @@ def best_set(
 
 def remaining_quality(graph: TopologyGraph, free: frozenset[int]) -> float:
     """How good the best later sets on ``free`` are, relative to an empty node (see module doc)."""
-    return _remaining_quality(graph.shape_key, _mask(positions_of(graph, free)))
+    return _leftover_quality(graph.shape_key, _mask(positions_of(graph, free)), 0)
 
 
 def clear_search_caches() -> None:
     """Forget every memoized result (benchmarks use it to time cold searches)."""
-    for cached in (_search, _remaining_quality, _best_value, _combinations, shape_arrays):
+    for cached in (_search, _k_sets, _combinations, shape_arrays):
         cached.cache_clear()
 
 
@@ -182,32 +183,47 @@ def _search(shape: TopologyShape, request: _Request) -> _Choice | None:
     ranked = []
     for row in (int(r) for r in near):
         positions = tuple(int(p) for p in sets[row])
-        leftover = _remaining_quality(shape, request.free_mask & ~_mask(positions))
+        leftover = _leftover_quality(shape, request.free_mask, _mask(positions))
         ranked.append((round(leftover, 9), float(values[row]), -row, positions, leftover))
     _, _, _, positions, leftover = max(ranked)
     return _Choice(positions, leftover, count)
 
 
-@lru_cache(maxsize=16384)
-def _remaining_quality(shape: TopologyShape, free_mask: int) -> float:
-    """Weighted best-set value per later request size, each relative to the empty node's best."""
+@dataclass(frozen=True)
+class _KSets:
+    """Every ``size``-set of some free GPUs: its position mask and best-effort value, per row."""
+
+    masks: IntArray
+    values: FloatArray
+
+
+@lru_cache(maxsize=128)
+def _k_sets(shape: TopologyShape, free_mask: int, size: int) -> _KSets:
+    sets = _candidate_sets(free_mask, 0, size)
+    values = score_rows(shape_arrays(shape), sets).value
+    masks = np.bitwise_or.reduce(np.left_shift(np.int64(1), sets), axis=1)
+    values.setflags(write=False)
+    masks.setflags(write=False)
+    return _KSets(masks=masks, values=values)
+
+
+def _leftover_quality(shape: TopologyShape, free_mask: int, taken_mask: int) -> float:
+    """Weighted best-set value per later request size on ``free - taken``, each relative to the
+    empty node's best; a size that no longer fits adds 0.
+
+    One table of all k-sets of the free GPUs serves every candidate: the best set left after
+    taking a candidate is the best row disjoint from it.
+    """
     full_mask = (1 << shape.size) - 1
+    left = (free_mask & ~taken_mask).bit_count()
     total = 0.0
     for size, weight in LOOKAHEAD_SIZES:
-        if size > shape.size:
+        if size > left:
             continue
-        total += weight * _best_value(shape, free_mask, size) / _best_value(shape, full_mask, size)
+        table = _k_sets(shape, free_mask, size)
+        best = float(table.values[(table.masks & taken_mask) == 0].max())
+        total += weight * best / float(_k_sets(shape, full_mask, size).values.max())
     return total
-
-
-@lru_cache(maxsize=16384)
-def _best_value(shape: TopologyShape, free_mask: int, size: int) -> float:
-    """The best best-effort value of a ``size``-set within ``free_mask``; 0 when none fits."""
-    if free_mask.bit_count() < size:
-        return 0.0
-    scores = score_rows(shape_arrays(shape), _candidate_sets(free_mask, 0, size))
-    return float(scores.value.max())
-
 
 def explain_unsatisfiable(
     graph: TopologyGraph,
