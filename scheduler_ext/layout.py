@@ -102,7 +102,9 @@ class GpuSharingEntry:
 
 def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
     pairs = {
-        (min(link.gpu_a, link.gpu_b), max(link.gpu_a, link.gpu_b)) for link in inventory.nvlinks if link.links > 0
+        (min(link.gpu_a, link.gpu_b), max(link.gpu_a, link.gpu_b))
+        for link in inventory.nvlinks
+        if link.links > 0
     }
     if inventory.nvswitch is not None:
         pairs.update((a, b) for a, b in combinations(sorted(inventory.nvswitch.gpus), 2))

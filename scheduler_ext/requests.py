@@ -189,7 +189,9 @@ def parse_placement(value: object) -> Placement:
         return Placement(text)
     except ValueError:
         valid = ", ".join(p.value for p in Placement)
-        raise BadPodRequestError(f"annotation {ANNOTATION_PLACEMENT}={value!r} is not one of: {valid}") from None
+        raise BadPodRequestError(
+            f"annotation {ANNOTATION_PLACEMENT}={value!r} is not one of: {valid}"
+        ) from None
 
 
 def pod_request(pod: Mapping[str, Any]) -> PodRequest:

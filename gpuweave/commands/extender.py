@@ -1,20 +1,79 @@
-"""`gpuweave extender`: run the kube-scheduler extender"""
+"""`gpuweave extender`: run the kube-scheduler extender (filter, prioritize, bind, preempt)."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from pathlib import Path
 from typing import Any
 
-from topology.errors import GpuweaveError
+from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.kube import build_kube_extender
+from topology.errors import GpuweaveError, InvalidInputError
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "extender",
         help="run the kube-scheduler extender",
+        description=(
+            "Serve the kube-scheduler extender protocol (POST /filter, /prioritize, /bind, /preempt; "
+            "GET /healthz, /readyz, /metrics) over a cache of nodes, GpuNodeInventory objects and pods, "
+            "fed by watches (--kubeconfig) or loaded from a Kubernetes List file (--snapshot)."
+        ),
     )
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:8888",
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:8888; port 0 picks a free one)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--kubeconfig", metavar="FILE", help="watch the cluster this kubeconfig names")
+    source.add_argument("--in-cluster", action="store_true", help="watch the cluster the pod runs in")
+    source.add_argument("--snapshot", metavar="FILE", help="serve a Kubernetes List (YAML or JSON) offline")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
 
 
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise InvalidInputError(f"--listen {text!r} is not HOST:PORT; for example 0.0.0.0:8888")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _build(args: argparse.Namespace) -> Extender:
+    if args.snapshot:
+        return build_snapshot_extender(Path(args.snapshot))
+    if args.kubeconfig or args.in_cluster:
+        return build_kube_extender(kubeconfig=args.kubeconfig)
+    raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
+
+
 def run(args: argparse.Namespace) -> int:
-    raise GpuweaveError("`gpuweave extender` is not available in this build yet")
+    host, port = _listen_address(args.listen)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InvalidInputError("--tls-cert and --tls-key go together; give both or neither")
+    extender = _build(args)
+    stop = threading.Event()
+    try:
+        url = extender.serve(
+            host=host,
+            port=port,
+            tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+            tls_key=Path(args.tls_key) if args.tls_key else None,
+        )
+    except OSError as exc:
+        extender.close()
+        raise GpuweaveError(f"cannot serve on {args.listen}: {exc.strerror}; pick another --listen") from None
+    print(f"gpuweave extender serving on {url} ({len(extender.cache.node_names())} nodes cached)", flush=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        extender.close()
+    return 0

@@ -1,0 +1,235 @@
+"""Cluster mode: list+watch Nodes, GpuNodeInventory objects and Pods; bind through the API.
+
+Each kind runs one watcher thread: list (remembering the resourceVersion), then watch from it;
+on 410 Gone or a broken stream it lists again and replaces what it knew, so a missed delete
+cannot leave a phantom holding. The cache counts as synced (``/readyz``) once every kind's first
+list is in. Bind writes the assignment annotation first and then the Binding; if the Binding
+fails the annotation is taken back, so no pod is ever left half-bound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.cache import ClusterCache
+from scheduler_ext.service import BindError
+from topology.assignment import PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+from topology.errors import InvalidInputError
+
+LOG = logging.getLogger(__name__)
+WATCH_TIMEOUT_S = 240
+RETRY_DELAY_S = 2.0
+
+Handler = Callable[[str, Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    """One kind to mirror: how to list it, and what to do with each object."""
+
+    name: str
+    list_call: Callable[..., Any]
+    apply: Handler  # (event type ADDED/MODIFIED/DELETED, object)
+    key: Callable[[Mapping[str, Any]], str]
+
+
+class Watcher(threading.Thread):
+    """List, then watch from the list's resourceVersion; relist on 410 Gone or errors."""
+
+    def __init__(
+        self, kind: WatchedKind, *, on_first_list: Callable[[], None], stop: threading.Event
+    ) -> None:
+        super().__init__(name=f"gpuweave-watch-{kind.name}", daemon=True)
+        self.kind = kind
+        self._on_first_list = on_first_list
+        self._stop = stop
+        self._known: dict[str, Mapping[str, Any]] = {}
+        self._watch: watch.Watch | None = None
+
+    def run(self) -> None:
+        listed = False
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                if not listed:
+                    listed = True
+                    self._on_first_list()
+                self._follow(version)
+            except (ApiException, HTTPError, OSError, ValueError) as exc:
+                if self._stop.is_set():
+                    return
+                LOG.warning("watch of %s broke (%s); listing again", self.kind.name, exc)
+                self._stop.wait(RETRY_DELAY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()  # type: ignore[no-untyped-call]
+
+    def _relist(self) -> str:
+        response = self.kind.list_call(_preload_content=False)
+        body = json.loads(response.data)
+        items = body.get("items") or []
+        fresh = {self.kind.key(item): item for item in items}
+        for key, old in list(self._known.items()):
+            if key not in fresh:
+                self.kind.apply("DELETED", old)
+        for item in items:
+            self.kind.apply("MODIFIED", item)
+        self._known = fresh
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _follow(self, version: str) -> None:
+        self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+        stream = self._watch.stream(  # type: ignore[no-untyped-call]
+            self.kind.list_call,
+            resource_version=version,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            allow_watch_bookmarks=True,
+        )
+        for event in stream:
+            if self._stop.is_set():
+                return
+            kind, raw = str(event.get("type")), event.get("raw_object")
+            if kind == "ERROR" or not isinstance(raw, Mapping):
+                code = raw.get("code") if isinstance(raw, Mapping) else None
+                raise ApiException(status=code or 500, reason=f"watch error event: {raw}")
+            if kind == "BOOKMARK":
+                continue
+            key = self.kind.key(raw)
+            if kind == "DELETED":
+                self._known.pop(key, None)
+            else:
+                self._known[key] = raw
+            self.kind.apply(kind, raw)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKind, ...]:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+
+    def list_inventories(**kwargs: Any) -> Any:
+        return custom.list_cluster_custom_object(API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL, **kwargs)
+
+    def on_node(kind: str, obj: Mapping[str, Any]) -> None:
+        cache.delete_node(_name(obj)) if kind == "DELETED" else cache.upsert_node(obj)
+
+    def on_inventory(kind: str, obj: Mapping[str, Any]) -> None:
+        cache.delete_inventory(_name(obj)) if kind == "DELETED" else cache.upsert_inventory(obj)
+
+    def on_pod(kind: str, obj: Mapping[str, Any]) -> None:
+        cache.delete_pod(_uid(obj)) if kind == "DELETED" else cache.upsert_pod(obj)
+
+    return (
+        WatchedKind("nodes", core.list_node, on_node, _name),
+        WatchedKind("gpunodeinventories", list_inventories, on_inventory, _name),
+        WatchedKind("pods", core.list_pod_for_all_namespaces, on_pod, _uid),
+    )
+
+
+class KubeBinder:
+    """Annotation, then Binding; the annotation is rolled back if the Binding fails."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._core = client.CoreV1Api(api)
+
+    def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None:
+        metadata = pod.get("metadata") or {}
+        name, namespace = str(metadata.get("name")), str(metadata.get("namespace") or "default")
+        if assignment is not None:
+            self._annotate(namespace, name, assignment.to_annotation(), what="record the assignment")
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=metadata.get("uid") or None),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        try:
+            self._core.create_namespaced_binding(namespace, body, _preload_content=False)
+        except (ApiException, HTTPError) as exc:
+            if assignment is not None:
+                try:
+                    self._annotate(namespace, name, None, what="roll back the assignment")
+                except BindError as rollback:
+                    LOG.error("%s", rollback)
+            raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {_why(exc)}") from None
+
+    def _annotate(self, namespace: str, name: str, value: str | None, *, what: str) -> None:
+        patch = {"metadata": {"annotations": {ANNOTATION_ASSIGNMENT: value}}}
+        try:
+            self._core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
+        except (ApiException, HTTPError) as exc:
+            raise BindError(f"could not {what} on pod {namespace}/{name}: {_why(exc)}") from None
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return str(exc)
+
+
+class KubeFeed:
+    """The watcher threads of one extender; ``stop`` ends them."""
+
+    def __init__(self, cache: ClusterCache, api: client.ApiClient) -> None:
+        self._stop = threading.Event()
+        kinds = watched_kinds(cache, api)
+        remaining = [len(kinds)]
+        lock = threading.Lock()
+
+        def first_list_done() -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    cache.synced.set()
+
+        self.watchers = [Watcher(k, on_first_list=first_list_done, stop=self._stop) for k in kinds]
+
+    def start(self) -> None:
+        for watcher in self.watchers:
+            watcher.start()
+
+    def stop(self) -> None:
+        for watcher in self.watchers:
+            watcher.stop()
+        for watcher in self.watchers:
+            watcher.join(timeout=5)
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    try:
+        if kubeconfig:
+            loaded: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig
+            )
+            return loaded
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
+        where = kubeconfig or "the in-cluster service account"
+        raise InvalidInputError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+    return client.ApiClient()
+
+
+def build_kube_extender(*, kubeconfig: str | None) -> Extender:
+    api = api_client(kubeconfig)
+    cache, core = build_core()
+    feed = KubeFeed(cache, api)
+    feed.start()
+    return assemble(cache, core, KubeBinder(api), stoppers=(feed,))
