@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from topology.inventory import MigDevice
 from topology.mig_catalog import GiProfile, GpuModel, Placement
 
 NVML_SUCCESS = 0
@@ -261,6 +262,22 @@ class SimMigGpu:
             if ci.busy:
                 raise SimNvmlError(NVML_ERROR_IN_USE, f"MIG device {ci.mig_uuid} runs processes")
             del gi.computes[ci_id]
+
+    def adopt(self, device: MigDevice) -> None:
+        """Start with a MIG device the node profile declares (its ids and UUID as given)."""
+        with self._lock:
+            profile = self.model.profile(device.profile)
+            gi = self._instances.get(device.gpu_instance_id)
+            if gi is None:
+                gi = SimGpuInstance(
+                    device.gpu_instance_id, profile, device.placement_start, self._handles.new()
+                )
+                self._instances[gi.id] = gi
+            ci = SimComputeInstance(
+                device.compute_instance_id, profile.compute_slices, self._handles.new(), device.uuid
+            )
+            gi.computes[ci.id] = ci
+            self._current = self._pending = NVML_DEVICE_MIG_ENABLE
 
     # -- MIG devices ---------------------------------------------------------------------------
 

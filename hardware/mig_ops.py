@@ -1,0 +1,264 @@
+"""NVML MIG operations for one node, through the same pynvml-shaped library the backend uses.
+
+The library is injected (``pynvml`` itself on a GPU host, the simulated lib elsewhere), so this
+module never imports pynvml. Every call goes through ``call`` — the backend's per-call timeout
+wrapper — so a hung driver surfaces as an error instead of a stuck reconcile. Arrays and counts
+are passed as ctypes objects exactly as pynvml expects them.
+
+GPU instances are listed per profile ID and described by placement; GI ids are only used to find
+an instance again, because the driver reuses them. Profile IDs are read from NVML per GPU (index ->
+``info.id``), never assumed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from hardware.backend import HardwareError
+
+T = TypeVar("T")
+
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+GPU_INSTANCE_PROFILE_COUNT = 0x12
+COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+
+
+class MigNvmlError(HardwareError):
+    """An NVML MIG call failed; ``code`` is NVML's return code (0 when not from NVML)."""
+
+    def __init__(self, message: str, *, call: str = "", code: int = 0) -> None:
+        super().__init__(message, call=call, code=code)
+        self.code: int = code
+
+
+class MigInUseError(MigNvmlError):
+    """NVML refused with IN_USE: processes run on the instance or GPU."""
+
+
+Caller = Callable[[str, Callable[[], Any]], Any]
+
+
+def direct_call(name: str, thunk: Callable[[], T]) -> T:
+    """The default caller: no timeout (tests, simulation)."""
+    return thunk()
+
+
+class GpuResetter(Protocol):
+    """Resets one GPU (by PCI bus id); NVML has no reset call."""
+
+    def reset(self, pci_bus_id: str) -> None: ...
+
+
+class NvidiaSmiResetter:
+    """``nvidia-smi -r -i <bus id>``: resets only that GPU (unlike tools that reset every GPU)."""
+
+    def __init__(self, *, timeout_s: float = 120.0) -> None:
+        self._timeout_s = timeout_s
+
+    def reset(self, pci_bus_id: str) -> None:
+        result = subprocess.run(
+            ["nvidia-smi", "-r", "-i", pci_bus_id],
+            capture_output=True,
+            text=True,
+            timeout=self._timeout_s,
+            check=False,
+        )
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise MigNvmlError(
+                f"GPU reset of {pci_bus_id} failed: {detail[0]}; stop the processes holding it"
+            )
+
+
+@dataclass(frozen=True)
+class ComputeRecord:
+    ci_id: int
+    mig_uuid: str
+
+
+@dataclass(frozen=True)
+class GpuInstanceRecord:
+    """A GPU instance as NVML reports it."""
+
+    gi_id: int
+    profile_index: int
+    profile_id: int
+    start: int
+    size: int
+    computes: tuple[ComputeRecord, ...]
+
+
+class MigOps:
+    """MIG calls on the node's GPUs, addressed by GPU index."""
+
+    def __init__(self, lib: Any, *, call: Caller = direct_call, resetter: GpuResetter | None = None) -> None:
+        self._lib = lib
+        self._call = call
+        self._resetter = resetter or NvidiaSmiResetter()
+
+    def _nvml(self, name: str, *args: Any) -> Any:
+        fn = getattr(self._lib, name)
+        try:
+            return self._call(name, lambda: fn(*args))
+        except MigNvmlError:
+            raise
+        except HardwareError as exc:  # from the backend's timeout wrapper, which maps NVML errors
+            code = exc.code or 0
+            kind = MigInUseError if code == NVML_ERROR_IN_USE else MigNvmlError
+            raise kind(str(exc), call=name, code=code) from exc
+        except self._lib.NVMLError as exc:
+            code = int(getattr(exc, "value", 0))
+            kind = MigInUseError if code == NVML_ERROR_IN_USE else MigNvmlError
+            raise kind(f"NVML call {name} failed: {exc} (NVML error {code})", call=name, code=code) from exc
+
+    def handle(self, index: int) -> Any:
+        return self._nvml("nvmlDeviceGetHandleByIndex", index)
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        """(current, pending) enabled flags; None when the GPU does not support MIG."""
+        try:
+            current, pending = self._nvml("nvmlDeviceGetMigMode", self.handle(index))
+        except MigNvmlError as exc:
+            if exc.code == NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise
+        return current == NVML_DEVICE_MIG_ENABLE, pending == NVML_DEVICE_MIG_ENABLE
+
+    def set_mig_mode(self, index: int, *, enabled: bool) -> int:
+        """Returns NVML's activationStatus (0 = applied or pending a reset; IN_USE = GPU not idle)."""
+        mode = NVML_DEVICE_MIG_ENABLE if enabled else NVML_DEVICE_MIG_DISABLE
+        return int(self._nvml("nvmlDeviceSetMigMode", self.handle(index), mode))
+
+    def reset(self, index: int) -> None:
+        bus_id = self._nvml("nvmlDeviceGetPciInfo", self.handle(index)).busId
+        if isinstance(bus_id, bytes):
+            bus_id = bus_id.decode()
+        self._resetter.reset(str(bus_id))
+
+    def profile_ids(self, index: int) -> dict[int, int]:
+        """profile index (NVML_GPU_INSTANCE_PROFILE_*) -> profile ID, for the profiles this GPU offers."""
+        handle = self.handle(index)
+        found: dict[int, int] = {}
+        for profile_index in range(GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self._nvml("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_index)
+            except MigNvmlError as exc:
+                if exc.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            found[profile_index] = int(info.id)
+        return found
+
+    def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
+        """Every GPU instance with its compute instances, including ones left without any."""
+        handle = self.handle(index)
+        records: list[GpuInstanceRecord] = []
+        for profile_index, profile_id in self.profile_ids(index).items():
+            info = self._nvml("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_index)
+            capacity = max(1, int(info.instanceCount))
+            array = (self._lib.c_nvmlGpuInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._nvml("nvmlDeviceGetGpuInstances", handle, profile_id, array, ctypes.byref(count))
+            for gi in array[: count.value]:
+                gi_info = self._nvml("nvmlGpuInstanceGetInfo", gi)
+                records.append(
+                    GpuInstanceRecord(
+                        gi_id=int(gi_info.id),
+                        profile_index=profile_index,
+                        profile_id=profile_id,
+                        start=int(gi_info.placement.start),
+                        size=int(gi_info.placement.size),
+                        computes=self._computes(gi),
+                    )
+                )
+        return tuple(sorted(records, key=lambda r: r.start))
+
+    def _compute_handles(self, gi: Any) -> list[Any]:
+        """Handles of every compute instance in a GPU instance, over all CI profiles."""
+        handles: list[Any] = []
+        for ci_index in range(COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                profile = self._ci_profile(gi, ci_index)
+            except MigNvmlError as exc:
+                if exc.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            capacity = max(1, int(profile.instanceCount))
+            array = (self._lib.c_nvmlComputeInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._nvml("nvmlGpuInstanceGetComputeInstances", gi, profile.id, array, ctypes.byref(count))
+            handles.extend(array[: count.value])
+        return handles
+
+    def _ci_profile(self, gi: Any, ci_index: int) -> Any:
+        return self._nvml(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gi,
+            ci_index,
+            COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        )
+
+    def _mig_uuid(self, ci: Any) -> str:
+        uuid = self._nvml("nvmlDeviceGetUUID", self._nvml("nvmlComputeInstanceGetInfo", ci).device)
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+    def _computes(self, gi: Any) -> tuple[ComputeRecord, ...]:
+        found = [
+            ComputeRecord(int(self._nvml("nvmlComputeInstanceGetInfo", ci).id), self._mig_uuid(ci))
+            for ci in self._compute_handles(gi)
+        ]
+        return tuple(sorted(found, key=lambda c: c.ci_id))
+
+    def create(self, index: int, *, profile_id: int, start: int, size: int, ci_profile_index: int) -> str:
+        """Create a GPU instance at ``start`` and one compute instance in it; returns the MIG UUID."""
+        placement = self._lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        gi = self._nvml(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            self.handle(index),
+            profile_id,
+            ctypes.byref(placement),
+        )
+        ci = self._nvml("nvmlGpuInstanceCreateComputeInstance", gi, self._ci_profile(gi, ci_profile_index).id)
+        return self._mig_uuid(ci)
+
+    def create_gpu_instance_only(self, index: int, *, profile_id: int, start: int, size: int) -> int:
+        """Create just the GPU instance (the first half of ``create``); returns its GI id."""
+        placement = self._lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        gi = self._nvml(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            self.handle(index),
+            profile_id,
+            ctypes.byref(placement),
+        )
+        return int(self._nvml("nvmlGpuInstanceGetInfo", gi).id)
+
+    def complete(self, index: int, *, gi_id: int, ci_profile_index: int) -> str:
+        """Add the compute instance a GPU instance lacks (after a crash between the two creates)."""
+        gi = self._nvml("nvmlDeviceGetGpuInstanceById", self.handle(index), gi_id)
+        ci = self._nvml("nvmlGpuInstanceCreateComputeInstance", gi, self._ci_profile(gi, ci_profile_index).id)
+        return self._mig_uuid(ci)
+
+    def destroy(self, index: int, *, gi_id: int) -> None:
+        """Destroy a GPU instance and its compute instances; already gone is fine."""
+        try:
+            gi = self._nvml("nvmlDeviceGetGpuInstanceById", self.handle(index), gi_id)
+        except MigNvmlError as exc:
+            if exc.code == NVML_ERROR_NOT_FOUND:
+                return
+            raise
+        for ci in self._compute_handles(gi):
+            self._nvml("nvmlComputeInstanceDestroy", ci)
+        self._nvml("nvmlGpuInstanceDestroy", gi)

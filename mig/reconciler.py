@@ -1,0 +1,340 @@
+"""Apply a MIG layout to one GPU: plan, journal, withhold, destroy, create, verify.
+
+Order matters for crash safety. The reconciler reads NVML, plans, and writes the target layout and
+the steps to the journal before the first NVML call that changes anything; each finished step
+advances the journal. Every apply starts from what NVML reports, repairs what a crash can leave
+behind (a GPU instance without its compute instance is completed when the target wants it, else
+destroyed), and re-plans against the journalled placements — so a restart after a crash at any
+point converges with no orphaned and no duplicated instances.
+
+MIG mode: Hopper and later switch one GPU without a reset; Ampere records a pending mode that is
+applied by resetting only that GPU, and only when nothing runs on it. Hopper and later lose MIG
+mode and every instance on reboot or driver reload, Ampere loses the instances: ``recover`` at
+start re-applies every journalled layout.
+
+The node agent composes this with hooks (``MigHooks``): which devices pods hold, withholding
+devices about to go, and a refresh once a GPU changed. ``mig/`` never imports the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from hardware.mig_ops import NVML_ERROR_IN_USE, GpuInstanceRecord, MigNvmlError, MigOps
+from mig.catalog import GpuModel, MigCatalog
+from mig.journal import GpuRecord, MigJournal, Step
+from mig.planner import Instance, MigPlanError, Plan, PlannedInstance, TargetEntry, plan_layout
+from topology.errors import GpuweaveError
+
+LOG = logging.getLogger(__name__)
+
+
+class MigApplyError(GpuweaveError):
+    """A reshape could not be carried out or verified; the journal keeps the target for a retry."""
+
+
+class MigHooks(Protocol):
+    """What the node agent provides to the reconciler."""
+
+    def busy_devices(self) -> Collection[str]:
+        """Device IDs (GPU or MIG UUIDs) allocated to pods now."""
+        ...
+
+    def withhold(self, device_ids: Collection[str]) -> None:
+        """Stop offering these devices for new allocations: they are about to be destroyed."""
+        ...
+
+    def changed(self, gpu_index: int) -> None:
+        """The GPU's MIG devices changed: refresh the inventory and the device lists."""
+        ...
+
+
+class NoHooks:
+    """Hooks for a reconciler running without a node agent (CLI dry runs, benchmarks)."""
+
+    def busy_devices(self) -> Collection[str]:
+        return ()
+
+    def withhold(self, device_ids: Collection[str]) -> None:
+        return None
+
+    def changed(self, gpu_index: int) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    index: int
+    uuid: str
+    product: str
+
+
+@dataclass(frozen=True)
+class CreatedDevice:
+    profile: str
+    start: int
+    size: int
+    mig_uuid: str
+
+
+@dataclass(frozen=True)
+class ReshapeResult:
+    """What one apply changed on one GPU."""
+
+    gpu_index: int
+    gpu_uuid: str
+    destroyed: tuple[str, ...]  # "3g.40gb at 0:4 (MIG-...)"
+    created: tuple[CreatedDevice, ...]
+    mode_change: str | None  # "enabled", "disabled" or None
+    final: tuple[PlannedInstance, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.destroyed or self.created or self.mode_change)
+
+
+FaultHook = Callable[[str], None]
+
+
+class MigReconciler:
+    """Reshapes the node's GPUs one at a time through ``MigOps``."""
+
+    def __init__(
+        self,
+        *,
+        ops: MigOps,
+        journal: MigJournal,
+        catalog: MigCatalog,
+        gpus: Sequence[GpuRef],
+        hooks: MigHooks | None = None,
+        clock: Callable[[], float] = time.time,
+        fault: FaultHook | None = None,
+    ) -> None:
+        self._ops = ops
+        self._journal = journal
+        self._catalog = catalog
+        self._gpus = {g.index: g for g in gpus}
+        self._hooks = hooks or NoHooks()
+        self._clock = clock
+        self._fault = fault or (lambda point: None)
+        self._lock = threading.Lock()
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def gpu(self, index: int) -> GpuRef:
+        try:
+            return self._gpus[index]
+        except KeyError:
+            known = ", ".join(str(i) for i in sorted(self._gpus))
+            raise MigApplyError(f"no GPU with index {index} on this node (GPUs: {known})") from None
+
+    def model(self, index: int) -> GpuModel:
+        return self._catalog.for_product(self.gpu(index).product)
+
+    def current(self, index: int) -> tuple[Instance, ...]:
+        """The GPU's instances as the planner sees them (busy = a pod holds its MIG device)."""
+        mode = self._ops.mig_mode(index)
+        if mode is None or not mode[0]:
+            return ()
+        busy = set(self._hooks.busy_devices())
+        return tuple(self._as_instance(index, r, busy) for r in self._ops.instances(index))
+
+    def _as_instance(self, index: int, record: GpuInstanceRecord, busy: set[str]) -> Instance:
+        profile = self.model(index).profile_by_index(record.profile_index)
+        name = profile.name if profile else f"profile-{record.profile_id}"
+        held = any(c.mig_uuid in busy for c in record.computes)
+        return Instance(name, record.start, record.size, busy=held, key=str(record.gi_id))
+
+    def plan(self, index: int, target: Sequence[TargetEntry] | None) -> Plan:
+        """The plan ``apply`` would carry out now (``target`` None: whole GPU, MIG off)."""
+        return plan_layout(self.model(index), self.current(index), target or ())
+
+    # -- apply ---------------------------------------------------------------------------------
+
+    def apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
+        """Reshape one GPU to ``target`` (None: whole GPU, MIG off) and verify it."""
+        with self._lock:
+            return self._apply(index, target)
+
+    def recover(self) -> list[ReshapeResult]:
+        """At start: converge every journalled GPU (finish a crashed reshape, re-apply after reboot)."""
+        results: list[ReshapeResult] = []
+        for uuid, record in sorted(self._journal.load().gpus.items()):
+            gpu = next((g for g in self._gpus.values() if g.uuid == uuid), None)
+            if gpu is None:
+                LOG.warning("MIG journal names GPU %s, which this node does not have; skipping", uuid)
+                continue
+            pinned = (
+                None if record.target is None else [TargetEntry(p.profile, p.start) for p in record.target]
+            )
+            results.append(self.apply(gpu.index, pinned))
+        return results
+
+    def _apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
+        gpu, model = self.gpu(index), self.model(index)
+        mode = self._ops.mig_mode(index)
+        if mode is None:
+            raise MigApplyError(f"GPU {index} ({gpu.product}) does not support MIG")
+        busy = set(self._hooks.busy_devices())
+        current = self.current(index)
+        plan = plan_layout(model, current, target or ())
+        steps = self._steps(index, model, mode, plan, whole=target is None, busy=busy)
+        final = None if target is None else plan.final
+        self._journal.record(GpuRecord(gpu.uuid, model.key, final, tuple(steps), 0, self._clock()))
+        doomed = self._devices_of(index, plan.destroy)
+        if target is None and mode[0] is False:
+            doomed = []
+        withheld = [*doomed, gpu.uuid] if any(s.op == "enable-mig" for s in steps) else doomed
+        if withheld:
+            self._hooks.withhold(withheld)
+        result = self._run(index, model, steps, final)
+        self._journal.record(GpuRecord(gpu.uuid, model.key, final, (), 0, self._clock()))
+        if result.changed:
+            self._hooks.changed(index)
+        return result
+
+    def _steps(
+        self,
+        index: int,
+        model: GpuModel,
+        mode: tuple[bool, bool],
+        plan: Plan,
+        *,
+        whole: bool,
+        busy: set[str],
+    ) -> list[Step]:
+        current, pending = mode
+        steps: list[Step] = []
+        if not whole and (not current or not pending):
+            self._require_idle_gpu(index, model, busy, wanted="enable")
+            steps.append(Step("enable-mig"))
+            if model.resets_for_mode_change:
+                steps.append(Step("reset"))
+        steps += [Step("destroy", i.profile, i.start, i.size) for i in plan.destroy]
+        steps += [Step("create", i.profile, i.start, i.size) for i in self._incomplete(index, plan.keep)]
+        steps += [Step("create", p.profile, p.start, p.size) for p in plan.create]
+        if whole and (current or pending):
+            self._require_idle_gpu(index, model, busy, wanted="disable")
+            steps.append(Step("disable-mig"))
+            if model.resets_for_mode_change:
+                steps.append(Step("reset"))
+        return steps
+
+    def _incomplete(self, index: int, kept: Sequence[Instance]) -> list[Instance]:
+        """Kept GPU instances that lack their compute instance (a crash between the two creates)."""
+        if not kept:
+            return []
+        bare = {str(r.gi_id) for r in self._ops.instances(index) if not r.computes}
+        return [i for i in kept if i.key in bare]
+
+    def _require_idle_gpu(self, index: int, model: GpuModel, busy: set[str], *, wanted: str) -> None:
+        gpu = self.gpu(index)
+        held = [d for d in self._devices_of(index, self.current(index)) if d in busy]
+        if gpu.uuid in busy or held:
+            what = "a pod holds the whole GPU" if gpu.uuid in busy else f"pods hold {', '.join(held)}"
+            generation = "Ampere resets the GPU" if model.resets_for_mode_change else "the GPU must be idle"
+            raise MigPlanError(
+                f"cannot {wanted} MIG mode on GPU {index} ({model.key}): {what}; {generation}, "
+                "so drain those pods first"
+            )
+
+    def _devices_of(self, index: int, instances: Sequence[Instance]) -> list[str]:
+        """MIG UUIDs of the given instances (matched by GI id, as ``current`` keys them)."""
+        if not instances:
+            return []
+        keys = {i.key for i in instances}
+        uuids: list[str] = []
+        for record in self._ops.instances(index):
+            if str(record.gi_id) in keys:
+                uuids.extend(c.mig_uuid for c in record.computes)
+        return uuids
+
+    def _run(
+        self, index: int, model: GpuModel, steps: Sequence[Step], final: tuple[PlannedInstance, ...] | None
+    ) -> ReshapeResult:
+        gpu = self.gpu(index)
+        destroyed: list[str] = []
+        created: list[CreatedDevice] = []
+        mode_change: str | None = None
+        for number, step in enumerate(steps):
+            self._fault(f"step-{number}:{step.op}:before")
+            if step.op == "destroy":
+                destroyed.append(self._destroy(index, step))
+            elif step.op == "create":
+                created.append(self._create(index, model, step, number))
+            elif step.op in ("enable-mig", "disable-mig"):
+                mode_change = self._set_mode(index, enabled=step.op == "enable-mig")
+            else:
+                self._ops.reset(index)
+            self._journal.advance(gpu.uuid, number + 1, now=self._clock())
+        self._verify(index, model, final)
+        return ReshapeResult(index, gpu.uuid, tuple(destroyed), tuple(created), mode_change, final or ())
+
+    def _destroy(self, index: int, step: Step) -> str:
+        record = self._record_at(index, step.start, step.size)
+        if record is None:
+            return f"{step.profile} at {step.start}:{step.size} (already gone)"
+        try:
+            self._ops.destroy(index, gi_id=record.gi_id)
+        except MigNvmlError as exc:
+            if exc.code == NVML_ERROR_IN_USE:
+                raise MigApplyError(
+                    f"{step.profile} at {step.start}:{step.size} on GPU {index} is in use (NVML IN_USE); "
+                    "drain its pod and apply again"
+                ) from exc
+            raise
+        uuids = ", ".join(c.mig_uuid for c in record.computes) or "no compute instance"
+        return f"{step.profile} at {step.start}:{step.size} ({uuids})"
+
+    def _create(self, index: int, model: GpuModel, step: Step, number: int) -> CreatedDevice:
+        profile = model.profile(step.profile)
+        record = self._record_at(index, step.start, step.size)
+        if record is None:
+            profile_id = self._ops.profile_ids(index)[profile.profile_index]
+            gi_id = self._ops.create_gpu_instance_only(
+                index, profile_id=profile_id, start=step.start, size=step.size
+            )
+            self._fault(f"step-{number}:create:gi-created")
+        elif record.computes:
+            return CreatedDevice(step.profile, step.start, step.size, record.computes[0].mig_uuid)
+        else:
+            gi_id = record.gi_id
+        mig_uuid = self._ops.complete(index, gi_id=gi_id, ci_profile_index=profile.ci_profile_index)
+        return CreatedDevice(step.profile, step.start, step.size, mig_uuid)
+
+    def _set_mode(self, index: int, *, enabled: bool) -> str:
+        status = self._ops.set_mig_mode(index, enabled=enabled)
+        if status == NVML_ERROR_IN_USE:
+            raise MigApplyError(
+                f"GPU {index} is in use; MIG mode change refused (NVML IN_USE); drain it first"
+            )
+        return "enabled" if enabled else "disabled"
+
+    def _record_at(self, index: int, start: int, size: int) -> GpuInstanceRecord | None:
+        mode = self._ops.mig_mode(index)
+        if mode is None or not mode[0]:
+            return None
+        return next((r for r in self._ops.instances(index) if (r.start, r.size) == (start, size)), None)
+
+    def _verify(self, index: int, model: GpuModel, final: tuple[PlannedInstance, ...] | None) -> None:
+        mode = self._ops.mig_mode(index)
+        enabled = bool(mode and mode[0])
+        if final is None:
+            if enabled:
+                raise MigApplyError(f"GPU {index}: MIG mode is still on after disabling it")
+            return
+        if not enabled:
+            raise MigApplyError(f"GPU {index}: MIG mode is not on after enabling it (a reset may be pending)")
+        records = self._ops.instances(index)
+        seen = sorted((r.start, r.size, len(r.computes)) for r in records)
+        wanted = sorted((p.start, p.size, 1) for p in final)
+        if seen != wanted:
+            raise MigApplyError(
+                f"GPU {index} ({model.key}) verification failed: NVML shows (start, size, compute instances) "
+                f"{seen}, wanted {wanted}; apply again to converge"
+            )

@@ -1,0 +1,254 @@
+# ruff: noqa: N802 - the test host keeps pynvml's function names
+"""The reconciler reshapes one GPU through the NVML surface, journals first, and converges after crashes."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hardware.mig_ops import MigOps
+from hardware.profiles import load_profile
+from hardware.simulated.mig_calls import MigCallsMixin, SimMigNode
+from mig.catalog import default_catalog
+from mig.journal import JOURNAL_FILE, MigJournal
+from mig.planner import MigPlanError, TargetEntry
+from mig.reconciler import GpuRef, MigApplyError, MigReconciler
+from topology.inventory import NodeInventory
+
+
+class _NvmlError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class _PciInfo:
+    def __init__(self, bus_id: str) -> None:
+        self.busId = bus_id.encode()
+
+
+class _DeviceCalls:
+    """The non-MIG device calls the MIG surface leans on: handles by index, UUID, PCI info."""
+
+    NVMLError = _NvmlError
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        self.inventory = inventory
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
+        return ("gpu", index)
+
+    def nvmlDeviceGetIndex(self, handle: tuple[str, int]) -> int:
+        return handle[1]
+
+    def nvmlDeviceGetUUID(self, handle: tuple[str, int]) -> str:
+        return self.inventory.gpu(handle[1]).uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: tuple[str, int]) -> _PciInfo:
+        return _PciInfo(self.inventory.gpu(handle[1]).pci_bus_id)
+
+
+class SimLib(MigCallsMixin, _DeviceCalls):
+    def __init__(self, inventory: NodeInventory) -> None:
+        super().__init__(inventory)
+        self.mig_node = SimMigNode.from_inventory(inventory)
+
+
+class RecordingHooks:
+    def __init__(self) -> None:
+        self.busy: set[str] = set()
+        self.withheld: list[list[str]] = []
+        self.changed_gpus: list[int] = []
+
+    def busy_devices(self) -> set[str]:
+        return set(self.busy)
+
+    def withhold(self, device_ids: Any) -> None:
+        self.withheld.append(list(device_ids))
+
+    def changed(self, gpu_index: int) -> None:
+        self.changed_gpus.append(gpu_index)
+
+
+def make(profile: str, tmp_path: Path, *, fault: Any = None, lib: SimLib | None = None):
+    inventory = load_profile(profile).to_inventory()
+    lib = lib or SimLib(inventory)
+    hooks = RecordingHooks()
+    assert lib.mig_node is not None
+    reconciler = MigReconciler(
+        ops=MigOps(lib, resetter=lib.mig_node),
+        journal=MigJournal(tmp_path),
+        catalog=default_catalog(),
+        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
+        hooks=hooks,
+        clock=lambda: 1000.0,
+        fault=fault,
+    )
+    return lib, reconciler, hooks
+
+
+def layout(lib: SimLib, index: int) -> list[tuple[str, int, int]]:
+    assert lib.mig_node is not None
+    gpu = lib.mig_node.gpus[index]
+    if not gpu.mig_enabled:
+        return []
+    return sorted((gi.profile.name, gi.start, len(gi.computes)) for gi in gpu.gpu_instances())
+
+
+def test_whole_to_two_3g_on_hopper_enables_mig_without_reset(tmp_path):
+    lib, reconciler, hooks = make("dgx-h100", tmp_path)
+    result = reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")])
+    assert result.mode_change == "enabled"
+    assert [(c.profile, c.start, c.size) for c in result.created] == [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]
+    assert all(c.mig_uuid.startswith("MIG-") for c in result.created)
+    assert layout(lib, 3) == [("3g.40gb", 0, 1), ("3g.40gb", 4, 1)]
+    assert lib.mig_node is not None and lib.mig_node.gpus[3].resets == 0
+    assert hooks.withheld == [[reconciler.gpu(3).uuid]] and hooks.changed_gpus == [3]
+    assert all(layout(lib, i) == [] for i in range(8) if i != 3)
+
+
+def test_reshape_keeps_busy_instance_and_withholds_only_the_destroyed(tmp_path):
+    lib, reconciler, hooks = make("dgx-h100", tmp_path)
+    first = reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")])
+    busy_uuid = first.created[0].mig_uuid
+    hooks.busy.add(busy_uuid)
+    result = reconciler.apply(3, [TargetEntry("3g.40gb")] + [TargetEntry("1g.10gb")] * 3)
+    assert hooks.withheld[-1] == [first.created[1].mig_uuid]
+    assert layout(lib, 3) == [("1g.10gb", 4, 1), ("1g.10gb", 5, 1), ("1g.10gb", 6, 1), ("3g.40gb", 0, 1)]
+    assert len(result.destroyed) == 1 and "3g.40gb at 4:4" in result.destroyed[0]
+
+
+def test_busy_instance_blocks_and_nothing_is_touched(tmp_path):
+    lib, reconciler, hooks = make("dgx-h100", tmp_path)
+    first = reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")])
+    hooks.busy.add(first.created[0].mig_uuid)
+    with pytest.raises(MigPlanError, match=r"busy instance 3g.40gb at slots 0-3 blocks 7g.80gb"):
+        reconciler.apply(3, [TargetEntry("7g.80gb")])
+    assert layout(lib, 3) == [("3g.40gb", 0, 1), ("3g.40gb", 4, 1)]
+
+
+def test_nvml_in_use_is_reported_and_the_journal_keeps_the_target(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    first = reconciler.apply(3, [TargetEntry("7g.80gb")])
+    assert lib.mig_node is not None
+    lib.mig_node.gpus[3].set_busy(first.created[0].mig_uuid)  # a process the agent did not know about
+    with pytest.raises(MigApplyError, match="in use"):
+        reconciler.apply(3, [TargetEntry("1g.10gb")])
+    record = MigJournal(tmp_path).load().gpus[reconciler.gpu(3).uuid]
+    assert record.in_flight and [p.profile for p in record.target or ()] == ["1g.10gb"]
+
+
+def test_ampere_mode_change_resets_only_that_gpu_and_needs_it_idle(tmp_path):
+    lib, reconciler, hooks = make("dgx-a100", tmp_path)
+    hooks.busy.add(reconciler.gpu(2).uuid)
+    with pytest.raises(MigPlanError, match=r"cannot enable MIG mode on GPU 2 .*a pod holds the whole GPU"):
+        reconciler.apply(2, [TargetEntry("3g.40gb")])
+    hooks.busy.clear()
+    reconciler.apply(2, [TargetEntry("3g.40gb")])
+    assert lib.mig_node is not None
+    assert [g.resets for g in lib.mig_node.gpus.values()] == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert layout(lib, 2) == [("3g.40gb", 4, 1)]
+
+
+def test_back_to_whole_gpu_disables_mig(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    reconciler.apply(5, [TargetEntry("1g.10gb")] * 7)
+    result = reconciler.apply(5, None)
+    assert result.mode_change == "disabled" and len(result.destroyed) == 7
+    assert lib.mig_node is not None and not lib.mig_node.gpus[5].mig_enabled
+
+
+def test_journal_is_written_before_the_first_nvml_change(tmp_path):
+    seen: list[dict[str, Any]] = []
+
+    def fault(point: str) -> None:
+        if point == "step-0:enable-mig:before":
+            seen.append(json.loads((tmp_path / JOURNAL_FILE).read_text()))
+
+    _, reconciler, _ = make("dgx-h100", tmp_path, fault=fault)
+    reconciler.apply(1, [TargetEntry("2g.20gb")])
+    gpu = seen[0]["gpus"][reconciler.gpu(1).uuid]
+    assert [s["op"] for s in gpu["steps"]] == ["enable-mig", "create"] and gpu["next_step"] == 0
+
+
+def test_hopper_layout_is_reapplied_after_a_driver_reload(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("1g.10gb")])
+    before = layout(lib, 3)
+    assert lib.mig_node is not None
+    lib.mig_node.driver_reload()
+    assert not lib.mig_node.gpus[3].mig_enabled
+    _, restarted, _ = make("dgx-h100", tmp_path, lib=lib)
+    results = restarted.recover()
+    assert [r.mode_change for r in results] == ["enabled"]
+    assert layout(lib, 3) == before
+
+
+class CrashError(Exception):
+    pass
+
+
+def crash_points(
+    profile: str, tmp_path: Path, index: int, targets: list[list[TargetEntry] | None]
+) -> list[str]:
+    points: list[str] = []
+    _, reconciler, _ = make(profile, tmp_path / "probe", fault=points.append)
+    for target in targets:
+        reconciler.apply(index, target)
+    return points
+
+
+SEQUENCES = [
+    ("dgx-h100", [[TargetEntry("3g.40gb")] * 2, [TargetEntry("1g.10gb")] * 7, None]),
+    (
+        "dgx-a100",
+        [[TargetEntry("3g.40gb"), TargetEntry("2g.20gb"), TargetEntry("1g.10gb")], [TargetEntry("7g.80gb")]],
+    ),
+]
+
+
+@pytest.fixture
+def fast_dir(tmp_path: Path) -> Iterator[Path]:
+    """A state directory on tmpfs when there is one: the crash tables fsync the journal ~1000 times."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir=shm, prefix="gpuweave-mig-") as name:
+        yield Path(name)
+
+
+@pytest.mark.parametrize(("profile", "targets"), SEQUENCES, ids=[s[0] for s in SEQUENCES])
+def test_crash_at_every_step_converges_on_restart(fast_dir, profile, targets):
+    tmp_path = fast_dir
+    points = crash_points(profile, tmp_path, 3, targets)
+    assert any(":gi-created" in p for p in points) and len(points) > 10
+    final = targets[-1]
+    want = [] if final is None else sorted(e.profile for e in final)
+    for crash_at, point in enumerate(points):
+        state = tmp_path / f"crash-{crash_at}"
+
+        def fault(seen: str, point: str = point) -> None:
+            if seen == point:
+                raise CrashError(seen)
+
+        lib, reconciler, _ = make(profile, state, fault=fault)
+        done = 0
+        try:
+            for target in targets:
+                reconciler.apply(3, target)
+                done += 1
+        except CrashError:
+            _, restarted, _ = make(profile, state, lib=lib)
+            restarted.recover()  # a new agent converges the interrupted reshape from the journal
+            for target in targets[done + 1 :]:
+                restarted.apply(3, target)
+        got = layout(lib, 3)
+        assert sorted(p for p, _, _ in got) == want, f"crash at {point}"
+        assert all(n == 1 for _, _, n in got), f"orphan GPU instance after crash at {point}"
+        assert MigJournal(state).load().gpus[reconciler.gpu(3).uuid].in_flight is False
