@@ -300,21 +300,21 @@ def xid_kernel_line(
 class HealthCallsMixin:
     """pynvml health functions over ``self.health`` (a ``SimHealthState``).
 
-    The library class supplies ``_health_index(handle) -> int`` (GPU index of a device handle),
-    ``_health_handle(index)`` (the handle of a GPU index) and ``_health_error(code)`` (the
-    NVMLError instance for an NVML return code).
+    The host library provides ``NVMLError`` (built from a return code, as pynvml's is),
+    ``nvmlDeviceGetIndex(handle)`` and ``nvmlDeviceGetHandleByIndex(index)``, and sets ``health``.
     """
 
     health: SimHealthState
 
     def _health_index(self, handle: Any) -> int:
-        raise NotImplementedError
+        return int(getattr(self, "nvmlDeviceGetIndex")(handle))  # noqa: B009 (provided by the host library)
 
     def _health_handle(self, index: int) -> Any:
-        raise NotImplementedError
+        return getattr(self, "nvmlDeviceGetHandleByIndex")(index)  # noqa: B009
 
     def _health_error(self, code: int) -> Exception:
-        raise NotImplementedError
+        error: Exception = getattr(self, "NVMLError")(code)  # noqa: B009
+        return error
 
     def _health_gpu(self, handle: Any) -> SimGpuHealth:
         index = self._health_index(handle)

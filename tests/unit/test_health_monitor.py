@@ -26,14 +26,11 @@ class SimLib(HealthCallsMixin):
     def __init__(self, health: SimHealthState) -> None:
         self.health = health
 
-    def _health_index(self, handle: Any) -> int:
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:  # noqa: N802
         return int(handle)
 
-    def _health_handle(self, index: int) -> Any:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
         return index
-
-    def _health_error(self, code: int) -> Exception:
-        return pynvml.NVMLError(code)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
         return [g.uuid for g in self.health.gpus].index(uuid)

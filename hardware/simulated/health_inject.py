@@ -1,0 +1,104 @@
+"""The ``sim.inject`` control command: fault injection into a running simulated node.
+
+Parameters arrive as JSON from ``gpuweave sim inject`` over the agent's control socket; they are
+validated here (pydantic, the edge) and applied to the node's ``SimHealthState``, which raises
+the NVML event and writes the kernel-log line as the driver would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hardware.simulated.health_calls import SimHealthError, SimHealthState
+from topology.errors import InvalidInputError
+
+
+class InjectRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: int | None = Field(None, ge=0)
+    xid: int | None = Field(None, ge=1)
+    mig_instance: str | None = Field(None, pattern=r"^\d+(:\d+)?$")  # "GI" or "GI:CI"
+    ecc_dbe: int | None = Field(None, ge=1)
+    nvlink_down: int | None = Field(None, ge=0)
+    efa_down: str | None = None
+    efa_missing: str | None = None
+    nvml_hang: float | None = Field(None, gt=0, le=3600)
+    temperature: int | None = Field(None, ge=0, le=200)
+    busy: list[int] | None = None  # pids using the GPU (a reset waits for them); [] frees it
+    clear: bool = False
+
+    @model_validator(mode="after")
+    def _one_fault_needs_a_gpu(self) -> InjectRequest:
+        gpu_faults = [self.xid, self.ecc_dbe, self.nvlink_down, self.temperature, self.busy]
+        if any(v is not None for v in gpu_faults) and self.gpu is None:
+            raise ValueError("--xid, --ecc-dbe, --nvlink-down, --temperature and --busy need --gpu INDEX")
+        if self.mig_instance is not None and self.xid is None:
+            raise ValueError("--mig-instance only qualifies --xid")
+        if not self.clear and all(
+            v is None for v in [*gpu_faults, self.efa_down, self.efa_missing, self.nvml_hang]
+        ):
+            raise ValueError("nothing to inject: pass a fault option or --clear")
+        return self
+
+
+def parse_request(params: dict[str, Any]) -> InjectRequest:
+    try:
+        return InjectRequest.model_validate(params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "request"
+        raise InvalidInputError(f"bad sim.inject request at {where}: {first['msg']}") from exc
+
+
+def apply_request(state: SimHealthState, request: InjectRequest) -> dict[str, Any]:
+    """Apply one request; returns what was done (for the CLI to print)."""
+    done: list[str] = []
+    gpu = request.gpu
+    try:
+        if request.clear:
+            state.clear(gpu)
+            done.append("cleared " + ("every fault" if gpu is None else f"GPU {gpu}"))
+        if request.xid is not None and gpu is not None:
+            gi, ci = _instance(request.mig_instance)
+            line = state.inject_xid(gpu, request.xid, gpu_instance=gi, compute_instance=ci)
+            done.append(f"kernel log: {line}")
+        if request.ecc_dbe is not None and gpu is not None:
+            state.inject_ecc_dbe(gpu, request.ecc_dbe)
+            done.append(f"GPU {gpu}: {request.ecc_dbe} volatile DBE")
+        if request.nvlink_down is not None and gpu is not None:
+            state.set_nvlink_down(gpu, request.nvlink_down)
+            done.append(f"GPU {gpu}: NVLink {request.nvlink_down} down")
+        if request.temperature is not None and gpu is not None:
+            state.set_temperature(gpu, request.temperature)
+            done.append(f"GPU {gpu}: {request.temperature} C")
+        if request.busy is not None and gpu is not None:
+            state.set_processes(gpu, tuple(request.busy))
+            done.append(f"GPU {gpu}: processes {request.busy}")
+        if request.efa_down is not None:
+            state.set_efa(request.efa_down, link_up=False)
+            done.append(f"EFA {request.efa_down}: link down")
+        if request.efa_missing is not None:
+            state.set_efa(request.efa_missing, present=False)
+            done.append(f"EFA {request.efa_missing}: missing")
+        if request.nvml_hang is not None:
+            state.hang(request.nvml_hang, gpu)
+            done.append(f"NVML hangs {request.nvml_hang:g} s" + ("" if gpu is None else f" on GPU {gpu}"))
+    except SimHealthError as exc:
+        raise InvalidInputError(str(exc)) from exc
+    return {"done": done}
+
+
+def inject_route(state: SimHealthState) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The handler the agent registers as ``sim.inject``."""
+    return lambda params: apply_request(state, parse_request(params))
+
+
+def _instance(text: str | None) -> tuple[int | None, int | None]:
+    if text is None:
+        return None, None
+    gi, _, ci = text.partition(":")
+    return int(gi), (int(ci) if ci else None)

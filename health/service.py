@@ -1,0 +1,117 @@
+"""The health part of a node agent, assembled from explicit parts and started in the right order.
+
+``HealthService`` is what the node agent's composition root creates: it loads the bad-hardware
+list (local file, merged with the cluster's ``GpuBadHardware`` objects), withholds listed GPUs and
+restores strike counts *before* the monitor's first push, then starts the monitor whose rounds end
+with remediation and node publishing. Health is pushed to the agent through ``HealthSink``
+(``set_device_health``), so this package never imports the device plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from health.badlist import BadHardwareList
+from health.config import HealthSettings
+from health.engine import Clock, HealthEngine
+from health.metrics import HealthMetrics
+from health.monitor import HealthMonitor, HealthProbe, HealthSink
+from health.policy import Fault
+from health.remediation import ClusterActions, DeviceOps, MigRecreate, Remediator
+from health.scope import HealthSnapshot
+from health.signals.kmsg import KernelLogTail
+from topology.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+KMSG_CURSOR_FILE = "kmsg-cursor.json"
+
+
+@dataclass(frozen=True)
+class HealthParts:
+    inventory: NodeInventory
+    probe: HealthProbe
+    device_ops: DeviceOps
+    sink: HealthSink
+    state_dir: Path
+    settings: HealthSettings
+    node_name: str
+    kernel_log: Path | None = None  # "/dev/kmsg" on a host, a file in simulation
+    cluster: ClusterActions | None = None
+    recreate_mig: MigRecreate | None = None
+    metrics: HealthMetrics | None = None
+    clock: Clock = time.monotonic
+
+
+class HealthService:
+    def __init__(self, parts: HealthParts) -> None:
+        self.parts = parts
+        self.badlist = BadHardwareList(parts.state_dir)
+        self.engine = HealthEngine(parts.inventory, parts.settings, clock=parts.clock)
+        self.metrics = parts.metrics or HealthMetrics()
+        self.remediator = Remediator(
+            node_name=parts.node_name,
+            device_ops=parts.device_ops,
+            badlist=self.badlist,
+            cluster=parts.cluster,
+            recreate_mig=parts.recreate_mig,
+            metrics=self.metrics,
+        )
+        tail = None
+        if parts.kernel_log is not None:
+            tail = KernelLogTail(parts.kernel_log, cursor_file=parts.state_dir / KMSG_CURSOR_FILE)
+        self.monitor = HealthMonitor(
+            self.engine,
+            parts.probe,
+            clock=parts.clock,
+            sink=parts.sink,
+            kernel_log=tail,
+            round_hooks=(self.remediator,),
+        )
+        self.engine.fault_observers.append(self._count_fault)
+        self.monitor.add_listener(self._observe)
+
+    def start(self) -> None:
+        self._load_bad_list()
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+
+    def snapshot(self) -> HealthSnapshot:
+        return self.monitor.snapshot()
+
+    def add_listener(self, listener: Callable[[HealthSnapshot], None]) -> None:
+        self.monitor.add_listener(listener)
+
+    def update_inventory(self, inventory: NodeInventory) -> None:
+        """After a MIG reshape: track the new MIG devices (their GPU's state still applies)."""
+        with self.monitor.lock:
+            self.engine.update_inventory(inventory)
+        self.monitor.publish()
+
+    def _load_bad_list(self) -> None:
+        if self.parts.cluster is not None:
+            try:
+                adopted = self.badlist.merge(self.parts.cluster.list_bad_hardware())
+                if adopted:
+                    log.warning("adopted %d bad GPUs from the cluster list", len(adopted))
+            except Exception as exc:
+                log.warning("cannot read the cluster's bad-hardware list (%s); using the local copy", exc)
+        with self.monitor.lock:
+            self.engine.restore_strikes(self.badlist.strikes())
+            for uuid, entry in self.badlist.entries().items():
+                if uuid in self.engine.gpus:
+                    log.warning("GPU %s is on the bad-hardware list (%s); refusing it", uuid, entry.reason)
+                    self.engine.mark_bad(uuid, f"bad-hardware list: {entry.reason}")
+
+    def _count_fault(self, device: str, fault: Fault) -> None:
+        self.metrics.faults.labels(fault.signal, fault.severity.value, fault.cause.value).inc()
+        if fault.signal in ("check-timeout", "check-failed"):
+            self.metrics.check_timeouts.inc()
+
+    def _observe(self, snapshot: HealthSnapshot) -> None:
+        self.metrics.observe(snapshot, now=self.parts.clock())
