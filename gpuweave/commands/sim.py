@@ -1,10 +1,18 @@
-"""`gpuweave sim`: act on a running simulated node agent (fault injection)"""
+"""`gpuweave sim inject`: inject a fault into a running simulated node agent.
+
+The request goes over the agent's control socket (``STATE_DIR/agent.sock``) to its ``sim.inject``
+command, which raises the fault in the simulated hardware: the NVML event, the kernel-log line
+and the device's counters change exactly as the driver's would. See docs/health.md.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
+from deviceplugin.control import call_agent
 from topology.errors import GpuweaveError
 
 
@@ -12,9 +20,64 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "sim",
         help="act on a running simulated node agent (fault injection)",
+        description="Act on a running simulated node agent (`gpuweave node-agent --simulate ...`).",
     )
-    parser.set_defaults(handler=run)
+    verbs = parser.add_subparsers(dest="sim_command", metavar="VERB")
+    inject = verbs.add_parser(
+        "inject",
+        help="inject a fault: Xid, ECC DBE, NVLink down, EFA down or missing, NVML hang",
+        description="Inject a fault into the simulated hardware of a running node agent.",
+    )
+    add = inject.add_argument
+    add("--state-dir", type=Path, required=True, help="the agent's --state-dir (holds agent.sock)")
+    add("--gpu", type=int, metavar="INDEX", help="GPU index the fault hits")
+    add("--xid", type=int, metavar="N", help="raise Xid N on --gpu (NVML event + kernel-log line)")
+    add("--mig-instance", metavar="GI[:CI]", help="attribute the Xid to this GPU (and compute) instance")
+    add("--ecc-dbe", type=int, metavar="COUNT", help="add COUNT volatile double-bit ECC errors on --gpu")
+    add("--nvlink-down", type=int, metavar="LINK", help="take NVLink link LINK of --gpu down")
+    add("--efa-down", metavar="NAME", help="take EFA adapter NAME's netdev link down")
+    add("--efa-missing", metavar="NAME", help="remove EFA adapter NAME from the node")
+    add("--nvml-hang", type=float, metavar="SECONDS", help="NVML calls hang (on --gpu, or every call)")
+    add("--temperature", type=int, metavar="CELSIUS", help="set --gpu's temperature")
+    add("--busy", metavar="PID[,PID...]", help="processes running on --gpu ('' frees it); a reset waits")
+    add("--clear", action="store_true", help="undo injected faults (on --gpu, or everything)")
+    add("--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)")
+    inject.set_defaults(handler=run_inject)
+    parser.set_defaults(handler=run_without_verb)
 
 
-def run(args: argparse.Namespace) -> int:
-    raise GpuweaveError("`gpuweave sim` is not available in this build yet")
+def run_without_verb(args: argparse.Namespace) -> int:
+    raise GpuweaveError("say what to do: `gpuweave sim inject --state-dir DIR ...` (see --help)")
+
+
+def inject_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``sim.inject`` request for the parsed options (only the options given)."""
+    names = (
+        "gpu",
+        "xid",
+        "mig_instance",
+        "ecc_dbe",
+        "nvlink_down",
+        "efa_down",
+        "efa_missing",
+        "nvml_hang",
+        "temperature",
+    )
+    params: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.busy is not None:
+        try:
+            params["busy"] = [int(pid) for pid in args.busy.split(",") if pid.strip()]
+        except ValueError as exc:
+            raise GpuweaveError(f"--busy takes comma-separated process ids, got {args.busy!r}") from exc
+    if args.clear:
+        params["clear"] = True
+    return params
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    result = call_agent(args.state_dir, "sim.inject", inject_params(args), timeout=args.timeout)
+    for line in result.get("done", []):
+        print(line)
+    if not result.get("done"):
+        print(json.dumps(result))
+    return 0
