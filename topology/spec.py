@@ -101,7 +101,9 @@ class NvSwitchSpec(_Model):
 
 
 class NicSpec(_Model):
-    """``uverbs`` omitted or null: derived for RDMA NICs (efa, infiniband); ``""``: the NIC has none."""
+    """A network adapter. ``uverbs`` omitted or null: derived for RDMA NICs (efa, infiniband);
+    ``""``: none. ``netdev`` omitted or null: a plain Ethernet NIC (no uverbs) is named by its
+    interface, so it defaults to ``name``; others have none unless given. ``""``: none."""
 
     name: str = Field(pattern=_NAME)
     type: inv.NicType
@@ -109,7 +111,7 @@ class NicSpec(_Model):
     pcie_switch: str | None = None
     pci_bus_id: str | None = Field(default=None, pattern=_PCI_BUS_ID)
     uverbs: str | None = Field(default=None, pattern=r"^(/dev/infiniband/uverbs\d+)?$")
-    netdev: str | None = Field(default=None, pattern=_NAME)
+    netdev: str | None = Field(default=None, pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
     pcie_root: str | None = Field(default=None, pattern=_NAME)
 
 

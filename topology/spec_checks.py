@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from topology.inventory import Architecture
+from topology.inventory import Architecture, NicType
 from topology.spec_derive import MAX_GPUS, MAX_NICS, gpu_bus_id, nic_bus_ids, switch_roots
 
 if TYPE_CHECKING:
@@ -58,6 +58,13 @@ def _check_switches(spec: NodeProfileSpec) -> str | None:
         problem = _numa_problem(f"pcieSwitches[{i}]", sw.numa_node, spec)
         if problem:
             return problem
+    used = {g.pcie_switch for g in spec.gpus} | {n.pcie_switch for n in spec.nics}
+    for i, sw in enumerate(spec.pcie_switches):
+        if sw.name not in used:
+            return (
+                f"pcieSwitches[{i}]: no GPU or NIC sits on PCIe switch {sw.name!r}, so discovery "
+                "would never see it; remove it or place a device on it"
+            )
     return None
 
 
@@ -172,6 +179,11 @@ def _check_nics(spec: NodeProfileSpec) -> str | None:
         if nic.name in names:
             return f"nics[{i}].name: duplicate NIC name {nic.name!r}"
         names.add(nic.name)
+        if nic.type is NicType.ETHERNET and not nic.uverbs and nic.netdev and nic.netdev != nic.name:
+            return (
+                f"nics[{i}].netdev: {nic.netdev!r}, but a NIC without RDMA is named by its interface; "
+                f"name it {nic.netdev!r} or omit netdev"
+            )
         if nic.uverbs:
             if nic.uverbs in uverbs:
                 return f"nics[{i}].uverbs: {nic.uverbs} is already used by another NIC"

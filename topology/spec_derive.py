@@ -87,6 +87,13 @@ def uverbs_numbers(spec: NodeProfileSpec) -> dict[str, str | None]:
     return result
 
 
+def nic_netdev(nic: NicSpec, uverbs: str | None) -> str | None:
+    """A plain Ethernet NIC (no RDMA) is its interface: netdev defaults to the NIC's name."""
+    if nic.netdev is not None:
+        return nic.netdev or None
+    return nic.name if nic.type is inv.NicType.ETHERNET and uverbs is None else None
+
+
 def nic_bus_ids(spec: NodeProfileSpec) -> dict[str, str]:
     return {
         nic.name: normalize_bus_id(nic.pci_bus_id) if nic.pci_bus_id else derived_nic_bus_id(position)
@@ -114,7 +121,7 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
         inv.Nic(
             name=n.name, type=n.type, pci_bus_id=bus_ids[n.name], numa_node=n.numa_node,
             pcie_switch=n.pcie_switch, pcie_root=_root_of(n, roots), uverbs_device=uverbs[n.name],
-            netdev=n.netdev,
+            netdev=nic_netdev(n, uverbs[n.name]),
         )
         for n in sorted(spec.nics, key=lambda n: bus_ids[n.name])
     )
@@ -199,7 +206,7 @@ def inventory_to_spec_dict(inventory: inv.NodeInventory) -> dict[str, Any]:
         "nics": [
             {
                 "name": n.name, "type": n.type.value, "numaNode": n.numa_node, "pcieSwitch": n.pcie_switch,
-                "pciBusId": n.pci_bus_id, "uverbs": n.uverbs_device or "", "netdev": n.netdev,
+                "pciBusId": n.pci_bus_id, "uverbs": n.uverbs_device or "", "netdev": n.netdev or "",
                 "pcieRoot": n.pcie_root,
             }
             for n in inventory.nics

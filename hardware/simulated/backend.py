@@ -1,0 +1,71 @@
+"""The simulated backend: the production NVML and sysfs readers over a simulated node.
+
+``SimulatedBackend`` is ``NvmlBackend(lib=SimulatedNvmlLib(node))`` reading a fake sysfs tree
+written for the same node, so discovery in tests and in ``gpuweave simulate`` runs the code a GPU
+host runs. What it discovers equals ``profile.to_inventory()`` (the contract suite checks it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from hardware.nvml import NvmlBackend
+from hardware.nvml_call import DEFAULT_CALL_TIMEOUT_S
+from hardware.simulated.lib import SimulatedNvmlLib
+from hardware.simulated.node import SimulatedNode
+from hardware.simulated.sysfs_tree import write_fake_sysfs
+from topology.inventory import NodeInventory
+from topology.spec import NodeProfile
+
+
+class SimulatedBackend:
+    """A ``GpuBackend`` for a profile (or a prepared ``SimulatedNode``).
+
+    ``sysfs_root``: where to write the fake tree (it gets a ``sys/`` directory); None makes a
+    temporary directory that ``close()`` removes. ``node``, ``lib`` and ``sysfs_root`` are public
+    so tests and the simulator inject faults and make further calls through the same objects.
+    """
+
+    def __init__(
+        self,
+        profile: NodeProfile | SimulatedNode,
+        sysfs_root: Path | str | None = None,
+        *,
+        node_name: str | None = None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        kmsg_path: Path | None = None,
+    ) -> None:
+        self._temporary = sysfs_root is None
+        if sysfs_root is None:
+            sysfs_root = tempfile.mkdtemp(prefix="gpuweave-sysfs-")
+        self.sysfs_root = Path(sysfs_root)
+        if isinstance(profile, SimulatedNode):
+            self.node = profile
+        else:
+            inventory = profile.to_inventory(node_name=node_name)
+            self.node = SimulatedNode(inventory, sysfs_root=self.sysfs_root, kmsg_path=kmsg_path)
+        layout = write_fake_sysfs(self.sysfs_root, self.node)
+        self.lib = SimulatedNvmlLib(self.node)
+        self.nvml = NvmlBackend(
+            lib=self.lib,
+            sysfs_root=self.sysfs_root,
+            call_timeout_s=call_timeout_s,
+            node_name=self.node.inventory.name,
+            switch_names=layout.switch_names,
+        )
+
+    @property
+    def inventory(self) -> NodeInventory:
+        """The inventory the node was built from (what ``discover`` should find)."""
+        return self.node.inventory
+
+    def discover(self) -> NodeInventory:
+        return self.nvml.discover()
+
+    def close(self) -> None:
+        self.node.release_hangs()
+        self.nvml.close()
+        if self._temporary:
+            shutil.rmtree(self.sysfs_root, ignore_errors=True)

@@ -1,0 +1,160 @@
+"""Lay out a fake sysfs tree for a simulated node, with the real kernel's file layout.
+
+Written under ``<root>/sys`` so ``SysfsReader(root)`` reads it exactly as it reads ``/sys``:
+
+- ``devices/<host bridge>/<root port>/<switch upstream>/<switch downstream>/<device>/`` with
+  ``vendor``, ``device``, ``class``, ``numa_node`` files; devices without a switch sit on a root
+  port; ``bus/pci/devices/<bdf>`` are symlinks into that tree, as in the kernel.
+- ``devices/system/node/node<N>/cpulist``.
+- ``class/infiniband/<ibdev>/device`` -> the adapter's PCI function, ``ports/1/link_layer``;
+  ``class/infiniband_verbs/uverbs<N>/{ibdev,dev}``.
+- ``<device>/net/<ifname>/operstate`` with ``class/net/<ifname>`` linking to it.
+
+Bridge addresses are made up (free bus/device numbers); endpoints keep the inventory's bus ids.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hardware.simulated.node import SimulatedNode
+from hardware.sysfs import EFA_VENDOR, NVIDIA_VENDOR, sysfs_bdf
+from topology.inventory import Nic, NicType
+
+CPUS_PER_NUMA_NODE = 48
+_BRIDGE_CLASS = 0x060400
+_GPU_CLASS = 0x030200
+_ETHERNET_CLASS = 0x020000
+_INFINIBAND_CLASS = 0x020700
+_ROOT_PORT = (0x1022, 0x1483)  # AMD root port
+_SWITCH_PORT = (0x1000, 0xC010)  # Broadcom PEX switch port
+_MELLANOX = 0x15B3
+_UVERBS_MAJOR, _UVERBS_MINOR_BASE = 231, 192
+_GPU_DEVICE_IDS = {
+    "NVIDIA H100 80GB HBM3": 0x2330,
+    "NVIDIA A100-SXM4-40GB": 0x20B0,
+    "NVIDIA A100-SXM4-80GB": 0x20B2,
+    "NVIDIA A100 80GB PCIe": 0x20B5,
+    "Tesla V100-SXM2-32GB": 0x1DB5,
+    "NVIDIA L40S": 0x26B9,
+}
+
+
+@dataclass
+class FakeSysfsLayout:
+    """What the writer chose: each PCIe switch's upstream port (bdf -> switch name)."""
+
+    switch_names: dict[str, str] = field(default_factory=dict)
+
+
+class _Bridges:
+    """Hands out bridge addresses that no endpoint uses."""
+
+    def __init__(self, used: set[str]) -> None:
+        self._used = used
+        self._candidates = (f"0000:{bus:02x}:{dev:02x}.0" for bus in range(256) for dev in range(1, 32))
+
+    def next(self) -> str:
+        for bdf in self._candidates:
+            if bdf not in self._used:
+                self._used.add(bdf)
+                return bdf
+        raise RuntimeError("no free PCI address for a simulated bridge")
+
+
+def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
+    """Write the tree for ``node`` under ``root/sys`` (root must be empty or fresh)."""
+    sys_dir = Path(root) / "sys"
+    inventory = node.inventory
+    endpoints = [sysfs_bdf(g.pci_bus_id) for g in inventory.gpus]
+    endpoints += [sysfs_bdf(n.pci_bus_id) for n in inventory.nics]
+    tree = _TreeWriter(sys_dir, _Bridges(set(endpoints)))
+    layout = FakeSysfsLayout()
+    for switch in inventory.pcie_switches:
+        root_port = tree.bridge(sys_dir / "devices" / switch.root, ids=_ROOT_PORT, numa=switch.numa_node)
+        upstream = tree.bridge(root_port, ids=_SWITCH_PORT, numa=switch.numa_node)
+        tree.switch_dirs[switch.name] = upstream
+        layout.switch_names[upstream.name] = switch.name
+    for gpu in inventory.gpus:
+        parent = tree.port_for(gpu.pcie_switch, gpu.pcie_root, numa=gpu.numa_node)
+        ids = (NVIDIA_VENDOR, _GPU_DEVICE_IDS.get(gpu.product, 0x2300))
+        tree.device(parent, sysfs_bdf(gpu.pci_bus_id), ids=ids, pci_class=_GPU_CLASS, numa=gpu.numa_node)
+    for nic in inventory.nics:
+        parent = tree.port_for(nic.pcie_switch, nic.pcie_root, numa=nic.numa_node)
+        ids, pci_class = _nic_ids(nic)
+        bdf = sysfs_bdf(nic.pci_bus_id)
+        device_dir = tree.device(parent, bdf, ids=ids, pci_class=pci_class, numa=nic.numa_node)
+        _write_nic_classes(sys_dir, nic, device_dir)
+    for numa in range(inventory.numa_nodes):
+        first = numa * CPUS_PER_NUMA_NODE
+        cpulist = sys_dir / "devices" / "system" / "node" / f"node{numa}" / "cpulist"
+        _write(cpulist, f"{first}-{first + CPUS_PER_NUMA_NODE - 1}")
+    return layout
+
+
+class _TreeWriter:
+    """Creates PCI device directories and their ``bus/pci/devices`` links."""
+
+    def __init__(self, sys_dir: Path, bridges: _Bridges) -> None:
+        self.sys_dir = sys_dir
+        self.bridges = bridges
+        self.switch_dirs: dict[str, Path] = {}
+
+    def port_for(self, switch: str | None, host_bridge: str, *, numa: int) -> Path:
+        """A fresh downstream port of ``switch``, or a fresh root port under ``host_bridge``."""
+        if switch is not None:
+            return self.bridge(self.switch_dirs[switch], ids=_SWITCH_PORT, numa=numa)
+        return self.bridge(self.sys_dir / "devices" / host_bridge, ids=_ROOT_PORT, numa=numa)
+
+    def bridge(self, parent: Path, *, ids: tuple[int, int], numa: int) -> Path:
+        return self.device(parent, self.bridges.next(), ids=ids, pci_class=_BRIDGE_CLASS, numa=numa)
+
+    def device(self, parent: Path, bdf: str, *, ids: tuple[int, int], pci_class: int, numa: int) -> Path:
+        directory = parent / bdf
+        directory.mkdir(parents=True)
+        _write(directory / "vendor", f"0x{ids[0]:04x}")
+        _write(directory / "device", f"0x{ids[1]:04x}")
+        _write(directory / "class", f"0x{pci_class:06x}")
+        _write(directory / "numa_node", str(numa))
+        _link(self.sys_dir / "bus" / "pci" / "devices" / bdf, directory)
+        return directory
+
+
+def _nic_ids(nic: Nic) -> tuple[tuple[int, int], int]:
+    if nic.type is NicType.EFA:
+        return (EFA_VENDOR, 0xEFA1), _ETHERNET_CLASS
+    if nic.type is NicType.INFINIBAND:
+        return (_MELLANOX, 0x101B), _INFINIBAND_CLASS
+    return (_MELLANOX, 0x1017), _ETHERNET_CLASS
+
+
+def _write_nic_classes(sys_dir: Path, nic: Nic, device_dir: Path) -> None:
+    rdma = nic.type in (NicType.EFA, NicType.INFINIBAND) or nic.uverbs_device is not None
+    if rdma:
+        ib_dir = sys_dir / "class" / "infiniband" / nic.name
+        ib_dir.mkdir(parents=True)
+        _link(ib_dir / "device", device_dir)
+        link_layer = {NicType.INFINIBAND: "InfiniBand", NicType.EFA: "Unspecified"}.get(nic.type, "Ethernet")
+        _write(ib_dir / "ports" / "1" / "link_layer", link_layer)
+    if rdma and nic.uverbs_device is not None:
+        number = int(nic.uverbs_device.removeprefix("/dev/infiniband/uverbs"))
+        verbs_dir = sys_dir / "class" / "infiniband_verbs" / f"uverbs{number}"
+        _write(verbs_dir / "ibdev", nic.name)
+        _write(verbs_dir / "dev", f"{_UVERBS_MAJOR}:{_UVERBS_MINOR_BASE + number}")
+    if nic.netdev is not None:
+        net_dir = device_dir / "net" / nic.netdev
+        _write(net_dir / "operstate", "up")
+        _link(sys_dir / "class" / "net" / nic.netdev, net_dir)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{text}\n", encoding="utf-8")
+
+
+def _link(link: Path, target: Path) -> None:
+    """A relative symlink, as sysfs uses, so the tree can be moved or read under any root."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
