@@ -47,6 +47,8 @@ class HandoffSource(Protocol):
 
     def hint(self, request: PreferenceRequest, devices: dict[str, PluginDevice]) -> list[str] | None: ...
 
+    def observe_allocation(self, resource: str, device_ids: list[str]) -> None: ...
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -190,6 +192,11 @@ class NodeAgent:
             self._apply()
         self._changed()
 
+    def health_maps(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(faults, withheld): device ID or GPU UUID -> reason."""
+        with self._lock:
+            return dict(self._faults), dict(self._withheld)
+
     def health_report(self) -> dict[str, Any]:
         """Per resource, every device's health and reason; plus the raw fault and withheld maps."""
         with self._lock:
@@ -228,6 +235,8 @@ class NodeAgent:
             self.metrics.allocations.labels(resource_name, "rejected").inc()
             raise
         self.metrics.allocations.labels(resource_name, "granted").inc()
+        if self._handoff is not None:
+            self._handoff.observe_allocation(resource_name, list(device_ids))
         return grant
 
     # ---- introspection ---------------------------------------------------------------------

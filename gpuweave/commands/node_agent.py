@@ -18,7 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubernetes import config as kube_config
+
 from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.handoff import HandoffMatcher, PodView
+from deviceplugin.kube import EventReporter, PodWatcher, Publisher
+from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from hardware.profiles import load_profile
@@ -64,23 +69,65 @@ def discovery_for(args: argparse.Namespace) -> Callable[[], NodeInventory]:
     raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
 
 
-def build_agent(args: argparse.Namespace) -> NodeAgent:
+class KubeParts:
+    """The API-server side of the agent: publisher, pod watcher (handoff) and event reporter."""
+
+    def __init__(self, kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> None:
+        try:
+            self.api = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise GpuweaveError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+        self.view = PodView()
+        self.handoff = HandoffMatcher(
+            self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
+        )
+        self.pods = PodWatcher(self.api, node=node, view=self.view)
+        self.publisher: Publisher | None = None
+
+    def start(self, agent: NodeAgent) -> None:
+        self.publisher = Publisher(
+            self.api, snapshot=lambda: (agent.inventory, *agent.health_maps()), sharing=agent.config.sharing
+        )
+        agent.add_listener(self.publisher.changed)
+        self.publisher.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.pods.stop()
+        self.api.close()
+
+
+def build_agent(args: argparse.Namespace, *, kube: KubeParts | None, metrics: AgentMetrics) -> NodeAgent:
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
     config = AgentConfig(kubelet_dir=args.kubelet_dir, state_dir=args.state_dir, sharing=sharing)
-    return NodeAgent(config, discover=discovery_for(args), chooser_for=gpu_chooser_for)
+    return NodeAgent(
+        config,
+        discover=discovery_for(args),
+        chooser_for=gpu_chooser_for,
+        handoff=kube.handoff if kube else None,
+        metrics=metrics,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
-    agent = build_agent(args)
+    metrics = AgentMetrics()
+    kube = KubeParts(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
+    agent = build_agent(args, kube=kube, metrics=metrics)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     agent.start()
+    if kube is not None:
+        kube.start(agent)
     log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
     try:
         stop.wait()
     finally:
+        if kube is not None:
+            kube.stop()
         agent.stop()
     return 0

@@ -1,10 +1,23 @@
-"""`gpuweave publish`: print the objects the node agent would publish for a node"""
+"""`gpuweave publish`: print the objects the node agent would publish for a node.
+
+The same builders the running agent uses (``deviceplugin.published``): the cluster-scoped
+``GpuNodeInventory`` named after the node and the Node's GFD-compatible labels, printed as a
+Kubernetes ``List`` in YAML (or JSON with ``--json``), all devices healthy.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from deviceplugin.published import published_list
+from deviceplugin.sharing import SharingPlan, load_sharing_plan
+from hardware.profiles import load_profile
 from topology.errors import GpuweaveError
 
 
@@ -12,9 +25,25 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "publish",
         help="print the objects the node agent would publish for a node",
+        description="Print the GpuNodeInventory resource and node labels the agent publishes, as a List.",
     )
+    parser.add_argument("--simulate", metavar="PROFILE|FILE", help="built-in profile or YAML file")
+    parser.add_argument("--node-name", default=None, help="node name (default: the profile's name)")
+    parser.add_argument("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise GpuweaveError("`gpuweave publish` is not available in this build yet")
+    if not args.simulate:
+        raise GpuweaveError("publish needs --simulate PROFILE|FILE (reading real GPUs is not in this build)")
+    profile = load_profile(args.simulate)
+    inventory = profile.to_inventory(node_name=args.node_name or profile.name)
+    sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
+    objects = published_list(inventory, sharing=sharing)
+    if args.json:
+        json.dump(objects, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        yaml.safe_dump(objects, sys.stdout, sort_keys=False)
+    return 0

@@ -1,0 +1,156 @@
+"""Follow the extender's recorded device choice when the kubelet asks for a preference.
+
+The kubelet's GetPreferredAllocation carries no pod identity, so the agent infers it: among the
+pods on this node that are still Pending and carry a ``gpuweave.io/assignment`` annotation, it
+looks for container assignments for this resource with exactly the requested size, all of whose
+IDs are offered and which include every must-include ID. Exactly one such (pod, container) that
+has not been served yet → its IDs; none or several → no hint, and the local optimum from the
+same scoring code is used. No lock and no API call on the kubelet's path: the pod view is kept
+fresh by a watcher in the background (``deviceplugin.kube``).
+
+Every outcome is counted; when the kubelet then allocates something other than the hint, or a
+pending assignment names devices that are not offered, a mismatch is counted and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from deviceplugin.devices import PluginDevice
+from deviceplugin.metrics import AgentMetrics
+from deviceplugin.preferred import PreferenceRequest
+from topology.assignment import PodAssignment
+from topology.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[["PendingPod", str, str], None]  # (pod, reason, message)
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    uid: str
+    namespace: str
+    name: str
+    assignment: PodAssignment
+
+
+@dataclass(frozen=True)
+class _Hint:
+    pod: PendingPod
+    container: str
+    ids: tuple[str, ...]
+
+
+class PodView:
+    """Thread-safe set of this node's Pending pods that carry an assignment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, PendingPod] = {}
+
+    def upsert(self, *, uid: str, namespace: str, name: str, phase: str, annotation: str | None) -> None:
+        pod = None
+        if phase == "Pending" and annotation:
+            try:
+                pod = PendingPod(uid, namespace, name, PodAssignment.from_annotation(annotation))
+            except InvalidInputError as exc:
+                log.warning("pod %s/%s: %s", namespace, name, exc)
+        with self._lock:
+            if pod is None:
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = pod
+
+    def remove(self, uid: str) -> None:
+        with self._lock:
+            self._pods.pop(uid, None)
+
+    def replace_all(self, pods: list[PendingPod]) -> None:
+        with self._lock:
+            self._pods = {p.uid: p for p in pods}
+
+    def pending(self) -> list[PendingPod]:
+        with self._lock:
+            return list(self._pods.values())
+
+
+class HandoffMatcher:
+    """Implements ``deviceplugin.agent.HandoffSource`` over a ``PodView``."""
+
+    def __init__(
+        self, view: PodView, *, node: str, metrics: AgentMetrics, report: Reporter | None = None
+    ) -> None:
+        self._view = view
+        self._node = node
+        self._metrics = metrics
+        self._report = report
+        self._lock = threading.Lock()
+        self._served: set[tuple[str, str, str]] = set()  # (pod uid, container, resource)
+        self._outstanding: dict[str, _Hint] = {}  # resource -> hint given, awaiting Allocate
+
+    def _count(self, resource: str, outcome: str) -> None:
+        self._metrics.handoff.labels(resource, outcome).inc()
+
+    def _candidates(self, request: PreferenceRequest) -> tuple[list[_Hint], list[_Hint]]:
+        """(matching container assignments, same-size ones that do not fit the offered set)."""
+        offered, must = set(request.available), set(request.must_include)
+        fits: list[_Hint] = []
+        misfits: list[_Hint] = []
+        with self._lock:
+            served = set(self._served)
+        for pod in self._view.pending():
+            if pod.assignment.node != self._node:
+                continue
+            for container, assigned in pod.assignment.containers.items():
+                ids = tuple(assigned.devices.get(request.resource, ()))
+                if len(ids) != request.size or (pod.uid, container, request.resource) in served:
+                    continue
+                hint = _Hint(pod, container, ids)
+                (fits if set(ids) <= offered and must <= set(ids) else misfits).append(hint)
+        return fits, misfits
+
+    def hint(self, request: PreferenceRequest, devices: dict[str, PluginDevice]) -> list[str] | None:
+        fits, misfits = self._candidates(request)
+        if len(fits) == 1:
+            chosen = fits[0]
+            with self._lock:
+                self._served.add((chosen.pod.uid, chosen.container, request.resource))
+                self._outstanding[request.resource] = chosen
+            self._count(request.resource, "followed")
+            return list(chosen.ids)
+        if len(fits) > 1:
+            self._count(request.resource, "ambiguous")
+        elif misfits:
+            self._count(request.resource, "mismatch")
+            for hint in misfits:
+                self._emit(
+                    hint, f"assigned {request.resource} devices {', '.join(hint.ids)} are not all available"
+                )
+        else:
+            self._count(request.resource, "no_assignment")
+        return None
+
+    def observe_allocation(self, resource: str, device_ids: list[str]) -> None:
+        """Called after Allocate: a hint the kubelet did not follow is a mismatch."""
+        with self._lock:
+            hint = self._outstanding.pop(resource, None)
+        if hint is not None and set(hint.ids) != set(device_ids):
+            self._count(resource, "mismatch")
+            self._emit(hint, f"kubelet allocated {', '.join(device_ids)} instead of {', '.join(hint.ids)}")
+
+    def forget(self, live_uids: Mapping[str, object]) -> None:
+        """Drop served markers of pods that are gone (bounded memory)."""
+        with self._lock:
+            self._served = {key for key in self._served if key[0] in live_uids}
+
+    def _emit(self, hint: _Hint, message: str) -> None:
+        log.warning("handoff mismatch for pod %s/%s: %s", hint.pod.namespace, hint.pod.name, message)
+        if self._report is not None:
+            try:
+                self._report(hint.pod, "GpuAssignmentMismatch", message)
+            except Exception:
+                log.exception("cannot report handoff mismatch")
