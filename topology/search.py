@@ -36,7 +36,7 @@ from topology.scoring import (
 # 8-GPU jobs hold about half of all GPU-hours in the Microsoft ITP trace (see
 # shared reference traces-and-papers.md section 3); 2 and 4 keep NVLink pairs and quads whole.
 LOOKAHEAD_SIZES: tuple[tuple[int, float], ...] = ((2, 0.25), (4, 0.35), (8, 0.40))
-LOOKAHEAD_TOLERANCE = 0.005  # sets within 0.5% of the best value count as equally good
+LOOKAHEAD_TOLERANCE = 0.025  # within 2.5% of the best value: one PCIe-switch step, not a NUMA or NIC step
 LOOKAHEAD_CANDIDATES = 32  # at most this many near-best sets get a look-ahead evaluation
 
 

@@ -27,6 +27,12 @@ def test_dgx1_v100_quads_and_double_linked_partner() -> None:
     assert dgx1.gpu(other).numa_node == dgx1.gpu(0).numa_node
 
 
+def test_dgx1_v100_lookahead_keeps_the_free_quad() -> None:
+    dgx1 = graph("dgx1-v100")
+    chosen = best_set(dgx1, available=frozenset({0, 1, 2, 3, 5, 6}), size=2)
+    assert chosen is not None and chosen.gpus == (5, 6)
+
+
 def test_p4d_nic_aligned_pair_lands_on_one_pcie_switch() -> None:
     p4d = graph("p4d.24xlarge")
     chosen = best_set(p4d, available=frozenset(p4d.gpu_indices), size=2, policy=PlacementPolicy.NIC_ALIGNED)

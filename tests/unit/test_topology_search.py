@@ -8,7 +8,13 @@ from tests.unit.topology_nodes import dgx1_v100, nvbridge_pairs, nvswitch_node, 
 from topology.errors import InvalidInputError, TopologyError
 from topology.graph import TopologyGraph
 from topology.inventory import NodeInventory
-from topology.search import PlacementPolicy, Selection, best_set, explain_unsatisfiable
+from topology.search import (
+    LOOKAHEAD_TOLERANCE,
+    PlacementPolicy,
+    Selection,
+    best_set,
+    explain_unsatisfiable,
+)
 
 ALL8 = frozenset(range(8))
 BEST_EFFORT = PlacementPolicy.BEST_EFFORT
@@ -123,6 +129,18 @@ def test_lookahead_keeps_a_quad_free() -> None:
     assert planned.gpus == (6, 7)
     assert planned.score.value == pytest.approx(greedy.score.value)
     assert planned.lookahead > 0.0
+
+
+def test_lookahead_trades_a_switch_step_of_value_for_a_whole_quad() -> None:
+    # (2,3) shares a PCIe switch, (5,6) spans two: 2% apart, within the tolerance. Taking (2,3)
+    # would leave no fully linked quad; taking (5,6) keeps {0,1,2,3}.
+    free = frozenset({0, 1, 2, 3, 5, 6})
+    greedy = pick(dgx1_v100(), available=free, size=2, lookahead=False)
+    planned = pick(dgx1_v100(), available=free, size=2)
+    assert greedy is not None and planned is not None
+    assert (greedy.gpus, planned.gpus) == ((2, 3), (5, 6))
+    assert planned.score.value >= greedy.score.value * (1 - LOOKAHEAD_TOLERANCE)
+    assert planned.lookahead > greedy.lookahead
 
 
 def test_lookahead_keeps_a_numa_node_whole_on_nvswitch() -> None:
