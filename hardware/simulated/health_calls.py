@@ -209,7 +209,7 @@ class SimHealthState:
     def reset(self, index: int) -> None:
         """A GPU reset: refused while processes use the GPU; clears volatile state, applies remaps."""
         gpu = self.gpu(index)
-        self.wait_if_hung(index)
+        self._wait_out_hang(index)
         with self._cond:
             if gpu.processes:
                 raise SimNvmlCallError(
@@ -238,14 +238,17 @@ class SimHealthState:
 
     def wait_if_hung(self, index: int | None) -> None:
         """Block while the driver hangs (the whole node, or this GPU); then fail if the GPU is lost."""
+        self._wait_out_hang(index)
+        if index is not None and self.gpus[index].lost:
+            raise SimNvmlCallError(NVML_ERROR_GPU_IS_LOST, f"GPU {index} has fallen off the bus")
+
+    def _wait_out_hang(self, index: int | None) -> None:
         while True:
             until = max(self.global_hang_until, self.gpus[index].hang_until if index is not None else 0.0)
             remaining = until - time.monotonic()
             if remaining <= 0:
                 break
             time.sleep(min(remaining, 0.05))
-        if index is not None and self.gpus[index].lost:
-            raise SimNvmlCallError(NVML_ERROR_GPU_IS_LOST, f"GPU {index} has fallen off the bus")
 
     def create_event_set(self) -> int:
         with self._cond:
