@@ -146,6 +146,30 @@ class MigOps:
             bus_id = bus_id.decode()
         self._resetter.reset(str(bus_id))
 
+    def busy_devices(self, index: int) -> set[str]:
+        """UUIDs of the GPU and of its MIG devices that have compute processes running."""
+        handle = self.handle(index)
+        busy: set[str] = set()
+        if self._nvml("nvmlDeviceGetComputeRunningProcesses", handle):
+            busy.add(self._text(self._nvml("nvmlDeviceGetUUID", handle)))
+        mode = self.mig_mode(index)
+        if mode is None or not mode[0]:
+            return busy
+        for position in range(int(self._nvml("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, position)
+            except MigNvmlError as exc:
+                if exc.code == NVML_ERROR_NOT_FOUND:
+                    continue
+                raise
+            if self._nvml("nvmlDeviceGetComputeRunningProcesses", mig):
+                busy.add(self._text(self._nvml("nvmlDeviceGetUUID", mig)))
+        return busy
+
+    @staticmethod
+    def _text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     def profile_ids(self, index: int) -> dict[int, int]:
         """profile index (NVML_GPU_INSTANCE_PROFILE_*) -> profile ID, for the profiles this GPU offers."""
         handle = self.handle(index)
@@ -210,8 +234,9 @@ class MigOps:
         )
 
     def _mig_uuid(self, ci: Any) -> str:
-        uuid = self._nvml("nvmlDeviceGetUUID", self._nvml("nvmlComputeInstanceGetInfo", ci).device)
-        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        return self._text(
+            self._nvml("nvmlDeviceGetUUID", self._nvml("nvmlComputeInstanceGetInfo", ci).device)
+        )
 
     def _computes(self, gi: Any) -> tuple[ComputeRecord, ...]:
         found = [

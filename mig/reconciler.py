@@ -49,6 +49,10 @@ class MigHooks(Protocol):
         """Stop offering these devices for new allocations: they are about to be destroyed."""
         ...
 
+    def release(self, device_ids: Collection[str]) -> None:
+        """Offer these devices again (the reshape is over, or failed before destroying them)."""
+        ...
+
     def changed(self, gpu_index: int) -> None:
         """The GPU's MIG devices changed: refresh the inventory and the device lists."""
         ...
@@ -61,6 +65,9 @@ class NoHooks:
         return ()
 
     def withhold(self, device_ids: Collection[str]) -> None:
+        return None
+
+    def release(self, device_ids: Collection[str]) -> None:
         return None
 
     def changed(self, gpu_index: int) -> None:
@@ -141,8 +148,12 @@ class MigReconciler:
         mode = self._ops.mig_mode(index)
         if mode is None or not mode[0]:
             return ()
-        busy = set(self._hooks.busy_devices())
+        busy = self._busy(index)
         return tuple(self._as_instance(index, r, busy) for r in self._ops.instances(index))
+
+    def _busy(self, index: int) -> set[str]:
+        """Devices pods hold (the agent's view) plus devices running processes (NVML's view)."""
+        return set(self._hooks.busy_devices()) | self._ops.busy_devices(index)
 
     def _as_instance(self, index: int, record: GpuInstanceRecord, busy: set[str]) -> Instance:
         profile = self.model(index).profile_by_index(record.profile_index)
@@ -180,7 +191,7 @@ class MigReconciler:
         mode = self._ops.mig_mode(index)
         if mode is None:
             raise MigApplyError(f"GPU {index} ({gpu.product}) does not support MIG")
-        busy = set(self._hooks.busy_devices())
+        busy = self._busy(index)
         current = self.current(index)
         plan = plan_layout(model, current, target or ())
         steps = self._steps(index, model, mode, plan, whole=target is None, busy=busy)
@@ -192,10 +203,18 @@ class MigReconciler:
         withheld = [*doomed, gpu.uuid] if any(s.op == "enable-mig" for s in steps) else doomed
         if withheld:
             self._hooks.withhold(withheld)
-        result = self._run(index, model, steps, final)
+        try:
+            result = self._run(index, model, steps, final)
+        except BaseException:
+            if steps:
+                self._hooks.changed(index)  # show what NVML has now; the journal keeps the target
+            self._hooks.release(withheld)
+            raise
         self._journal.record(GpuRecord(gpu.uuid, model.key, final, (), 0, self._clock()))
         if result.changed:
             self._hooks.changed(index)
+        if withheld:
+            self._hooks.release(withheld)
         return result
 
     def _steps(

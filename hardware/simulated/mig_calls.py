@@ -407,4 +407,8 @@ class MigCallsMixin:
                 return []
             return [_Process(10_000 + gi.id * 10 + ci.id, 1 << 30, gi.id, ci.id)]
         host = getattr(super(), "nvmlDeviceGetComputeRunningProcesses", None)
-        return list(host(handle)) if host is not None else []
+        processes = list(host(handle)) if host is not None else []
+        gpu = node.gpus.get(getattr(self, "nvmlDeviceGetIndex")(handle)) if node is not None else None  # noqa: B009
+        if not processes and gpu is not None and gpu.gpu_busy:
+            processes.append(_Process(9_999, 1 << 30, 0xFFFFFFFF, 0xFFFFFFFF))
+        return processes

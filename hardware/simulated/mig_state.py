@@ -147,6 +147,10 @@ class SimMigGpu:
             else:
                 self._current = self._pending = NVML_DEVICE_MIG_DISABLE
 
+    @property
+    def gpu_busy(self) -> bool:
+        return self._gpu_busy
+
     def set_gpu_busy(self, busy: bool) -> None:
         """A process runs on the whole GPU (no MIG) — blocks resets and Hopper mode changes."""
         with self._lock:

@@ -64,12 +64,16 @@ class RecordingHooks:
         self.busy: set[str] = set()
         self.withheld: list[list[str]] = []
         self.changed_gpus: list[int] = []
+        self.released: list[list[str]] = []
 
     def busy_devices(self) -> set[str]:
         return set(self.busy)
 
     def withhold(self, device_ids: Any) -> None:
         self.withheld.append(list(device_ids))
+
+    def release(self, device_ids: Any) -> None:
+        self.released.append(list(device_ids))
 
     def changed(self, gpu_index: int) -> None:
         self.changed_gpus.append(gpu_index)
@@ -109,6 +113,7 @@ def test_whole_to_two_3g_on_hopper_enables_mig_without_reset(tmp_path):
     assert layout(lib, 3) == [("3g.40gb", 0, 1), ("3g.40gb", 4, 1)]
     assert lib.mig_node is not None and lib.mig_node.gpus[3].resets == 0
     assert hooks.withheld == [[reconciler.gpu(3).uuid]] and hooks.changed_gpus == [3]
+    assert hooks.released == hooks.withheld
     assert all(layout(lib, i) == [] for i in range(8) if i != 3)
 
 
@@ -132,15 +137,39 @@ def test_busy_instance_blocks_and_nothing_is_touched(tmp_path):
     assert layout(lib, 3) == [("3g.40gb", 0, 1), ("3g.40gb", 4, 1)]
 
 
-def test_nvml_in_use_is_reported_and_the_journal_keeps_the_target(tmp_path):
+def test_processes_nvml_reports_make_an_instance_busy(tmp_path):
     lib, reconciler, _ = make("dgx-h100", tmp_path)
     first = reconciler.apply(3, [TargetEntry("7g.80gb")])
     assert lib.mig_node is not None
     lib.mig_node.gpus[3].set_busy(first.created[0].mig_uuid)  # a process the agent did not know about
+    with pytest.raises(MigPlanError, match=r"busy instance 7g.80gb at slots 0-7"):
+        reconciler.apply(3, [TargetEntry("1g.10gb")])
+
+
+def test_in_use_during_destroy_fails_releases_and_keeps_the_target(tmp_path):
+    box: dict[str, Any] = {}
+
+    def fault(point: str) -> None:
+        if point.endswith("destroy:before") and "lib" in box:
+            box["lib"].mig_node.gpus[3].set_busy(box["uuid"])  # a pod starts between plan and destroy
+
+    lib, reconciler, hooks = make("dgx-h100", tmp_path, fault=fault)
+    box["uuid"] = reconciler.apply(3, [TargetEntry("7g.80gb")]).created[0].mig_uuid
+    box["lib"] = lib
     with pytest.raises(MigApplyError, match="in use"):
         reconciler.apply(3, [TargetEntry("1g.10gb")])
+    assert hooks.released[-1] == [box["uuid"]]
     record = MigJournal(tmp_path).load().gpus[reconciler.gpu(3).uuid]
     assert record.in_flight and [p.profile for p in record.target or ()] == ["1g.10gb"]
+
+
+def test_whole_gpu_process_blocks_enabling_mig(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    assert lib.mig_node is not None
+    lib.mig_node.gpus[4].set_gpu_busy(True)
+    with pytest.raises(MigPlanError, match="cannot enable MIG mode on GPU 4"):
+        reconciler.apply(4, [TargetEntry("7g.80gb")])
+    assert not lib.mig_node.gpus[4].mig_enabled
 
 
 def test_ampere_mode_change_resets_only_that_gpu_and_needs_it_idle(tmp_path):
