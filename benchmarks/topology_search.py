@@ -155,6 +155,23 @@ def print_table(rows: list[Row], shares: dict[tuple[str, int], float]) -> None:
         print(f"  {node:<18} size {size}: {share:6.1%}")
 
 
+def write_report(output: Path, rows: list[Row], shares: dict[tuple[str, int], float], *,
+                 requests: int, seed: int) -> None:
+    report = {
+        "benchmark": "topology_search",
+        "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "requests_per_cell": requests,
+        "seed": seed,
+        "rows": [asdict(row) for row in rows],
+        "go_gpuallocator_best_share": [{"node": node, "size": size, "share": share}
+                                       for (node, size), share in shares.items()],
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=30, help="random free masks per node and size")
@@ -170,19 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure(graph, requests)
             shares[(graph.name, size)] = baseline_best_share(graph, requests)
             print(f"measured {graph.name} size {size}", flush=True)
-    report = {
-        "benchmark": "topology_search",
-        "generated": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "requests_per_cell": args.requests,
-        "seed": args.seed,
-        "rows": [asdict(row) for row in rows],
-        "go_gpuallocator_best_share": [{"node": node, "size": size, "share": share}
-                                       for (node, size), share in shares.items()],
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_report(args.output, rows, shares, requests=args.requests, seed=args.seed)
     print()
     print_table(rows, shares)
     print(f"\nwrote {args.output}")

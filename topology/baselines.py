@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import itertools
 from functools import lru_cache
+from types import MappingProxyType
 
 from topology.errors import TopologyError
 from topology.graph import TopologyGraph
 from topology.links import LinkClass
 
-GO_PCIE_SCORES = {
+GO_PCIE_SCORES = MappingProxyType({
     LinkClass.PIX: 50,  # SingleSwitch
     LinkClass.PXB: 40,  # MultiSwitch
     LinkClass.PHB: 30,  # HostBridge
     LinkClass.NODE: 20,  # SameCPU
     LinkClass.SYS: 10,  # CrossCPU
-}
+})
 GO_NVLINK_SCORE = 100  # per direct NVLink lane
 
 ScoreMatrix = tuple[tuple[int, ...], ...]

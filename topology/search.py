@@ -63,7 +63,7 @@ class Selection:
 
     gpus: tuple[int, ...]
     score: SetScore
-    lookahead: float  # quality of the best sets left free (0 when the look-ahead is off)
+    lookahead: float  # 0..1: quality of the best sets left free (0 when the look-ahead is off)
     candidates: int  # valid sets compared
 
 
