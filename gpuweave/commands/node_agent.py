@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ from deviceplugin.kube import EventReporter, PodWatcher, Publisher
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
+from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
 from topology.errors import GpuweaveError
-from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,10 @@ def node_name(args: argparse.Namespace) -> str:
     return str(args.node_name or os.environ.get("NODE_NAME") or socket.gethostname())
 
 
-def discovery_for(args: argparse.Namespace) -> Callable[[], NodeInventory]:
-    """The hardware source: a simulated node profile, or the real GPUs through NVML."""
-    name = node_name(args)
+def open_backend(args: argparse.Namespace) -> GpuBackend:
+    """The hardware source: a simulated node profile (through the production NVML/sysfs readers)."""
     if args.simulate:
-        profile = load_profile(args.simulate)
-        return lambda: profile.to_inventory(node_name=name)
+        return SimulatedBackend(load_profile(args.simulate), node_name=node_name(args))
     raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
 
 
@@ -99,12 +97,14 @@ class KubeParts:
         self.api.close()
 
 
-def build_agent(args: argparse.Namespace, *, kube: KubeParts | None, metrics: AgentMetrics) -> NodeAgent:
+def build_agent(
+    args: argparse.Namespace, *, backend: GpuBackend, kube: KubeParts | None, metrics: AgentMetrics
+) -> NodeAgent:
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
     config = AgentConfig(kubelet_dir=args.kubelet_dir, state_dir=args.state_dir, sharing=sharing)
     return NodeAgent(
         config,
-        discover=discovery_for(args),
+        discover=backend.discover,
         chooser_for=gpu_chooser_for,
         handoff=kube.handoff if kube else None,
         metrics=metrics,
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
     metrics = AgentMetrics()
     kube = KubeParts(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
-    agent = build_agent(args, kube=kube, metrics=metrics)
+    backend = open_backend(args)
+    agent = build_agent(args, backend=backend, kube=kube, metrics=metrics)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -130,4 +131,5 @@ def run(args: argparse.Namespace) -> int:
         if kube is not None:
             kube.stop()
         agent.stop()
+        backend.close()
     return 0
