@@ -1,0 +1,232 @@
+"""``health.kube.KubeCluster`` with the real kubernetes client over HTTP against a small API server.
+
+The server on 127.0.0.1 (port 0) keeps nodes, pods, events and GpuBadHardware objects in memory
+and answers the calls the health monitor makes the way the kube-apiserver does: strategic-merge
+patches (conditions merged by type, taints replaced), Eviction returning 429 for a pod its
+PodDisruptionBudget protects, 409 for an object that exists.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from kubernetes import client
+
+from health.badlist import BadGpu
+from health.kube import KubeCluster, bad_hardware_name
+from health.remediation import EvictionOutcome
+from health.scope import NodeCondition
+from topology.assignment import ContainerAssignment, PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
+
+BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif key == "conditions" and isinstance(value, list):
+            by_type = {c["type"]: c for c in target.get(key, [])}
+            for cond in value:
+                by_type.setdefault(cond["type"], {}).update(cond)
+            target[key] = list(by_type.values())
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = value
+
+
+class ApiState:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.bad: dict[str, dict[str, Any]] = {}
+        self.evictions: list[tuple[str, str, int]] = []
+        self.lock = threading.Lock()
+
+
+def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def reply(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def body(self) -> Any:
+            return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            parts = url.path.strip("/").split("/")
+            with api.lock:
+                if url.path == "/api/v1/pods":
+                    node = parse_qs(url.query)["fieldSelector"][0].split("=")[1]
+                    items = [p for p in api.pods.values() if p["spec"]["nodeName"] == node]
+                    return self.reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                if url.path == "/api/v1/nodes":
+                    return self.reply(
+                        200, {"kind": "NodeList", "apiVersion": "v1", "items": list(api.nodes.values())}
+                    )
+                if parts[:3] == ["api", "v1", "nodes"]:
+                    return self.reply(200, api.nodes[parts[3]])
+                if url.path == BAD_PATH:
+                    return self.reply(
+                        200, {"apiVersion": "gpuweave.io/v1alpha1", "items": list(api.bad.values())}
+                    )
+            self.reply(404, {"kind": "Status", "code": 404})
+
+        def do_PATCH(self) -> None:
+            parts = urlparse(self.path).path.strip("/").split("/")
+            assert self.headers["Content-Type"] == "application/strategic-merge-patch+json"
+            with api.lock:
+                node = api.nodes[parts[3]]
+                merge(node, self.body())
+                self.reply(200, node)
+
+        def do_POST(self) -> None:
+            path = urlparse(self.path).path
+            parts = path.strip("/").split("/")
+            body = self.body()
+            with api.lock:
+                if path.endswith("/eviction"):
+                    pod = api.pods.get((parts[3], parts[5]))
+                    if pod is None:
+                        return self.reply(404, {"kind": "Status", "code": 404})
+                    if pod["metadata"].get("labels", {}).get("pdb") == "protected":
+                        return self.reply(429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"})
+                    grace = body["deleteOptions"]["gracePeriodSeconds"]
+                    api.evictions.append((parts[3], parts[5], grace))
+                    return self.reply(201, {"kind": "Status", "code": 201})
+                if path.endswith("/events"):
+                    api.events.append(body)
+                    return self.reply(201, body)
+                if path == BAD_PATH:
+                    name = body["metadata"]["name"]
+                    if name in api.bad:
+                        return self.reply(409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"})
+                    api.bad[name] = body
+                    return self.reply(201, body)
+            self.reply(404, {"kind": "Status", "code": 404})
+
+    return Handler
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[KubeCluster, ApiState]]:
+    api = ApiState()
+    for name in ("node-a", "node-b", "node-c"):
+        api.nodes[name] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name},
+            "spec": {},
+            "status": {},
+        }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(api))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    with client.ApiClient(config) as api_client:
+        yield KubeCluster(api_client, node_name="node-a"), api
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def add_pod(
+    api: ApiState,
+    name: str,
+    devices: list[str],
+    *,
+    labels: dict[str, str] | None = None,
+    node: str = "node-a",
+) -> None:
+    assignment = PodAssignment(
+        node=node, containers={"main": ContainerAssignment(devices={"nvidia.com/gpu": devices})}
+    )
+    api.pods[("ml", name)] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "labels": labels or {},
+            "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation()},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_pods_and_evictions(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    add_pod(api, "trainer", ["GPU-5"])
+    add_pod(api, "guarded", ["GPU-5"], labels={"pdb": "protected"})
+    add_pod(api, "pinned", ["GPU-5"], labels={ANNOTATION_OPT_OUT_EVICTION: "true"})
+    add_pod(api, "elsewhere", ["GPU-5"], node="node-b")
+    pods = {p.name: p for p in kube.pods_on_node()}
+    assert sorted(pods) == ["guarded", "pinned", "trainer"]
+    assert pods["trainer"].devices == frozenset({"GPU-5"})
+    assert pods["pinned"].opted_out
+    assert kube.evict(pods["trainer"], grace_s=120) == EvictionOutcome.EVICTED
+    assert api.evictions == [("ml", "trainer", 120)]
+    assert kube.evict(pods["guarded"], grace_s=120) == EvictionOutcome.BLOCKED
+    del api.pods[("ml", "trainer")]
+    assert kube.evict(pods["trainer"], grace_s=120) == EvictionOutcome.GONE
+
+
+def test_conditions_keep_transition_time_while_status_holds(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    kube.set_conditions((NodeCondition("GpuweaveGpuHealthy", "True", "AllGpusHealthy", ""),))
+    first = api.nodes["node-a"]["status"]["conditions"][0]["lastTransitionTime"]
+    kube.set_conditions((NodeCondition("GpuweaveGpuHealthy", "True", "AllGpusHealthy", ""),))
+    assert api.nodes["node-a"]["status"]["conditions"][0]["lastTransitionTime"] == first
+    kube.set_conditions((NodeCondition("GpuweaveGpuHealthy", "False", "GpuFailed", "GPU-5 Failed: Xid 79"),))
+    cond = api.nodes["node-a"]["status"]["conditions"][0]
+    assert (cond["status"], cond["reason"]) == ("False", "GpuFailed")
+
+
+def test_taints_counts_and_cordon(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    api.nodes["node-b"]["spec"]["taints"] = [{"key": "gpuweave.io/node-fault", "effect": "NoSchedule"}]
+    api.nodes["node-a"]["spec"]["taints"] = [{"key": "other", "effect": "NoExecute"}]
+    assert kube.taint_counts("gpuweave.io/node-fault") == (3, 1, False)
+    kube.set_taint("gpuweave.io/node-fault", present=True, value="efa-missing")
+    assert kube.taint_counts("gpuweave.io/node-fault") == (3, 2, True)
+    keys = [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]]
+    assert keys == ["other", "gpuweave.io/node-fault"]
+    kube.set_taint("gpuweave.io/node-fault", present=False)
+    assert [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]] == ["other"]
+    kube.set_cordon(True)
+    assert api.nodes["node-a"]["spec"]["unschedulable"] is True
+    kube.set_cordon(False)
+    assert api.nodes["node-a"]["spec"]["unschedulable"] is False
+    api.nodes["node-a"]["spec"]["unschedulable"] = True  # an operator's cordon is left alone
+    kube.set_cordon(False)
+    assert api.nodes["node-a"]["spec"]["unschedulable"] is True
+
+
+def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    kube.post_event(reason="GpuweaveNodeFault", message="efa-missing")
+    assert api.events[0]["involvedObject"]["kind"] == "Node"
+    entry = BadGpu("GPU-AB-5", "Xid 79 three times", "node-a", "2026-11-29T17:00:00+00:00", 3)
+    kube.add_bad_hardware(entry)
+    kube.add_bad_hardware(entry)  # 409 is fine: already listed
+    assert list(api.bad) == [bad_hardware_name("GPU-AB-5")]
+    assert kube.list_bad_hardware() == {"GPU-AB-5": entry}
