@@ -224,9 +224,6 @@ class NvLinkCalls(SimulatedLibBase):
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
         return PciInfo.of(remote)
 
-    def nvmlDeviceGetNvLinkRemotePciInfo_v2(self, device: Any, link: int) -> PciInfo:
-        return self.nvmlDeviceGetNvLinkRemotePciInfo(device, link)
-
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         _, remote = self._link("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
         if remote is None:
