@@ -12,6 +12,7 @@ caches of pure functions, so identical nodes share them (DESIGN section 4).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
@@ -38,6 +39,10 @@ from topology.scoring import (
 LOOKAHEAD_SIZES: tuple[tuple[int, float], ...] = ((2, 0.25), (4, 0.35), (8, 0.40))
 LOOKAHEAD_TOLERANCE = 0.025  # within 2.5% of the best value: one PCIe-switch step, not a NUMA or NIC step
 LOOKAHEAD_CANDIDATES = 32  # at most this many near-best sets get a look-ahead evaluation
+# C(16, 8): every request on a node of up to 16 GPUs is searched exactly. Larger searches (nodes
+# beyond 16 GPUs) grow the set greedily instead, and the look-ahead is off there.
+EXACT_SEARCH_LIMIT = 12_870
+LOOKAHEAD_MAX_GPUS = 16
 
 
 class PlacementPolicy(StrEnum):
@@ -64,7 +69,7 @@ class Selection:
     gpus: tuple[int, ...]
     score: SetScore
     lookahead: float  # 0..1: quality of the best sets left free (0 when the look-ahead is off)
-    candidates: int  # valid sets compared
+    candidates: int  # qualifying sets compared (exact search) or extensions scored (greedy)
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,9 @@ def _policy_mask(scores: RowScores, policy: PlacementPolicy) -> BoolArray:
 
 @lru_cache(maxsize=4096)
 def _search(shape: TopologyShape, request: _Request) -> _Choice | None:
+    open_slots = request.size - request.must_mask.bit_count()
+    if math.comb((request.free_mask & ~request.must_mask).bit_count(), open_slots) > EXACT_SEARCH_LIMIT:
+        return _greedy_search(shape, request)
     sets = _candidate_sets(request.free_mask, request.must_mask, request.size)
     scores = score_rows(shape_arrays(shape), sets)
     valid = _policy_mask(scores, request.policy)
@@ -174,7 +182,7 @@ def _search(shape: TopologyShape, request: _Request) -> _Choice | None:
     if count == 0:
         return None
     values = np.where(valid, scores.value, -np.inf)
-    if not request.lookahead:
+    if not request.lookahead or shape.size > LOOKAHEAD_MAX_GPUS:
         row = int(np.argmax(values))  # first maximum: the lexicographically smallest best set
         return _Choice(tuple(int(p) for p in sets[row]), 0.0, count)
     best = float(values.max())
@@ -187,6 +195,31 @@ def _search(shape: TopologyShape, request: _Request) -> _Choice | None:
         ranked.append((round(leftover, 9), float(values[row]), -row, positions, leftover))
     _, _, _, positions, leftover = max(ranked)
     return _Choice(positions, leftover, count)
+
+
+def _greedy_search(shape: TopologyShape, request: _Request) -> _Choice | None:
+    """Grow the set from the must GPUs (or the best pair) one GPU at a time, best value first.
+
+    Every policy is hereditary (each subset of a qualifying set qualifies), so dropping the
+    non-qualifying extensions at each step never discards a path to a qualifying set.
+    """
+    arrays = shape_arrays(shape)
+    chosen = _positions(request.must_mask)
+    free = [p for p in _positions(request.free_mask) if not request.must_mask >> p & 1]
+    compared = 0
+    while len(chosen) < request.size:
+        if not chosen and request.size >= 2:
+            options = _candidate_sets(request.free_mask, 0, 2)
+        else:
+            options = np.array([sorted([*chosen, p]) for p in free if p not in chosen], dtype=np.int64)
+        scores = score_rows(arrays, options)
+        values = np.where(_policy_mask(scores, request.policy), scores.value, -np.inf)
+        compared += len(options)
+        row = int(np.argmax(values))
+        if values[row] == -np.inf:
+            return None
+        chosen = [int(p) for p in options[row]]
+    return _Choice(tuple(chosen), 0.0, compared)
 
 
 @dataclass(frozen=True)

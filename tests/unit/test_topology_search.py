@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from tests.unit.topology_nodes import dgx1_v100, nvbridge_pairs, nvswitch_node, p4d, pcie_only
+from tests.unit.topology_nodes import dgx1_v100, make_gpu, nvbridge_pairs, nvswitch_node, p4d, pcie_only
 from topology.errors import InvalidInputError, TopologyError
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory
+from topology.inventory import NodeInventory, NvLink
 from topology.search import (
     LOOKAHEAD_TOLERANCE,
     PlacementPolicy,
@@ -178,3 +180,28 @@ def test_policy_parse(text: str, policy: PlacementPolicy) -> None:
 def test_policy_parse_rejects_unknown_words() -> None:
     with pytest.raises(InvalidInputError, match="policy 'fastest'; use one of: best-effort, nvlink-required"):
         PlacementPolicy.parse("fastest")
+
+
+def twenty_gpu_node() -> NodeInventory:
+    """Two NVLink cliques of ten GPUs (0-9 double lanes, 10-19 single), one NUMA node each."""
+    gpus = tuple(make_gpu(i, numa_node=i // 10, switch=f"sw{i // 2}", root=f"r{i // 10}") for i in range(20))
+    links = tuple(NvLink(a, b, 2 if a < 10 else 1) for group in (range(10), range(10, 20))
+                  for a, b in itertools.combinations(group, 2))
+    return NodeInventory(name="twenty", numa_nodes=2, gpus=gpus, nvlinks=links)
+
+
+@pytest.mark.parametrize(
+    ("must", "policy", "expected"),
+    [
+        (frozenset(), BEST_EFFORT, tuple(range(10))),
+        (frozenset({12}), NVLINK, tuple(range(10, 20))),
+        (frozenset({3, 12}), NVLINK, None),
+    ],
+)
+def test_nodes_beyond_sixteen_gpus_fall_back_to_greedy_growth(
+        must: frozenset[int], policy: PlacementPolicy, expected: tuple[int, ...] | None) -> None:
+    graph = TopologyGraph.from_inventory(twenty_gpu_node())
+    chosen = best_set(graph, available=frozenset(range(20)), size=10, must_include=must, policy=policy)
+    assert (chosen.gpus if chosen else None) == expected
+    if chosen is not None:
+        assert chosen.lookahead == 0.0
