@@ -200,8 +200,9 @@ def _search(shape: TopologyShape, request: _Request) -> _Choice | None:
 def _greedy_search(shape: TopologyShape, request: _Request) -> _Choice | None:
     """Grow the set from the must GPUs (or the best pair) one GPU at a time, best value first.
 
-    Every policy is hereditary (each subset of a qualifying set qualifies), so dropping the
-    non-qualifying extensions at each step never discards a path to a qualifying set.
+    Every policy is hereditary (each subset of a qualifying set qualifies), so each step can drop
+    the non-qualifying extensions; the result always qualifies but, unlike the exact search, may
+    be worse than the best set or miss one that exists.
     """
     arrays = shape_arrays(shape)
     chosen = _positions(request.must_mask)
