@@ -129,6 +129,11 @@ class Remediator:
         gpu = engine.mig_parent.get(device, device)
         if action is Action.RESET_GPU and self.device_ops.gpu_busy(gpu):
             return  # still in use: wait for the processes to end
+        if action is Action.RECREATE_MIG and self.recreate_mig is None:
+            log.warning(
+                "MIG device %s failed; no MIG manager is wired to recreate it: it stays withheld", device
+            )
+            return
         with monitor.lock:
             engine.apply(device, RemediationStarted(monitor.now(), action))
         monitor.publish()
@@ -137,7 +142,7 @@ class Remediator:
             if action is Action.RECREATE_MIG:
                 placement = engine.mig_placement(device)
                 if self.recreate_mig is None or placement is None:
-                    raise RuntimeError(f"cannot recreate MIG device {device}: no MIG manager wired")
+                    raise RuntimeError(f"MIG device {device} is no longer in the inventory")
                 self.recreate_mig(*placement)
             else:
                 self.device_ops.reset_gpu(gpu)

@@ -25,6 +25,7 @@ from deviceplugin.kube import EventReporter, PodWatcher, Publisher
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
+from gpuweave.node_health import SIM_KMSG_FILE, load_settings, start_node_health
 from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -48,6 +49,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated hardware from a node profile")
     parser.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or the hostname)")
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
+    add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
@@ -63,7 +65,9 @@ def node_name(args: argparse.Namespace) -> str:
 def open_backend(args: argparse.Namespace) -> GpuBackend:
     """The hardware source: a simulated node profile (through the production NVML/sysfs readers)."""
     if args.simulate:
-        return SimulatedBackend(load_profile(args.simulate), node_name=node_name(args))
+        return SimulatedBackend(
+            load_profile(args.simulate), node_name=node_name(args), kmsg_path=args.state_dir / SIM_KMSG_FILE
+        )
     raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
 
 
@@ -122,12 +126,22 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     agent.start()
+    health = start_node_health(
+        agent,
+        backend=backend,
+        state_dir=args.state_dir,
+        node_name=node_name(args),
+        settings=load_settings(args.health_config),
+        kube_api=kube.api if kube else None,
+        metrics=metrics,
+    )
     if kube is not None:
         kube.start(agent)
     log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
     try:
         stop.wait()
     finally:
+        health.stop()
         if kube is not None:
             kube.stop()
         agent.stop()

@@ -221,6 +221,14 @@ class SimHealthState:
             gpu.nvlinks_down.clear()
             gpu.resets += 1
 
+    def reset_uuid(self, uuid: str) -> None:
+        """``reset`` by GPU UUID (what ``nvidia-smi -r -i <uuid>`` takes)."""
+        for index, gpu in enumerate(self.gpus):
+            if gpu.uuid == uuid:
+                self.reset(index)
+                return
+        raise SimHealthError(f"no GPU {uuid} on the simulated node")
+
     def write_kernel_log(self, line: str) -> None:
         if self.kmsg_path is None:
             return

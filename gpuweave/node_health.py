@@ -1,0 +1,109 @@
+"""Health for the node-agent process: builds ``HealthService`` from the agent, the backend and the API.
+
+Called by the node-agent composition root after the agent has discovered its hardware. With a
+simulated backend the probe reads the simulated NVML library and sysfs tree, the kernel log is
+``STATE_DIR/kmsg`` (the simulated driver writes its Xid lines there) and the agent's control socket
+gets the ``sim.inject`` command; GPU resets go to the simulated node's reset rules.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceplugin.agent import NodeAgent
+from deviceplugin.metrics import AgentMetrics
+from hardware.backend import GpuBackend
+from hardware.health_probe import NvmlHealthProbe
+from hardware.simulated.backend import SimulatedBackend
+from hardware.simulated.health_inject import inject_route
+from health.config import HealthSettings, load_health_settings
+from health.kube import KubeCluster
+from health.metrics import HealthMetrics
+from health.service import HealthParts, HealthService
+from topology.errors import GpuweaveError
+
+log = logging.getLogger(__name__)
+SIM_KMSG_FILE = "kmsg"
+SIM_INJECT_METHOD = "sim.inject"
+
+
+def load_settings(path: Path | None) -> HealthSettings:
+    """Health settings from a YAML file (its ``health:`` section, or the whole file); defaults without one."""
+    if path is None:
+        return HealthSettings()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise GpuweaveError(f"cannot read health config {path}: {exc}") from exc
+    section = data.get("health", data) if isinstance(data, dict) else data
+    return load_health_settings(section)
+
+
+def start_node_health(
+    agent: NodeAgent,
+    *,
+    backend: GpuBackend,
+    state_dir: Path,
+    node_name: str,
+    settings: HealthSettings,
+    kube_api: Any | None = None,
+    metrics: AgentMetrics | None = None,
+) -> HealthService:
+    """Build, wire and start health for a started agent; returns the service (stop it before the agent)."""
+    if not isinstance(backend, SimulatedBackend):
+        raise GpuweaveError("health checks on real GPUs are not available in this build; pass --simulate")
+    sim = backend.node.health
+    probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
+    service = HealthService(
+        HealthParts(
+            inventory=agent.inventory,
+            probe=probe,
+            device_ops=probe,
+            sink=agent,
+            state_dir=state_dir,
+            settings=settings,
+            node_name=node_name,
+            kernel_log=state_dir / SIM_KMSG_FILE,
+            cluster=KubeCluster(kube_api, node_name=node_name) if kube_api is not None else None,
+            metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
+        )
+    )
+    agent.control.add_route(SIM_INJECT_METHOD, inject_route(sim))
+    agent.control.add_route("health.status", lambda _params: status(service))
+    agent.add_listener(lambda: _follow_inventory(service, agent))
+    service.start()
+    return service
+
+
+def _follow_inventory(service: HealthService, agent: NodeAgent) -> None:
+    """Track MIG devices created or destroyed by a reshape (only when the set changed)."""
+    inventory = agent.inventory
+    if set(inventory.mig_devices) != set(service.engine.inventory.mig_devices):
+        service.update_inventory(inventory)
+
+
+def status(service: HealthService) -> dict[str, Any]:
+    """Per-device health for tools and tests (``health.status`` on the control socket)."""
+    snap = service.snapshot()
+
+    def row(record: Any) -> dict[str, Any]:
+        return {
+            "state": str(record.state),
+            "reason": record.reason,
+            "strikes": record.strikes,
+            "lastXid": record.last_xid,
+        }
+
+    return {
+        "gpus": {uuid: row(r) for uuid, r in snap.gpus.items()},
+        "migs": {uuid: row(r) for uuid, r in snap.migs.items()},
+        "efa": dict(snap.efa_up),
+        "nodeFaults": sorted(f"{f.kind}:{f.subject}" for f in snap.node_faults),
+        "startupPending": snap.startup_pending,
+        "rounds": service.monitor.rounds_completed,
+        "badHardware": sorted(service.badlist.entries()),
+    }
