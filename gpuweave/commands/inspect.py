@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
 def discover(simulate: str | None, *, node_name: str | None) -> tuple[NodeInventory, dict[int, str]]:
     """The inventory and each NUMA node's CPU list, from a simulated node or this host."""
     if simulate:
-        profile = load_profile(simulate)
-        backend: SimulatedBackend | NvmlBackend = SimulatedBackend(profile, node_name=node_name)
-        sysfs = SysfsReader(backend.sysfs_root)
+        simulated = SimulatedBackend(load_profile(simulate), node_name=node_name)
+        backend: SimulatedBackend | NvmlBackend = simulated
+        sysfs = SysfsReader(simulated.sysfs_root)
     else:
         backend = NvmlBackend(node_name=node_name)
         sysfs = backend.sysfs
