@@ -120,6 +120,10 @@ class SelectorCache:
         self._verdicts: dict[tuple[str, DeviceAttributes], bool | str] = {}
         self._lock = threading.Lock()
 
+    def stats(self, expression: str) -> tuple[int, int]:
+        """(compiled programs in total, cached verdicts for ``expression``): for tests and metrics."""
+        return len(self._programs), sum(1 for key in list(self._verdicts) if key[0] == expression)
+
     def check(self, expression: str) -> None:
         """Raise ``SelectorError`` if the expression does not compile."""
         self._program(expression)

@@ -29,6 +29,7 @@ from scheduler_ext.wire import (
     canonical_keys,
     parse,
 )
+from topology.errors import InvalidInputError
 
 LOG = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -47,18 +48,38 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     ) -> None:
         self.service = service
         self.metrics = metrics
+        self._tls: ssl.SSLContext | None = None
         super().__init__(address, ExtenderHandler)
 
     def use_tls(self, *, cert: Path, key: Path) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(certfile=str(cert), keyfile=str(key))
-        self.socket = context.wrap_socket(self.socket, server_side=True)
+        try:
+            context.load_cert_chain(certfile=str(cert), keyfile=str(key))
+        except (ssl.SSLError, OSError) as exc:
+            raise InvalidInputError(f"cannot load TLS certificate {cert} with key {key}: {exc}") from None
+        self._tls = context
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """TLS handshakes run here, in the connection's own thread, never in the accept loop."""
+        if self._tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(ExtenderHandler.timeout)
+        try:
+            wrapped = self._tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            LOG.info("TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(wrapped, client_address)
+        finally:
+            wrapped.close()
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
+        scheme = "https" if self._tls is not None else "http"
         return f"{scheme}://{host!s}:{port}"
 
     def serve_in_thread(self) -> threading.Thread:
@@ -77,6 +98,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ExtenderHTTPServer
     server_version = "gpuweave-extender"
+    timeout = 30  # seconds a client may stall mid-request before the connection is dropped
 
     def log_message(self, format: str, *args: Any) -> None:
         LOG.debug("%s " + format, self.address_string(), *args)
@@ -184,7 +206,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
                 "(use nodeCacheCapable: true so kube-scheduler sends node names only)",
                 close=not drained,
             )
-        body = self.rfile.read(length)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            raise BadRequestError(
+                f"request body of {length} bytes did not arrive in time", close=True
+            ) from None
         if len(body) < length:
             raise BadRequestError(f"request body ended after {len(body)} of {length} bytes", close=True)
         try:
