@@ -106,6 +106,7 @@ class MigOps:
         self._lib = lib
         self._call = call
         self._resetter = resetter or NvidiaSmiResetter()
+        self._profile_cache: dict[int, dict[int, tuple[int, int]]] = {}
 
     def _nvml(self, name: str, *args: Any) -> Any:
         fn = getattr(self._lib, name)
@@ -172,8 +173,15 @@ class MigOps:
 
     def profile_ids(self, index: int) -> dict[int, int]:
         """profile index (NVML_GPU_INSTANCE_PROFILE_*) -> profile ID, for the profiles this GPU offers."""
+        return {profile_index: profile_id for profile_index, (profile_id, _) in self._profiles(index).items()}
+
+    def _profiles(self, index: int) -> dict[int, tuple[int, int]]:
+        """profile index -> (profile ID, max instances); NVML says it is immutable, so it is cached."""
+        cached = self._profile_cache.get(index)
+        if cached is not None:
+            return cached
         handle = self.handle(index)
-        found: dict[int, int] = {}
+        found: dict[int, tuple[int, int]] = {}
         for profile_index in range(GPU_INSTANCE_PROFILE_COUNT):
             try:
                 info = self._nvml("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_index)
@@ -181,16 +189,16 @@ class MigOps:
                 if exc.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            found[profile_index] = int(info.id)
+            found[profile_index] = (int(info.id), max(1, int(info.instanceCount)))
+        if found:  # with MIG off some drivers answer NOT_SUPPORTED for every profile: ask again later
+            self._profile_cache[index] = found
         return found
 
     def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
         """Every GPU instance with its compute instances, including ones left without any."""
         handle = self.handle(index)
         records: list[GpuInstanceRecord] = []
-        for profile_index, profile_id in self.profile_ids(index).items():
-            info = self._nvml("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile_index)
-            capacity = max(1, int(info.instanceCount))
+        for profile_index, (profile_id, capacity) in self._profiles(index).items():
             array = (self._lib.c_nvmlGpuInstance_t * capacity)()
             count = ctypes.c_uint(capacity)
             self._nvml("nvmlDeviceGetGpuInstances", handle, profile_id, array, ctypes.byref(count))

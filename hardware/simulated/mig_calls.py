@@ -130,10 +130,11 @@ class SimMigNode:
     def lookup(self, handle: object) -> tuple[int, SimMigGpu, SimGpuInstance, SimComputeInstance | None]:
         """The GPU index, GPU state, GPU instance and (for a CI/MIG handle) compute instance."""
         value = handle.value if isinstance(handle, ctypes.c_void_p) else handle
-        for index, gpu in self.gpus.items():
-            for found, gi, ci in gpu.iter_handles():
-                if found == value:
-                    return index, gpu, gi, ci
+        if isinstance(value, int) and value >= self.handles.first:
+            for index, gpu in self.gpus.items():
+                found = gpu.find_handle(value)
+                if found is not None:
+                    return index, gpu, found[0], found[1]
         raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, f"unknown MIG handle {value!r}")
 
     def is_mig_handle(self, handle: object) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from topology.inventory import MigDevice
@@ -78,6 +77,7 @@ class HandleAllocator:
     """Opaque handles as integers (ctypes ``c_void_p`` values), unique across the node."""
 
     def __init__(self, first: int = 0x7000_0000) -> None:
+        self.first = first
         self._next = itertools.count(first)
 
     def new(self) -> int:
@@ -305,12 +305,16 @@ class SimMigGpu:
                     return
         raise KeyError(f"GPU {self.gpu_uuid} has no MIG device {mig_uuid}")
 
-    def iter_handles(self) -> Iterator[tuple[int, SimGpuInstance, SimComputeInstance | None]]:
+    def find_handle(self, value: int) -> tuple[SimGpuInstance, SimComputeInstance | None] | None:
+        """The GPU instance (and compute instance) a handle names on this GPU, if any."""
         with self._lock:
-            for gi in list(self._instances.values()):
-                yield gi.handle, gi, None
-                for ci in list(gi.computes.values()):
-                    yield ci.handle, gi, ci
+            for gi in self._instances.values():
+                if gi.handle == value:
+                    return gi, None
+                for ci in gi.computes.values():
+                    if ci.handle == value:
+                        return gi, ci
+        return None
 
     # -- helpers -----------------------------------------------------------------------------
 

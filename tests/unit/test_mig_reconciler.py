@@ -1,8 +1,8 @@
-# ruff: noqa: N802 - the test host keeps pynvml's function names
 """The reconciler reshapes one GPU through the NVML surface, journals first, and converges after crashes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from collections.abc import Iterator
@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from hardware.mig_ops import MigOps
+from hardware.mig_ops import MigInUseError, MigOps
+from hardware.nvml_call import NvmlCaller
 from hardware.profiles import load_profile
-from hardware.simulated.mig_calls import MigCallsMixin, SimMigNode
+from hardware.simulated.lib import SimulatedNvmlLib
+from hardware.simulated.node import SimulatedNode
 from mig.catalog import default_catalog
 from mig.journal import JOURNAL_FILE, MigJournal
 from mig.planner import MigPlanError, TargetEntry
@@ -21,42 +23,10 @@ from mig.reconciler import GpuRef, MigApplyError, MigReconciler
 from topology.inventory import NodeInventory
 
 
-class _NvmlError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-class _PciInfo:
-    def __init__(self, bus_id: str) -> None:
-        self.busId = bus_id.encode()
-
-
-class _DeviceCalls:
-    """The non-MIG device calls the MIG surface leans on: handles by index, UUID, PCI info."""
-
-    NVMLError = _NvmlError
-
-    def __init__(self, inventory: NodeInventory) -> None:
-        self.inventory = inventory
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
-        return ("gpu", index)
-
-    def nvmlDeviceGetIndex(self, handle: tuple[str, int]) -> int:
-        return handle[1]
-
-    def nvmlDeviceGetUUID(self, handle: tuple[str, int]) -> str:
-        return self.inventory.gpu(handle[1]).uuid
-
-    def nvmlDeviceGetPciInfo(self, handle: tuple[str, int]) -> _PciInfo:
-        return _PciInfo(self.inventory.gpu(handle[1]).pci_bus_id)
-
-
-class SimLib(MigCallsMixin, _DeviceCalls):
-    def __init__(self, inventory: NodeInventory) -> None:
-        super().__init__(inventory)
-        self.mig_node = SimMigNode.from_inventory(inventory)
+def sim_lib(inventory: NodeInventory) -> SimulatedNvmlLib:
+    lib = SimulatedNvmlLib(SimulatedNode(inventory))
+    lib.nvmlInit()
+    return lib
 
 
 class RecordingHooks:
@@ -79,9 +49,14 @@ class RecordingHooks:
         self.changed_gpus.append(gpu_index)
 
 
-def make(profile: str, tmp_path: Path, *, fault: Any = None, lib: SimLib | None = None):
-    inventory = load_profile(profile).to_inventory()
-    lib = lib or SimLib(inventory)
+@functools.cache
+def inventory_of(profile: str) -> NodeInventory:
+    return load_profile(profile).to_inventory()
+
+
+def make(profile: str, tmp_path: Path, *, fault: Any = None, lib: SimulatedNvmlLib | None = None):
+    inventory = inventory_of(profile)
+    lib = lib or sim_lib(inventory)
     hooks = RecordingHooks()
     assert lib.mig_node is not None
     reconciler = MigReconciler(
@@ -96,7 +71,7 @@ def make(profile: str, tmp_path: Path, *, fault: Any = None, lib: SimLib | None 
     return lib, reconciler, hooks
 
 
-def layout(lib: SimLib, index: int) -> list[tuple[str, int, int]]:
+def layout(lib: SimulatedNvmlLib, index: int) -> list[tuple[str, int, int]]:
     assert lib.mig_node is not None
     gpu = lib.mig_node.gpus[index]
     if not gpu.mig_enabled:
@@ -281,3 +256,27 @@ def test_crash_at_every_step_converges_on_restart(fast_dir, profile, targets):
         assert sorted(p for p, _, _ in got) == want, f"crash at {point}"
         assert all(n == 1 for _, _, n in got), f"orphan GPU instance after crash at {point}"
         assert MigJournal(state).load().gpus[reconciler.gpu(3).uuid].in_flight is False
+
+
+def test_through_the_backends_timeout_wrapper_in_use_keeps_its_code(tmp_path):
+    inventory = inventory_of("dgx-h100")
+    lib = sim_lib(inventory)
+    caller = NvmlCaller(lib, timeout_s=5.0)
+    try:
+        assert lib.mig_node is not None
+        ops = MigOps(lib, call=caller, resetter=lib.mig_node)
+        reconciler = MigReconciler(
+            ops=ops,
+            journal=MigJournal(tmp_path),
+            catalog=default_catalog(),
+            gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
+        )
+        created = reconciler.apply(6, [TargetEntry("4g.40gb"), TargetEntry("3g.40gb")]).created
+        assert [(c.profile, c.start) for c in created] == [("4g.40gb", 0), ("3g.40gb", 4)]
+        lib.mig_node.gpus[6].set_busy(created[0].mig_uuid)
+        gi_id = next(r.gi_id for r in ops.instances(6) if r.start == 0)
+        with pytest.raises(MigInUseError) as caught:
+            ops.destroy(6, gi_id=gi_id)
+        assert caught.value.code == 19
+    finally:
+        caller.close()
