@@ -67,6 +67,10 @@ class ClusterCache:
             uid = self._pod_uids.get(key, "")
         return self._pods.get(uid)
 
+    def pod_objects(self) -> list[Mapping[str, Any]]:
+        """Every pod object the cache remembers (bound ones carry their assignment annotation)."""
+        return list(self._pods.values())
+
     def holdings_on(self, node: str) -> list[PodRecord]:
         holdings = (self._holdings.get(uid) for uid in list(self._by_node.get(node, ())))
         return [h.record for h in holdings if h is not None]
