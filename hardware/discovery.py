@@ -192,9 +192,10 @@ def _links(gpus: list[GpuFacts]) -> tuple[tuple[inv.NvLink, ...], inv.NvSwitchFa
     pairs = []
     for a, b in sorted({(min(p), max(p)) for p in seen}):
         forward, backward = seen[(a, b)], seen[(b, a)]
-        if forward != backward:
-            LOG.warning("NVLink %d->%d has %d links, %d->%d has %d", a, b, forward, b, a, backward)
-        pairs.append(inv.NvLink(gpu_a=a, gpu_b=b, links=min(forward, backward) or max(forward, backward)))
+        if forward != backward:  # a lane is usable only when both of its ends report it active
+            LOG.warning("NVLink %d->%d has %d active links, %d->%d has %d", a, b, forward, b, a, backward)
+        if min(forward, backward) > 0:
+            pairs.append(inv.NvLink(gpu_a=a, gpu_b=b, links=min(forward, backward)))
     fabric = None
     if switch_links:
         if len(set(switch_links.values())) > 1:

@@ -1,0 +1,139 @@
+"""The simulated node through the production readers: MIG devices, faults, the fake library and tree."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hardware.backend import GpuLostError, HardwareTimeoutError
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from hardware.simulated.lib import SimulatedNvmlLib
+from hardware.simulated.node import SimulatedNode
+from hardware.simulated.structs import NVMLError
+from topology.errors import InvalidInputError
+from topology.mig_catalog import default_catalog
+from topology.spec import NodeProfile
+
+
+def _with_mig_devices() -> NodeProfile:
+    """dgx-a100 with GPU 1 partitioned into 3g.40gb + 2g.20gb + 1g.10gb (ids as the profile gives)."""
+    document: dict[str, Any] = copy.deepcopy(load_profile("dgx-a100").to_wire())
+    document["spec"]["gpus"][1]["migEnabled"] = True
+    model = default_catalog().for_product("NVIDIA A100-SXM4-80GB")
+    rows = [("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6)]
+    document["spec"]["migDevices"] = [
+        {
+            "gpu": 1, "profile": name, "gpuInstanceId": gi, "computeInstanceId": 0, "placementStart": start,
+            "placementSize": model.profile(name).memory_slices, "memoryMiB": model.profile(name).memory_mib,
+            "computeSlices": model.profile(name).compute_slices,
+        }
+        for name, gi, start in rows
+    ]
+    return NodeProfile.parse(document)
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Any:
+    made: list[SimulatedBackend] = []
+
+    def make(profile: NodeProfile | str, **options: Any) -> SimulatedBackend:
+        chosen = load_profile(profile) if isinstance(profile, str) else profile
+        made.append(SimulatedBackend(chosen, tmp_path / f"root{len(made)}", **options))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def test_mig_devices_of_a_partitioned_gpu_are_discovered_exactly(backend: Any) -> None:
+    profile = _with_mig_devices()
+    inventory = backend(profile).discover()
+    assert inventory == profile.to_inventory()
+    assert [(m.profile, m.gpu_instance_id, m.placement_start) for m in inventory.mig_devices] == [
+        ("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6),
+    ]
+
+
+def test_a_lost_gpu_fails_discovery_naming_the_gpu(backend: Any) -> None:
+    simulated = backend("p4d.24xlarge")
+    simulated.node.set_gpu_lost(5)
+    with pytest.raises(GpuLostError, match="on GPU 5 failed: GPU is lost"):
+        simulated.discover()
+    simulated.node.set_gpu_lost(5, lost=False)
+    assert simulated.discover() == simulated.inventory
+
+
+def test_an_nvlink_down_at_one_end_removes_the_lane(backend: Any) -> None:
+    simulated = backend("dgx1-v100")
+    simulated.node.health.set_nvlink_down(0, 2)  # GPU 0's lanes: 0->1, 1->2, 2,3->3, 4,5->4
+    links = {(nl.gpu_a, nl.gpu_b): nl.links for nl in simulated.discover().nvlinks}
+    assert links[(0, 3)] == 1 and links[(0, 1)] == 1 and links[(0, 4)] == 2
+
+
+def test_a_hung_gpu_times_out_and_discovery_recovers_after_release(backend: Any) -> None:
+    simulated = backend("l40s-pcie-8", call_timeout_s=0.2)
+    gate = simulated.node.hang("nvmlDeviceGetMemoryInfo", gpu=3)
+    with pytest.raises(HardwareTimeoutError, match="nvmlDeviceGetMemoryInfo on GPU 3 did not return"):
+        simulated.discover()
+    assert gate.entered.is_set()
+    with pytest.raises(HardwareTimeoutError, match="not attempted"):
+        simulated.discover()
+    gate.release()
+    returned = threading.Event()
+    for _ in range(200):
+        if simulated.nvml.caller.hung_call is None:
+            returned.set()
+            break
+        returned.wait(0.01)
+    assert simulated.discover() == simulated.inventory
+
+
+def test_the_fake_library_speaks_pynvml() -> None:
+    node = SimulatedNode(_with_mig_devices().to_inventory())
+    lib = SimulatedNvmlLib(node)
+    with pytest.raises(NVMLError) as exc:
+        lib.nvmlDeviceGetCount()
+    assert exc.value.value == lib.NVML_ERROR_UNINITIALIZED
+    lib.nvmlInit()
+    handle = lib.nvmlDeviceGetHandleByIndex(1)
+    assert lib.nvmlDeviceGetPciInfo(handle).busId == node.inventory.gpu(1).pci_bus_id
+    assert lib.nvmlDeviceGetCudaComputeCapability(handle) == (8, 0)
+    assert lib.nvmlDeviceGetArchitecture(handle) == lib.NVML_DEVICE_ARCH_AMPERE
+    assert lib.nvmlDeviceGetMigMode(handle) == [lib.NVML_DEVICE_MIG_ENABLE, lib.NVML_DEVICE_MIG_ENABLE]
+    mig_uuid = node.inventory.mig_devices[0].uuid
+    mig = lib.nvmlDeviceGetHandleByUUID(mig_uuid)
+    assert lib.nvmlDeviceGetUUID(mig) == mig_uuid
+    assert lib.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    assert lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, 0) == lib.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    with pytest.raises(NVMLError) as bad:
+        lib.nvmlDeviceGetHandleByIndex(8)
+    assert bad.value.value == lib.NVML_ERROR_INVALID_ARGUMENT
+    lib.nvmlShutdown()
+
+
+def test_fake_sysfs_has_the_kernel_layout(backend: Any, tmp_path: Path) -> None:
+    simulated = backend("p5.48xlarge")
+    sys_dir = simulated.sysfs_root / "sys"
+    gpu0 = (sys_dir / "bus" / "pci" / "devices" / "0000:53:00.0").resolve()
+    parts = gpu0.relative_to((sys_dir / "devices").resolve()).parts
+    assert len(parts) == 5 and parts[-1] == "0000:53:00.0"  # bridge, root port, up, down, GPU
+    assert (gpu0 / "vendor").read_text().strip() == "0x10de"
+    efa = (sys_dir / "class" / "infiniband" / "rdmap79s0" / "device").resolve()
+    assert efa.name == "0000:4f:00.0" and efa.parent.parent == gpu0.parent.parent  # same switch
+    assert (efa / "device").read_text().strip() == "0xefa1"
+    assert (sys_dir / "class" / "infiniband_verbs" / "uverbs0" / "ibdev").read_text().strip() == "rdmap79s0"
+    assert not os.path.isabs(os.readlink(sys_dir / "bus" / "pci" / "devices" / "0000:53:00.0"))
+
+
+def test_mig_capable_gpu_unknown_to_the_catalog_is_refused() -> None:
+    document: dict[str, Any] = copy.deepcopy(load_profile("l40s-pcie-8").to_wire())
+    document["spec"]["gpus"][0]["migCapable"] = True
+    with pytest.raises(InvalidInputError, match="GPU 0 \\(NVIDIA L40S\\) is migCapable but the MIG catalog"):
+        SimulatedNode(NodeProfile.parse(document).to_inventory())
