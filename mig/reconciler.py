@@ -140,6 +140,14 @@ class MigReconciler:
             known = ", ".join(str(i) for i in sorted(self._gpus))
             raise MigApplyError(f"no GPU with index {index} on this node (GPUs: {known})") from None
 
+    def mig_gpus(self) -> list[int]:
+        """Indices of the GPUs that support MIG (catalogued model, NVML reports a MIG mode)."""
+        return [
+            index
+            for index, gpu in sorted(self._gpus.items())
+            if self._catalog.supports(gpu.product) and self._ops.mig_mode(index) is not None
+        ]
+
     def model(self, index: int) -> GpuModel:
         return self._catalog.for_product(self.gpu(index).product)
 

@@ -26,6 +26,7 @@ from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, start_node_health
+from gpuweave.node_mig import build_mig_service, register_mig_routes
 from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -125,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    mig = build_mig_service(agent, backend=backend, state_dir=args.state_dir, inventory=backend.discover())
+    mig.start()  # converge journalled MIG layouts before the first device list is served
     agent.start()
+    register_mig_routes(agent, mig)
     health = start_node_health(
         agent,
         backend=backend,

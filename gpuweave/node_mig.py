@@ -1,0 +1,53 @@
+"""Wire the MIG manager into a started-or-starting node agent (part of the node-agent composition root).
+
+It builds the NVML MIG adapter on the backend's own library and per-call timeout wrapper, the
+journal in STATE_DIR, the reconciler with hooks into the agent (withhold devices before they are
+destroyed, refresh lists in place after), converges whatever the journal says was in flight or
+was lost to a reboot, and registers the ``mig.apply``, ``mig.plan`` and ``mig.status`` commands
+on the agent's control socket.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deviceplugin.agent import NodeAgent
+from hardware.backend import GpuBackend
+from hardware.mig_ops import GpuResetter, MigOps, NvidiaSmiResetter
+from hardware.nvml import NvmlBackend
+from hardware.simulated.backend import SimulatedBackend
+from mig.catalog import default_catalog
+from mig.journal import MigJournal
+from mig.reconciler import GpuRef, MigReconciler
+from mig.service import AgentHooks, MigService
+from topology.errors import GpuweaveError
+from topology.inventory import NodeInventory
+
+
+def build_mig_service(
+    agent: NodeAgent, *, backend: GpuBackend, state_dir: Path, inventory: NodeInventory
+) -> MigService:
+    """The MIG service for this node; call ``start()`` on it, then ``register_mig_routes``."""
+    nvml, resetter = _nvml_of(backend)
+    hooks = AgentHooks(agent)
+    reconciler = MigReconciler(
+        ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
+        journal=MigJournal(state_dir),
+        catalog=default_catalog(),
+        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
+        hooks=hooks,
+    )
+    return MigService(reconciler, hooks=hooks)
+
+
+def register_mig_routes(agent: NodeAgent, service: MigService) -> None:
+    for method, handler in service.routes().items():
+        agent.control.add_route(method, handler)
+
+
+def _nvml_of(backend: GpuBackend) -> tuple[NvmlBackend, GpuResetter]:
+    if isinstance(backend, SimulatedBackend):
+        return backend.nvml, backend.node.mig
+    if isinstance(backend, NvmlBackend):
+        return backend, NvidiaSmiResetter()
+    raise GpuweaveError(f"the MIG manager needs an NVML backend, not {type(backend).__name__}")

@@ -1,0 +1,162 @@
+"""The MIG manager as the node agent runs it: control routes, start-up recovery, declared layouts.
+
+The agent composes this (``mig/`` never imports the agent): ``AgentHooks`` adapts any object with
+the agent's ``withhold`` / ``release`` / ``refresh_inventory`` methods to the reconciler's hooks,
+and ``MigService.routes()`` gives the control-socket commands as plain ``params -> dict``
+functions. Requests are validated here (pydantic, at the edge) and answered as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mig.intent import parse_entry, parse_layout_annotation
+from mig.planner import Plan, TargetEntry
+from mig.reconciler import MigReconciler, ReshapeResult
+from topology.errors import InvalidInputError
+
+LOG = logging.getLogger(__name__)
+WITHHOLD_REASON = "MIG reshape: device about to be destroyed"
+
+
+class AgentPort(Protocol):
+    """The part of the node agent the MIG manager uses."""
+
+    def withhold(self, device_ids: Iterable[str], reason: str = ...) -> None: ...
+
+    def release(self, device_ids: Iterable[str]) -> None: ...
+
+    def refresh_inventory(self) -> dict[str, int]: ...
+
+
+class AgentHooks:
+    """Reconciler hooks backed by the agent; quiet until ``attach()`` (recovery runs before serving)."""
+
+    def __init__(self, agent: AgentPort) -> None:
+        self._agent = agent
+        self._live = False
+
+    def attach(self) -> None:
+        self._live = True
+
+    def busy_devices(self) -> Collection[str]:
+        return ()  # NVML's running processes are the truth; the reconciler asks NVML itself
+
+    def withhold(self, device_ids: Collection[str]) -> None:
+        if self._live and device_ids:
+            self._agent.withhold(device_ids, WITHHOLD_REASON)
+
+    def release(self, device_ids: Collection[str]) -> None:
+        if self._live and device_ids:
+            self._agent.release(device_ids)
+
+    def changed(self, gpu_index: int) -> None:
+        if self._live:
+            self._agent.refresh_inventory()
+
+
+class ApplyRequest(BaseModel):
+    """``mig.apply`` / ``mig.plan`` params: a GPU and its target (profiles, or whole GPU)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu: int = Field(ge=0)
+    profiles: list[str] | None = None
+    whole: bool = False
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ApplyRequest:
+        if (self.profiles is None) == (not self.whole):
+            raise ValueError('give either "profiles" (a list, may be empty) or "whole": true')
+        return self
+
+    def target(self) -> list[TargetEntry] | None:
+        return None if self.whole else [parse_entry(p) for p in self.profiles or ()]
+
+
+def _request(params: dict[str, Any]) -> ApplyRequest:
+    try:
+        return ApplyRequest.model_validate(params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "params"
+        raise InvalidInputError(f"bad MIG request at {where}: {first['msg']}") from exc
+
+
+def result_json(result: ReshapeResult) -> dict[str, Any]:
+    return {
+        "gpu": result.gpu_index,
+        "gpuUuid": result.gpu_uuid,
+        "changed": result.changed,
+        "modeChange": result.mode_change,
+        "destroyed": list(result.destroyed),
+        "created": [
+            {"profile": c.profile, "start": c.start, "size": c.size, "uuid": c.mig_uuid}
+            for c in result.created
+        ],
+        "final": [{"profile": p.profile, "start": p.start, "size": p.size} for p in result.final],
+    }
+
+
+def plan_json(plan: Plan, *, gpu: int) -> dict[str, Any]:
+    def placed(profile: str, start: int, size: int) -> dict[str, Any]:
+        return {"profile": profile, "start": start, "size": size}
+
+    return {
+        "gpu": gpu,
+        "model": plan.model,
+        "keep": [placed(i.profile, i.start, i.size) | {"busy": i.busy} for i in plan.keep],
+        "destroy": [placed(i.profile, i.start, i.size) for i in plan.destroy],
+        "create": [placed(p.profile, p.start, p.size) for p in plan.create],
+        "final": [placed(p.profile, p.start, p.size) for p in plan.final],
+    }
+
+
+class MigService:
+    """One per node agent: serializes reshapes through the reconciler and answers control commands."""
+
+    def __init__(self, reconciler: MigReconciler, *, hooks: AgentHooks | None = None) -> None:
+        self.reconciler = reconciler
+        self._hooks = hooks
+
+    def start(self) -> list[ReshapeResult]:
+        """Converge journalled GPUs (crash or reboot), then let reshapes reach the agent."""
+        try:
+            results = self.reconciler.recover()
+        finally:
+            if self._hooks is not None:
+                self._hooks.attach()
+        for result in results:
+            if result.changed:
+                LOG.warning("MIG layout of GPU %d restored from the journal", result.gpu_index)
+        return results
+
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        return {"mig.apply": self.route_apply, "mig.plan": self.route_plan, "mig.status": self.route_status}
+
+    def route_apply(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = _request(params)
+        return result_json(self.reconciler.apply(request.gpu, request.target()))
+
+    def route_plan(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = _request(params)
+        return plan_json(self.reconciler.plan(request.gpu, request.target()), gpu=request.gpu)
+
+    def route_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        gpus: dict[str, Any] = {}
+        for index in self.reconciler.mig_gpus():
+            current = self.reconciler.current(index)
+            gpus[str(index)] = [
+                {"profile": i.profile, "start": i.start, "size": i.size, "busy": i.busy} for i in current
+            ]
+        return {"gpus": gpus}
+
+    def apply_declared(self, annotation: str) -> list[ReshapeResult]:
+        """Apply a ``gpuweave.io/mig-layout`` annotation value, GPU by GPU (unlisted GPUs untouched)."""
+        results: list[ReshapeResult] = []
+        for index, entries in parse_layout_annotation(annotation).items():
+            results.append(self.reconciler.apply(index, None if entries is None else list(entries)))
+        return results
