@@ -1,0 +1,51 @@
+// Command harness runs the real Kubernetes control-plane components on loopback for gpuweave's
+// end-to-end tests: `control-plane` (embedded etcd + kube-apiserver), `kube-scheduler` (the
+// upstream command itself, flags passed through) and `node` (a simulated node whose device
+// handling is the kubelet's device manager and admission path). See docs/e2e.md.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+const usage = `usage: harness <command> [flags]
+
+commands:
+  control-plane --dir DIR      embedded etcd + kube-apiserver; writes DIR/admin.kubeconfig,
+                               DIR/scheduler.kubeconfig, then DIR/ready
+  kube-scheduler [flags]       the upstream kube-scheduler command (e.g. --config FILE)
+  node --name N --kubelet-dir D --control-plane-dir DIR
+                               a node: Node object, kubelet device manager on
+                               D/device-plugins/kubelet.sock, pod admission
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "control-plane":
+		err = runControlPlane(os.Args[2:])
+	case "kube-scheduler":
+		cmd := schedulerapp.NewSchedulerCommand()
+		cmd.SetArgs(os.Args[2:])
+		err = cmd.Execute()
+	case "node":
+		err = runNode(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "harness: unknown command %q\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "harness %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
