@@ -90,7 +90,11 @@ class SimulatedNode:
     # -- faults and gates ----------------------------------------------------------------------
 
     def hang(self, call: str = "*", *, gpu: int | None = None) -> Hang:
-        """Block NVML calls named like ``call`` (on GPU ``gpu``, or all) until the gate is released."""
+        """Block NVML calls named like ``call`` (on GPU ``gpu``, or all) until the gate is released.
+
+        ``call`` is an fnmatch pattern over pynvml function names; MIG calls pass the gate as
+        ``mig`` and health reads as ``health``, so ``"*"`` hangs the whole driver.
+        """
         gate = Hang(call, gpu)
         with self._lock:
             self._hangs.append(gate)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hardware.backend import GpuLostError, HardwareTimeoutError
+from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.lib import SimulatedNvmlLib
@@ -137,3 +138,22 @@ def test_mig_capable_gpu_unknown_to_the_catalog_is_refused() -> None:
     document["spec"]["gpus"][0]["migCapable"] = True
     with pytest.raises(InvalidInputError, match="GPU 0 \\(NVIDIA L40S\\) is migCapable but the MIG catalog"):
         SimulatedNode(NodeProfile.parse(document).to_inventory())
+
+
+def test_discovery_names_switches_in_bus_order_unless_told_their_names(tmp_path: Path) -> None:
+    document: dict[str, Any] = copy.deepcopy(load_profile("a100-pcie-nvbridge-4").to_wire())
+    renames = {"sw0": "left", "sw1": "right"}
+    for switch in document["spec"]["pcieSwitches"]:
+        switch["name"] = renames[switch["name"]]
+    for item in document["spec"]["gpus"] + document["spec"]["nics"]:
+        item["pcieSwitch"] = renames[item["pcieSwitch"]]
+    profile = NodeProfile.parse(document)
+    named = SimulatedBackend(profile, tmp_path / "a")
+    plain = NvmlBackend(lib=named.lib, sysfs_root=named.sysfs_root, node_name=profile.name)
+    try:
+        assert [s.name for s in named.discover().pcie_switches] == ["left", "right"]
+        assert [s.name for s in plain.discover().pcie_switches] == ["sw0", "sw1"]
+        assert [g.pcie_switch for g in plain.discover().gpus] == ["sw0", "sw0", "sw1", "sw1"]
+    finally:
+        plain.close()
+        named.close()
