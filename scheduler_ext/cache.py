@@ -59,6 +59,10 @@ class ClusterCache:
     def node(self, name: str) -> NodeState | None:
         return self._states.get(name)
 
+    def states(self) -> Mapping[str, NodeState]:
+        """The live name -> state map, for lock-free bulk lookups (do not mutate)."""
+        return self._states
+
     def node_names(self) -> list[str]:
         return list(self._states)
 
@@ -102,6 +106,10 @@ class ClusterCache:
         except InvalidInputError as exc:
             LOG.warning("ignoring GpuNodeInventory: %s", exc)
             return
+        self.put_inventory(record)
+
+    def put_inventory(self, record: InventoryRecord) -> None:
+        """Install an already-parsed inventory (benchmarks and what-if runs skip the CR round trip)."""
         self._bases[record.node] = _base_state(self.registry, record)
         self._rebuild(record.node)
 

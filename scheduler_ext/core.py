@@ -13,7 +13,7 @@ hardware, an impossible topology policy); plain ``fits=False`` means freeing dev
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 
 from scheduler_ext.layout import NodeLayout
 from scheduler_ext.planners import Planner
@@ -38,27 +38,34 @@ class DecisionCore:
         self._lock = threading.Lock()
 
     def decide(self, request: PodRequest, node: NodeState | None, *, name: str = "") -> Verdict:
-        return self.decide_many(request, [(name or (node.name if node else ""), node)])[0]
+        name = name or (node.name if node is not None else "")
+        return self.decide_many(request, [name], {name: node} if node is not None else {})[0]
 
     def decide_many(
-        self, request: PodRequest, nodes: Iterable[tuple[str, NodeState | None]]
+        self, request: PodRequest, names: Sequence[str], states: Mapping[str, NodeState]
     ) -> list[Verdict]:
-        """One verdict per (name, state); a None state is a node the cache does not know."""
+        """One verdict per name; a name missing from ``states`` is a node the cache does not know.
+
+        The hot path of filter and prioritize: one dict lookup for the state and one for the
+        memoized verdict per node.
+        """
         if not request.interested:
-            return [PASS_THROUGH for _ in nodes]
+            return [PASS_THROUGH] * len(names)
         if all(c.is_empty for c in request.containers):
-            return [NOTHING_ASKED for _ in nodes]
+            return [NOTHING_ASKED] * len(names)
         memo = self._memo.get(request.signature)
         if memo is None:
             with self._lock:
                 memo = self._memo.setdefault(request.signature, {})
+        lookup, cached = states.get, memo.get
         verdicts = []
-        for name, node in nodes:
+        for name in names:
+            node = lookup(name)
             if node is None:
                 verdicts.append(fail(f"node {name} is not (yet) in the gpuweave extender's cache"))
                 continue
             token = node.token if node.token >= 0 else self.registry.token(node.memo_key)
-            verdict = memo.get(token)
+            verdict = cached(token)
             if verdict is None:
                 verdict = self._decide_uncached(request, node)
                 self._remember(memo, token, verdict)

@@ -6,6 +6,7 @@ text, whose node names and numbers would explode the label space.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -28,6 +29,7 @@ REASON_CLASSES = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def reason_class(reason: str) -> str:
     for needle, label in REASON_CLASSES:
         if needle in reason:

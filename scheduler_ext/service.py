@@ -23,7 +23,6 @@ from scheduler_ext.wire import (
     ExtenderFilterResult,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
-    HostPriority,
     MetaPod,
     MetaVictims,
 )
@@ -67,12 +66,16 @@ class ExtenderService:
         except BadPodRequestError as exc:
             self._observe("filter", 0, {n: str(exc) for n in names})
             return ExtenderFilterResult(NodeNames=[], FailedAndUnresolvableNodes={n: str(exc) for n in names})
-        verdicts = self._verdicts(request, names)
-        passed = [n for n, v in zip(names, verdicts, strict=True) if v.fits]
-        failed = {
-            n: v.reason for n, v in zip(names, verdicts, strict=True) if not v.fits and not v.unresolvable
-        }
-        hopeless = {n: v.reason for n, v in zip(names, verdicts, strict=True) if v.unresolvable}
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        hopeless: dict[str, str] = {}
+        for name, verdict in zip(names, self._verdicts(request, names), strict=True):
+            if verdict.fits:
+                passed.append(name)
+            elif verdict.unresolvable:
+                hopeless[name] = verdict.reason
+            else:
+                failed[name] = verdict.reason
         self._observe("filter", len(passed), {**failed, **hopeless})
         nodes = None
         if args.Nodes is not None and args.NodeNames is None:
@@ -81,20 +84,21 @@ class ExtenderService:
                 update={"items": [n for n in args.Nodes.items or [] if n.metadata.name in keep]}
             )
             return ExtenderFilterResult(Nodes=nodes, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless)
-        return ExtenderFilterResult(NodeNames=passed, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless)
+        return ExtenderFilterResult.model_construct(
+            NodeNames=passed, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless, Nodes=None, Error=""
+        )
 
-    def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> list[HostPriority]:
+    def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> list[tuple[str, int]]:
+        """(host, score 0..10) per node: a HostPriorityList without a model per entry (hot path)."""
         names = self._names(args)
         if not pod_is_ours(pod):
-            return [HostPriority(Host=n, Score=0) for n in names]
+            return [(n, 0) for n in names]
         try:
             request = pod_request(pod)
         except BadPodRequestError:
-            return [HostPriority(Host=n, Score=0) for n in names]
+            return [(n, 0) for n in names]
         verdicts = self._verdicts(request, names)
-        return [
-            HostPriority(Host=n, Score=v.score if v.fits else 0) for n, v in zip(names, verdicts, strict=True)
-        ]
+        return [(n, v.score if v.fits else 0) for n, v in zip(names, verdicts, strict=True)]
 
     def _names(self, args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:
@@ -102,8 +106,7 @@ class ExtenderService:
         return [n.metadata.name for n in (args.Nodes.items or [] if args.Nodes else [])]
 
     def _verdicts(self, request: PodRequest, names: list[str]) -> list[Verdict]:
-        node = self.cache.node
-        return self.core.decide_many(request, [(n, node(n)) for n in names])
+        return self.core.decide_many(request, names, self.cache.states())
 
     def _observe(self, verb: str, passed: int, failed: Mapping[str, str]) -> None:
         if self.observer is not None:

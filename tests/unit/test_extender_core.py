@@ -280,6 +280,6 @@ def test_efa_follows_the_gpus_pcie_switches(core: DecisionCore) -> None:
 def test_memoized_verdicts_are_shared_by_identical_nodes(core: DecisionCore) -> None:
     states = [_state(core, profile_inventory("p5.48xlarge", f"n{i}")) for i in range(20)]
     request = _pod({RESOURCE_GPU: 4})
-    verdicts = core.decide_many(request, [(s.name, s) for s in states])
+    verdicts = core.decide_many(request, [s.name for s in states], {s.name: s for s in states})
     assert len({id(v) for v in verdicts}) == 1
     assert core.memo_size() == 1

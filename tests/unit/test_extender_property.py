@@ -68,10 +68,7 @@ def _schedule(extender: Extender, pod: dict[str, Any], nodes: list[str], pick: i
     passed = extender.service.filter(args, pod).NodeNames or []
     if not passed:
         return False
-    scores = {
-        p.Host: p.Score
-        for p in extender.service.prioritize(args.model_copy(update={"NodeNames": passed}), pod)
-    }
+    scores = dict(extender.service.prioritize(args.model_copy(update={"NodeNames": passed}), pod))
     best = sorted(passed, key=lambda n: (-scores[n], n))[pick % len(passed)]
     meta = pod["metadata"]
     error = extender.service.bind(

@@ -1,0 +1,245 @@
+"""Extender latency: filter+prioritize at 500, 5,000 and 15,000 nodes, in-process and over HTTP.
+
+The cluster mixes the built-in machine profiles, some nodes with shared GPUs, and is pre-loaded
+with bound pods so node states differ. Each measured pod is one filter call with every node name
+(``percentageOfNodesToScore: 100``, the worst case kube-scheduler sends with
+``nodeCacheCapable: true``) and one prioritize call with the nodes that passed; the pod is then
+bound, so states keep changing and the memo sees misses as it would in a cluster.
+
+- ``in-process``: JSON decode, validation, decisions and JSON encode, no socket;
+- ``http``: the same bodies over a keep-alive HTTP/1.1 connection to 127.0.0.1;
+- ``json-floor``: ``json.loads`` + ``json.dumps`` of the same request and response bodies, the
+  floor any extender pays (the target is HTTP p99 <= 4x this floor and <= 20 ms at 5,000 nodes).
+
+Writes ``benchmarks/results/extender.json`` and prints a table.
+
+    .venv/bin/python -m benchmarks.extender [--sizes 500,5000,15000] [--pods N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import platform
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.layout import GpuSharingEntry, ShareMode
+from scheduler_ext.objects import InventoryRecord
+from scheduler_ext.samples import node_object, pod_object, profile_inventory, unique_uuids
+from scheduler_ext.snapshot import SnapshotBinder
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+
+RESULTS = Path(__file__).parent / "results" / "extender.json"
+PROFILES = (
+    "p5.48xlarge",
+    "p4d.24xlarge",
+    "dgx-a100",
+    "dgx-h100",
+    "dgx1-v100",
+    "l40s-pcie-8",
+    "a100-pcie-nvbridge-4",
+)
+POD_MIX: tuple[tuple[dict[str, int], dict[str, str]], ...] = (
+    ({RESOURCE_GPU: 1}, {}),
+    ({RESOURCE_GPU: 2}, {}),
+    ({RESOURCE_GPU: 4}, {ANNOTATION_PLACEMENT: "nvlink-required"}),
+    ({RESOURCE_GPU: 8}, {}),
+    ({RESOURCE_GPU: 4, RESOURCE_EFA: 4}, {ANNOTATION_PLACEMENT: "nic-aligned"}),
+    ({RESOURCE_GPU_COMPUTE: 25}, {}),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    nodes: int
+    mode: str
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+
+
+def build_cluster(size: int, *, rng: random.Random) -> Extender:
+    cache, core = build_core()
+    templates = {p: profile_inventory(p, p) for p in PROFILES}
+    for i in range(size):
+        profile = PROFILES[i % len(PROFILES)]
+        name = f"node-{i:05d}"
+        inventory = unique_uuids(templates[profile], salt=name)
+        inventory = type(inventory)(**{**inventory.__dict__, "name": name})
+        shared = i % 10 == 0  # every tenth node offers two GPUs as fractional shares
+        sharing = {str(g): GpuSharingEntry(ShareMode.FRACTIONAL) for g in (0, 1)} if shared else {}
+        cache.upsert_node(node_object(name, gpus=len(inventory.gpus)))
+        cache.put_inventory(InventoryRecord(name, inventory, frozenset(), sharing))
+    cache.synced.set()
+    extender = assemble(cache, core, SnapshotBinder(cache))
+    preload(extender, size, rng=rng)
+    return extender
+
+
+def preload(extender: Extender, size: int, *, rng: random.Random) -> None:
+    """Bind a pod to about half the nodes so free states vary (1, 2 or 4 GPUs held)."""
+    for i in range(size):
+        if rng.random() < 0.5:
+            continue
+        gpus = rng.choice((1, 2, 4))
+        pod = pod_object(f"pre-{i}", limits={RESOURCE_GPU: gpus})
+        extender.cache.remember_pod(pod)
+        extender.service.bind(
+            ExtenderBindingArgs(
+                PodName=f"pre-{i}",
+                PodNamespace="default",
+                PodUID=pod["metadata"]["uid"],
+                Node=f"node-{i:05d}",
+            )
+        )
+
+
+def in_process(extender: Extender) -> Callable[[str, bytes], bytes]:
+    service = extender.service
+
+    def call(verb: str, body: bytes) -> bytes:
+        decoded = json.loads(body)
+        args = parse(ExtenderArgs, decoded)
+        if verb == "filter":
+            return service.filter(args, decoded["Pod"]).model_dump_json().encode()
+        scores = service.prioritize(args, decoded["Pod"])
+        return json.dumps([{"Host": host, "Score": score} for host, score in scores]).encode()
+
+    return call
+
+
+def over_http(connection: http.client.HTTPConnection) -> Callable[[str, bytes], bytes]:
+    def call(verb: str, body: bytes) -> bytes:
+        connection.request("POST", f"/{verb}", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{verb} answered {response.status}: {data[:200]!r}")
+        return data
+
+    return call
+
+
+def one_pod(
+    call: Callable[[str, bytes], bytes], pod: dict[str, Any], names: list[str]
+) -> tuple[float, list[bytes]]:
+    """Time filter+prioritize for one pod; returns seconds and the four bodies (for the JSON floor)."""
+    filter_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+    started = time.perf_counter()
+    filtered = call("filter", filter_body)
+    passed = json.loads(filtered)["NodeNames"]
+    prioritize_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}).encode()
+    scores = call("prioritize", prioritize_body)
+    elapsed = time.perf_counter() - started
+    return elapsed, [filter_body, filtered, prioritize_body, scores]
+
+
+def json_floor(bodies: list[bytes]) -> float:
+    started = time.perf_counter()
+    for body in bodies:
+        json.dumps(json.loads(body))
+    return time.perf_counter() - started
+
+
+def bind_best(extender: Extender, pod: dict[str, Any], scores_body: bytes) -> None:
+    scores = json.loads(scores_body)
+    if not scores:
+        return
+    best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
+    meta = pod["metadata"]
+    extender.service.bind(
+        ExtenderBindingArgs(PodName=meta["name"], PodNamespace="default", PodUID=meta["uid"], Node=best)
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(size: int, *, pods: int, seed: int) -> list[Row]:
+    rng = random.Random(seed)
+    extender = build_cluster(size, rng=rng)
+    names = extender.cache.node_names()
+    extender.serve(host="127.0.0.1", port=0)
+    assert extender.server is not None
+    host, port = extender.server.server_address[:2]
+    connection = http.client.HTTPConnection(str(host), port, timeout=60)
+    modes: dict[str, list[float]] = {"in-process": [], "http": [], "json-floor": []}
+    callers = {"in-process": in_process(extender), "http": over_http(connection)}
+    try:
+        for i in range(len(POD_MIX)):  # warm-up: one of each request shape, untimed
+            limits, annotations = POD_MIX[i]
+            one_pod(callers["http"], pod_object(f"warm-{i}", limits=limits, annotations=annotations), names)
+        for i in range(pods):
+            limits, annotations = POD_MIX[i % len(POD_MIX)]
+            pod = pod_object(f"bench-{i}", limits=limits, annotations=annotations)
+            order = ("http", "in-process") if i % 2 == 0 else ("in-process", "http")
+            for mode in order:
+                elapsed, bodies = one_pod(callers[mode], pod, names)
+                modes[mode].append(elapsed)
+            modes["json-floor"].append(json_floor(bodies))
+            bind_best(extender, pod, bodies[3])
+    finally:
+        connection.close()
+        extender.close()
+    return [
+        Row(
+            size,
+            mode,
+            len(values),
+            percentile(values, 0.5) * 1e3,
+            percentile(values, 0.99) * 1e3,
+            sum(values) / len(values) * 1e3,
+        )
+        for mode, values in modes.items()
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="500,5000,15000", help="comma-separated node counts")
+    parser.add_argument("--pods", type=int, default=150, help="measured pods per cluster size")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        print(f"measuring {size} nodes ...", flush=True)
+        rows += measure(size, pods=args.pods, seed=args.seed)
+    floors = {r.nodes: r for r in rows if r.mode == "json-floor"}
+    header = ("nodes", "mode", "samples", "p50 ms", "p99 ms", "mean ms", "p99/floor")
+    print("\n{:>6} {:<11} {:>7} {:>8} {:>8} {:>8} {:>9}".format(*header))
+    for row in rows:
+        ratio = row.p99_ms / floors[row.nodes].p99_ms if floors[row.nodes].p99_ms else 0.0
+        print(
+            f"{row.nodes:>6} {row.mode:<11} {row.samples:>7} {row.p50_ms:>8.2f} {row.p99_ms:>8.2f} "
+            f"{row.mean_ms:>8.2f} {ratio:>9.2f}"
+        )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": "extender filter+prioritize",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "targets": {"http_p99_ms_at_5000": 20.0, "http_p99_over_json_floor": 4.0},
+        "rows": [asdict(r) for r in rows],
+    }
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
