@@ -99,7 +99,8 @@ def derive_demand_plans(
     """Per-GPU plans serving as much of the pending MIG requests as fits; unchanged GPUs omitted.
 
     ``pending`` holds each pending pod's MIG requests (profile -> count). Idle instances of a
-    requested profile anywhere on the node serve it first; the rest is placed GPU by GPU.
+    requested profile anywhere on the node serve it first; the rest is placed GPU by GPU, first on
+    GPUs with free room, then on GPUs where idle instances nobody asked for can be destroyed.
     """
     total: Counter[str] = Counter()
     for requests in pending:
@@ -107,20 +108,26 @@ def derive_demand_plans(
     idle = Counter(i.profile for gpu in gpus for i in gpu.instances if not i.busy)
     missing = Counter({p: c - idle[p] for p, c in total.items() if c > idle[p]})
     plans: dict[int, Plan] = {}
-    for gpu in sorted(gpus, key=lambda g: g.index):
-        offered = {p.name for p in gpu.model.profiles}
-        wanted = {p: c for p, c in missing.items() if p in offered and c > 0}
-        if not wanted:
-            continue
-        local_idle = Counter(i.profile for i in gpu.instances if not i.busy)
-        demand = {p: c + local_idle[p] for p, c in wanted.items()}
-        try:
-            plan = plan_demand(gpu.model, gpu.instances, demand)
-        except MigPlanError:
-            continue
-        if plan.is_noop:
-            continue
-        plans[gpu.index] = plan
-        missing.subtract(Counter(p.profile for p in plan.create))
-        missing.update(Counter(i.profile for i in plan.destroy if i.profile in total))
+    for may_destroy in (False, True):  # first where room is free, then by destroying idle instances
+        for gpu in sorted(gpus, key=lambda g: g.index):
+            if gpu.index in plans:
+                continue
+            plan = _demand_plan(gpu, missing)
+            if plan is None or plan.is_noop or (plan.destroy and not may_destroy):
+                continue
+            plans[gpu.index] = plan
+            missing.subtract(Counter(p.profile for p in plan.create))
+            missing.update(Counter(i.profile for i in plan.destroy if i.profile in total))
     return plans
+
+
+def _demand_plan(gpu: GpuMigState, missing: Counter[str]) -> Plan | None:
+    offered = {p.name for p in gpu.model.profiles}
+    wanted = {p: c for p, c in missing.items() if p in offered and c > 0}
+    if not wanted:
+        return None
+    local_idle = Counter(i.profile for i in gpu.instances if not i.busy)
+    try:
+        return plan_demand(gpu.model, gpu.instances, {p: c + local_idle[p] for p, c in wanted.items()})
+    except MigPlanError:
+        return None

@@ -148,6 +148,10 @@ class MigReconciler:
             if self._catalog.supports(gpu.product) and self._ops.mig_mode(index) is not None
         ]
 
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        """(current, pending) MIG mode of a GPU; None when it does not support MIG."""
+        return self._ops.mig_mode(index)
+
     def model(self, index: int) -> GpuModel:
         return self._catalog.for_product(self.gpu(index).product)
 

@@ -8,13 +8,14 @@ functions. Requests are validated here (pydantic, at the edge) and answered as J
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mig.intent import parse_entry, parse_layout_annotation
+from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigReconciler, ReshapeResult
 from topology.errors import InvalidInputError
@@ -135,7 +136,31 @@ class MigService:
         return results
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
-        return {"mig.apply": self.route_apply, "mig.plan": self.route_plan, "mig.status": self.route_status}
+        return {
+            "mig.apply": self.route_apply,
+            "mig.plan": self.route_plan,
+            "mig.status": self.route_status,
+            "mig.declare": self.route_declare,
+            "mig.demand": self.route_demand,
+        }
+
+    def route_declare(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``{"layout": <the gpuweave.io/mig-layout annotation value, as a string or an object>}``."""
+        layout = params.get("layout")
+        if isinstance(layout, dict):
+            layout = json.dumps(layout)
+        if not isinstance(layout, str):
+            raise InvalidInputError('mig.declare needs {"layout": {"gpus": {"3": ["3g.40gb", "3g.40gb"]}}}')
+        return {"results": [result_json(r) for r in self.apply_declared(layout)]}
+
+    def route_demand(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``{"pending": [{"nvidia.com/mig-1g.10gb": 2}, ...]}``: one resource map per pending pod."""
+        pending = params.get("pending")
+        if not isinstance(pending, list) or not all(
+            isinstance(p, dict) and all(isinstance(v, int) for v in p.values()) for p in pending
+        ):
+            raise InvalidInputError('mig.demand needs {"pending": [{"nvidia.com/mig-1g.10gb": 2}, ...]}')
+        return {"results": [result_json(r) for r in self.apply_demand([mig_requests(p) for p in pending])]}
 
     def route_apply(self, params: dict[str, Any]) -> dict[str, Any]:
         request = _request(params)
@@ -153,6 +178,21 @@ class MigService:
                 {"profile": i.profile, "start": i.start, "size": i.size, "busy": i.busy} for i in current
             ]
         return {"gpus": gpus}
+
+    def apply_demand(self, pending: list[dict[str, int]]) -> list[ReshapeResult]:
+        """Reshape MIG-enabled GPUs so pending requests (profile -> count per pod) fit, busy kept."""
+        states = []
+        for index in self.reconciler.mig_gpus():
+            mode = self.reconciler.mig_mode(index)
+            if mode is not None and mode[0]:
+                states.append(
+                    GpuMigState(index, self.reconciler.model(index), self.reconciler.current(index))
+                )
+        results: list[ReshapeResult] = []
+        for index, plan in sorted(derive_demand_plans(pending, states).items()):
+            target = [TargetEntry(p.profile, p.start) for p in plan.final]
+            results.append(self.reconciler.apply(index, target))
+        return results
 
     def apply_declared(self, annotation: str) -> list[ReshapeResult]:
         """Apply a ``gpuweave.io/mig-layout`` annotation value, GPU by GPU (unlisted GPUs untouched)."""

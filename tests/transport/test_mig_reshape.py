@@ -143,3 +143,17 @@ def test_cli_apply_goes_through_the_agent(node: Node, capsys: pytest.CaptureFixt
     assert node.kubelet.wait_for(
         lambda: node.backend.inventory.gpu(5).uuid in node.kubelet.devices(RESOURCE_GPU)
     )
+
+
+def test_declared_layout_then_demand(node: Node) -> None:
+    kubelet = node.kubelet
+    layout = {"gpus": {"1": ["3g.40gb", "3g.40gb"], "2": ["1g.10gb@0"]}}
+    results = call_agent(node.state_dir, "mig.declare", {"layout": layout})["results"]
+    assert [r["gpu"] for r in results] == [1, 2]  # type: ignore[index]
+    assert kubelet.wait_for(lambda: len(kubelet.healthy(MIG_3G)) == 2 and len(kubelet.healthy(MIG_1G)) == 1)
+    pending = [{"nvidia.com/mig-1g.10gb": 2}, {"nvidia.com/mig-1g.10gb": 1, "cpu": 2}]
+    results = call_agent(node.state_dir, "mig.demand", {"pending": pending})["results"]
+    assert [(r["gpu"], len(r["created"])) for r in results] == [(2, 2)]  # type: ignore[index]
+    assert kubelet.wait_for(lambda: len(kubelet.healthy(MIG_1G)) == 3)
+    with pytest.raises(ControlError, match=r"bad gpuweave\.io/mig-layout annotation"):
+        call_agent(node.state_dir, "mig.declare", {"layout": "{}"})

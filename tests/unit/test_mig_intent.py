@@ -78,3 +78,14 @@ def test_profiles_a_model_lacks_are_skipped():
     gpus = [GpuMigState(0, A30, ()), GpuMigState(1, H100, ())]
     plans = derive_demand_plans([{"3g.40gb": 1}], gpus)
     assert list(plans) == [1]
+
+
+def test_demand_prefers_free_room_over_destroying_idle_instances():
+    gpus = [
+        GpuMigState(0, H100, (Instance("3g.40gb", 0, 4), Instance("3g.40gb", 4, 4))),
+        GpuMigState(1, H100, (Instance("1g.10gb", 0, 1),)),
+    ]
+    plans = derive_demand_plans([{"1g.10gb": 3}], gpus)
+    assert list(plans) == [1] and not plans[1].destroy and len(plans[1].create) == 2
+    plans = derive_demand_plans([{"7g.80gb": 1}], gpus[:1])
+    assert [i.start for i in plans[0].destroy] == [0, 4]
