@@ -165,8 +165,12 @@ class NodeProfileSpec(_Model):
         return cls.parse(inventory_to_spec_dict(inventory), source=f"inventory of node {inventory.name}")
 
     def to_wire(self) -> dict[str, Any]:
-        """The JSON-ready mapping (camelCase keys) used in YAML files and the inventory resource."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The JSON-ready mapping (camelCase keys) used in YAML files and the inventory resource.
+
+        Null fields are left out: in this format null and absent mean the same, and the API
+        server prunes nulls anyway, so the wire form carries no nulls at all.
+        """
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 class ProfileMetadata(_Model):
@@ -204,7 +208,7 @@ class NodeProfile(_Model):
         )
 
     def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _profile_error(exc: ValidationError, *, source: str, prefix: str) -> ProfileError:

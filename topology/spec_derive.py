@@ -115,16 +115,6 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
     roots = switch_roots(spec)
     gpus = tuple(_gpu(g, roots, node_name=node_name) for g in sorted(spec.gpus, key=lambda g: g.index))
     uuids = {g.index: g.uuid for g in gpus}
-    bus_ids = nic_bus_ids(spec)
-    uverbs = uverbs_numbers(spec)
-    nics = tuple(
-        inv.Nic(
-            name=n.name, type=n.type, pci_bus_id=bus_ids[n.name], numa_node=n.numa_node,
-            pcie_switch=n.pcie_switch, pcie_root=_root_of(n, roots), uverbs_device=uverbs[n.name],
-            netdev=nic_netdev(n, uverbs[n.name]),
-        )
-        for n in sorted(spec.nics, key=lambda n: bus_ids[n.name])
-    )
     migs = tuple(
         inv.MigDevice(
             uuid=m.uuid or derived_mig_uuid(node_name, m.gpu, m.gpu_instance_id, m.compute_instance_id),
@@ -149,10 +139,23 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
             )
         ),
         nvswitch=_fabric(spec),
-        nics=nics,
+        nics=_nics(spec, roots),
         mig_devices=migs,
         driver_version=spec.driver_version,
         cuda_driver_version=spec.cuda_driver_version,
+    )
+
+
+def _nics(spec: NodeProfileSpec, roots: dict[str, str]) -> tuple[inv.Nic, ...]:
+    bus_ids = nic_bus_ids(spec)
+    uverbs = uverbs_numbers(spec)
+    return tuple(
+        inv.Nic(
+            name=n.name, type=n.type, pci_bus_id=bus_ids[n.name], numa_node=n.numa_node,
+            pcie_switch=n.pcie_switch, pcie_root=_root_of(n, roots), uverbs_device=uverbs[n.name],
+            netdev=nic_netdev(n, uverbs[n.name]),
+        )
+        for n in sorted(spec.nics, key=lambda n: bus_ids[n.name])
     )
 
 

@@ -150,3 +150,24 @@ def test_overlapping_mig_placements_are_rejected() -> None:
     doc["spec"]["migDevices"].append(extra)
     with pytest.raises(ProfileError, match=r"migDevices\[1\]\.placementStart: slots 2..3 on GPU 1 overlap"):
         NodeProfile.parse(doc)
+
+
+def test_the_wire_form_has_no_nulls_and_still_round_trips() -> None:
+    doc = _doc()
+    doc["spec"]["gpus"][0]["pcieSwitch"] = None  # a GPU on a root port
+    doc["spec"]["pcieSwitches"][0]["numaNode"] = 0
+    doc["spec"]["gpus"][1]["pcieSwitch"] = None
+    doc["spec"]["nics"][1]["pcieSwitch"] = None
+    doc["spec"]["pcieSwitches"] = doc["spec"]["pcieSwitches"][1:]
+    inventory = NodeProfile.parse(doc).to_inventory()
+    wire = NodeProfileSpec.from_inventory(inventory).to_wire()
+
+    def nulls(value: Any) -> int:
+        if isinstance(value, dict):
+            return sum(nulls(v) for v in value.values()) + sum(v is None for v in value.values())
+        if isinstance(value, list):
+            return sum(nulls(v) for v in value)
+        return 0
+
+    assert nulls(wire) == 0 and "nvswitch" not in wire
+    assert NodeProfileSpec.parse(wire).to_inventory(node_name="small") == inventory
