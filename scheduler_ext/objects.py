@@ -73,8 +73,10 @@ def inventory_record(obj: Mapping[str, Any]) -> InventoryRecord:
 
 
 def _unhealthy(status: Mapping[str, Any]) -> frozenset[str]:
-    """Withheld device IDs: ``status.unhealthyDevices`` or devices whose health is not Healthy."""
-    ids = {str(d) for d in status.get("unhealthyDevices") or [] if isinstance(d, str | int)}
+    """Device IDs kept from new work: ``status.unhealthyDevices``, ``status.withheld``, or any
+    ``status.devices`` entry whose health is not Healthy (the node agent publishes all three)."""
+    listed = [*(status.get("unhealthyDevices") or []), *(status.get("withheld") or [])]
+    ids = {str(d) for d in listed if isinstance(d, str | int)}
     for device in status.get("devices") or []:
         entry = _mapping(device)
         health = str(entry.get("health") or entry.get("state") or "Healthy").lower()

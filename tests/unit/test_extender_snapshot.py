@@ -1,0 +1,99 @@
+"""Snapshots: the objects the node agent publishes (``gpuweave publish``) plus pods, read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deviceplugin.published import inventory_object as published_inventory
+from deviceplugin.published import node_label_object
+from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from scheduler_ext.app import build_core
+from scheduler_ext.layout import ShareMode
+from scheduler_ext.requests import pod_request
+from scheduler_ext.samples import node_object, pod_object, profile_inventory
+from scheduler_ext.snapshot import load_snapshot
+from topology.assignment import ContainerAssignment, PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from topology.errors import InvalidInputError
+
+
+def _published_yaml(tmp_path: Path) -> tuple[Path, list[str]]:
+    inventory = profile_inventory("p5.48xlarge", "gpu-1")
+    plan = SharingPlan(per_gpu={"7": GpuSharing(SharingMode.FRACTIONAL)})
+    held = [inventory.gpus[0].uuid, inventory.gpus[1].uuid]
+    assignment = PodAssignment(
+        node="gpu-1", containers={"main": ContainerAssignment(devices={RESOURCE_GPU: held})}
+    )
+    bound = pod_object("running", limits={RESOURCE_GPU: 2}, node="gpu-1", phase="Running")
+    bound["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = assignment.to_annotation()
+    finished = pod_object("done", limits={RESOURCE_GPU: 2}, node="gpu-1", phase="Succeeded")
+    finished["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = PodAssignment(
+        node="gpu-1",
+        containers={"main": ContainerAssignment(devices={RESOURCE_GPU: [inventory.gpus[2].uuid]})},
+    ).to_annotation()
+    documents = [
+        {"apiVersion": "v1", "kind": "List", "items": [published_inventory(inventory, sharing=plan)]},
+        {**node_object("gpu-1", gpus=8), **{"metadata": node_label_object(inventory)["metadata"]}},
+        bound,
+        finished,
+    ]
+    path = tmp_path / "published.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    return path, held
+
+
+def test_published_objects_and_pods_rebuild_the_holdings(tmp_path: Path) -> None:
+    path, held = _published_yaml(tmp_path)
+    cache, core = build_core()
+    counts = load_snapshot(path, cache)
+    assert counts == {"GpuNodeInventory": 1, "Node": 1, "Pod": 2}
+    assert cache.synced.is_set()
+    state = cache.node("gpu-1")
+    assert state is not None and state.layout is not None
+    assert set(state.holders) == set(held)  # the Succeeded pod released its GPU
+    assert state.layout.gpu_by_index[7].mode is ShareMode.FRACTIONAL
+    assert core.decide(pod_request(pod_object("six", limits={RESOURCE_GPU: 5})), state).fits
+    assert not core.decide(pod_request(pod_object("seven", limits={RESOURCE_GPU: 6})), state).fits
+    assert core.decide(pod_request(pod_object("share", limits={RESOURCE_GPU_COMPUTE: 40})), state).fits
+
+
+def test_withheld_devices_are_not_offered(tmp_path: Path) -> None:
+    inventory = profile_inventory("dgx-a100", "gpu-2")
+    published = published_inventory(inventory, withheld={inventory.gpus[3].uuid: "Xid 79"})
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps({"kind": "List", "items": [node_object("gpu-2", gpus=8), published]}))
+    cache, core = build_core()
+    load_snapshot(path, cache)
+    verdict = core.decide(pod_request(pod_object("all", limits={RESOURCE_GPU: 8})), cache.node("gpu-2"))
+    assert verdict.unresolvable and "withheld as unhealthy" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("{nope", "neither JSON nor YAML"), ("- 1\n- 2\n", "expected Kubernetes objects")],
+)
+def test_bad_snapshot_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    cache, _ = build_core()
+    with pytest.raises(InvalidInputError, match=message):
+        load_snapshot(path, cache)
+
+
+def test_bad_inventory_is_skipped_not_fatal(tmp_path: Path) -> None:
+    bad = {
+        "apiVersion": "gpuweave.io/v1alpha1",
+        "kind": "GpuNodeInventory",
+        "metadata": {"name": "odd"},
+        "spec": {"gpus": "many"},
+    }
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps({"kind": "List", "items": [node_object("odd"), bad]}))
+    cache, core = build_core()
+    load_snapshot(path, cache)
+    verdict = core.decide(pod_request(pod_object("p", limits={RESOURCE_GPU: 1})), cache.node("odd"))
+    assert verdict.unresolvable and "publishes no GpuNodeInventory" in verdict.reason
