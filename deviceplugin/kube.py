@@ -11,12 +11,17 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client, watch
+from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.handoff import PendingPod, PodView
+from deviceplugin.agent import NodeAgent
+from deviceplugin.errors import DevicePluginError
+from deviceplugin.handoff import HandoffMatcher, PendingPod, PodView
+from deviceplugin.metrics import AgentMetrics
 from deviceplugin.published import inventory_object, node_labels
 from deviceplugin.sharing import SharingPlan
 from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
@@ -184,3 +189,34 @@ class PodWatcher:
                 self._view.remove(pod.metadata.uid)
             else:
                 _upsert(self._view, pod)
+
+
+class KubeParts:
+    """The API-server side of the agent: publisher, pod watcher (handoff) and event reporter."""
+
+    def __init__(self, kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> None:
+        try:
+            self.api = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise DevicePluginError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+        self.view = PodView()
+        self.handoff = HandoffMatcher(
+            self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
+        )
+        self.pods = PodWatcher(self.api, node=node, view=self.view)
+        self.publisher: Publisher | None = None
+
+    def start(self, agent: NodeAgent) -> None:
+        """Publish the agent's inventory and health from now on, and start watching pods."""
+        self.publisher = Publisher(
+            self.api, snapshot=lambda: (agent.inventory, *agent.health_maps()), sharing=agent.config.sharing
+        )
+        agent.add_listener(self.publisher.changed)
+        self.publisher.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.pods.stop()
+        self.api.close()

@@ -8,21 +8,32 @@ from ``GpuweaveError`` print as one line on stderr with exit code 2; no tracebac
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
 from gpuweave import __version__
-from gpuweave.commands import extender, inspect, mig, node_agent, publish, sim, simulate
 from topology.errors import GpuweaveError
 
-COMMAND_MODULES = (simulate, inspect, node_agent, publish, extender, sim, mig)
+# Imported on demand: a long-running command (the node agent) then loads only its own
+# dependencies, which keeps its start-up time and resident memory down.
+COMMAND_MODULE_NAMES = ("simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig")
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command module the arguments name (``node-agent`` -> ``node_agent``), if any."""
+    for arg in argv:
+        name = arg.replace("-", "_")
+        if name in COMMAND_MODULE_NAMES:
+            return name
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuweave",
         description="Share GPUs in Kubernetes and place GPU work by hardware topology.",
@@ -30,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuweave {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level (default WARNING)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMAND_MODULES:
-        module.register(subparsers)
+    for name in (only,) if only else COMMAND_MODULE_NAMES:
+        importlib.import_module(f"gpuweave.commands.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=_command_named(arguments))
+    args = parser.parse_args(arguments)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -15,13 +15,9 @@ import signal
 import socket
 import threading
 from pathlib import Path
-from typing import Any
-
-from kubernetes import config as kube_config
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.handoff import HandoffMatcher, PodView
-from deviceplugin.kube import EventReporter, PodWatcher, Publisher
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
@@ -31,6 +27,9 @@ from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from topology.errors import GpuweaveError
+
+if TYPE_CHECKING:
+    from deviceplugin.kube import KubeParts
 
 log = logging.getLogger(__name__)
 
@@ -72,34 +71,11 @@ def open_backend(args: argparse.Namespace) -> GpuBackend:
     raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
 
 
-class KubeParts:
-    """The API-server side of the agent: publisher, pod watcher (handoff) and event reporter."""
+def open_kube(kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> KubeParts:
+    """The API-server side, imported only with --kubeconfig: --no-kube runs load no kubernetes client."""
+    from deviceplugin.kube import KubeParts  # noqa: PLC0415 (deferred: memory and start-up time)
 
-    def __init__(self, kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> None:
-        try:
-            self.api = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            raise GpuweaveError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
-        self.view = PodView()
-        self.handoff = HandoffMatcher(
-            self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
-        )
-        self.pods = PodWatcher(self.api, node=node, view=self.view)
-        self.publisher: Publisher | None = None
-
-    def start(self, agent: NodeAgent) -> None:
-        self.publisher = Publisher(
-            self.api, snapshot=lambda: (agent.inventory, *agent.health_maps()), sharing=agent.config.sharing
-        )
-        agent.add_listener(self.publisher.changed)
-        self.publisher.start()
-        self.pods.start()
-
-    def stop(self) -> None:
-        if self.publisher is not None:
-            self.publisher.stop()
-        self.pods.stop()
-        self.api.close()
+    return KubeParts(kubeconfig, node=node, metrics=metrics)
 
 
 def build_agent(
@@ -120,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
     metrics = AgentMetrics()
-    kube = KubeParts(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
+    kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
     backend = open_backend(args)
     agent = build_agent(args, backend=backend, kube=kube, metrics=metrics)
     stop = threading.Event()
