@@ -1,0 +1,242 @@
+"""Placement policies: which feasible node, and which GPUs on it, a request gets.
+
+Baselines follow the FGD artifact's scoring plugins (random, best-fit, dot-product, FGD),
+including kube-scheduler's integer scores and random choice among equal top scores. ``gpuweave``
+is our scoring for shares: the exact fragmentation gradient (no integer rounding), ties broken by
+packing, and a look-ahead that keeps whole GPUs for whole-GPU requests (see ``GpuweavePolicy``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from gpuweave.simulate.cluster import ClusterState, Request
+from topology.fragmentation import MILLI_PER_GPU, FloatArray, FragmentModel, IntArray
+
+MAX_NODE_SCORE = 100
+MAX_SPEC_CPU_MILLI = 128_000  # best-fit / dot-product normalisation, as in the FGD artifact
+MAX_SPEC_GPU_MILLI = 8_000
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: int
+    gpus: tuple[int, ...]
+
+
+class PlacementPolicy(Protocol):
+    name: str
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement: ...
+
+
+def pick_top(scores: FloatArray, rng: np.random.Generator) -> int:
+    """Index of a maximum score, uniformly among ties (kube-scheduler's selectHost)."""
+    top = np.flatnonzero(scores == scores.max())
+    return int(top[0]) if len(top) == 1 else int(top[rng.integers(len(top))])
+
+
+def share_gpu_best_fit(cluster: ClusterState, node: int, request: Request) -> int:
+    """The GPU with the least room that still fits the share (first such index)."""
+    free = cluster.gpu_free[node]
+    room = np.where(free >= request.gpu_milli, free, MILLI_PER_GPU + 1)
+    return int(np.argmin(room))
+
+
+def default_gpus(cluster: ClusterState, node: int, request: Request) -> tuple[int, ...]:
+    if request.gpu_count == 0:
+        return ()
+    if request.is_share:
+        return (share_gpu_best_fit(cluster, node, request),)
+    return tuple(cluster.exclusive_gpus(node, request.gpu_count))
+
+
+class RandomPolicy:
+    name = "random"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        node = int(candidates[rng.integers(len(candidates))])
+        if request.is_share:
+            roomy = np.flatnonzero(cluster.gpu_free[node] >= request.gpu_milli)
+            return Placement(node, (int(roomy[rng.integers(len(roomy))]),))
+        return Placement(node, default_gpus(cluster, node, request))
+
+
+class BestFitPolicy:
+    """Least weighted leftover (0.5 CPU + 0.5 GPU, normalised by the largest node spec)."""
+
+    name = "best-fit"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        cpu_left = (cluster.cpu_free[candidates] - request.cpu_milli) / MAX_SPEC_CPU_MILLI
+        gpu_left = (cluster.gpu_free[candidates].sum(axis=1) - request.total_gpu_milli) / MAX_SPEC_GPU_MILLI
+        scores = np.floor((1.0 - 0.5 * cpu_left - 0.5 * gpu_left) * MAX_NODE_SCORE)
+        node = int(candidates[pick_top(scores, rng)])
+        return Placement(node, default_gpus(cluster, node, request))
+
+
+class DotProductPolicy:
+    """Tetris-style: the smallest dot product of free and requested (CPU, GPU), max-normalised."""
+
+    name = "dot-product"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        cpu = cluster.cpu_free[candidates] / MAX_SPEC_CPU_MILLI * (request.cpu_milli / MAX_SPEC_CPU_MILLI)
+        gpu_free = cluster.gpu_free[candidates].sum(axis=1)
+        gpu = gpu_free / MAX_SPEC_GPU_MILLI * (request.total_gpu_milli / MAX_SPEC_GPU_MILLI)
+        scores = np.floor((1.0 - (cpu + gpu) / 2.0) * MAX_NODE_SCORE)
+        node = int(candidates[pick_top(scores, rng)])
+        return Placement(node, default_gpus(cluster, node, request))
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Every way to place a request on the candidate nodes, and the fragment increase of each.
+
+    ``delta`` has shape (candidates, slots): for a share, one column per GPU it could take
+    (``inf`` where it does not fit); for other requests only column 0 is used. ``idle_after`` is
+    the node's idle milli-GPU after that placement.
+    """
+
+    delta: FloatArray
+    idle_after: IntArray
+
+
+def fragment_outcomes(
+    cluster: ClusterState, request: Request, candidates: IntArray, *, model: FragmentModel, before: FloatArray
+) -> Outcomes:
+    """Fragment increase (for ``model``'s target workload) of each way to place ``request``."""
+    gpu_free = cluster.gpu_free[candidates]
+    cpu_after = cluster.cpu_free[candidates] - request.cpu_milli
+    memory_after = cluster.memory_free[candidates] - request.memory_mib
+    kinds = cluster.model_index[candidates]
+    slots = gpu_free.shape[1]
+    if request.is_share:
+        hypothetical = np.repeat(gpu_free[:, None, :], slots, axis=1)
+        diagonal = np.arange(slots)
+        hypothetical[:, diagonal, diagonal] -= request.gpu_milli
+        after = model.fragment(
+            np.repeat(cpu_after, slots),
+            hypothetical.reshape(-1, slots),
+            np.repeat(kinds, slots),
+            np.repeat(memory_after, slots),
+        )
+        delta = np.where(gpu_free >= request.gpu_milli, after.reshape(-1, slots) - before[:, None], np.inf)
+        return Outcomes(delta, hypothetical.sum(axis=2))
+    taken = _exclusive_mask(gpu_free, request.gpu_count)
+    rows = gpu_free - MILLI_PER_GPU * taken
+    delta = np.full(gpu_free.shape, np.inf)
+    delta[:, 0] = model.fragment(cpu_after, rows, kinds, memory_after) - before
+    idle = np.zeros(gpu_free.shape, dtype=np.int64)
+    idle[:, 0] = rows.sum(axis=1)
+    return Outcomes(delta, idle)
+
+
+def _exclusive_mask(gpu_free: IntArray, count: int) -> IntArray:
+    full = gpu_free == MILLI_PER_GPU
+    mask: IntArray = (full & (np.cumsum(full, axis=1) <= count)).astype(np.int64)
+    return mask
+
+
+def _sigmoid(x: FloatArray) -> FloatArray:
+    result: FloatArray = 1.0 / (1.0 + np.exp(-x))
+    return result
+
+
+def _placement(cluster: ClusterState, request: Request, node: int, share_gpu: int) -> Placement:
+    if request.is_share:
+        return Placement(node, (share_gpu,))
+    return Placement(node, default_gpus(cluster, node, request))
+
+
+class FgdPolicy:
+    """FGD as evaluated in the paper: integer score floor(100 * sigmoid(-delta / 1000)), random
+    choice among the top nodes; a share takes the first GPU with the node's best score."""
+
+    name = "fgd"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        outcomes = fragment_outcomes(
+            cluster,
+            request,
+            candidates,
+            model=cluster.fragment_model,
+            before=cluster.node_fragment[candidates],
+        )
+        finite = np.isfinite(outcomes.delta)
+        scores = np.where(finite, np.floor(_sigmoid(-outcomes.delta / 1000.0) * MAX_NODE_SCORE), -1.0)
+        row = pick_top(scores.max(axis=1), rng)
+        return _placement(cluster, request, int(candidates[row]), int(np.argmax(scores[row])))
+
+
+class NodeFragmentCache:
+    """Per-node F_n(M) for a policy's own target workload, refreshed for nodes that changed."""
+
+    def __init__(self, model: FragmentModel) -> None:
+        self.model = model
+        self._values: FloatArray = np.zeros(0)
+        self._versions: IntArray = np.zeros(0, dtype=np.int64)
+
+    def values(self, cluster: ClusterState, nodes: IntArray) -> FloatArray:
+        if len(self._values) != cluster.size:
+            self._values = np.zeros(cluster.size)
+            self._versions = np.full(cluster.size, -1, dtype=np.int64)
+        stale = nodes[self._versions[nodes] != cluster.version[nodes]]
+        if len(stale):
+            self._values[stale] = self.model.fragment(
+                cluster.cpu_free[stale],
+                cluster.gpu_free[stale],
+                cluster.model_index[stale],
+                cluster.memory_free[stale],
+            )
+            self._versions[stale] = cluster.version[stale]
+        result: FloatArray = self._values[nodes]
+        return result
+
+
+class GpuweavePolicy:
+    """gpuweave's scoring for shares and whole GPUs on a node pool.
+
+    1. Fragmentation gradient on a memory-aware target workload (a task needs its typical host
+       memory too, so GPUs stranded by full host memory count as fragment; FGD ignores memory).
+    2. Deltas within ``tolerance_milli`` count as equal (noise in the measure is not signal).
+    3. Among equals, pack: a share goes to the fullest GPU that fits, a pod to the node left
+       with the least idle GPU, then the least free CPU; only then a random choice.
+    """
+
+    name = "gpuweave"
+
+    def __init__(self, model: FragmentModel, *, tolerance_milli: float = 40.0) -> None:
+        self._cache = NodeFragmentCache(model)
+        self._tolerance = tolerance_milli
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        before = self._cache.values(cluster, candidates)
+        outcomes = fragment_outcomes(cluster, request, candidates, model=self._cache.model, before=before)
+        finite = np.isfinite(outcomes.delta)
+        level = np.where(finite, np.round(outcomes.delta / self._tolerance), np.inf)
+        gpu_room = np.where(finite, cluster.gpu_free[candidates], MILLI_PER_GPU + 1)
+        gpu = np.lexsort((gpu_room, level), axis=1)[:, 0]
+        rows = np.arange(len(candidates))
+        cpu_left = cluster.cpu_free[candidates] - request.cpu_milli
+        key = (-cpu_left, -outcomes.idle_after[rows, gpu], -level[rows, gpu])
+        order = np.lexsort(key)
+        best = order[-1]
+        ties = order[np.all([k[order] == k[best] for k in key], axis=0)]
+        row = int(ties[rng.integers(len(ties))]) if len(ties) > 1 else int(best)
+        return _placement(cluster, request, int(candidates[row]), int(gpu[row]))
