@@ -107,6 +107,7 @@ class MigOps:
         self._call = call
         self._resetter = resetter or NvidiaSmiResetter()
         self._profile_cache: dict[int, dict[int, tuple[int, int]]] = {}
+        self._ci_profile_cache: dict[int, list[tuple[int, int]]] = {}  # by GI profile ID
 
     def _nvml(self, name: str, *args: Any) -> Any:
         fn = getattr(self._lib, name)
@@ -211,14 +212,27 @@ class MigOps:
                         profile_id=profile_id,
                         start=int(gi_info.placement.start),
                         size=int(gi_info.placement.size),
-                        computes=self._computes(gi),
+                        computes=self._computes(gi, profile_id),
                     )
                 )
         return tuple(sorted(records, key=lambda r: r.start))
 
-    def _compute_handles(self, gi: Any) -> list[Any]:
-        """Handles of every compute instance in a GPU instance, over all CI profiles."""
+    def _compute_handles(self, gi: Any, gi_profile_id: int) -> list[Any]:
+        """Handles of every compute instance in a GPU instance, over all CI profiles it offers."""
         handles: list[Any] = []
+        for ci_profile_id, capacity in self._ci_profiles(gi, gi_profile_id):
+            array = (self._lib.c_nvmlComputeInstance_t * capacity)()
+            count = ctypes.c_uint(capacity)
+            self._nvml("nvmlGpuInstanceGetComputeInstances", gi, ci_profile_id, array, ctypes.byref(count))
+            handles.extend(array[: count.value])
+        return handles
+
+    def _ci_profiles(self, gi: Any, gi_profile_id: int) -> list[tuple[int, int]]:
+        """(CI profile ID, max count) offered inside GPU instances of one profile; cached (immutable)."""
+        cached = self._ci_profile_cache.get(gi_profile_id)
+        if cached is not None:
+            return cached
+        found: list[tuple[int, int]] = []
         for ci_index in range(COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 profile = self._ci_profile(gi, ci_index)
@@ -226,12 +240,9 @@ class MigOps:
                 if exc.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            capacity = max(1, int(profile.instanceCount))
-            array = (self._lib.c_nvmlComputeInstance_t * capacity)()
-            count = ctypes.c_uint(capacity)
-            self._nvml("nvmlGpuInstanceGetComputeInstances", gi, profile.id, array, ctypes.byref(count))
-            handles.extend(array[: count.value])
-        return handles
+            found.append((int(profile.id), max(1, int(profile.instanceCount))))
+        self._ci_profile_cache[gi_profile_id] = found
+        return found
 
     def _ci_profile(self, gi: Any, ci_index: int) -> Any:
         return self._nvml(
@@ -246,10 +257,10 @@ class MigOps:
             self._nvml("nvmlDeviceGetUUID", self._nvml("nvmlComputeInstanceGetInfo", ci).device)
         )
 
-    def _computes(self, gi: Any) -> tuple[ComputeRecord, ...]:
+    def _computes(self, gi: Any, gi_profile_id: int) -> tuple[ComputeRecord, ...]:
         found = [
             ComputeRecord(int(self._nvml("nvmlComputeInstanceGetInfo", ci).id), self._mig_uuid(ci))
-            for ci in self._compute_handles(gi)
+            for ci in self._compute_handles(gi, gi_profile_id)
         ]
         return tuple(sorted(found, key=lambda c: c.ci_id))
 
@@ -292,6 +303,7 @@ class MigOps:
             if exc.code == NVML_ERROR_NOT_FOUND:
                 return
             raise
-        for ci in self._compute_handles(gi):
+        gi_profile_id = int(self._nvml("nvmlGpuInstanceGetInfo", gi).profileId)
+        for ci in self._compute_handles(gi, gi_profile_id):
             self._nvml("nvmlComputeInstanceDestroy", ci)
         self._nvml("nvmlGpuInstanceDestroy", gi)

@@ -105,6 +105,30 @@ class ReshapeResult:
         return bool(self.destroyed or self.created or self.mode_change)
 
 
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """What NVML (and the agent) said about one GPU at the start of an apply."""
+
+    mode: tuple[bool, bool] | None  # (current, pending) enabled; None: no MIG support
+    records: tuple[GpuInstanceRecord, ...]
+    busy: frozenset[str]
+
+    def record_at(self, start: int, size: int) -> GpuInstanceRecord | None:
+        return next((r for r in self.records if (r.start, r.size) == (start, size)), None)
+
+    def bare_at(self, start: int, size: int, profile_index: int) -> GpuInstanceRecord | None:
+        """A GPU instance of this profile at this placement with no compute instance (crash leftover)."""
+        record = self.record_at(start, size)
+        if record is None or record.computes or record.profile_index != profile_index:
+            return None
+        return record
+
+    def devices_of(self, instances: Sequence[Instance]) -> list[str]:
+        """MIG UUIDs of the given instances (matched by GI id, as ``current`` keys them)."""
+        keys = {i.key for i in instances}
+        return [c.mig_uuid for r in self.records if str(r.gi_id) in keys for c in r.computes]
+
+
 FaultHook = Callable[[str], None]
 
 
@@ -155,23 +179,26 @@ class MigReconciler:
     def model(self, index: int) -> GpuModel:
         return self._catalog.for_product(self.gpu(index).product)
 
-    def current(self, index: int) -> tuple[Instance, ...]:
-        """The GPU's instances as the planner sees them (busy = a pod holds its MIG device)."""
+    def snapshot(self, index: int) -> GpuSnapshot:
+        """One read of the GPU: MIG mode, instances, and which devices are busy."""
         mode = self._ops.mig_mode(index)
-        if mode is None or not mode[0]:
-            return ()
-        busy = self._busy(index)
-        return tuple(self._as_instance(index, r, busy) for r in self._ops.instances(index))
+        records = self._ops.instances(index) if mode is not None and mode[0] else ()
+        busy = set(self._hooks.busy_devices()) | self._ops.busy_devices(index)
+        return GpuSnapshot(mode, records, frozenset(busy))
 
-    def _busy(self, index: int) -> set[str]:
-        """Devices pods hold (the agent's view) plus devices running processes (NVML's view)."""
-        return set(self._hooks.busy_devices()) | self._ops.busy_devices(index)
+    def current(self, index: int) -> tuple[Instance, ...]:
+        """The GPU's instances as the planner sees them (busy = a pod or a process holds its device)."""
+        return self._instances(index, self.snapshot(index))
 
-    def _as_instance(self, index: int, record: GpuInstanceRecord, busy: set[str]) -> Instance:
-        profile = self.model(index).profile_by_index(record.profile_index)
-        name = profile.name if profile else f"profile-{record.profile_id}"
-        held = any(c.mig_uuid in busy for c in record.computes)
-        return Instance(name, record.start, record.size, busy=held, key=str(record.gi_id))
+    def _instances(self, index: int, snap: GpuSnapshot) -> tuple[Instance, ...]:
+        model = self.model(index)
+        found = []
+        for record in snap.records:
+            profile = model.profile_by_index(record.profile_index)
+            name = profile.name if profile else f"profile-{record.profile_id}"
+            held = any(c.mig_uuid in snap.busy for c in record.computes)
+            found.append(Instance(name, record.start, record.size, busy=held, key=str(record.gi_id)))
+        return tuple(found)
 
     def plan(self, index: int, target: Sequence[TargetEntry] | None) -> Plan:
         """The plan ``apply`` would carry out now (``target`` None: whole GPU, MIG off)."""
@@ -200,23 +227,20 @@ class MigReconciler:
 
     def _apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
         gpu, model = self.gpu(index), self.model(index)
-        mode = self._ops.mig_mode(index)
-        if mode is None:
+        snap = self.snapshot(index)
+        if snap.mode is None:
             raise MigApplyError(f"GPU {index} ({gpu.product}) does not support MIG")
-        busy = self._busy(index)
-        current = self.current(index)
-        plan = plan_layout(model, current, target or ())
-        steps = self._steps(index, model, mode, plan, whole=target is None, busy=busy)
+        plan = plan_layout(model, self._instances(index, snap), target or ())
+        steps = self._steps(index, model, snap, plan, whole=target is None)
         final = None if target is None else plan.final
         self._journal.record(GpuRecord(gpu.uuid, model.key, final, tuple(steps), 0, self._clock()))
-        doomed = self._devices_of(index, plan.destroy)
-        if target is None and mode[0] is False:
-            doomed = []
-        withheld = [*doomed, gpu.uuid] if any(s.op == "enable-mig" for s in steps) else doomed
+        withheld = snap.devices_of(plan.destroy)
+        if any(s.op == "enable-mig" for s in steps):
+            withheld.append(gpu.uuid)
         if withheld:
             self._hooks.withhold(withheld)
         try:
-            result = self._run(index, model, steps, final)
+            result = self._run(index, model, steps, final, snap)
         except BaseException:
             if steps:
                 self._hooks.changed(index)  # show what NVML has now; the journal keeps the target
@@ -230,63 +254,44 @@ class MigReconciler:
         return result
 
     def _steps(
-        self,
-        index: int,
-        model: GpuModel,
-        mode: tuple[bool, bool],
-        plan: Plan,
-        *,
-        whole: bool,
-        busy: set[str],
+        self, index: int, model: GpuModel, snap: GpuSnapshot, plan: Plan, *, whole: bool
     ) -> list[Step]:
-        current, pending = mode
+        current, pending = snap.mode or (False, False)
         steps: list[Step] = []
         if not whole and (not current or not pending):
-            self._require_idle_gpu(index, model, busy, wanted="enable")
+            self._require_idle_gpu(index, model, snap, wanted="enable")
             steps.append(Step("enable-mig"))
             if model.resets_for_mode_change:
                 steps.append(Step("reset"))
         steps += [Step("destroy", i.profile, i.start, i.size) for i in plan.destroy]
-        steps += [Step("create", i.profile, i.start, i.size) for i in self._incomplete(index, plan.keep)]
+        bare = {str(r.gi_id) for r in snap.records if not r.computes}  # a crash between the two creates
+        steps += [Step("create", i.profile, i.start, i.size) for i in plan.keep if i.key in bare]
         steps += [Step("create", p.profile, p.start, p.size) for p in plan.create]
         if whole and (current or pending):
-            self._require_idle_gpu(index, model, busy, wanted="disable")
+            self._require_idle_gpu(index, model, snap, wanted="disable")
             steps.append(Step("disable-mig"))
             if model.resets_for_mode_change:
                 steps.append(Step("reset"))
         return steps
 
-    def _incomplete(self, index: int, kept: Sequence[Instance]) -> list[Instance]:
-        """Kept GPU instances that lack their compute instance (a crash between the two creates)."""
-        if not kept:
-            return []
-        bare = {str(r.gi_id) for r in self._ops.instances(index) if not r.computes}
-        return [i for i in kept if i.key in bare]
-
-    def _require_idle_gpu(self, index: int, model: GpuModel, busy: set[str], *, wanted: str) -> None:
+    def _require_idle_gpu(self, index: int, model: GpuModel, snap: GpuSnapshot, *, wanted: str) -> None:
         gpu = self.gpu(index)
-        held = [d for d in self._devices_of(index, self.current(index)) if d in busy]
-        if gpu.uuid in busy or held:
-            what = "a pod holds the whole GPU" if gpu.uuid in busy else f"pods hold {', '.join(held)}"
+        held = [c.mig_uuid for r in snap.records for c in r.computes if c.mig_uuid in snap.busy]
+        if gpu.uuid in snap.busy or held:
+            what = "a pod holds the whole GPU" if gpu.uuid in snap.busy else f"pods hold {', '.join(held)}"
             generation = "Ampere resets the GPU" if model.resets_for_mode_change else "the GPU must be idle"
             raise MigPlanError(
                 f"cannot {wanted} MIG mode on GPU {index} ({model.key}): {what}; {generation}, "
                 "so drain those pods first"
             )
 
-    def _devices_of(self, index: int, instances: Sequence[Instance]) -> list[str]:
-        """MIG UUIDs of the given instances (matched by GI id, as ``current`` keys them)."""
-        if not instances:
-            return []
-        keys = {i.key for i in instances}
-        uuids: list[str] = []
-        for record in self._ops.instances(index):
-            if str(record.gi_id) in keys:
-                uuids.extend(c.mig_uuid for c in record.computes)
-        return uuids
-
     def _run(
-        self, index: int, model: GpuModel, steps: Sequence[Step], final: tuple[PlannedInstance, ...] | None
+        self,
+        index: int,
+        model: GpuModel,
+        steps: Sequence[Step],
+        final: tuple[PlannedInstance, ...] | None,
+        snap: GpuSnapshot,
     ) -> ReshapeResult:
         gpu = self.gpu(index)
         destroyed: list[str] = []
@@ -295,9 +300,10 @@ class MigReconciler:
         for number, step in enumerate(steps):
             self._fault(f"step-{number}:{step.op}:before")
             if step.op == "destroy":
-                destroyed.append(self._destroy(index, step))
+                destroyed.append(self._destroy(index, step, snap.record_at(step.start, step.size)))
             elif step.op == "create":
-                created.append(self._create(index, model, step, number))
+                bare = snap.bare_at(step.start, step.size, model.profile(step.profile).profile_index)
+                created.append(self._create(index, model, step, number, bare))
             elif step.op in ("enable-mig", "disable-mig"):
                 mode_change = self._set_mode(index, enabled=step.op == "enable-mig")
             else:
@@ -306,8 +312,7 @@ class MigReconciler:
         self._verify(index, model, final)
         return ReshapeResult(index, gpu.uuid, tuple(destroyed), tuple(created), mode_change, final or ())
 
-    def _destroy(self, index: int, step: Step) -> str:
-        record = self._record_at(index, step.start, step.size)
+    def _destroy(self, index: int, step: Step, record: GpuInstanceRecord | None) -> str:
         if record is None:
             return f"{step.profile} at {step.start}:{step.size} (already gone)"
         try:
@@ -322,17 +327,17 @@ class MigReconciler:
         uuids = ", ".join(c.mig_uuid for c in record.computes) or "no compute instance"
         return f"{step.profile} at {step.start}:{step.size} ({uuids})"
 
-    def _create(self, index: int, model: GpuModel, step: Step, number: int) -> CreatedDevice:
+    def _create(
+        self, index: int, model: GpuModel, step: Step, number: int, record: GpuInstanceRecord | None
+    ) -> CreatedDevice:
+        """Create at the step's placement, or complete ``record``: a GPU instance left without its CI."""
         profile = model.profile(step.profile)
-        record = self._record_at(index, step.start, step.size)
         if record is None:
             profile_id = self._ops.profile_ids(index)[profile.profile_index]
             gi_id = self._ops.create_gpu_instance_only(
                 index, profile_id=profile_id, start=step.start, size=step.size
             )
             self._fault(f"step-{number}:create:gi-created")
-        elif record.computes:
-            return CreatedDevice(step.profile, step.start, step.size, record.computes[0].mig_uuid)
         else:
             gi_id = record.gi_id
         mig_uuid = self._ops.complete(index, gi_id=gi_id, ci_profile_index=profile.ci_profile_index)
@@ -345,12 +350,6 @@ class MigReconciler:
                 f"GPU {index} is in use; MIG mode change refused (NVML IN_USE); drain it first"
             )
         return "enabled" if enabled else "disabled"
-
-    def _record_at(self, index: int, start: int, size: int) -> GpuInstanceRecord | None:
-        mode = self._ops.mig_mode(index)
-        if mode is None or not mode[0]:
-            return None
-        return next((r for r in self._ops.instances(index) if (r.start, r.size) == (start, size)), None)
 
     def _verify(self, index: int, model: GpuModel, final: tuple[PlannedInstance, ...] | None) -> None:
         mode = self._ops.mig_mode(index)

@@ -280,3 +280,11 @@ def test_through_the_backends_timeout_wrapper_in_use_keeps_its_code(tmp_path):
         assert caught.value.code == 19
     finally:
         caller.close()
+
+
+def test_new_profile_at_a_destroyed_instances_placement(tmp_path):
+    lib, reconciler, _ = make("dgx-a100", tmp_path)
+    reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")])
+    result = reconciler.apply(3, [TargetEntry("4g.40gb"), TargetEntry("2g.20gb"), TargetEntry("1g.10gb")])
+    assert [(c.profile, c.start) for c in result.created] == [("4g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)]
+    assert layout(lib, 3) == [("1g.10gb", 6, 1), ("2g.20gb", 4, 1), ("4g.40gb", 0, 1)]
