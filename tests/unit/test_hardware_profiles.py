@@ -56,7 +56,7 @@ def test_dgx1_cube_mesh_gives_every_gpu_six_lanes_and_no_nvswitch() -> None:
     assert inventory.nvswitch is None
     assert dict(lanes) == dict.fromkeys(range(8), 6)
     doubles = {(nl.gpu_a, nl.gpu_b) for nl in inventory.nvlinks if nl.links == 2}
-    assert {(0, 3), (1, 2), (0, 4), (3, 7)} <= doubles
+    assert doubles == {(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)}
 
 
 def test_pcie_only_and_bridged_profiles() -> None:
