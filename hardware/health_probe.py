@@ -8,6 +8,7 @@ not judge health (``health/`` does). Calls may hang: callers run them under thei
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ NO_INSTANCE = 0xFFFFFFFF
 
 # NVML constants (nvml.h); read from the library when it defines them.
 _XID_EVENT, _DBE_EVENT = 0x8, 0x2
-_ERROR_NOT_SUPPORTED, _ERROR_TIMEOUT, _ERROR_GPU_IS_LOST, _ERROR_INVALID_ARGUMENT = 3, 10, 15, 2
+_ERROR_NOT_SUPPORTED, _ERROR_TIMEOUT, _ERROR_GPU_IS_LOST, _ERROR_IN_USE = 3, 10, 15, 19
 _MEMORY_ERROR_UNCORRECTED, _MEMORY_ERROR_CORRECTED, _VOLATILE_ECC = 1, 0, 0
 _TEMPERATURE_GPU = 0
 
@@ -37,7 +38,11 @@ class ProbeError(GpuweaveError):
 
 
 class ResetRefusedError(GpuweaveError):
-    """A GPU reset was refused (processes still use the GPU, or the tool failed)."""
+    """A GPU reset failed (the tool failed or the GPU did not come back)."""
+
+
+class GpuInUseError(ResetRefusedError):
+    """A GPU reset was refused because something still uses the GPU: retry once it is idle."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class NvmlHealthProbe:
         self._sysfs_root = sysfs_root
         self._reset = reset or nvidia_smi_reset
         self._event_set: Any = None
+        self._uuid_by_handle: dict[Any, str] = {}
 
     def _const(self, name: str, default: int) -> int:
         return int(getattr(self._lib, name, default))
@@ -126,6 +132,7 @@ class NvmlHealthProbe:
         for uuid in gpu_uuids:
             try:
                 handle = self._handle(uuid)
+                self._uuid_by_handle[_handle_key(handle)] = uuid
                 self._call(
                     f"register events on {uuid}",
                     partial(lib.nvmlDeviceRegisterEvents, handle, mask, self._event_set),
@@ -145,7 +152,9 @@ class NvmlHealthProbe:
             if exc.kind == "timeout":
                 return None
             raise
-        uuid = self._call("event device UUID", lambda: _text(lib.nvmlDeviceGetUUID(data.device)))
+        uuid = self._uuid_by_handle.get(_handle_key(data.device))  # a lost GPU cannot name itself
+        if uuid is None:
+            uuid = self._call("event device UUID", lambda: _text(lib.nvmlDeviceGetUUID(data.device)))
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return XidEvent(
             gpu_uuid=uuid,
@@ -212,9 +221,18 @@ class NvmlHealthProbe:
         return bool(procs)
 
     def reset_gpu(self, uuid: str) -> None:
+        """Reset one GPU; ``GpuInUseError`` when processes still hold it (not a failed reset)."""
         if self.gpu_busy(uuid):
-            raise ResetRefusedError(f"GPU {uuid} still runs compute processes; reset after they exit")
-        self._reset(uuid)
+            raise GpuInUseError(f"GPU {uuid} still runs compute processes; reset after they exit")
+        try:
+            self._reset(uuid)
+        except ResetRefusedError:
+            raise
+        except Exception as exc:
+            code = getattr(exc, "code", getattr(exc, "value", None))
+            if code == _ERROR_IN_USE:
+                raise GpuInUseError(f"GPU {uuid} is in use: {exc}; reset after its users exit") from exc
+            raise ResetRefusedError(f"reset of GPU {uuid} failed: {exc}") from exc
 
     def read_efa(self) -> tuple[EfaAdapter, ...]:
         """EFA adapters found by PCI vendor/device (never by name) with their netdev link state."""
@@ -248,8 +266,11 @@ def nvidia_smi_reset(uuid: str, *, timeout_s: float = 120.0) -> None:
             f"nvidia-smi -r -i {uuid} failed: {exc}; a node reboot may be needed"
         ) from exc
     if done.returncode != 0:
-        message = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
-        raise ResetRefusedError(f"nvidia-smi -r -i {uuid} exited {done.returncode}: {message[0]}")
+        output = (done.stdout + done.stderr).strip()
+        last = (output.splitlines() or ["no output"])[-1]
+        if "in use" in output.lower():
+            raise GpuInUseError(f"nvidia-smi -r -i {uuid}: {last}")
+        raise ResetRefusedError(f"nvidia-smi -r -i {uuid} exited {done.returncode}: {last}")
 
 
 def _read(path: Path) -> str | None:
@@ -257,6 +278,14 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8").strip()
     except OSError:
         return None
+
+
+def _handle_key(handle: Any) -> Any:
+    """A hashable identity for a device handle: the pointer value of a ctypes handle, else the handle."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
 
 
 def _text(value: Any) -> str:

@@ -29,6 +29,7 @@ from health.xid import Action, Severity, XidTable, is_grace_part, table_for
 from topology.inventory import NodeInventory
 
 Clock = Callable[[], float]
+XID_DEDUP_S = 30.0  # an NVML event and its kernel-log line arrive within this of each other
 
 
 class HealthEngine:
@@ -43,6 +44,7 @@ class HealthEngine:
         self.efa_up: dict[str, bool] = {}
         self.gate = StartupGate(settings.startup_rounds)
         self.fault_observers: list[Callable[[str, Fault], None]] = []
+        self._seen_xids: dict[tuple[str, int], list[tuple[str, float]]] = {}  # (GPU, Xid) -> (source, at)
         self.update_inventory(inventory)
 
     def update_inventory(self, inventory: NodeInventory) -> None:
@@ -108,10 +110,15 @@ class HealthEngine:
         compute_instance: int | None = None,
         nonfatal_hint: bool = False,
         at_boot: bool = False,
+        source: str = "nvml",
     ) -> Severity:
-        """Grade an Xid by the GPU's family table and apply it to the GPU or the named MIG device."""
+        """Grade an Xid by the GPU's family table and apply it to the GPU or the named MIG device.
+
+        The driver reports one Xid twice, as an NVML event and as a kernel-log line; whichever
+        arrives first counts and the other one (same GPU and Xid, within ``XID_DEDUP_S``) is dropped.
+        """
         table = self._tables.get(gpu_uuid)
-        if table is None:
+        if table is None or self._duplicate(gpu_uuid, xid, source):
             return Severity.IGNORED
         rule = table.rule(xid, at_boot=at_boot, nonfatal_hint=nonfatal_hint)
         target = mig_target(
@@ -132,6 +139,17 @@ class HealthEngine:
         self.apply(device, fault)
         return severity
 
+    def _duplicate(self, gpu_uuid: str, xid: int, source: str) -> bool:
+        now = self._clock()
+        seen = [(s, t) for s, t in self._seen_xids.get((gpu_uuid, xid), []) if now - t < XID_DEDUP_S]
+        for entry in seen:
+            if entry[0] != source:
+                seen.remove(entry)
+                self._seen_xids[(gpu_uuid, xid)] = seen
+                return True
+        self._seen_xids[(gpu_uuid, xid)] = [*seen, (source, now)]
+        return False
+
     def on_kernel_record(self, record: KernelRecord, *, at_boot: bool) -> None:
         if isinstance(record, KernelSxid):
             if record.fatal:
@@ -148,6 +166,7 @@ class HealthEngine:
                 compute_instance=record.compute_instance,
                 nonfatal_hint=record.nonfatal_hint,
                 at_boot=at_boot,
+                source="kmsg",
             )
 
     def on_findings(self, gpu_uuid: str, findings: Iterable[Finding]) -> bool:

@@ -186,7 +186,7 @@ class HealthMonitor:
                 state = snap.state_of(device)
                 reason = self._reason(snap, device)
                 now = (snap.is_healthy(device), f"{state}: {reason}" if reason else str(state))
-                if self._pushed.get(device) != now:
+                if self._pushed.get(device, (None, ""))[0] != now[0]:  # the kubelet only sees the flip
                     self._pushed[device] = now
                     changes.append((device, *now))
         for device, healthy, reason in changes:

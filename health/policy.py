@@ -83,9 +83,12 @@ class RemediationStarted:
 
 @dataclass(frozen=True)
 class RemediationFinished:
+    """``retry``: the step could not run yet (the GPU is still in use); it is not a failed attempt."""
+
     at: float
     ok: bool
     detail: str = ""
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,8 @@ def step(record: DeviceRecord, event: Event, settings: PolicySettings) -> Device
             record, DeviceState.PROBATION, event.at, f"probation after {record.action}", clean_rounds=0
         )
     detail = event.detail or "remediation failed"
-    return _enter(record, DeviceState.FAILED, event.at, detail, attempts=record.attempts + 1, action=None)
+    attempts = record.attempts + (0 if event.retry else 1)
+    return _enter(record, DeviceState.FAILED, event.at, detail, attempts=attempts, action=None)
 
 
 # --- tolerance windows ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hardware.health_probe import GpuInUseError
 from health.badlist import BadGpu, BadHardwareList
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor
@@ -137,7 +138,7 @@ class Remediator:
         with monitor.lock:
             engine.apply(device, RemediationStarted(monitor.now(), action))
         monitor.publish()
-        ok, detail = True, ""
+        ok, detail, retry = True, "", False
         try:
             if action is Action.RECREATE_MIG:
                 placement = engine.mig_placement(device)
@@ -146,11 +147,16 @@ class Remediator:
                 self.recreate_mig(*placement)
             else:
                 self.device_ops.reset_gpu(gpu)
+        except GpuInUseError as exc:
+            ok, detail, retry = False, f"{action} waits: {exc}", True
         except Exception as exc:
             ok, detail = False, f"{action} failed: {exc}"
             log.warning("remediation of %s: %s", device, detail)
         with monitor.lock:
-            engine.apply(device, RemediationFinished(monitor.now(), ok, detail))
+            engine.apply(device, RemediationFinished(monitor.now(), ok, detail, retry=retry))
+        if retry:
+            monitor.publish()
+            return
         if self.metrics is not None:
             self.metrics.remediations.labels(action.value, "ok" if ok else "failed").inc()
         self._event(

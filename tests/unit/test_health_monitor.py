@@ -13,8 +13,9 @@ from hardware.simulated.health_calls import HealthCallsMixin, SimHealthState
 from health.config import HealthSettings
 from health.engine import HealthEngine
 from health.monitor import HealthMonitor
-from health.policy import DeviceState
+from health.policy import DeviceState, RemediationFinished, RemediationStarted
 from health.signals.kmsg import KernelLogTail
+from health.xid import Action
 from tests.support.small_inventory import gpu_uuid, small_inventory
 
 
@@ -213,3 +214,23 @@ def test_efa_missing_and_link_down_are_node_faults(
     monitor.run_round()
     assert not monitor.snapshot().node_faults
     assert sink.health[names[0]] is True
+
+
+def test_an_xid_seen_as_event_and_kernel_line_counts_once(
+    node: tuple[HealthMonitor, SimHealthState, Sink, FakeClock],
+) -> None:
+    monitor, state, _, clock = node
+    state.inject_xid(4, 79)  # queues the NVML event and writes the kernel-log line
+    deliver(monitor)
+    monitor.run_round()
+    assert monitor.snapshot().gpus[gpu_uuid(4)].strikes == 1
+    uuid = gpu_uuid(4)
+    with monitor.lock:  # the GPU was reset (this monitor has no remediation hook of its own)
+        monitor.engine.apply(uuid, RemediationStarted(clock.now, Action.RESET_GPU))
+        monitor.engine.apply(uuid, RemediationFinished(clock.now, ok=True))
+    clock.now += 60
+    state.write_kernel_log("NVRM: Xid (PCI:0000:14:00): 79, pid=1, GPU has fallen off the bus.")
+    state.gpus[4].lost = False
+    monitor.run_round()  # a later, separate Xid 79 from the kernel log alone is a new failure
+    record = monitor.snapshot().gpus[gpu_uuid(4)]
+    assert (record.state, record.strikes) == (DeviceState.FAILED, 2)
