@@ -53,13 +53,13 @@ class Watcher(threading.Thread):
         super().__init__(name=f"gpuweave-watch-{kind.name}", daemon=True)
         self.kind = kind
         self._on_first_list = on_first_list
-        self._stop = stop
+        self._halt = stop
         self._known: dict[str, Mapping[str, Any]] = {}
         self._watch: watch.Watch | None = None
 
     def run(self) -> None:
         listed = False
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 version = self._relist()
                 if not listed:
@@ -67,13 +67,13 @@ class Watcher(threading.Thread):
                     self._on_first_list()
                 self._follow(version)
             except (ApiException, HTTPError, OSError, ValueError) as exc:
-                if self._stop.is_set():
+                if self._halt.is_set():
                     return
                 LOG.warning("watch of %s broke (%s); listing again", self.kind.name, exc)
-                self._stop.wait(RETRY_DELAY_S)
+                self._halt.wait(RETRY_DELAY_S)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         if self._watch is not None:
             self._watch.stop()  # type: ignore[no-untyped-call]
 
@@ -99,7 +99,7 @@ class Watcher(threading.Thread):
             allow_watch_bookmarks=True,
         )
         for event in stream:
-            if self._stop.is_set():
+            if self._halt.is_set():
                 return
             kind, raw = str(event.get("type")), event.get("raw_object")
             if kind == "ERROR" or not isinstance(raw, Mapping):
@@ -189,7 +189,7 @@ class KubeFeed:
     """The watcher threads of one extender; ``stop`` ends them."""
 
     def __init__(self, cache: ClusterCache, api: client.ApiClient) -> None:
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         kinds = watched_kinds(cache, api)
         remaining = [len(kinds)]
         lock = threading.Lock()
@@ -200,7 +200,7 @@ class KubeFeed:
                 if remaining[0] == 0:
                     cache.synced.set()
 
-        self.watchers = [Watcher(k, on_first_list=first_list_done, stop=self._stop) for k in kinds]
+        self.watchers = [Watcher(k, on_first_list=first_list_done, stop=self._halt) for k in kinds]
 
     def start(self) -> None:
         for watcher in self.watchers:
@@ -210,7 +210,7 @@ class KubeFeed:
         for watcher in self.watchers:
             watcher.stop()
         for watcher in self.watchers:
-            watcher.join(timeout=5)
+            watcher.join(timeout=1)  # a watch blocked on a quiet stream ends at its server-side timeout
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:

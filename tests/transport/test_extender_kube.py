@@ -1,0 +1,202 @@
+"""Cluster mode against a real kube-apiserver (tests/e2e/harness): watches, bind, rollback, restart.
+
+The extender lists and watches Nodes, GpuNodeInventory objects and Pods through the real
+``kubernetes`` client, writes the assignment annotation and the Binding through the API, and
+rebuilds its holdings from the annotations after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from scheduler_ext.app import Extender
+from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
+from topology.assignment import PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
+CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
+NODES = ("gpu-a", "gpu-b")
+
+
+def _wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not HARNESS.exists():
+        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
+    directory = tmp_path_factory.mktemp("control-plane")
+    log = (directory / "harness.log").open("wb")
+    process = subprocess.Popen(
+        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
+    )
+    try:
+        _wait(
+            "kube-apiserver",
+            lambda: (directory / "ready").exists() or process.poll() is not None,
+            timeout=180,
+        )
+        if process.poll() is not None:
+            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
+        path = str(directory / "admin.kubeconfig")
+        _seed(path)
+        yield path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _api(kubeconfig: str) -> client.ApiClient:
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+def _seed(kubeconfig: str) -> None:
+    with _api(kubeconfig) as api:
+        extensions = client.ApiextensionsV1Api(api)
+        extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+        _wait("CRD established", lambda: _established(extensions))
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        core.create_namespaced_service_account(
+            "default", {"metadata": {"name": "default"}}
+        )  # no controllers run
+        for name in NODES:
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            body = inventory_object(profile_inventory("p5.48xlarge", name))
+            body["metadata"]["name"] = name
+            status = body.pop("status")
+            created = custom.create_cluster_custom_object(
+                "gpuweave.io", "v1alpha1", "gpunodeinventories", body
+            )
+            created["status"] = status
+            custom.replace_cluster_custom_object_status(
+                "gpuweave.io", "v1alpha1", "gpunodeinventories", name, created
+            )
+
+
+def _established(extensions: client.ApiextensionsV1Api) -> bool:
+    crd = extensions.read_custom_resource_definition("gpunodeinventories.gpuweave.io")
+    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+
+@pytest.fixture
+def extender(kubeconfig: str) -> Iterator[Extender]:
+    built = build_kube_extender(kubeconfig=kubeconfig)
+    try:
+        _wait("extender cache sync", built.cache.synced.is_set)
+        _wait("inventories", lambda: all(_has_layout(built, n) for n in NODES))
+        yield built
+    finally:
+        built.close()
+
+
+def _has_layout(extender: Extender, name: str) -> bool:
+    state = extender.cache.node(name)
+    return state is not None and state.layout is not None
+
+
+def _create_pod(kubeconfig: str, name: str, gpus: int, **kwargs: Any) -> dict[str, Any]:
+    body = pod_object(name, limits={RESOURCE_GPU: gpus}, **kwargs)
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        body["metadata"].pop(key)
+    body.pop("status")
+    with _api(kubeconfig) as api:
+        created = client.CoreV1Api(api).create_namespaced_pod("default", body, _preload_content=False)
+        result: dict[str, Any] = json.loads(created.data)
+    return result
+
+
+def _read_pod(kubeconfig: str, name: str) -> dict[str, Any]:
+    with _api(kubeconfig) as api:
+        response = client.CoreV1Api(api).read_namespaced_pod(name, "default", _preload_content=False)
+        result: dict[str, Any] = json.loads(response.data)
+    return result
+
+
+def _schedule(extender: Extender, pod: dict[str, Any], node: str) -> str:
+    args = ExtenderArgs.model_validate({"Pod": pod, "NodeNames": list(NODES)})
+    assert node in (extender.service.filter(args, pod).NodeNames or [])
+    meta = pod["metadata"]
+    return extender.service.bind(
+        ExtenderBindingArgs(PodName=meta["name"], PodNamespace="default", PodUID=meta["uid"], Node=node)
+    )
+
+
+def test_bind_writes_annotation_then_binding_and_the_watch_confirms(
+    kubeconfig: str, extender: Extender
+) -> None:
+    pod = _create_pod(kubeconfig, "train-8", 8)
+    assert _schedule(extender, pod, "gpu-a") == ""
+    stored = _read_pod(kubeconfig, "train-8")
+    assert stored["spec"]["nodeName"] == "gpu-a"
+    assignment = PodAssignment.from_annotation(stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
+    assert len(assignment.containers["main"].devices[RESOURCE_GPU]) == 8
+    uid = pod["metadata"]["uid"]
+    _wait("watch confirms the bind", lambda: (h := extender.cache.holding(uid)) is not None and not h.assumed)
+    late = _create_pod(kubeconfig, "late", 1)
+    _wait("pending pod seen", lambda: extender.cache.pod_object(uid=late["metadata"]["uid"]) is not None)
+    error = extender.service.bind(
+        ExtenderBindingArgs(
+            PodName="late", PodNamespace="default", PodUID=late["metadata"]["uid"], Node="gpu-a"
+        )
+    )
+    assert "no longer fits" in error
+    assert ANNOTATION_ASSIGNMENT not in (_read_pod(kubeconfig, "late")["metadata"].get("annotations") or {})
+
+
+def test_failed_binding_rolls_the_annotation_back(kubeconfig: str, extender: Extender) -> None:
+    pod = _create_pod(kubeconfig, "prebound", 2, node="gpu-b")  # already bound: a Binding will conflict
+    uid = pod["metadata"]["uid"]
+    _wait("pod seen", lambda: extender.cache.pod_object(uid=uid) is not None)
+    error = extender.service.bind(
+        ExtenderBindingArgs(PodName="prebound", PodNamespace="default", PodUID=uid, Node="gpu-b")
+    )
+    assert "binding pod default/prebound to node gpu-b failed" in error
+    assert ANNOTATION_ASSIGNMENT not in (
+        _read_pod(kubeconfig, "prebound")["metadata"].get("annotations") or {}
+    )
+    assert extender.cache.holding(uid) is None
+
+
+def test_restart_rebuilds_holdings_from_annotations(kubeconfig: str, extender: Extender) -> None:
+    pod = _create_pod(kubeconfig, "quad", 4)
+    assert _schedule(extender, pod, "gpu-b") == ""
+    before = {n: dict(s.holders) for n in NODES if (s := extender.cache.node(n)) is not None}
+    extender.close()
+    restarted = build_kube_extender(kubeconfig=kubeconfig)
+    try:
+        _wait("restarted cache sync", restarted.cache.synced.is_set)
+        _wait(
+            "holdings rebuilt",
+            lambda: {n: dict(s.holders) for n in NODES if (s := restarted.cache.node(n))} == before,
+        )
+        with _api(kubeconfig) as api:
+            client.CoreV1Api(api).delete_namespaced_pod("quad", "default", grace_period_seconds=0)
+        uid = pod["metadata"]["uid"]
+        _wait("delete releases the devices", lambda: restarted.cache.holding(uid) is None)
+    finally:
+        restarted.close()
