@@ -82,7 +82,7 @@ def test_vectorised_model_matches_scalar_reference(memory_aware: bool) -> None:
     rng = np.random.default_rng(7)
     shapes = [
         TaskShape(int(c), int(m), 1)
-        for c, m in zip(rng.integers(1, 40, 30) * 1000, rng.integers(50, 1000, 30))
+        for c, m in zip(rng.integers(1, 40, 30) * 1000, rng.integers(50, 1000, 30), strict=True)
     ]
     shapes += [WHOLE_ONE, WHOLE_TWO_T4, CPU_ONLY, TaskShape(64000, 1000, 8, "V100M16|V100M32")]
     workload = typical_workload(shapes * 2 + shapes[:7], coverage=1.0)

@@ -1,0 +1,221 @@
+"""Placement quality on the Alibaba GPU trace with the FGD paper's method (USENIX ATC '23).
+
+For each trace variant and seed: inflate the pods to 130% of cluster GPU capacity, shuffle, place
+one at a time with no departures, and record GPU allocation and fragmentation against arrived
+load per 1%. Policies run here: random, best-fit, dot-product, FGD and gpuweave; the published
+FGD-artifact curves (median of 10 seeds) are the external baseline. Writes JSON and PNGs to
+``benchmarks/results/placement/`` and prints a table.
+
+    .venv/bin/python -m benchmarks.placement                 # default trace, seeds 42..51
+    .venv/bin/python -m benchmarks.placement --quick         # default trace, seeds 42..43
+    .venv/bin/python -m benchmarks.placement --variants all  # the 17 paper traces (long)
+
+The trace is read from ``--data-dir`` (default ../shared/data/alibaba-gpu-2023/csv beside the
+repository); it is never packaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.placement_plots import plot_report
+from benchmarks.placement_published import PublishedCurves, load_published
+from gpuweave.simulate.experiment import (
+    PAPER_VARIANTS,
+    POLICY_NAMES,
+    TraceExperiment,
+    build_experiment,
+    make_policy,
+)
+from gpuweave.simulate.packing import PackingCurves, run_packing
+from gpuweave.simulate.trace import DEFAULT_TRACE_DIR, inflate
+from topology.errors import GpuweaveError
+
+DEFAULT_PUBLISHED_DIR = DEFAULT_TRACE_DIR.parents[1] / "fgd-atc23-results"
+DEFAULT_OUT = Path("benchmarks/results/placement")
+METRICS = ("allocation", "fragment_total", "fragment_idle")
+TABLE_POINTS = (50, 70, 80, 90, 95, 100, 110, 120, 130)
+BINNING_NOISE = 0.15  # points of allocation; see verdict()
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42..51``, ``42-51`` or ``42,43``."""
+    for separator in ("..", "-"):
+        if separator in text:
+            low, high = (int(part) for part in text.split(separator, 1))
+            return list(range(low, high + 1))
+    return [int(part) for part in text.split(",") if part]
+
+
+def median_curve(curves: Sequence[Sequence[float]]) -> list[float]:
+    columns = zip(*curves, strict=True)
+    return [
+        statistics.median(v for v in column if not math.isnan(v)) if _any(column) else math.nan
+        for column in columns
+    ]
+
+
+def _any(values: Sequence[float]) -> bool:
+    return any(not math.isnan(v) for v in values)
+
+
+def run_variant(
+    experiment: TraceExperiment, *, policies: Sequence[str], seeds: Sequence[int]
+) -> dict[str, Any]:
+    """Every (policy, seed) run of one variant, with per-policy median curves."""
+    per_policy: dict[str, list[PackingCurves]] = {p: [] for p in policies}
+    for seed in seeds:
+        pods = inflate(list(experiment.pods), capacity_gpus=experiment.capacity_gpus, ratio=1.3, seed=seed)
+        for name in policies:
+            started = time.perf_counter()
+            curves = run_packing(
+                nodes=experiment.nodes,
+                pods=pods,
+                fragment_model=experiment.metric_model,
+                policy=make_policy(name, experiment),
+                seed=seed,
+            )
+            per_policy[name].append(curves)
+            print(
+                f"  {experiment.variant:<12} seed {seed} {name:<12} "
+                f"allocated@130 {curves.allocation[130]:6.2f}% failed {curves.failed:5d} pods "
+                f"({time.perf_counter() - started:5.1f} s)",
+                flush=True,
+            )
+    return {
+        name: {
+            "seeds": list(seeds),
+            "median": {m: median_curve([getattr(c, m) for c in runs]) for m in METRICS},
+            "runs": [
+                {"seed": s, "placed": c.placed, "failed": c.failed, **{m: getattr(c, m) for m in METRICS}}
+                for s, c in zip(seeds, runs, strict=True)
+            ],
+        }
+        for name, runs in per_policy.items()
+    }
+
+
+def verdict(ours: dict[str, Any], published: PublishedCurves | None, variant: str) -> dict[str, Any]:
+    """gpuweave against FGD: at 130%, and the worst gap over every load (median curves)."""
+    gpuweave = ours.get("gpuweave", {}).get("median", {}).get("allocation")
+    if gpuweave is None:
+        return {}
+    result: dict[str, Any] = {"gpuweave_at_130": gpuweave[130]}
+    references = {"fgd_here": ours.get("fgd", {}).get("median", {}).get("allocation")}
+    if published is not None:
+        references["fgd_published"] = published.curve("allocation", variant, "fgd")
+    for label, reference in references.items():
+        if reference is None:
+            continue
+        gaps = [
+            g - r for g, r in zip(gpuweave, reference, strict=True) if not (math.isnan(g) or math.isnan(r))
+        ]
+        result[f"{label}_at_130"] = reference[130]
+        result[f"min_gap_vs_{label}"] = min(gaps)
+        result[f"not_below_{label}_at_any_load"] = min(gaps) >= -0.05  # 0.05 points: rounding of the CSVs
+    published_fgd = result.get("fgd_published_at_130")
+    if published_fgd is not None:
+        result["target_met"] = gpuweave[130] > published_fgd and bool(
+            result.get("not_below_fgd_published_at_any_load")
+        )
+    return result
+
+
+def print_table(variant: str, ours: dict[str, Any], published: PublishedCurves | None) -> None:
+    header = f"{'GPU allocation %':<24}" + "".join(f"{p:>8}" for p in TABLE_POINTS)
+    print(f"\n== {variant}: median over seeds, x = arrived load (% of GPU capacity)\n{header}")
+    for name, data in ours.items():
+        row = data["median"]["allocation"]
+        print(f"{name + ' (here)':<24}" + "".join(f"{row[p]:8.2f}" for p in TABLE_POINTS))
+    for name in published.policies(variant) if published else []:
+        row = published.curve("allocation", variant, name) if published else None
+        if row is not None:
+            print(f"{name + ' (published)':<24}" + "".join(f"{row[p]:8.2f}" for p in TABLE_POINTS))
+    print(
+        f"{'fragment/total % @130':<24}"
+        + "".join(f"{n}={d['median']['fragment_total'][130]:.2f} " for n, d in ours.items())
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="benchmarks.placement", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_TRACE_DIR, help="folder of the trace CSVs")
+    parser.add_argument(
+        "--published-dir", type=Path, default=DEFAULT_PUBLISHED_DIR, help="fgd-atc23-results folder"
+    )
+    parser.add_argument("--variants", default="default", help="comma list, or 'all' for the 17 paper traces")
+    parser.add_argument("--seeds", default="42..51", help="e.g. 42..51 or 42,43 (default 42..51)")
+    parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma list of policies")
+    parser.add_argument("--quick", action="store_true", help="default trace, seeds 42..43")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (JSON + PNG)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    variants = list(PAPER_VARIANTS) if args.variants == "all" else args.variants.split(",")
+    seeds = [42, 43] if args.quick else parse_seeds(args.seeds)
+    if args.quick:
+        variants = ["default"]
+    policies = args.policies.split(",")
+    try:
+        published = load_published(args.published_dir) if args.published_dir.is_dir() else None
+        report: dict[str, Any] = {"method": _method(seeds), "variants": {}}
+        for variant in variants:
+            print(f"{variant}: {len(seeds)} seed(s) x {len(policies)} policies", flush=True)
+            experiment = build_experiment(args.data_dir, variant)
+            ours = run_variant(experiment, policies=policies, seeds=seeds)
+            report["variants"][variant] = {
+                "ours": ours,
+                "published": _published_of(published, variant),
+                "verdict": verdict(ours, published, variant),
+            }
+            print_table(variant, ours, published)
+            print(f"verdict: {json.dumps(report['variants'][variant]['verdict'])}", flush=True)
+    except GpuweaveError as exc:
+        print(f"benchmarks.placement: {exc}", file=sys.stderr)
+        return 2
+    _write(report, args.out, plots=not args.no_plots)
+    return 0
+
+
+def _published_of(published: PublishedCurves | None, variant: str) -> dict[str, Any]:
+    if published is None:
+        return {}
+    return {
+        policy: {m: published.curve(m, variant, policy) for m in METRICS}
+        for policy in published.policies(variant)
+    }
+
+
+def _method(seeds: Sequence[int]) -> dict[str, Any]:
+    return {
+        "paper": "Weng et al., Beware of Fragmentation, USENIX ATC '23",
+        "inflation": "trace pods plus random clones until GPU requests reach 130% of capacity, shuffled",
+        "departures": False,
+        "seeds": list(seeds),
+        "x_axis": "arrived GPU requests, % of cluster GPU capacity, rounded; values averaged per bin",
+    }
+
+
+def _write(report: dict[str, Any], out: Path, *, plots: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "placement.json"
+    path.write_text(json.dumps(report, indent=1, allow_nan=True))
+    print(f"\nwrote {path}")
+    if plots:
+        for png in plot_report(report, out):
+            print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
