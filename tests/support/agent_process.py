@@ -25,13 +25,21 @@ class AgentProcess:
     """``python -m gpuweave node-agent --simulate PROFILE --no-kube`` in a child process."""
 
     def __init__(
-        self, kubelet_dir: Path, state_dir: Path, *, profile: str, extra: tuple[str, ...] = ()
+        self,
+        kubelet_dir: Path,
+        state_dir: Path,
+        *,
+        profile: str,
+        extra: tuple[str, ...] = (),
+        node: str = "node-a",
     ) -> None:
         self.kubelet_dir = kubelet_dir
         self.state_dir = state_dir
         command = [sys.executable, "-m", "gpuweave", "--log-level", "WARNING", "node-agent"]
         command += ["--kubelet-dir", str(kubelet_dir), "--state-dir", str(state_dir)]
-        command += ["--simulate", profile, "--node-name", "node-a", "--no-kube", *extra]
+        command += ["--simulate", profile, "--node-name", node, *extra]
+        if "--kubeconfig" not in extra:
+            command.append("--no-kube")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
             command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}

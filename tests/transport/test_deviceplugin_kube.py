@@ -1,0 +1,172 @@
+"""The node agent against a real kube-apiserver (tests/e2e/harness): publishing and the handoff.
+
+The agent process runs with ``--kubeconfig``: it must create its GpuNodeInventory (spec + status),
+label its Node as GPU Feature Discovery does, keep the status in step with health, and, for a
+Pending pod on its node carrying the extender's assignment, answer GetPreferredAllocation with
+exactly the assigned devices.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from deviceplugin.control import call_agent
+from proto.v1beta1 import api_pb2
+from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.kubelet_emulator import KubeletEmulator
+from topology.assignment import ContainerAssignment, PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
+CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
+NODE = "gpu-node-1"
+GROUP = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
+
+
+def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not HARNESS.exists():
+        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
+    directory = tmp_path_factory.mktemp("control-plane")
+    log = (directory / "harness.log").open("wb")
+    process = subprocess.Popen(
+        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
+    )
+    try:
+        wait(
+            "kube-apiserver",
+            lambda: (directory / "ready").exists() or process.poll() is not None,
+            timeout=180,
+        )
+        if process.poll() is not None:
+            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
+        path = str(directory / "admin.kubeconfig")
+        with config.new_client_from_config(config_file=path) as api:
+            extensions = client.ApiextensionsV1Api(api)
+            extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+            wait("CRD established", lambda: established(extensions))
+            core = client.CoreV1Api(api)
+            core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        yield path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def established(extensions: client.ApiextensionsV1Api) -> bool:
+    crd = extensions.read_custom_resource_definition("gpunodeinventories.gpuweave.io")
+    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+
+class Running:
+    def __init__(self, kubeconfig: str) -> None:
+        self.root = short_temp_dir()
+        self.kubelet = KubeletEmulator(self.root / "k")
+        self.kubelet.start()
+        self.agent = AgentProcess(
+            self.root / "k",
+            self.root / "s",
+            profile="p5.48xlarge",
+            extra=("--kubeconfig", kubeconfig),
+            node=NODE,
+        )
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+
+    def inventory(self) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_cluster_custom_object(*GROUP, NODE))
+        except client.ApiException:
+            return None
+
+    def close(self) -> None:
+        rc = self.agent.stop()
+        self.kubelet.stop()
+        self.api.close()
+        remove_tree(self.root)
+        assert rc == 0, getattr(self.agent, "stderr", "")
+
+
+@pytest.fixture
+def running(kubeconfig: str) -> Iterator[Running]:
+    node = Running(kubeconfig)
+    wait("GPUs registered", lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8)
+    yield node
+    node.close()
+
+
+def test_publishes_inventory_labels_and_health(running: Running) -> None:
+    wait("GpuNodeInventory with status", lambda: bool((running.inventory() or {}).get("status")))
+    published = running.inventory()
+    assert published is not None
+    assert len(published["spec"]["gpus"]) == 8
+    labels = running.core.read_node(NODE).metadata.labels
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["gpuweave.io/topology"] == "nvswitch-8"
+    gpu = published["spec"]["gpus"][3]["uuid"]
+    call_agent(running.agent.state_dir, "device.withhold", {"devices": [gpu], "reason": "suspect"})
+    wait(
+        "withheld GPU in the published status",
+        lambda: gpu in ((running.inventory() or {}).get("status", {}).get("unhealthyDevices") or []),
+    )
+
+
+def test_preferred_allocation_follows_the_extenders_assignment(running: Running) -> None:
+    gpus = sorted(running.kubelet.devices(RESOURCE_GPU))
+    chosen = [gpus[1], gpus[6]]  # not what the local topology optimum would pick first
+    assignment = PodAssignment(
+        node=NODE, containers={"main": ContainerAssignment(devices={RESOURCE_GPU: chosen})}
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation()}},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": {RESOURCE_GPU: "2"}}}
+            ],
+        },
+    }
+    running.core.create_namespaced_pod("default", pod)
+    stub = running.kubelet.stub(RESOURCE_GPU)
+    request = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=gpus, allocation_size=2)
+        ]
+    )
+
+    def answered_with_assignment() -> bool:
+        response = stub.GetPreferredAllocation(request, timeout=5)
+        return sorted(response.container_responses[0].deviceIDs) == sorted(chosen)
+
+    wait("the assigned devices as the preference", answered_with_assignment, timeout=30)
+    ids, _ = running.kubelet.allocate(RESOURCE_GPU, 2)
+    assert len(ids) == 2  # the pod was served once; the next request gets the local optimum
+    running.core.delete_namespaced_pod("trainer", "default", grace_period_seconds=0)
