@@ -9,7 +9,11 @@ on the agent's control socket.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from kubernetes import client as kube_client
 
 from deviceplugin.agent import NodeAgent
 from hardware.backend import GpuBackend
@@ -19,7 +23,8 @@ from hardware.simulated.backend import SimulatedBackend
 from mig.catalog import default_catalog
 from mig.journal import MigJournal
 from mig.reconciler import GpuRef, MigReconciler
-from mig.service import AgentHooks, MigService
+from mig.service import AgentHooks, LayoutFollower, MigService
+from topology.contracts import MIG_LAYOUT_ANNOTATION
 from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
 
@@ -51,3 +56,23 @@ def _nvml_of(backend: GpuBackend) -> tuple[NvmlBackend, GpuResetter]:
     if isinstance(backend, NvmlBackend):
         return backend, NvidiaSmiResetter()
     raise GpuweaveError(f"the MIG manager needs an NVML backend, not {type(backend).__name__}")
+
+
+def node_annotation_reader(api: Any, node_name: str) -> Callable[[], str | None]:
+    """Reads this node's ``gpuweave.io/mig-layout`` annotation through the API server."""
+    core = kube_client.CoreV1Api(api)
+
+    def read() -> str | None:
+        metadata = core.read_node(node_name).metadata
+        annotations = (metadata.annotations if metadata is not None else None) or {}
+        value = annotations.get(MIG_LAYOUT_ANNOTATION)
+        return str(value) if value is not None else None
+
+    return read
+
+
+def follow_layout_annotation(api: Any, node_name: str, service: MigService) -> LayoutFollower:
+    """Start applying the node's declared MIG layout as it changes; stop it before the agent."""
+    follower = LayoutFollower(node_annotation_reader(api, node_name), service)
+    follower.start()
+    return follower

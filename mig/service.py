@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigReconciler, ReshapeResult
-from topology.errors import InvalidInputError
+from topology.errors import GpuweaveError, InvalidInputError
 
 LOG = logging.getLogger(__name__)
 WITHHOLD_REASON = "MIG reshape: device about to be destroyed"
@@ -200,3 +201,52 @@ class MigService:
         for index, entries in parse_layout_annotation(annotation).items():
             results.append(self.reconciler.apply(index, None if entries is None else list(entries)))
         return results
+
+
+class LayoutFollower:
+    """Applies the node's ``gpuweave.io/mig-layout`` annotation whenever it changes.
+
+    ``read_annotation`` returns the annotation's current value (None when absent); the composition
+    root backs it with the API server. A value that failed (a busy instance blocks it) is retried
+    on every poll until it succeeds, so the layout converges once the pods drain.
+    """
+
+    def __init__(
+        self, read_annotation: Callable[[], str | None], service: MigService, *, interval_s: float = 10.0
+    ) -> None:
+        self._read = read_annotation
+        self._service = service
+        self._interval_s = interval_s
+        self._applied: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> list[ReshapeResult]:
+        """Read the annotation and apply it if it is new or last failed; returns what changed."""
+        value = self._read()
+        if value is None or value == self._applied:
+            return []
+        try:
+            results = self._service.apply_declared(value)
+        except GpuweaveError as exc:
+            LOG.warning("MIG layout annotation not applied yet: %s", exc)
+            return []
+        self._applied = value
+        return [r for r in results if r.changed]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mig-layout", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # the API server or NVML failed; try again next round
+                LOG.exception("reading or applying the MIG layout annotation failed")
+            self._stop.wait(self._interval_s)

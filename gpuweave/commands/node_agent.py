@@ -22,7 +22,7 @@ from deviceplugin.metrics import AgentMetrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, start_node_health
-from gpuweave.node_mig import build_mig_service, register_mig_routes
+from gpuweave.node_mig import build_mig_service, follow_layout_annotation, register_mig_routes
 from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     mig.start()  # converge journalled MIG layouts before the first device list is served
     agent.start()
     register_mig_routes(agent, mig)
+    layout = follow_layout_annotation(kube.api, node_name(args), mig) if kube is not None else None
     health = start_node_health(
         agent,
         backend=backend,
@@ -121,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         stop.wait()
     finally:
+        if layout is not None:
+            layout.stop()
         health.stop()
         if kube is not None:
             kube.stop()

@@ -1,0 +1,65 @@
+"""The node-annotation reader uses the real kubernetes client over HTTP (127.0.0.1, port 0)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuweave.node_mig import node_annotation_reader
+from topology.contracts import MIG_LAYOUT_ANNOTATION
+
+
+def handler_for(nodes: dict[str, dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    class NodeHandler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            name = self.path.split("?")[0].removeprefix("/api/v1/nodes/")
+            found = nodes.get(name)
+            body = json.dumps(found or {"kind": "Status", "code": 404, "reason": "NotFound"}).encode()
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return NodeHandler
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[client.ApiClient, dict[str, dict[str, Any]]]]:
+    nodes: dict[str, dict[str, Any]] = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(nodes))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    api_client = client.ApiClient(config)
+    try:
+        yield api_client, nodes
+    finally:
+        api_client.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def node(annotations: dict[str, str] | None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "annotations": annotations}}
+
+
+def test_reads_the_layout_annotation(cluster: tuple[client.ApiClient, dict[str, dict[str, Any]]]) -> None:
+    api, nodes = cluster
+    read = node_annotation_reader(api, "node-a")
+    nodes["node-a"] = node(None)
+    assert read() is None
+    layout = json.dumps({"gpus": {"3": ["3g.40gb", "3g.40gb"]}})
+    nodes["node-a"] = node({MIG_LAYOUT_ANNOTATION: layout, "other": "x"})
+    assert read() == layout
