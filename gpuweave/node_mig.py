@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client as kube_client
+from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.agent import NodeAgent
 from hardware.backend import GpuBackend
@@ -63,7 +64,12 @@ def node_annotation_reader(api: Any, node_name: str) -> Callable[[], str | None]
     core = kube_client.CoreV1Api(api)
 
     def read() -> str | None:
-        metadata = core.read_node(node_name).metadata
+        try:
+            metadata = core.read_node(node_name).metadata
+        except ApiException as exc:
+            if exc.status == 404:  # no Node object (yet): nothing declared
+                return None
+            raise
         annotations = (metadata.annotations if metadata is not None else None) or {}
         value = annotations.get(MIG_LAYOUT_ANNOTATION)
         return str(value) if value is not None else None

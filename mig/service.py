@@ -247,6 +247,6 @@ class LayoutFollower:
         while not self._stop.is_set():
             try:
                 self.poll_once()
-            except Exception:  # the API server or NVML failed; try again next round
-                LOG.exception("reading or applying the MIG layout annotation failed")
+            except Exception as exc:  # the API server or NVML failed; try again next round
+                LOG.warning("reading or applying the MIG layout annotation failed: %s", exc)
             self._stop.wait(self._interval_s)

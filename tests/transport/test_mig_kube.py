@@ -58,6 +58,7 @@ def node(annotations: dict[str, str] | None) -> dict[str, Any]:
 def test_reads_the_layout_annotation(cluster: tuple[client.ApiClient, dict[str, dict[str, Any]]]) -> None:
     api, nodes = cluster
     read = node_annotation_reader(api, "node-a")
+    assert read() is None  # no Node object yet
     nodes["node-a"] = node(None)
     assert read() is None
     layout = json.dumps({"gpus": {"3": ["3g.40gb", "3g.40gb"]}})
