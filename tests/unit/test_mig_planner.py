@@ -196,3 +196,31 @@ def test_demand_destroys_idle_unrequested_instances_to_make_room():
 def test_demand_leaves_out_what_cannot_fit():
     plan = plan_demand(H100, [Instance("4g.40gb", 0, 4, busy=True)], {"4g.40gb": 1, "3g.40gb": 2})
     assert [(p.profile, p.start) for p in plan.create] == [("3g.40gb", 4)]
+
+
+def valid_placement_sets(model: GpuModel) -> set[tuple[tuple[str, int], ...]]:
+    """Every realisable set of (profile, start) placements."""
+    placements = [(p, s) for p in model.profiles for s in p.starts]
+    found: set[tuple[tuple[str, int], ...]] = set()
+
+    def walk(i: int, mask: int, chosen: list[tuple[str, int]], compute: int) -> None:
+        found.add(tuple(sorted(chosen)))
+        for j in range(i, len(placements)):
+            profile, start = placements[j]
+            bits = ((1 << profile.memory_slices) - 1) << start
+            if mask & bits or sum(1 for n, _ in chosen if n == profile.name) >= profile.max_count:
+                continue
+            if compute + profile.compute_slices <= model.compute_slices:
+                walk(j + 1, mask | bits, [*chosen, (profile.name, start)], compute + profile.compute_slices)
+
+    walk(0, 0, [], 0)
+    return found
+
+
+@pytest.mark.parametrize("model", CATALOG.models, ids=lambda m: m.key)
+def test_every_pinned_placement_set_is_planned_exactly(model):
+    sets = valid_placement_sets(model)
+    assert len(sets) > len(valid_layouts(model))
+    for placements in sets:
+        plan = plan_layout(model, [], [TargetEntry(p, s) for p, s in placements])
+        assert sorted((p.profile, p.start) for p in plan.final) == list(placements)
