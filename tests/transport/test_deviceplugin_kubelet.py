@@ -1,0 +1,184 @@
+"""The node agent against the kubelet's own device manager (tests/e2e/harness node).
+
+The harness node runs ``k8s.io/kubernetes/pkg/kubelet/cm/devicemanager`` and the kubelet's
+admission path with a single-numa-node Topology Manager. The agent must register every resource,
+show up in the Node's capacity, have pods admitted with topology-aligned devices, and come back
+after the kubelet (the harness node process) restarts, with the same device IDs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from hardware.profiles import load_profile
+from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
+NODE = "gpu-node-k"
+ALLOCATED = "e2e.gpuweave.io/DevicesAllocated"
+
+
+def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if not HARNESS.exists():
+        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
+    directory = tmp_path_factory.mktemp("control-plane")
+    log = (directory / "harness.log").open("wb")
+    process = subprocess.Popen(
+        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
+    )
+    try:
+        wait(
+            "kube-apiserver",
+            lambda: (directory / "ready").exists() or process.poll() is not None,
+            timeout=180,
+        )
+        if process.poll() is not None:
+            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
+        with config.new_client_from_config(config_file=str(directory / "admin.kubeconfig")) as api:
+            client.CoreV1Api(api).create_namespaced_service_account(
+                "default", {"metadata": {"name": "default"}}
+            )
+        yield directory
+    finally:
+        stop_process(process)
+        log.close()
+
+
+class Node:
+    """A harness node (the kubelet's device manager) plus our agent serving its plugin directory."""
+
+    def __init__(self, control_plane: Path) -> None:
+        self.control_plane = control_plane
+        self.root = short_temp_dir()
+        self.kubelet_dir = self.root / "kubelet"
+        self.plugins = self.kubelet_dir / "device-plugins"
+        self.kubelet: subprocess.Popen[bytes] | None = None
+        self.start_kubelet()
+        wait("kubelet.sock", (self.plugins / "kubelet.sock").exists)
+        self.agent = AgentProcess(self.plugins, self.root / "s", profile="p5.48xlarge", node=NODE)
+        self.api = config.new_client_from_config(config_file=str(control_plane / "admin.kubeconfig"))
+        self.core = client.CoreV1Api(self.api)
+
+    def start_kubelet(self) -> None:
+        log = (self.root / "node.log").open("ab")
+        command = [str(HARNESS), "node", "--name", NODE, "--kubelet-dir", str(self.kubelet_dir)]
+        command += ["--control-plane-dir", str(self.control_plane), "--topology-policy", "single-numa-node"]
+        self.kubelet = subprocess.Popen(command, stdout=log, stderr=log)
+        log.close()
+
+    def stop_kubelet(self) -> None:
+        if self.kubelet is not None:
+            stop_process(self.kubelet)
+            self.kubelet = None
+
+    def registrations(self, resource: str) -> int:
+        status = self.agent.status() or {}
+        counts = status.get("registration_counts")
+        return int(counts.get(resource, 0)) if isinstance(counts, dict) else 0
+
+    def capacity(self, resource: str) -> str | None:
+        try:
+            node = self.core.read_node(NODE)
+        except client.ApiException:
+            return None
+        return dict(node.status.allocatable or {}).get(resource)
+
+    def allocation(self, name: str) -> dict[str, Any] | None:
+        pod = self.core.read_namespaced_pod(name, "default")
+        for condition in pod.status.conditions or []:
+            if condition.type == ALLOCATED:
+                return dict(json.loads(condition.message))
+        return None
+
+    def close(self) -> None:
+        rc = self.agent.stop()
+        self.stop_kubelet()
+        self.api.close()
+        log = (self.root / "node.log").read_text(errors="replace")[-3000:]
+        remove_tree(self.root)
+        assert rc == 0, f"{getattr(self.agent, 'stderr', '')}\n{log}"
+
+
+@pytest.fixture
+def node(control_plane: Path) -> Iterator[Node]:
+    running = Node(control_plane)
+    try:
+        wait("GPUs in node allocatable", lambda: running.capacity(RESOURCE_GPU) == "8", timeout=90)
+        yield running
+    finally:
+        running.close()
+
+
+def pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def test_kubelet_admits_a_numa_aligned_gpu_and_efa_pod(node: Node) -> None:
+    inventory = load_profile("p5.48xlarge").to_inventory(node_name=NODE)
+    assert node.capacity(RESOURCE_EFA) == str(len(inventory.nics))
+    node.core.create_namespaced_pod("default", pod("trainer", {RESOURCE_GPU: "4", RESOURCE_EFA: "4"}))
+    wait("allocation recorded", lambda: node.allocation("trainer") is not None, timeout=60)
+    allocation = node.allocation("trainer")
+    assert allocation is not None
+    devices = allocation["containers"]["main"]["devices"]
+    gpus = {g.uuid: g for g in inventory.gpus}
+    nics = {n.name: n for n in inventory.nics}
+    assert len(devices[RESOURCE_GPU]) == 4 and len(devices[RESOURCE_EFA]) == 4
+    numa = {gpus[d].numa_node for d in devices[RESOURCE_GPU]} | {
+        nics[d].numa_node for d in devices[RESOURCE_EFA]
+    }
+    assert len(numa) == 1  # single-numa-node policy with our TopologyInfo
+    node.core.delete_namespaced_pod("trainer", "default", grace_period_seconds=0)
+
+
+def test_kubelet_restart_reregisters_with_the_same_devices(node: Node) -> None:
+    node.stop_kubelet()
+    node.start_kubelet()
+    wait("re-registered with the new kubelet", lambda: node.registrations(RESOURCE_GPU) >= 2, timeout=30)
+    wait("GPUs back in node allocatable", lambda: node.capacity(RESOURCE_GPU) == "8", timeout=90)
+    node.core.create_namespaced_pod("default", pod("after-restart", {RESOURCE_GPU: "1"}))
+    wait("allocation after restart", lambda: node.allocation("after-restart") is not None, timeout=60)
+    allocation = node.allocation("after-restart")
+    assert allocation is not None
+    uuids = {g.uuid for g in load_profile("p5.48xlarge").to_inventory(node_name=NODE).gpus}
+    assert set(allocation["containers"]["main"]["devices"][RESOURCE_GPU]) <= uuids
+    node.core.delete_namespaced_pod("after-restart", "default", grace_period_seconds=0)
