@@ -200,3 +200,59 @@ def test_restart_rebuilds_holdings_from_annotations(kubeconfig: str, extender: E
         _wait("delete releases the devices", lambda: restarted.cache.holding(uid) is None)
     finally:
         restarted.close()
+
+
+def _scheduler_config(directory: Path, *, extender_url: str, kubeconfig: str) -> Path:
+    """manifests/scheduler/scheduler-config.yaml, pointed at this extender and API server."""
+    shipped = yaml.safe_load((ROOT / "manifests" / "scheduler" / "scheduler-config.yaml").read_text())
+    shipped["leaderElection"] = {"leaderElect": False}
+    shipped["clientConnection"] = {"kubeconfig": kubeconfig}
+    shipped["extenders"][0]["urlPrefix"] = extender_url
+    path = directory / "scheduler-config.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    return path
+
+
+def test_real_kube_scheduler_schedules_through_the_extender(
+    kubeconfig: str, extender: Extender, tmp_path: Path
+) -> None:
+    with _api(kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        for name in NODES:  # NodeResourcesFit counts nvidia.com/gpu (not ignored): give the nodes 8
+            resources = {"cpu": "64", "memory": "512Gi", "pods": "110", RESOURCE_GPU: "8"}
+            ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}]
+            status = {"capacity": resources, "allocatable": resources, "conditions": ready}
+            core.patch_node_status(name, {"status": status})
+            core.patch_node(name, {"spec": {"taints": None}})  # the not-ready taint admission added
+    url = extender.serve(host="127.0.0.1", port=0)
+    config_path = _scheduler_config(
+        tmp_path, extender_url=url, kubeconfig=str(Path(kubeconfig).parent / "scheduler.kubeconfig")
+    )
+    log = (tmp_path / "scheduler.log").open("wb")
+    scheduler = subprocess.Popen(
+        [str(HARNESS), "kube-scheduler", f"--config={config_path}", "--secure-port=0"], stdout=log, stderr=log
+    )
+    try:
+        pod = _create_pod(kubeconfig, "scheduled", 4)
+        uid = pod["metadata"]["uid"]
+
+        def bound() -> bool:
+            return bool(_read_pod(kubeconfig, "scheduled")["spec"].get("nodeName"))
+
+        try:
+            _wait("kube-scheduler binds through the extender", bound, timeout=30)
+        except AssertionError:
+            raise AssertionError((tmp_path / "scheduler.log").read_text()[-6000:]) from None
+        stored = _read_pod(kubeconfig, "scheduled")
+        assignment = PodAssignment.from_annotation(stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
+        assert assignment.node == stored["spec"]["nodeName"]
+        assert len(assignment.containers["main"].devices[RESOURCE_GPU]) == 4
+        _wait("watch confirms", lambda: (h := extender.cache.holding(uid)) is not None and not h.assumed)
+    finally:
+        scheduler.terminate()
+        try:
+            scheduler.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            scheduler.wait()
+        log.close()
