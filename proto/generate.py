@@ -29,9 +29,14 @@ def _plugin_path(name: str) -> str | None:
 
 def generate(out_root: Path) -> list[Path]:
     """Compile every proto into ``out_root`` (mirroring the repository layout); return the files."""
-    from grpc_tools import protoc  # dev dependency: imported only when generating
+    from grpc_tools import protoc  # noqa: PLC0415 (dev dependency, needed only when generating)
 
-    args = ["grpc_tools.protoc", f"-I{REPO_ROOT}", f"--python_out={out_root}", f"--grpc_python_out={out_root}"]
+    args = [
+        "grpc_tools.protoc",
+        f"-I{REPO_ROOT}",
+        f"--python_out={out_root}",
+        f"--grpc_python_out={out_root}",
+    ]
     mypy_plugin, mypy_grpc_plugin = _plugin_path("protoc-gen-mypy"), _plugin_path("protoc-gen-mypy_grpc")
     if mypy_plugin and mypy_grpc_plugin:
         args += [

@@ -17,7 +17,9 @@ def test_committed_stubs_are_not_stale(tmp_path: Path) -> None:
     for path in fresh:
         committed = generate.REPO_ROOT / path.relative_to(tmp_path)
         assert committed.exists(), f"{committed} missing: run python -m proto.generate"
-        assert committed.read_text() == path.read_text(), f"{committed} is stale: run python -m proto.generate"
+        assert committed.read_text() == path.read_text(), (
+            f"{committed} is stale: run python -m proto.generate"
+        )
 
 
 def test_package_is_v1beta1_so_method_paths_match_the_kubelet() -> None:
