@@ -86,11 +86,11 @@ class Bench:
             line = xid_kernel_line(gpu.pci_bus_id, 48, "An uncorrectable double bit error was detected.")
             results["kmsg-only"].append(self.measure(gpu.uuid, partial(self._kmsg, line)))
             self.recover(gpu.uuid)
-            withhold = {"ids": [gpu.uuid], "reason": "benchmark"}
+            withhold = {"devices": [gpu.uuid], "reason": "benchmark"}
             results["withhold-route"].append(
                 self.measure(gpu.uuid, partial(self._control, "device.withhold", withhold))
             )
-            call_agent(self.state, "device.release", {"ids": [gpu.uuid]})
+            call_agent(self.state, "device.release", {"devices": [gpu.uuid]})
             self.recover(gpu.uuid)
         return results
 
