@@ -1,9 +1,11 @@
 """Health for the node-agent process: builds ``HealthService`` from the agent, the backend and the API.
 
-Called by the node-agent composition root after the agent has discovered its hardware. With a
-simulated backend the probe reads the simulated NVML library and sysfs tree, the kernel log is
-``STATE_DIR/kmsg`` (the simulated driver writes its Xid lines there) and the agent's control socket
-gets the ``sim.inject`` command; GPU resets go to the simulated node's reset rules.
+Called by the node-agent composition root after the agent has discovered its hardware. On a GPU
+host the probe reads NVML through the backend's library and ``/sys``, the kernel log is
+``/dev/kmsg`` and resets run ``nvidia-smi -r``. With a simulated backend the probe reads the
+simulated NVML library and sysfs tree, the kernel log is ``STATE_DIR/kmsg`` (the simulated driver
+writes its Xid lines there), resets follow the simulated node's rules and the agent's control
+socket gets the ``sim.inject`` command.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import yaml
 from deviceplugin.agent import NodeAgent
 from deviceplugin.metrics import AgentMetrics
 from hardware.backend import GpuBackend
-from hardware.health_probe import NvmlHealthProbe
+from hardware.health_probe import NvmlHealthProbe, nvidia_smi_reset
+from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
@@ -29,6 +32,7 @@ from topology.errors import GpuweaveError
 log = logging.getLogger(__name__)
 SIM_KMSG_FILE = "kmsg"
 SIM_INJECT_METHOD = "sim.inject"
+HOST_KMSG = "/dev/kmsg"
 
 
 def load_settings(path: Path | None) -> HealthSettings:
@@ -54,10 +58,15 @@ def start_node_health(
     metrics: AgentMetrics | None = None,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent)."""
-    if not isinstance(backend, SimulatedBackend):
-        raise GpuweaveError("health checks on real GPUs are not available in this build; pass --simulate")
-    sim = backend.node.health
-    probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
+    if isinstance(backend, SimulatedBackend):
+        sim = backend.node.health
+        probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
+        kernel_log = state_dir / SIM_KMSG_FILE
+    elif isinstance(backend, NvmlBackend):
+        probe = NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
+        kernel_log = Path(HOST_KMSG)
+    else:
+        raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
     service = HealthService(
         HealthParts(
             inventory=agent.inventory,
@@ -67,12 +76,13 @@ def start_node_health(
             state_dir=state_dir,
             settings=settings,
             node_name=node_name,
-            kernel_log=state_dir / SIM_KMSG_FILE,
+            kernel_log=kernel_log,
             cluster=KubeCluster(kube_api, node_name=node_name) if kube_api is not None else None,
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
         )
     )
-    agent.control.add_route(SIM_INJECT_METHOD, inject_route(sim))
+    if isinstance(backend, SimulatedBackend):
+        agent.control.add_route(SIM_INJECT_METHOD, inject_route(backend.node.health))
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     service.start()
