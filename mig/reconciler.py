@@ -212,7 +212,12 @@ class MigReconciler:
             return self._apply(index, target)
 
     def recover(self) -> list[ReshapeResult]:
-        """At start: converge every journalled GPU (finish a crashed reshape, re-apply after reboot)."""
+        """At start: converge every journalled GPU (finish a crashed reshape, re-apply after reboot).
+
+        A GPU that cannot converge now (a process holds a blocking instance, NVML fails) is logged
+        and skipped: the other GPUs still converge and the agent still starts; the journal keeps
+        the target for the next apply.
+        """
         results: list[ReshapeResult] = []
         for uuid, record in sorted(self._journal.load().gpus.items()):
             gpu = next((g for g in self._gpus.values() if g.uuid == uuid), None)
@@ -222,7 +227,10 @@ class MigReconciler:
             pinned = (
                 None if record.target is None else [TargetEntry(p.profile, p.start) for p in record.target]
             )
-            results.append(self.apply(gpu.index, pinned))
+            try:
+                results.append(self.apply(gpu.index, pinned))
+            except GpuweaveError as exc:
+                LOG.warning("MIG layout of GPU %d not restored at start: %s", gpu.index, exc)
         return results
 
     def _apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:

@@ -6,6 +6,7 @@ import functools
 import json
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
 from mig.catalog import default_catalog
 from mig.journal import JOURNAL_FILE, MigJournal
-from mig.planner import MigPlanError, TargetEntry
+from mig.planner import MigPlanError, PlannedInstance, TargetEntry
 from mig.reconciler import GpuRef, MigApplyError, MigReconciler
 from topology.inventory import NodeInventory
 
@@ -288,3 +289,19 @@ def test_new_profile_at_a_destroyed_instances_placement(tmp_path):
     result = reconciler.apply(3, [TargetEntry("4g.40gb"), TargetEntry("2g.20gb"), TargetEntry("1g.10gb")])
     assert [(c.profile, c.start) for c in result.created] == [("4g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)]
     assert layout(lib, 3) == [("1g.10gb", 6, 1), ("2g.20gb", 4, 1), ("4g.40gb", 0, 1)]
+
+
+def test_recovery_skips_a_blocked_gpu_and_converges_the_others(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    first = reconciler.apply(1, [TargetEntry("7g.80gb")])
+    reconciler.apply(2, [TargetEntry("3g.40gb")])
+    journal = MigJournal(tmp_path)
+    record = journal.load().gpus[reconciler.gpu(1).uuid]
+    journal.record(replace(record, target=(PlannedInstance("1g.10gb", 0, 1),)))  # wanted, not reached
+    assert lib.mig_node is not None
+    lib.mig_node.gpus[1].set_busy(first.created[0].mig_uuid)
+    lib.mig_node.gpus[2].driver_reload()
+    _, restarted, _ = make("dgx-h100", tmp_path, lib=lib)
+    results = restarted.recover()
+    assert [r.gpu_index for r in results] == [2]
+    assert layout(lib, 2) == [("3g.40gb", 4, 1)] and layout(lib, 1) == [("7g.80gb", 0, 1)]
