@@ -3,18 +3,76 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from topology.errors import GpuweaveError
+from topology.errors import InvalidInputError
+
+DEFAULT_OUT = Path("out/simulate")
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m`` or ``6h``."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1:] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}; use e.g. 6h, 90m or 3600") from None
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="run a simulated GPU cluster with the real components and report (the main job)",
+        description=(
+            "Simulate a mixed GPU cluster under a workload of training gangs, single-GPU jobs and "
+            "fractional inference, with faults injected mid-run and a shift to MIG demand; compare "
+            "placement policies on the same workload; print a summary and write JSON + PNG."
+        ),
     )
+    parser.add_argument("--nodes", type=int, default=16, help="number of nodes (default 16)")
+    parser.add_argument(
+        "--profiles",
+        default=None,
+        help="comma list of node profiles (built-in names or YAML paths), used round-robin "
+        "(default p5.48xlarge,p4d.24xlarge,dgx-a100,l40s-pcie-8)",
+    )
+    parser.add_argument("--trace", type=Path, default=None, help="pod list in Alibaba 2023 CSV format")
+    parser.add_argument(
+        "--policy",
+        default="gpuweave",
+        help="policy of the main run: gpuweave, random, best-fit, go-gpuallocator-like (default gpuweave)",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    parser.add_argument(
+        "--duration", type=_duration, default=_duration("6h"), help="simulated time (default 6h)"
+    )
+    parser.add_argument("--load", type=float, default=0.95, help="offered GPU load, fraction of capacity")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"report folder (default {DEFAULT_OUT})"
+    )
+    parser.add_argument("--no-compare", action="store_true", help="run only --policy, not the other policies")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise GpuweaveError("`gpuweave simulate` is not available in this build yet")
+    from gpuweave.simulate.runner import SimulateOptions, run_simulation  # noqa: PLC0415 (numpy/matplotlib on demand)
+
+    if args.load <= 0 or args.load > 3:
+        raise InvalidInputError(f"--load {args.load}: give a fraction of capacity between 0 and 3")
+    options = SimulateOptions(
+        nodes=args.nodes,
+        profiles=args.profiles,
+        trace=args.trace,
+        policy=args.policy,
+        seed=args.seed,
+        duration_s=args.duration,
+        load=args.load,
+        out=args.out,
+        compare=not args.no_compare,
+        progress=not args.no_progress,
+    )
+    return run_simulation(options)

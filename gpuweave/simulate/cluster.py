@@ -108,6 +108,11 @@ class ClusterState:
             raise InvalidInputError(f"node {self.names[node]} has {len(free)} free GPUs, {count} asked")
         return [int(g) for g in free[:count]]
 
+    def set_gpu_free(self, node: int, gpu: int, free_milli: int) -> None:
+        """Show a GPU as having ``free_milli`` free (0 withholds it from every request)."""
+        self.gpu_free[node, gpu] = free_milli
+        self._refresh(node)
+
     def place(self, node: int, gpus: Sequence[int], request: Request) -> None:
         self._apply(node, gpus, request, sign=-1)
 
@@ -129,6 +134,9 @@ class ClusterState:
             raise InvalidInputError(
                 f"placement on node {self.names[node]} over- or under-commits it: {request}"
             )
+        self._refresh(node)
+
+    def _refresh(self, node: int) -> None:
         self.version[node] += 1
         rows = slice(node, node + 1)
         self.node_fragment[node] = self.fragment_model.fragment(

@@ -1,0 +1,230 @@
+"""The scheduling loop on a simulated clock: arrivals, departures, faults, MIG demand, metrics.
+
+Each tick: finished pods leave, due faults fire (and faulted resources come back), new jobs
+queue, the MIG manager follows pending MIG demand, then the queue is scheduled in arrival order
+(a job that does not fit waits; later ones may pass it). A job of several pods (a multi-node
+training gang) is placed all or nothing. Metrics are sampled after every tick.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.faults import (
+    DEFAULT_FAULTS,
+    FaultKind,
+    FaultRecord,
+    FaultSpec,
+    inject_efa_loss,
+    inject_gpu_fault,
+    restore,
+)
+from gpuweave.simulate.fleet import FleetNode
+from gpuweave.simulate.mig_manager import MigManager, Reshape
+from gpuweave.simulate.placers import Placer, PodPlacement
+from gpuweave.simulate.state import RunningPod, SimState
+from gpuweave.simulate.workload import Job, JobKind
+from topology.fragmentation import MILLI_PER_GPU, FragmentModel
+from topology.scoring import score_set
+from topology.search import best_set
+
+TickHook = Callable[[int], None]
+
+
+@dataclass
+class Sample:
+    t_s: float
+    allocation: float  # % of healthy GPU capacity allocated
+    fragmentation: float  # FGD fragment, % of healthy GPU capacity
+    pending: int
+    running: int
+    withheld_gpus: int
+    mig_gpus: int
+
+
+@dataclass
+class TopologyOutcome:
+    job_id: str
+    node: str
+    size: int
+    chosen_value: float
+    best_value: float
+
+    @property
+    def got_best(self) -> bool:
+        return self.chosen_value >= self.best_value - 1e-9
+
+
+@dataclass
+class RunResult:
+    policy: str
+    samples: list[Sample] = field(default_factory=list)
+    pending_times_s: list[float] = field(default_factory=list)
+    topology: list[TopologyOutcome] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    reshapes: list[Reshape] = field(default_factory=list)
+    jobs_started: int = 0
+    jobs_pending_at_end: int = 0
+
+
+@dataclass
+class _Queued:
+    job: Job
+    queued_s: float
+
+
+class Simulation:
+    def __init__(
+        self,
+        *,
+        fleet: Sequence[FleetNode],
+        jobs: Sequence[Job],
+        placer: Placer,
+        metric_model: FragmentModel,
+        duration_s: float,
+        tick_s: float = 60.0,
+        seed: int = 0,
+        faults: Sequence[FaultSpec] = DEFAULT_FAULTS,
+    ) -> None:
+        self.state = SimState.create(fleet, metric_model)
+        self._jobs = sorted(jobs, key=lambda j: j.arrival_s)
+        self._placer = placer
+        self._duration = duration_s
+        self._tick = tick_s
+        self._rng = np.random.default_rng(seed)
+        self._fault_plan = sorted(faults, key=lambda f: f.at_fraction)
+        self._mig = MigManager()
+        self._queue: list[_Queued] = []
+        self._ends: dict[str, float] = {}
+        self._restores: list[tuple[float, FaultRecord]] = []
+        self._fault_nodes: set[int] = set()
+        self.result = RunResult(policy=placer.name)
+
+    def run(self, *, on_tick: TickHook | None = None) -> RunResult:
+        next_job = 0
+        ticks = int(np.ceil(self._duration / self._tick))
+        for tick in range(ticks + 1):
+            now = tick * self._tick
+            self._depart(now)
+            self._fire_faults(now)
+            while next_job < len(self._jobs) and self._jobs[next_job].arrival_s <= now:
+                self._queue.append(_Queued(self._jobs[next_job], self._jobs[next_job].arrival_s))
+                next_job += 1
+            demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
+            self._mig.reconcile(self.state, demand, now=now)
+            self._schedule(now)
+            self.result.samples.append(self._sample(now))
+            if on_tick is not None:
+                on_tick(1)
+        self.result.reshapes = list(self._mig.reshapes)
+        self.result.jobs_pending_at_end = len(self._queue)
+        return self.result
+
+    def _depart(self, now: float) -> None:
+        for pod_id in [p for p, end in self._ends.items() if end <= now]:
+            self._ends.pop(pod_id)
+            if pod_id in self.state.pods:
+                self.state.stop_pod(pod_id)
+
+    def _fire_faults(self, now: float) -> None:
+        for due in [r for r in self._restores if r[0] <= now]:
+            restore(self.state, due[1], now=due[0])
+            self._restores.remove(due)
+        while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
+            spec = self._fault_plan.pop(0)
+            if spec.kind is FaultKind.EFA_LINK:
+                record = inject_efa_loss(self.state, now=now, evict=self._evict_job)
+            else:
+                record = inject_gpu_fault(
+                    self.state, spec, now=now, evict=self._evict_job, used=self._fault_nodes
+                )
+            if record is None:
+                continue
+            self.result.faults.append(record)
+            if spec.restore_after_s > 0:
+                self._restores.append((now + spec.restore_after_s, record))
+
+    def _evict_job(self, pod: RunningPod) -> int:
+        """Evict every pod of ``pod``'s job and queue the job again; returns pods evicted."""
+        evicted = 0
+        for member in self.state.pods_of_job(pod.job.job_id):
+            self.state.stop_pod(member.pod_id)
+            self._ends.pop(member.pod_id, None)
+            evicted += 1
+        self._queue.insert(0, _Queued(pod.job, pod.started_s))
+        return evicted
+
+    def _schedule(self, now: float) -> None:
+        waiting: list[_Queued] = []
+        for queued in self._queue:
+            if self._start(queued.job, now):
+                self.result.pending_times_s.append(now - queued.queued_s)
+                self.result.jobs_started += 1
+            else:
+                waiting.append(queued)
+        self._queue = waiting
+
+    def _start(self, job: Job, now: float) -> bool:
+        if job.kind is JobKind.MIG:
+            return self._start_mig(job, now)
+        request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
+        allowed = np.ones(self.state.cluster.size, dtype=bool)
+        if job.pods > 1:
+            allowed &= np.asarray(
+                [n.has_efa and i not in self.state.efa_down for i, n in enumerate(self.state.fleet)]
+            )
+        started: list[RunningPod] = []
+        for index in range(job.pods):
+            placement = self._placer.place(self.state, request, allowed=allowed, rng=self._rng)
+            if placement is None:
+                for pod in started:
+                    self.state.stop_pod(pod.pod_id)
+                return False
+            self._record_topology(job, placement)
+            pod = RunningPod(f"{job.job_id}-{index}", job, placement.node, placement.gpus, request, now)
+            self.state.start_pod(pod)
+            started.append(pod)
+            allowed[placement.node] = False  # one pod of a gang per node
+        for pod in started:
+            self._ends[pod.pod_id] = now + job.duration_s
+        return True
+
+    def _start_mig(self, job: Job, now: float) -> bool:
+        pod_id = f"{job.job_id}-0"
+        where = MigManager.take_instance(self.state, job.mig_profile, pod_id)
+        if where is None:
+            return False
+        node, gpu = where
+        self.state.pods[pod_id] = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
+        self._ends[pod_id] = now + job.duration_s
+        return True
+
+    def _record_topology(self, job: Job, placement: PodPlacement) -> None:
+        if job.gpus_per_pod < 2:
+            return
+        node = self.state.fleet[placement.node]
+        available = self.state.full_free_gpus(placement.node)
+        best = best_set(node.graph, available=available, size=job.gpus_per_pod, lookahead=False)
+        chosen = score_set(node.graph, placement.gpus).value
+        best_value = best.score.value if best is not None else chosen
+        self.result.topology.append(
+            TopologyOutcome(job.job_id, node.name, job.gpus_per_pod, chosen, best_value)
+        )
+
+    def _sample(self, now: float) -> Sample:
+        healthy = max(self.state.healthy_gpus(), 1) * MILLI_PER_GPU
+        modes = [m for node in self.state.modes for m in node]
+        return Sample(
+            t_s=now,
+            allocation=100.0 * self.state.used_gpu_milli() / healthy,
+            fragmentation=100.0 * float(self.state.cluster.node_fragment.sum()) / healthy,
+            pending=len(self._queue),
+            running=len(self.state.pods),
+            withheld_gpus=sum(1 for m in modes if m == 2),
+            mig_gpus=sum(1 for m in modes if m == 1),
+        )

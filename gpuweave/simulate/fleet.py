@@ -1,0 +1,94 @@
+"""The simulated cluster's nodes, built from node profiles (built-in machines or users' files).
+
+Profiles describe GPUs and their interconnect; the host CPU and memory a scheduler also needs come
+from a small table of the real machines (a user profile gets a generic host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hardware.profiles import load_profile
+from topology.errors import InvalidInputError
+from topology.graph import TopologyGraph
+from topology.inventory import Architecture, NicType, NodeInventory
+
+DEFAULT_PROFILES = ("p5.48xlarge", "p4d.24xlarge", "dgx-a100", "l40s-pcie-8")
+DEFAULT_NODES = 16
+MIG_PROFILES = frozenset({"dgx-a100", "dgx-h100"})  # nodes whose GPUs the MIG manager may reshape
+# Host vCPUs (milli) and memory (MiB) of the real machines.
+HOST_SPECS: dict[str, tuple[int, int]] = {
+    "p5.48xlarge": (192_000, 2_097_152),
+    "p4d.24xlarge": (96_000, 1_179_648),
+    "dgx-a100": (256_000, 2_097_152),
+    "dgx-h100": (224_000, 2_097_152),
+    "dgx1-v100": (80_000, 524_288),
+    "l40s-pcie-8": (192_000, 1_572_864),
+    "a100-pcie-nvbridge-4": (64_000, 524_288),
+}
+GENERIC_HOST = (128_000, 1_048_576)
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    name: str
+    profile: str
+    inventory: NodeInventory
+    graph: TopologyGraph
+    cpu_milli: int
+    memory_mib: int
+    mig_managed: bool
+
+    @property
+    def gpus(self) -> int:
+        return len(self.inventory.gpus)
+
+    @property
+    def product(self) -> str:
+        return self.inventory.gpus[0].product if self.inventory.gpus else ""
+
+    @property
+    def architecture(self) -> Architecture:
+        return self.inventory.gpus[0].architecture if self.inventory.gpus else Architecture.UNKNOWN
+
+    @property
+    def has_efa(self) -> bool:
+        return any(nic.type is NicType.EFA for nic in self.inventory.nics)
+
+
+def parse_profiles(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return DEFAULT_PROFILES
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise InvalidInputError("--profiles is empty; give one or more profile names or YAML paths")
+    return names
+
+
+def build_fleet(profiles: Sequence[str], *, nodes: int) -> tuple[FleetNode, ...]:
+    """``nodes`` nodes, profiles taken round-robin (4 profiles x 4 nodes by default)."""
+    if nodes < 1:
+        raise InvalidInputError(f"--nodes {nodes}: a cluster needs at least one node")
+    loaded = {name: load_profile(name) for name in dict.fromkeys(profiles)}
+    fleet = []
+    for i in range(nodes):
+        name = profiles[i % len(profiles)]
+        profile = loaded[name]
+        node_name = f"{profile.name}-{i // len(profiles):02d}"
+        inventory = profile.spec.to_inventory(node_name=node_name)
+        if not inventory.gpus:
+            raise InvalidInputError(f"profile {name} has no GPUs; the simulation needs GPU nodes")
+        cpu, memory = HOST_SPECS.get(profile.name, GENERIC_HOST)
+        fleet.append(
+            FleetNode(
+                name=node_name,
+                profile=profile.name,
+                inventory=inventory,
+                graph=TopologyGraph.from_inventory(inventory),
+                cpu_milli=cpu,
+                memory_mib=memory,
+                mig_managed=profile.name in MIG_PROFILES and any(g.mig_capable for g in inventory.gpus),
+            )
+        )
+    return tuple(fleet)

@@ -1,0 +1,115 @@
+"""Schedulers the simulation can drive: node choice plus the GPU set on the chosen node.
+
+``gpuweave`` scores nodes with its fragmentation-aware policy and takes multi-GPU sets from the
+topology search (``topology.search.best_set``); ``go-gpuallocator-like`` is what a cluster gets
+with kube-scheduler's default spreading and NVIDIA's best-effort allocator; ``random`` and
+``best-fit`` take the lowest-indexed free GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from gpuweave.simulate.cluster import ClusterState, Request
+from gpuweave.simulate.fleet import FleetNode
+from gpuweave.simulate.policies import (
+    BestFitPolicy,
+    GpuweavePolicy,
+    Placement,
+    PlacementPolicy,
+    RandomPolicy,
+    default_gpus,
+    pick_top,
+)
+from gpuweave.simulate.state import SimState
+from topology.baselines import go_gpuallocator_like
+from topology.errors import InvalidInputError
+from topology.fragmentation import FragmentModel, IntArray
+from topology.search import best_set
+
+SIMULATE_POLICIES = ("gpuweave", "random", "best-fit", "go-gpuallocator-like")
+GpuChooser = Callable[[FleetNode, frozenset[int], int], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    node: int
+    gpus: tuple[int, ...]
+
+
+class Placer(Protocol):
+    name: str
+
+    def place(
+        self, state: SimState, request: Request, *, allowed: np.ndarray, rng: np.random.Generator
+    ) -> PodPlacement | None: ...
+
+
+class LeastAllocatedPolicy:
+    """kube-scheduler's default NodeResourcesFit scoring: prefer the emptiest node (spreading)."""
+
+    name = "least-allocated"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        gpu_capacity = np.maximum(cluster.gpu_count[candidates], 1) * 1000
+        free = (
+            cluster.cpu_free[candidates] / cluster.cpu_capacity[candidates]
+            + cluster.memory_free[candidates] / cluster.memory_capacity[candidates]
+            + cluster.gpu_free[candidates].sum(axis=1) / gpu_capacity
+        )
+        node = int(candidates[pick_top(np.floor(free / 3 * 100), rng)])
+        return Placement(node, default_gpus(cluster, node, request))
+
+
+def lowest_index(_: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
+    return tuple(sorted(available)[:size])
+
+
+def topology_best(node: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
+    selection = best_set(node.graph, available=available, size=size)
+    return selection.gpus if selection is not None else lowest_index(node, available, size)
+
+
+def go_allocator(node: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
+    chosen = go_gpuallocator_like(node.graph, available=available, size=size)
+    return chosen if chosen is not None else lowest_index(node, available, size)
+
+
+class InProcessPlacer:
+    """A node policy and a GPU-set chooser, called directly (no HTTP)."""
+
+    def __init__(self, name: str, node_policy: PlacementPolicy, gpu_chooser: GpuChooser) -> None:
+        self.name = name
+        self._node_policy = node_policy
+        self._gpu_chooser = gpu_chooser
+
+    def place(
+        self, state: SimState, request: Request, *, allowed: np.ndarray, rng: np.random.Generator
+    ) -> PodPlacement | None:
+        candidates = np.flatnonzero(state.cluster.feasible(request) & allowed)
+        if len(candidates) == 0:
+            return None
+        choice = self._node_policy.choose(state.cluster, request, candidates, rng)
+        gpus = choice.gpus
+        if request.gpu_count >= 2:
+            available = state.full_free_gpus(choice.node)
+            gpus = self._gpu_chooser(state.fleet[choice.node], available, request.gpu_count)
+        return PodPlacement(choice.node, gpus)
+
+
+def make_placer(name: str, *, gpuweave_model: FragmentModel) -> InProcessPlacer:
+    if name == "gpuweave":
+        return InProcessPlacer(name, GpuweavePolicy(gpuweave_model), topology_best)
+    if name == "random":
+        return InProcessPlacer(name, RandomPolicy(), lowest_index)
+    if name == "best-fit":
+        return InProcessPlacer(name, BestFitPolicy(), lowest_index)
+    if name == "go-gpuallocator-like":
+        return InProcessPlacer(name, LeastAllocatedPolicy(), go_allocator)
+    raise InvalidInputError(f"unknown --policy {name!r}; choose from {', '.join(SIMULATE_POLICIES)}")

@@ -1,0 +1,173 @@
+"""The simulation report: summary per policy, a text table, JSON and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from gpuweave.simulate.engine import RunResult
+
+COLOURS = {
+    "gpuweave": "tab:green",
+    "random": "tab:gray",
+    "best-fit": "tab:blue",
+    "go-gpuallocator-like": "tab:red",
+}
+
+
+def _mean(values: list[float]) -> float:
+    return float(statistics.fmean(values)) if values else 0.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, Any]:
+    """Headline numbers of one run; time averages skip the first ``warmup_fraction``."""
+    end = result.samples[-1].t_s if result.samples else 0.0
+    steady = [s for s in result.samples if s.t_s >= warmup_fraction * end] or result.samples
+    multi = result.topology
+    waits = [t / 60.0 for t in result.pending_times_s]
+    return {
+        "policy": result.policy,
+        "gpu_allocation_pct": _mean([s.allocation for s in steady]),
+        "fragmentation_pct": _mean([s.fragmentation for s in steady]),
+        "multi_gpu_placements": len(multi),
+        "topology_best_set_pct": 100.0 * sum(o.got_best for o in multi) / len(multi) if multi else 0.0,
+        "topology_value_vs_best": _mean([o.chosen_value / o.best_value for o in multi if o.best_value > 0]),
+        "pending_mean_min": _mean(waits),
+        "pending_p95_min": _percentile(waits, 0.95),
+        "jobs_started": result.jobs_started,
+        "jobs_pending_at_end": result.jobs_pending_at_end,
+        "faults": [{k: v for k, v in asdict(f).items() if k != "evicted_pods"} for f in result.faults],
+        "pods_evicted_by_faults": sum(f.pods_evicted for f in result.faults),
+        "mig_reshapes": len(result.reshapes),
+    }
+
+
+ROWS = (
+    ("GPU allocation (% of healthy GPUs)", "gpu_allocation_pct", "{:.1f}"),
+    ("fragmentation (% of healthy GPUs)", "fragmentation_pct", "{:.1f}"),
+    ("multi-GPU pods placed", "multi_gpu_placements", "{}"),
+    ("  got the best set on their node (%)", "topology_best_set_pct", "{:.1f}"),
+    ("  set quality vs best (mean ratio)", "topology_value_vs_best", "{:.3f}"),
+    ("pending time, mean (min)", "pending_mean_min", "{:.1f}"),
+    ("pending time, p95 (min)", "pending_p95_min", "{:.1f}"),
+    ("jobs started / still pending", None, ""),
+    ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
+    ("MIG reshapes", "mig_reshapes", "{}"),
+)
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    width = 38
+    lines = [f"{'':<{width}}" + "".join(f"{s['policy']:>22}" for s in summaries)]
+    for label, key, fmt in ROWS:
+        if key is None:
+            cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
+        else:
+            cells = [fmt.format(s[key]) for s in summaries]
+        lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def fault_table(summary: dict[str, Any]) -> str:
+    lines = [f"faults ({summary['policy']} run): what failed, what it reached"]
+    for f in summary["faults"]:
+        where = f"{f['node']}" + (f" GPU {f['gpu']}" if f["gpu"] is not None else "")
+        restored = (
+            f"back at {f['restored_at_s'] / 60:.0f} min" if f["restored_at_s"] is not None else "stays out"
+        )
+        lines.append(
+            f"  t={f['at_s'] / 60:5.0f} min  {f['kind']:<26} {where:<24} "
+            f"detected in ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of {f['jobs_requeued']} jobs "
+            f"evicted and requeued, {f['gpus_withheld']} GPU withheld, "
+            f"{f['other_pods_on_node_kept']} other pods on the node kept running; {restored}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+
+
+def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path:
+    figure, axes = plt.subplots(3, 1, figsize=(12, 11), sharex=True)
+    panels = (
+        ("allocation", "GPU allocation (% of healthy GPUs)"),
+        ("fragmentation", "GPU fragmentation (% of healthy GPUs)"),
+        ("pending", "jobs waiting"),
+    )
+    for axis, (field_name, label) in zip(axes, panels, strict=True):
+        for result in results:
+            xs = [s.t_s / 3600 for s in result.samples]
+            ys = [getattr(s, field_name) for s in result.samples]
+            width = 2.2 if result is main else 1.2
+            axis.plot(xs, ys, label=result.policy, color=COLOURS.get(result.policy), linewidth=width)
+        for fault in main.faults:
+            axis.axvline(fault.at_s / 3600, color="crimson", linestyle=":", linewidth=1)
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    for fault in main.faults:
+        axes[0].annotate(
+            fault.kind.split(" ")[0],
+            (fault.at_s / 3600, axes[0].get_ylim()[0]),
+            rotation=90,
+            fontsize=8,
+            color="crimson",
+            va="bottom",
+            ha="right",
+        )
+    for reshape in main.reshapes[:1]:
+        axes[0].axvline(reshape.at_s / 3600, color="purple", linestyle="--", linewidth=1)
+        axes[0].annotate(
+            "first MIG reshape",
+            (reshape.at_s / 3600, axes[0].get_ylim()[1]),
+            rotation=90,
+            fontsize=8,
+            color="purple",
+            va="top",
+            ha="right",
+        )
+    axes[0].legend(loc="lower right", fontsize=8)
+    axes[-1].set_xlabel("simulated time (hours)")
+    figure.suptitle("gpuweave simulate: policies compared on the same workload (faults as dotted lines)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
+    metrics = (
+        ("gpu_allocation_pct", "GPU allocation %"),
+        ("fragmentation_pct", "fragmentation %"),
+        ("topology_best_set_pct", "multi-GPU pods on best set %"),
+        ("pending_mean_min", "mean pending (min)"),
+    )
+    figure, axes = plt.subplots(1, len(metrics), figsize=(16, 4))
+    for axis, (key, label) in zip(axes, metrics, strict=True):
+        names = [s["policy"] for s in summaries]
+        axis.bar(names, [s[key] for s in summaries], color=[COLOURS.get(n, "tab:gray") for n in names])
+        axis.set_title(label)
+        axis.tick_params(axis="x", rotation=25, labelsize=8)
+        axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -1,0 +1,173 @@
+"""Composition root of ``gpuweave simulate``: build the cluster and workload, run, report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from gpuweave.simulate.engine import RunResult, Simulation
+from gpuweave.simulate.fleet import FleetNode, build_fleet, parse_profiles
+from gpuweave.simulate.placers import SIMULATE_POLICIES, make_placer
+from gpuweave.simulate.report import (
+    fault_table,
+    plot_summary,
+    plot_timeline,
+    summarize,
+    summary_table,
+    write_json,
+)
+from gpuweave.simulate.workload import Job, JobKind, WorkloadSettings, synthetic_jobs, trace_jobs
+from topology.errors import InvalidInputError
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
+
+TICK_S = 60.0
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    nodes: int
+    profiles: str | None
+    trace: Path | None
+    policy: str
+    seed: int
+    duration_s: float
+    load: float
+    out: Path
+    compare: bool = True
+    progress: bool = True
+
+
+def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
+    """The fragmentation measure for this workload (reported) and gpuweave's memory-aware one."""
+    pods = [j for j in jobs if j.kind is not JobKind.MIG]
+    shapes = [TaskShape(j.cpu_milli, j.gpu_milli, j.gpus_per_pod) for j in pods]
+    workload = typical_workload(shapes, coverage=1.0)
+    aware = with_memory(workload, [(s, j.memory_mib) for s, j in zip(shapes, pods, strict=True)])
+    kinds = sorted({n.profile for n in fleet})
+    max_gpus = max(n.gpus for n in fleet)
+    return FragmentModel(workload, models=kinds, max_gpus=max_gpus), FragmentModel(
+        aware, models=kinds, max_gpus=max_gpus
+    )
+
+
+def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
+    settings = WorkloadSettings(duration_s=options.duration_s, capacity_gpus=capacity, load=options.load)
+    if options.trace is not None:
+        return trace_jobs(options.trace, settings, seed=options.seed)
+    return synthetic_jobs(settings, seed=options.seed)
+
+
+def _run_one(
+    policy: str,
+    *,
+    fleet: tuple[FleetNode, ...],
+    jobs: list[Job],
+    models: tuple[FragmentModel, FragmentModel],
+    options: SimulateOptions,
+    position: int,
+) -> RunResult:
+    simulation = Simulation(
+        fleet=fleet,
+        jobs=jobs,
+        placer=make_placer(policy, gpuweave_model=models[1]),
+        metric_model=models[0],
+        duration_s=options.duration_s,
+        tick_s=TICK_S,
+        seed=options.seed,
+    )
+    ticks = int(options.duration_s // TICK_S) + 1
+    with tqdm(
+        total=ticks,
+        desc=f"{policy:<22}",
+        unit="tick",
+        disable=not options.progress,
+        position=position,
+        leave=True,
+        ncols=90,
+    ) as bar:
+        return simulation.run(on_tick=bar.update)
+
+
+def run_simulation(options: SimulateOptions) -> int:
+    if options.policy not in SIMULATE_POLICIES:
+        raise InvalidInputError(
+            f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"
+        )
+    started = time.perf_counter()
+    fleet = build_fleet(parse_profiles(options.profiles), nodes=options.nodes)
+    capacity = sum(n.gpus for n in fleet)
+    jobs = _jobs(options, capacity)
+    models = _models(fleet, jobs)
+    _print_setup(fleet, jobs, options)
+    policies = [options.policy] + (
+        [p for p in SIMULATE_POLICIES if p != options.policy] if options.compare else []
+    )
+    results = [
+        _run_one(p, fleet=fleet, jobs=jobs, models=models, options=options, position=0) for p in policies
+    ]
+    summaries = [summarize(r) for r in results]
+    print()
+    print(summary_table(summaries))
+    print()
+    print(fault_table(summaries[0]))
+    print(f"MIG reshapes ({options.policy} run): {_reshape_line(results[0])}")
+    _write_outputs(options, results, summaries, fleet, elapsed=time.perf_counter() - started)
+    return 0
+
+
+def _reshape_line(result: RunResult) -> str:
+    if not result.reshapes:
+        return "none"
+    first = result.reshapes[0]
+    return (
+        f"{len(result.reshapes)} (first at t={first.at_s / 60:.0f} min on {first.node} GPU {first.gpu}: "
+        f"created {', '.join(first.created) or '-'}; destroyed {', '.join(first.destroyed) or '-'})"
+    )
+
+
+def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: SimulateOptions) -> None:
+    kinds: dict[str, int] = {}
+    for node in fleet:
+        kinds[node.profile] = kinds.get(node.profile, 0) + 1
+    mix: dict[str, int] = {}
+    for job in jobs:
+        mix[job.kind.value] = mix.get(job.kind.value, 0) + 1
+    print(
+        f"cluster: {len(fleet)} nodes, {sum(n.gpus for n in fleet)} GPUs "
+        f"({', '.join(f'{c}x {k}' for k, c in kinds.items())})\n"
+        f"workload: {len(jobs)} jobs over {options.duration_s / 3600:.1f} h simulated "
+        f"({', '.join(f'{c} {k}' for k, c in mix.items())}); MIG demand shift at half time; "
+        f"faults: Xid 79, ECC double-bit, EFA link loss"
+    )
+
+
+def _write_outputs(
+    options: SimulateOptions,
+    results: list[RunResult],
+    summaries: list[dict[str, Any]],
+    fleet: tuple[FleetNode, ...],
+    *,
+    elapsed: float,
+) -> None:
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
+        "cluster": [
+            {"name": n.name, "profile": n.profile, "gpus": n.gpus, "mig_managed": n.mig_managed}
+            for n in fleet
+        ],
+        "summaries": summaries,
+        "timelines": {r.policy: [asdict(s) for s in r.samples] for r in results},
+        "mig_reshapes": [asdict(r) for r in results[0].reshapes],
+        "topology_outcomes": [asdict(o) for o in results[0].topology],
+        "elapsed_s": elapsed,
+    }
+    write_json(out / "report.json", payload)
+    timeline = plot_timeline(results, results[0], out / "timeline.png")
+    summary = plot_summary(summaries, out / "policies.png")
+    print(f"\nwrote {out / 'report.json'}, {timeline}, {summary}  ({elapsed:.0f} s)")

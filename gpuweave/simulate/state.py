@@ -1,0 +1,112 @@
+"""What the simulated cluster holds at one moment: allocations, GPU modes, MIG instances, pods.
+
+``ClusterState`` (numpy) carries what schedulers look at; this adds what the node agents know:
+which GPUs are withheld (health) or in MIG mode, the MIG instances on each GPU, and which pods
+run where. Withheld and MIG-mode GPUs show 0 free milli-GPU to whole-GPU and share requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
+from gpuweave.simulate.fleet import FleetNode
+from gpuweave.simulate.workload import Job
+from topology.fragmentation import MILLI_PER_GPU, FragmentModel
+
+
+class GpuMode(IntEnum):
+    NORMAL = 0
+    MIG = 1
+    WITHHELD = 2
+
+
+@dataclass
+class MigSlot:
+    """One MIG instance on a GPU; ``pod`` is the pod using it, if any."""
+
+    profile: str
+    start: int
+    size: int
+    compute_slices: int
+    pod: str | None = None
+
+
+@dataclass
+class RunningPod:
+    pod_id: str
+    job: Job
+    node: int
+    gpus: tuple[int, ...]
+    request: Request | None  # None for a MIG pod
+    started_s: float
+    mig_gpu: int = -1
+
+
+@dataclass
+class SimState:
+    fleet: tuple[FleetNode, ...]
+    cluster: ClusterState
+    modes: list[list[GpuMode]]
+    mig_slots: dict[tuple[int, int], list[MigSlot]] = field(default_factory=dict)
+    pods: dict[str, RunningPod] = field(default_factory=dict)
+    efa_down: set[int] = field(default_factory=set)  # nodes whose EFA link is down
+
+    @classmethod
+    def create(cls, fleet: Sequence[FleetNode], metric_model: FragmentModel) -> SimState:
+        specs = [NodeSpec(n.name, n.cpu_milli, n.memory_mib, n.gpus, n.profile) for n in fleet]
+        modes = [[GpuMode.NORMAL] * n.gpus for n in fleet]
+        return cls(tuple(fleet), ClusterState(specs, metric_model), modes)
+
+    def full_free_gpus(self, node: int) -> frozenset[int]:
+        """GPUs of ``node`` (by index) that are normal, healthy and entirely free."""
+        free = self.cluster.gpu_free[node]
+        return frozenset(
+            g
+            for g, mode in enumerate(self.modes[node])
+            if mode is GpuMode.NORMAL and free[g] == MILLI_PER_GPU
+        )
+
+    def pods_on_gpu(self, node: int, gpu: int) -> list[RunningPod]:
+        return [p for p in self.pods.values() if p.node == node and (gpu in p.gpus or p.mig_gpu == gpu)]
+
+    def pods_of_job(self, job_id: str) -> list[RunningPod]:
+        return [p for p in self.pods.values() if p.job.job_id == job_id]
+
+    def start_pod(self, pod: RunningPod) -> None:
+        if pod.request is not None:
+            self.cluster.place(pod.node, pod.gpus, pod.request)
+        self.pods[pod.pod_id] = pod
+
+    def stop_pod(self, pod_id: str) -> RunningPod:
+        pod = self.pods.pop(pod_id)
+        if pod.request is not None:
+            self.cluster.release(pod.node, pod.gpus, pod.request)
+        else:
+            for slot in self.mig_slots.get((pod.node, pod.mig_gpu), []):
+                if slot.pod == pod_id:
+                    slot.pod = None
+        return pod
+
+    def set_mode(self, node: int, gpu: int, mode: GpuMode) -> None:
+        """Switch a GPU's mode; the GPU must hold no whole-GPU or share pods."""
+        self.modes[node][gpu] = mode
+        visible = MILLI_PER_GPU if mode is GpuMode.NORMAL else 0
+        self.cluster.set_gpu_free(node, gpu, visible)
+
+    def healthy_gpus(self) -> int:
+        return sum(1 for modes in self.modes for m in modes if m is not GpuMode.WITHHELD)
+
+    def used_gpu_milli(self) -> float:
+        """Allocated milli-GPU: whole and share allocations plus MIG compute slices in use."""
+        used = 0.0
+        for node, modes in enumerate(self.modes):
+            for gpu, mode in enumerate(modes):
+                if mode is GpuMode.NORMAL:
+                    used += MILLI_PER_GPU - int(self.cluster.gpu_free[node, gpu])
+                elif mode is GpuMode.MIG:
+                    slots = self.mig_slots.get((node, gpu), [])
+                    used += sum(s.compute_slices for s in slots if s.pod) * MILLI_PER_GPU / 7
+        return used

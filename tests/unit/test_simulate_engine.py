@@ -1,0 +1,115 @@
+"""The simulation loop: gangs all-or-nothing, faults contained to their GPU, MIG follows demand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuweave.cli import main
+from gpuweave.simulate.engine import Simulation
+from gpuweave.simulate.faults import FaultKind, FaultSpec
+from gpuweave.simulate.fleet import build_fleet
+from gpuweave.simulate.placers import make_placer
+from gpuweave.simulate.workload import Job, JobKind
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+
+
+def _model(profiles: list[str]) -> FragmentModel:
+    workload = typical_workload([TaskShape(4000, 500, 1), TaskShape(12000, 1000, 1)])
+    return FragmentModel(workload, models=sorted(set(profiles)), max_gpus=8)
+
+
+def _job(
+    job_id: str,
+    kind: JobKind,
+    *,
+    at: float = 0.0,
+    pods: int = 1,
+    gpus: int = 1,
+    milli: int = 1000,
+    duration: float = 3600.0,
+    mig: str = "",
+) -> Job:
+    return Job(job_id, kind, at, duration, pods, gpus, milli, 4000 * gpus, 16_384 * gpus, mig)
+
+
+def _simulation(
+    profiles: list[str],
+    jobs: list[Job],
+    *,
+    faults: tuple[FaultSpec, ...] = (),
+    policy: str = "gpuweave",
+    duration: float = 1800.0,
+) -> Simulation:
+    fleet = build_fleet(profiles, nodes=len(profiles))
+    model = _model(profiles)
+    return Simulation(
+        fleet=fleet,
+        jobs=jobs,
+        placer=make_placer(policy, gpuweave_model=model),
+        metric_model=model,
+        duration_s=duration,
+        faults=faults,
+    )
+
+
+def test_a_gang_that_does_not_fit_whole_waits_and_holds_nothing() -> None:
+    # Two 8-GPU EFA nodes; a single 1-GPU job takes one GPU, so a 2x8 gang cannot start.
+    jobs = [_job("single", JobKind.SINGLE), _job("gang", JobKind.GANG, pods=2, gpus=8)]
+    result = _simulation(["p5.48xlarge", "p5.48xlarge"], jobs).run()
+    assert result.jobs_started == 1
+    assert result.jobs_pending_at_end == 1
+    assert result.samples[-1].allocation == pytest.approx(100 / 16)
+
+
+def test_a_fatal_xid_evicts_only_the_pods_on_that_gpu() -> None:
+    jobs = [_job(f"s{i}", JobKind.SINGLE) for i in range(8)]
+    fault = (FaultSpec(FaultKind.XID_79, 0.5, 0.0),)
+    sim = _simulation(["p4d.24xlarge"], jobs, faults=fault)
+    result = sim.run()
+    [record] = result.faults
+    assert record.pods_evicted == 1
+    assert record.gpus_withheld == 1
+    assert record.other_pods_on_node_kept == 7
+    assert result.samples[-1].withheld_gpus == 1
+    # The evicted job waits: only 7 healthy GPUs are left for 8 jobs.
+    assert result.jobs_pending_at_end == 1
+
+
+def test_mig_demand_reshapes_an_idle_gpu_and_the_pod_starts() -> None:
+    jobs = [_job("m", JobKind.MIG, milli=0, mig="1g.10gb")]
+    result = _simulation(["dgx-a100"], jobs).run()
+    assert len(result.reshapes) >= 1
+    assert result.reshapes[0].created
+    assert result.jobs_started == 1
+    assert result.samples[-1].mig_gpus >= 1
+
+
+def test_multi_gpu_pods_get_the_best_set_with_gpuweave() -> None:
+    jobs = [_job(f"g{i}", JobKind.GANG, gpus=2, at=60.0 * i) for i in range(3)]
+    result = _simulation(["dgx1-v100"], jobs).run()
+    assert len(result.topology) == 3
+    assert all(o.got_best for o in result.topology)
+
+
+def test_cli_simulate_writes_report_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim"
+    code = main(["simulate", "--nodes", "4", "--duration", "1h", "--out", str(out), "--no-progress"])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [s["policy"] for s in report["summaries"]] == [
+        "gpuweave",
+        "random",
+        "best-fit",
+        "go-gpuallocator-like",
+    ]
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert (out / "policies.png").stat().st_size > 10_000
+    assert "GPU allocation" in capsys.readouterr().out
+
+
+def test_cli_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--policy", "first-fit", "--no-progress"]) == 2
+    assert "unknown --policy" in capsys.readouterr().err
