@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,6 +98,8 @@ class Remediator:
 
     def __call__(self, monitor: HealthMonitor) -> None:
         snap = monitor.snapshot()
+        self._announce(snap.gpus)
+        self._announce(snap.migs)
         failed = [
             (d, r)
             for book in (snap.gpus, snap.migs)
@@ -262,6 +264,20 @@ class Remediator:
         elif decision.blocked_by_cap and self._published.get("blocked") != decision.reason:
             self._event("GpuweaveNodeTaintBlocked", decision.reason)
         self._published["blocked"] = decision.reason if decision.blocked_by_cap else None
+
+    def _announce(self, book: Mapping[str, DeviceRecord]) -> None:
+        """A node Event for each device that changed state since the last round."""
+        for device, record in book.items():
+            key = f"state/{device}"
+            previous = self._published.get(key, DeviceState.HEALTHY)
+            if previous == record.state:
+                continue
+            self._published[key] = record.state
+            healthy = record.state is DeviceState.HEALTHY
+            message = f"{device}: {previous} -> {record.state}" + (
+                f" ({record.reason})" if record.reason else ""
+            )
+            self._event(f"GpuweaveDevice{record.state}", message, warning=not healthy)
 
     def _event(self, reason: str, message: str, *, warning: bool = True) -> None:
         if self.cluster is None:

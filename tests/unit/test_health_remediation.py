@@ -139,6 +139,10 @@ def test_failed_gpu_evicts_only_its_pods_then_resets_and_recovers(tmp_path: Path
     assert sink.health[gpu_uuid(5)] is True
     assert other in cluster.pods
     assert ("GpuweaveDeviceFailed", "trainer") in cluster.events
+    health.monitor.run_round()  # transitions are announced at the next round
+    node_events = [reason for reason, subject in cluster.events if subject == "node"]
+    assert "GpuweaveDeviceFailed" in node_events
+    assert node_events[-1] == "GpuweaveDeviceHealthy"
 
 
 def test_reset_waits_for_processes_on_the_gpu(tmp_path: Path) -> None:
