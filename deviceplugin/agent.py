@@ -56,6 +56,7 @@ class AgentConfig:
     state_dir: Path
     sharing: SharingPlan = field(default_factory=SharingPlan)
     poll_interval: float = 0.1
+    rediscover_interval: float = 0.0  # seconds between periodic re-discoveries; 0: only on request
 
 
 @dataclass
@@ -91,6 +92,8 @@ class NodeAgent:
         self._handoff = handoff
         self._lock = threading.RLock()
         self._file_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._rediscover: threading.Thread | None = None
         self._resources: dict[str, _Resource] = {}
         self._faults: dict[str, str] = {}
         self._withheld: dict[str, str] = {}
@@ -112,9 +115,20 @@ class NodeAgent:
         self._add_builtin_routes()
         self.control.start()
         self._watcher.start()
+        if self.config.rediscover_interval > 0:
+            self._rediscover = threading.Thread(
+                target=self._rediscover_loop,
+                args=(self.config.rediscover_interval,),
+                name="rediscover",
+                daemon=True,
+            )
+            self._rediscover.start()
         self._write_agent_file()
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._rediscover is not None:
+            self._rediscover.join()
         self._watcher.stop()
         self.control.stop()
         with self._lock:
@@ -135,15 +149,26 @@ class NodeAgent:
         inventory = self._discover()
         catalogue = build_catalogue(inventory, self.config.sharing)
         with self._lock:
-            self._inventory = inventory
-            self._chooser = self._chooser_for(inventory) if self._chooser_for else None
+            changed = inventory != self._inventory
+            if changed:
+                self._inventory = inventory
+                self._chooser = self._chooser_for(inventory) if self._chooser_for else None
             for name in catalogue.keys() - self._resources.keys():
                 self._add_resource(name)
             for name in self._resources.keys() - catalogue.keys():
                 catalogue[name] = ()
-            self._apply(catalogue)
-        self._changed()
+            changed = self._apply(catalogue) or changed
+        if changed:
+            self._changed()
         return {name: len(devices) for name, devices in catalogue.items()}
+
+    def _rediscover_loop(self, interval: float) -> None:
+        """Periodic re-discovery (hot-plug, a GPU that fell off the bus, changes made behind our back)."""
+        while not self._stopping.wait(interval):
+            try:
+                self.refresh_inventory()
+            except Exception as exc:  # a failed discovery keeps the lists we have
+                log.warning("re-discovery failed (%s); keeping the current device lists", exc)
 
     def _add_resource(self, name: str) -> None:
         state = ResourceState(name)
@@ -157,15 +182,18 @@ class NodeAgent:
         server.start()  # serving before the watcher registers it
         self._resources[name] = _Resource(state, server)
 
-    def _apply(self, catalogue: dict[str, tuple[PluginDevice, ...]] | None = None) -> None:
+    def _apply(self, catalogue: dict[str, tuple[PluginDevice, ...]] | None = None) -> bool:
+        """Push lists and health into every resource; True when any resource changed."""
+        changed = False
         with self._lock:
             for name, resource in self._resources.items():
                 devices = (
                     catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
                 )
                 reasons = unhealthy_reasons(devices, faults=self._faults, withheld=self._withheld)
-                resource.state.update(devices, reasons)
+                changed = resource.state.update(devices, reasons) or changed
                 self.metrics.unhealthy_devices.labels(name).set(len(reasons))
+        return changed
 
     # ---- health ----------------------------------------------------------------------------
     def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None:

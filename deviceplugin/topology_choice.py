@@ -28,7 +28,13 @@ def gpu_chooser_for(
         return None
 
     def choose(available: frozenset[int], size: int, must_include: frozenset[int]) -> tuple[int, ...] | None:
-        selection = best_set(graph, available=available, size=size, must_include=must_include, policy=policy)
+        try:
+            selection = best_set(
+                graph, available=available, size=size, must_include=must_include, policy=policy
+            )
+        except Exception:  # a search failure must not fail the pod: fall back to NUMA order
+            log.exception("topology search failed for %d of %s; using NUMA order", size, sorted(available))
+            return None
         return selection.gpus if selection is not None else None
 
     return choose

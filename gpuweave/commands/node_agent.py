@@ -48,6 +48,12 @@ def register(subparsers: Any) -> None:
     add("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="holds agent.sock and agent.json")
     parser.add_argument("--simulate", metavar="PROFILE|FILE", help="simulated hardware from a node profile")
     parser.add_argument("--node-name", default=None, help="node name (default: $NODE_NAME or the hostname)")
+    add(
+        "--rediscover-interval",
+        type=float,
+        default=30.0,
+        help="seconds between hardware re-discoveries (0: off)",
+    )
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
     kube = parser.add_mutually_exclusive_group()
@@ -82,7 +88,12 @@ def build_agent(
     args: argparse.Namespace, *, backend: GpuBackend, kube: KubeParts | None, metrics: AgentMetrics
 ) -> NodeAgent:
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
-    config = AgentConfig(kubelet_dir=args.kubelet_dir, state_dir=args.state_dir, sharing=sharing)
+    config = AgentConfig(
+        kubelet_dir=args.kubelet_dir,
+        state_dir=args.state_dir,
+        sharing=sharing,
+        rediscover_interval=args.rediscover_interval,
+    )
     return NodeAgent(
         config,
         discover=backend.discover,

@@ -38,6 +38,17 @@ class Holder:
         return self.inventory
 
 
+class FlakyHolder(Holder):
+    """Discovery that can fail (an NVML error) without taking the lists away."""
+
+    failing = False
+
+    def discover(self) -> NodeInventory:
+        if self.failing:
+            raise RuntimeError("NVML: GPU is lost")
+        return self.inventory
+
+
 def start(
     dirs: tuple[Path, Path], holder: Holder, sharing: SharingPlan | None = None
 ) -> tuple[NodeAgent, KubeletEmulator]:
@@ -166,7 +177,9 @@ def test_fractional_units_stay_on_one_gpu(dirs: tuple[Path, Path]) -> None:
     try:
         assert kubelet.wait_for(
             lambda: (
-                len(kubelet.devices(RESOURCE_GPU_COMPUTE)) == 200 and len(kubelet.devices(RESOURCE_GPU)) == 2
+                len(kubelet.devices(RESOURCE_GPU_COMPUTE)) == 200
+                and len(kubelet.devices(RESOURCE_GPU_MEMORY)) == 160
+                and len(kubelet.devices(RESOURCE_GPU)) == 2
             )
         )
         first, response = kubelet.allocate(RESOURCE_GPU_COMPUTE, 70)
@@ -184,6 +197,28 @@ def test_fractional_units_stay_on_one_gpu(dirs: tuple[Path, Path]) -> None:
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=spread)]
                 )
             )
+    finally:
+        agent.stop()
+        kubelet.stop()
+
+
+def test_periodic_rediscovery_finds_hot_plugged_gpus_and_survives_failures(dirs: tuple[Path, Path]) -> None:
+    kubelet_dir, state_dir = dirs
+    kubelet = KubeletEmulator(kubelet_dir)
+    kubelet.start()
+    holder = FlakyHolder(small_inventory(gpus=2))
+    config = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir, rediscover_interval=0.05)
+    agent = NodeAgent(config, discover=holder.discover)
+    agent.start()
+    try:
+        assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 2)
+        holder.failing = True
+        holder.inventory = small_inventory(gpus=4)
+        assert not kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) != 2, timeout=0.5)
+        holder.failing = False
+        assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 4)
+        updates = kubelet.endpoint(RESOURCE_GPU).updates
+        assert not kubelet.wait_for(lambda: kubelet.endpoint(RESOURCE_GPU).updates > updates, timeout=0.5)
     finally:
         agent.stop()
         kubelet.stop()
