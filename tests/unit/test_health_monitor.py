@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +236,37 @@ def test_an_xid_seen_as_event_and_kernel_line_counts_once(
     monitor.run_round()  # a later, separate Xid 79 from the kernel log alone is a new failure
     record = monitor.snapshot().gpus[gpu_uuid(4)]
     assert (record.state, record.strikes) == (DeviceState.FAILED, 2)
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_watchdog_withholds_every_gpu_while_checks_are_stuck(tmp_path: Path) -> None:
+    inventory = small_inventory(gpus=4)
+    sysfs = efa_sysfs(tmp_path / "sys", [n.name for n in inventory.nics])
+    state = SimHealthState([(g.uuid, g.pci_bus_id, 12) for g in inventory.gpus], sysfs_root=sysfs)
+    settings = HealthSettings(round_interval_s=0.05, check_timeout_s=0.2, event_wait_ms=20, stall_after_s=0.3)
+    engine = HealthEngine(inventory, settings, clock=time.monotonic)
+    probe = NvmlHealthProbe(SimLib(state), sysfs_root=sysfs, reset=lambda uuid: None)
+    gate, sink = threading.Event(), Sink()
+
+    def stuck_hook(monitor: HealthMonitor) -> None:
+        if monitor.rounds_completed == 2:
+            gate.wait(10)
+
+    monitor = HealthMonitor(engine, probe, clock=time.monotonic, sink=sink, round_hooks=(stuck_hook,))
+    monitor.start()
+    try:
+        assert wait_until(lambda: sink.health and not any(sink.health[g.uuid] for g in inventory.gpus))
+        assert "stalled" in monitor.snapshot().gpus[gpu_uuid(0)].reason
+        gate.set()
+        assert wait_until(lambda: all(sink.health[g.uuid] for g in inventory.gpus))
+    finally:
+        gate.set()
+        monitor.stop()
