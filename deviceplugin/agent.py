@@ -297,6 +297,7 @@ class NodeAgent:
                 for name, r in self._resources.items()
             }
         return {
+            "ready": bool(resources) and all(r["registered"] for r in resources.values()),
             "pid": os.getpid(),
             "node": self._inventory.name if self._inventory else "",
             "kubelet_dir": str(self.config.kubelet_dir),

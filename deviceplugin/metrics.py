@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 
 class AgentMetrics:
@@ -38,3 +40,15 @@ class AgentMetrics:
             ["resource"],
             registry=self.registry,
         )
+
+
+def serve_metrics(registry: CollectorRegistry, *, host: str, port: int) -> Callable[[], None]:
+    """Serve ``/metrics`` over HTTP; returns the function that stops the server."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return stop

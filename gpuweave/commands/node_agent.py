@@ -14,11 +14,12 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.metrics import AgentMetrics
+from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, start_node_health
@@ -54,6 +55,12 @@ def register(subparsers: Any) -> None:
         default=30.0,
         help="seconds between hardware re-discoveries (0: off)",
     )
+    add(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus /metrics (default: off)",
+    )
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
     kube = parser.add_mutually_exclusive_group()
@@ -82,6 +89,13 @@ def open_kube(kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> KubePart
     from deviceplugin.kube import KubeParts  # noqa: PLC0415 (deferred: memory and start-up time)
 
     return KubeParts(kubeconfig, node=node, metrics=metrics)
+
+
+def open_metrics(address: str, metrics: AgentMetrics) -> Callable[[], None]:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise GpuweaveError(f"--metrics-address {address!r}: expected HOST:PORT, e.g. 0.0.0.0:9402")
+    return serve_metrics(metrics.registry, host=host or "0.0.0.0", port=int(port))
 
 
 def build_agent(
@@ -129,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if kube is not None:
         kube.start(agent)
+    stop_metrics = open_metrics(args.metrics_address, metrics) if args.metrics_address else None
     log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
     try:
         stop.wait()
     finally:
+        if stop_metrics is not None:
+            stop_metrics()
         if layout is not None:
             layout.stop()
         health.stop()
