@@ -72,7 +72,7 @@ class ClusterCache:
         return self._pods.get(uid)
 
     def pod_objects(self) -> list[Mapping[str, Any]]:
-        """Every pod object the cache remembers (bound ones carry their assignment annotation)."""
+        """Pending pods seen, plus bound ones a snapshot binder keeps (with their annotation)."""
         return list(self._pods.values())
 
     def holdings_on(self, node: str) -> list[PodRecord]:
@@ -134,18 +134,24 @@ class ClusterCache:
         if record.terminated:
             self.delete_pod(record.uid)
             return
-        self.remember_pod(obj)
+        if record.node is None:
+            self.remember_pod(obj)  # pending: a bind may name it next
+        else:
+            self._drop_object(record.uid)  # bound: the API (or the snapshot) holds it, not us
         previous = self._holdings.get(record.uid)
         if not record.devices and (previous is None or previous.assumed):
             return  # an assumed bind stays until the annotation (or the pod's end) arrives
         self._set_holding(record.uid, Holding(record, assumed=False) if record.devices else None)
 
     def delete_pod(self, uid: str) -> None:
+        self._drop_object(uid)
+        self._set_holding(uid, None)
+
+    def _drop_object(self, uid: str) -> None:
         with self._meta_lock:
             obj = self._pods.pop(uid, None)
             if obj is not None:
                 self._pod_uids.pop(pod_record(obj).key, None)
-        self._set_holding(uid, None)
 
     def assume(self, record: PodRecord) -> None:
         """Record a bind's devices before the API shows them; raises ``DoubleBookingError``."""

@@ -155,10 +155,11 @@ class KubeBinder:
     def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None:
         metadata = pod.get("metadata") or {}
         name, namespace = str(metadata.get("name")), str(metadata.get("namespace") or "default")
+        uid = str(metadata.get("uid") or "")
         if assignment is not None:
-            self._annotate(namespace, name, assignment.to_annotation(), what="record the assignment")
+            self._annotate(namespace, name, uid, assignment.to_annotation(), what="record the assignment")
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=metadata.get("uid") or None),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
@@ -166,13 +167,17 @@ class KubeBinder:
         except (ApiException, HTTPError) as exc:
             if assignment is not None:
                 try:
-                    self._annotate(namespace, name, None, what="roll back the assignment")
+                    self._annotate(namespace, name, uid, None, what="roll back the assignment")
                 except BindError as rollback:
                     LOG.error("%s", rollback)
             raise BindError(f"binding pod {namespace}/{name} to node {node} failed: {_why(exc)}") from None
 
-    def _annotate(self, namespace: str, name: str, value: str | None, *, what: str) -> None:
-        patch = {"metadata": {"annotations": {ANNOTATION_ASSIGNMENT: value}}}
+    def _annotate(self, namespace: str, name: str, uid: str, value: str | None, *, what: str) -> None:
+        """Set (or with None remove) the annotation; the UID makes the patch fail on a re-created pod."""
+        metadata: dict[str, Any] = {"annotations": {ANNOTATION_ASSIGNMENT: value}}
+        if uid:
+            metadata["uid"] = uid
+        patch = {"metadata": metadata}
         try:
             self._core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
         except (ApiException, HTTPError) as exc:

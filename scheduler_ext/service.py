@@ -127,6 +127,13 @@ class ExtenderService:
             return str(exc)
         if not request.interested or all(c.is_empty for c in request.containers):
             return self._bind_plain(pod, args.Node)
+        held = self.cache.holding(request.uid)
+        if held is not None:  # a retried bind (e.g. after a timeout): never take a second set
+            if held.record.node == args.Node:
+                return ""
+            return (
+                f"pod {key} already holds devices on node {held.record.node}; not binding it to {args.Node}"
+            )
         try:
             record = self._assume(request, args.Node)
         except (DoubleBookingError, BindError) as exc:

@@ -48,6 +48,7 @@ def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> 
         counts[kind] = counts.get(kind, 0) + 1
     for pod in pods:
         cache.upsert_pod(pod)
+        cache.remember_pod(pod)  # offline, the cache is the only record of bound pods too
     return counts
 
 
@@ -89,3 +90,4 @@ class SnapshotBinder:
             annotations[ANNOTATION_ASSIGNMENT] = assignment.to_annotation()
             metadata["annotations"] = annotations
         self._cache.upsert_pod(bound)
+        self._cache.remember_pod(bound)  # no API server keeps it: the cache is the record

@@ -19,8 +19,9 @@ import yaml
 from kubernetes import client, config
 
 from scheduler_ext.app import Extender
-from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.kube import KubeBinder, build_kube_extender
 from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
+from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -119,8 +120,12 @@ def _has_layout(extender: Extender, name: str) -> bool:
     return state is not None and state.layout is not None
 
 
-def _create_pod(kubeconfig: str, name: str, gpus: int, **kwargs: Any) -> dict[str, Any]:
+def _create_pod(
+    kubeconfig: str, name: str, gpus: int, *, finalizers: list[str] | None = None, **kwargs: Any
+) -> dict[str, Any]:
     body = pod_object(name, limits={RESOURCE_GPU: gpus}, **kwargs)
+    if finalizers:
+        body["metadata"]["finalizers"] = finalizers
     for key in ("uid", "resourceVersion", "creationTimestamp"):
         body["metadata"].pop(key)
     body.pop("status")
@@ -169,17 +174,27 @@ def test_bind_writes_annotation_then_binding_and_the_watch_confirms(
 
 
 def test_failed_binding_rolls_the_annotation_back(kubeconfig: str, extender: Extender) -> None:
-    pod = _create_pod(kubeconfig, "prebound", 2, node="gpu-b")  # already bound: a Binding will conflict
+    pod = _create_pod(kubeconfig, "doomed", 2, finalizers=["gpuweave.io/test-hold"])
     uid = pod["metadata"]["uid"]
-    _wait("pod seen", lambda: extender.cache.pod_object(uid=uid) is not None)
+    with _api(kubeconfig) as api:  # terminating but still present: the API refuses to bind it
+        client.CoreV1Api(api).delete_namespaced_pod("doomed", "default")
+    _wait(
+        "terminating pod seen",
+        lambda: (
+            ((extender.cache.pod_object(uid=uid) or {}).get("metadata") or {}).get("deletionTimestamp")
+            is not None
+        ),
+    )
     error = extender.service.bind(
-        ExtenderBindingArgs(PodName="prebound", PodNamespace="default", PodUID=uid, Node="gpu-b")
+        ExtenderBindingArgs(PodName="doomed", PodNamespace="default", PodUID=uid, Node="gpu-b")
     )
-    assert "binding pod default/prebound to node gpu-b failed" in error
-    assert ANNOTATION_ASSIGNMENT not in (
-        _read_pod(kubeconfig, "prebound")["metadata"].get("annotations") or {}
-    )
+    assert "binding pod default/doomed to node gpu-b failed" in error
+    stored = _read_pod(kubeconfig, "doomed")
+    assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
+    assert not stored["spec"].get("nodeName")
     assert extender.cache.holding(uid) is None
+    with _api(kubeconfig) as api:
+        client.CoreV1Api(api).patch_namespaced_pod("doomed", "default", {"metadata": {"finalizers": None}})
 
 
 def test_restart_rebuilds_holdings_from_annotations(kubeconfig: str, extender: Extender) -> None:
@@ -256,3 +271,15 @@ def test_real_kube_scheduler_schedules_through_the_extender(
             scheduler.kill()
             scheduler.wait()
         log.close()
+
+
+def test_binder_never_annotates_a_recreated_pod(kubeconfig: str) -> None:
+    created = _create_pod(kubeconfig, "recreated", 1)
+    stale = {**created, "metadata": {**created["metadata"], "uid": "0000-stale-uid"}}
+    assignment = PodAssignment(node="gpu-a", containers={})
+    refused = pytest.raises(BindError, match="could not record the assignment on pod default/recreated")
+    with _api(kubeconfig) as api, refused:
+        KubeBinder(api).bind(stale, node="gpu-a", assignment=assignment)
+    stored = _read_pod(kubeconfig, "recreated")
+    assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
+    assert not stored["spec"].get("nodeName")
