@@ -38,9 +38,11 @@ class Node:
 
     def close(self) -> None:
         rc = self.agent.stop()
+        left = sorted(p.name for p in (self.root / "k").glob("gpuweave-*.sock"))
         self.kubelet.stop()
         remove_tree(self.root)
         assert rc == 0, getattr(self.agent, "stderr", "")
+        assert left == [], f"sockets left after SIGTERM: {left}"
 
 
 @pytest.fixture
