@@ -85,6 +85,8 @@ func apiserverArgs(keys pki, etcdURL string, port int) []string {
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
+		// No node lifecycle controller runs here to lift the not-ready taints it would add.
+		"--disable-admission-plugins=TaintNodesByCondition",
 		"--allow-privileged=true",
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",

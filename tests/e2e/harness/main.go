@@ -37,6 +37,8 @@ func main() {
 		err = cmd.Execute()
 	case "node":
 		err = runNode(os.Args[2:])
+	case "kustomize":
+		err = runKustomize(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
