@@ -54,15 +54,22 @@ def _on_switch_of(layout: NodeLayout, position: int, gpus: tuple[int, ...]) -> b
 
 
 def _pick(layout: NodeLayout, left: set[int], gpus: tuple[int, ...], count: int) -> tuple[int, ...]:
-    if count <= 0:
-        return ()
+    """``count`` adapters: on the GPUs' switches first (spread across them), then same NUMA, then any."""
     switches = {layout.gpu_by_index[g].pcie_switch for g in gpus} - {None}
     numas = {layout.gpu_by_index[g].numa_node for g in gpus}
+    per_switch: dict[str | None, int] = {}
+    pool = set(left)
+    picked: list[int] = []
 
-    def rank(position: int) -> tuple[int, int]:
+    def rank(position: int) -> tuple[int, int, int]:
         nic = layout.nics[position]
-        if nic.pcie_switch in switches:
-            return (0, position)
-        return (1 if nic.numa_node in numas else 2, position)
+        tier = 0 if nic.pcie_switch in switches else 1 if nic.numa_node in numas else 2
+        return (tier, per_switch.get(nic.pcie_switch, 0), position)
 
-    return tuple(sorted(sorted(left, key=rank)[:count]))
+    while len(picked) < count and pool:
+        best = min(pool, key=rank)
+        pool.discard(best)
+        picked.append(best)
+        switch = layout.nics[best].pcie_switch
+        per_switch[switch] = per_switch.get(switch, 0) + 1
+    return tuple(sorted(picked))

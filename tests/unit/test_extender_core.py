@@ -274,7 +274,7 @@ def test_efa_follows_the_gpus_pcie_switches(core: DecisionCore) -> None:
     layout = state.layout
     assert layout is not None
     switches = {layout.gpu_by_index[g].pcie_switch for g in verdict.plan[0].gpus}
-    assert {layout.nics[p].pcie_switch for p in verdict.plan[0].nics} <= switches
+    assert {layout.nics[p].pcie_switch for p in verdict.plan[0].nics} == switches  # one per GPU switch
 
 
 def test_memoized_verdicts_are_shared_by_identical_nodes(core: DecisionCore) -> None:
