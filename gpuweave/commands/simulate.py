@@ -55,6 +55,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-compare", action="store_true", help="run only --policy, not the other policies")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run gpuweave's scoring in-process instead of the real extender over HTTP",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -74,5 +79,6 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         compare=not args.no_compare,
         progress=not args.no_progress,
+        in_process=args.in_process,
     )
     return run_simulation(options)

@@ -120,20 +120,19 @@ class ClusterState:
         self._apply(node, gpus, request, sign=+1)
 
     def _apply(self, node: int, gpus: Sequence[int], request: Request, *, sign: int) -> None:
-        if len(gpus) != request.gpu_count:
+        """Add (release) or subtract (place) a request; refused whole if it would over-commit."""
+        if len(gpus) != request.gpu_count or len(set(gpus)) != len(gpus):
             raise InvalidInputError(f"request for {request.gpu_count} GPUs given GPU slots {list(gpus)}")
-        self.cpu_free[node] += sign * request.cpu_milli
-        self.memory_free[node] += sign * request.memory_mib
-        for gpu in gpus:
-            self.gpu_free[node, gpu] += sign * request.gpu_milli
-        if (
-            (self.gpu_free[node] < 0).any()
-            or self.cpu_free[node] < 0
-            or (self.gpu_free[node] > MILLI_PER_GPU).any()
-        ):
+        cpu = self.cpu_free[node] + sign * request.cpu_milli
+        memory = self.memory_free[node] + sign * request.memory_mib
+        gpu_free = self.gpu_free[node].copy()
+        gpu_free[list(gpus)] += sign * request.gpu_milli
+        if cpu < 0 or memory < 0 or (gpu_free < 0).any() or (gpu_free > MILLI_PER_GPU).any():
             raise InvalidInputError(
-                f"placement on node {self.names[node]} over- or under-commits it: {request}"
+                f"placing {request} on node {self.names[node]} GPUs {list(gpus)} would over-commit it; "
+                "the scheduler's view and the node's disagree"
             )
+        self.cpu_free[node], self.memory_free[node], self.gpu_free[node] = cpu, memory, gpu_free
         self._refresh(node)
 
     def _refresh(self, node: int) -> None:

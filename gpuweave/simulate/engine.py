@@ -24,11 +24,12 @@ from gpuweave.simulate.faults import (
     inject_gpu_fault,
     restore,
 )
-from gpuweave.simulate.fleet import FleetNode
+from gpuweave.simulate.fleet import FleetNode, share_pool
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.placers import Placer, PodPlacement
-from gpuweave.simulate.state import RunningPod, SimState
+from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.workload import Job, JobKind
+from topology.errors import InvalidInputError
 from topology.fragmentation import MILLI_PER_GPU, FragmentModel
 from topology.scoring import score_set
 from topology.search import best_set
@@ -70,6 +71,8 @@ class RunResult:
     reshapes: list[Reshape] = field(default_factory=list)
     jobs_started: int = 0
     jobs_pending_at_end: int = 0
+    transport: str = "in-process"
+    placement_mismatches: int = 0  # scheduler chose devices the node state could not give
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Simulation:
         tick_s: float = 60.0,
         seed: int = 0,
         faults: Sequence[FaultSpec] = DEFAULT_FAULTS,
+        share_nodes: frozenset[int] | None = None,
     ) -> None:
         self.state = SimState.create(fleet, metric_model)
         self._jobs = sorted(jobs, key=lambda j: j.arrival_s)
@@ -103,7 +107,11 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
-        self.result = RunResult(policy=placer.name)
+        self.result = RunResult(policy=placer.name, transport=placer.transport)
+        nodes = len(self.state.fleet)
+        pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
+        self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
+        self._efa = np.asarray([n.has_efa for n in self.state.fleet], dtype=bool)
 
     def run(self, *, on_tick: TickHook | None = None) -> RunResult:
         next_job = 0
@@ -116,7 +124,7 @@ class Simulation:
                 self._queue.append(_Queued(self._jobs[next_job], self._jobs[next_job].arrival_s))
                 next_job += 1
             demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
-            self._mig.reconcile(self.state, demand, now=now)
+            self._reconcile_mig(demand, now)
             self._schedule(now)
             self.result.samples.append(self._sample(now))
             if on_tick is not None:
@@ -125,16 +133,26 @@ class Simulation:
         self.result.jobs_pending_at_end = len(self._queue)
         return self.result
 
+    def _reconcile_mig(self, demand: Counter[str], now: float) -> None:
+        before = [[m == GpuMode.MIG for m in node] for node in self.state.modes]
+        self._mig.reconcile(self.state, demand, now=now)
+        for node, modes in enumerate(self.state.modes):
+            for gpu, mode in enumerate(modes):
+                if (mode == GpuMode.MIG) != before[node][gpu]:
+                    self._placer.gpu_mode_changed(node, gpu, mig=mode == GpuMode.MIG)
+
     def _depart(self, now: float) -> None:
         for pod_id in [p for p, end in self._ends.items() if end <= now]:
             self._ends.pop(pod_id)
             if pod_id in self.state.pods:
-                self.state.stop_pod(pod_id)
+                self._stop(pod_id)
 
     def _fire_faults(self, now: float) -> None:
         for due in [r for r in self._restores if r[0] <= now]:
             restore(self.state, due[1], now=due[0])
             self._restores.remove(due)
+            if due[1].gpu is not None:
+                self._placer.gpu_restored(self._node_index(due[1].node), due[1].gpu)
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
             if spec.kind is FaultKind.EFA_LINK:
@@ -146,6 +164,8 @@ class Simulation:
             if record is None:
                 continue
             self.result.faults.append(record)
+            if record.gpu is not None and record.gpus_withheld:
+                self._placer.gpu_failed(self._node_index(record.node), record.gpu, record.kind)
             if spec.restore_after_s > 0:
                 self._restores.append((now + spec.restore_after_s, record))
 
@@ -153,7 +173,7 @@ class Simulation:
         """Evict every pod of ``pod``'s job and queue the job again; returns pods evicted."""
         evicted = 0
         for member in self.state.pods_of_job(pod.job.job_id):
-            self.state.stop_pod(member.pod_id)
+            self._stop(member.pod_id)
             self._ends.pop(member.pod_id, None)
             evicted += 1
         self._queue.insert(0, _Queued(pod.job, pod.started_s))
@@ -169,29 +189,58 @@ class Simulation:
                 waiting.append(queued)
         self._queue = waiting
 
+    def _stop(self, pod_id: str) -> None:
+        self.state.stop_pod(pod_id)
+        self._placer.forget(pod_id)
+
+    def _node_index(self, name: str) -> int:
+        return next(i for i, n in enumerate(self.state.fleet) if n.name == name)
+
+    def _allowed(self, job: Job) -> np.ndarray:
+        """Share pods go to the shared pool, whole GPUs elsewhere; multi-node gangs need EFA up."""
+        allowed = self._share_allowed.copy() if job.kind is JobKind.SHARE else ~self._share_allowed
+        if job.pods > 1:
+            down = np.asarray([i in self.state.efa_down for i in range(len(allowed))], dtype=bool)
+            allowed &= self._efa & ~down
+        return allowed
+
     def _start(self, job: Job, now: float) -> bool:
         if job.kind is JobKind.MIG:
             return self._start_mig(job, now)
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
-        allowed = np.ones(self.state.cluster.size, dtype=bool)
-        if job.pods > 1:
-            allowed &= np.asarray(
-                [n.has_efa and i not in self.state.efa_down for i, n in enumerate(self.state.fleet)]
-            )
+        allowed = self._allowed(job)
         started: list[RunningPod] = []
+        outcomes: list[TopologyOutcome] = []
         for index in range(job.pods):
-            placement = self._placer.place(self.state, request, allowed=allowed, rng=self._rng)
-            if placement is None:
-                for pod in started:
-                    self.state.stop_pod(pod.pod_id)
+            pod_id = f"{job.job_id}-{index}"
+            placement = self._placer.place(self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id)
+            pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now) if placement else None
+            if pod is None or placement is None or not self._try_start(pod, placement, outcomes):
+                for done in started:
+                    self._stop(done.pod_id)
                 return False
-            self._record_topology(job, placement)
-            pod = RunningPod(f"{job.job_id}-{index}", job, placement.node, placement.gpus, request, now)
-            self.state.start_pod(pod)
             started.append(pod)
             allowed[placement.node] = False  # one pod of a gang per node
         for pod in started:
             self._ends[pod.pod_id] = now + job.duration_s
+        self.result.topology.extend(outcomes)
+        return True
+
+    def _try_start(self, pod: RunningPod, placement: PodPlacement, outcomes: list[TopologyOutcome]) -> bool:
+        """Record the pod where the scheduler put it; a choice the node cannot honour is counted."""
+        if len(placement.gpus) != pod.job.gpus_per_pod:
+            self.result.placement_mismatches += 1
+            self._placer.forget(pod.pod_id)
+            return False
+        outcome = self._topology_outcome(pod.job, placement)
+        try:
+            self.state.start_pod(pod)
+        except InvalidInputError:
+            self.result.placement_mismatches += 1
+            self._placer.forget(pod.pod_id)
+            return False
+        if outcome is not None:
+            outcomes.append(outcome)
         return True
 
     def _start_mig(self, job: Job, now: float) -> bool:
@@ -204,17 +253,18 @@ class Simulation:
         self._ends[pod_id] = now + job.duration_s
         return True
 
-    def _record_topology(self, job: Job, placement: PodPlacement) -> None:
+    def _topology_outcome(self, job: Job, placement: PodPlacement) -> TopologyOutcome | None:
+        """The chosen set against the best set free on the node now (multi-GPU pods only)."""
         if job.gpus_per_pod < 2:
-            return
+            return None
         node = self.state.fleet[placement.node]
         available = self.state.full_free_gpus(placement.node)
+        if not set(placement.gpus) <= available:
+            return None
         best = best_set(node.graph, available=available, size=job.gpus_per_pod, lookahead=False)
         chosen = score_set(node.graph, placement.gpus).value
         best_value = best.score.value if best is not None else chosen
-        self.result.topology.append(
-            TopologyOutcome(job.job_id, node.name, job.gpus_per_pod, chosen, best_value)
-        )
+        return TopologyOutcome(job.job_id, node.name, job.gpus_per_pod, chosen, best_value)
 
     def _sample(self, now: float) -> Sample:
         healthy = max(self.state.healthy_gpus(), 1) * MILLI_PER_GPU

@@ -57,6 +57,19 @@ class FleetNode:
         return any(nic.type is NicType.EFA for nic in self.inventory.nics)
 
 
+def share_pool(fleet: Sequence[FleetNode]) -> frozenset[int]:
+    """Nodes whose GPUs are shared (fractional inference); the rest serve whole GPUs.
+
+    Sharing is configured per GPU in gpuweave and a shared GPU serves no whole-GPU request, so the
+    simulated cluster keeps an inference pool: the l40s-pcie-8 nodes when there are any, else
+    every fourth node.
+    """
+    pool = frozenset(i for i, n in enumerate(fleet) if n.profile == "l40s-pcie-8")
+    if pool and len(pool) < len(fleet):
+        return pool
+    return frozenset(i for i in range(len(fleet)) if i % 4 == 3) if len(fleet) > 1 else frozenset()
+
+
 def parse_profiles(text: str | None) -> tuple[str, ...]:
     if not text:
         return DEFAULT_PROFILES

@@ -42,11 +42,30 @@ class PodPlacement:
 
 
 class Placer(Protocol):
+    """A scheduler: where a pod goes; told when pods leave and GPUs fail or come back."""
+
     name: str
+    transport: str
 
     def place(
-        self, state: SimState, request: Request, *, allowed: np.ndarray, rng: np.random.Generator
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        pod_id: str = "",
     ) -> PodPlacement | None: ...
+
+    def forget(self, pod_id: str) -> None: ...
+
+    def gpu_failed(self, node: int, gpu: int, reason: str) -> None: ...
+
+    def gpu_restored(self, node: int, gpu: int) -> None: ...
+
+    def gpu_mode_changed(self, node: int, gpu: int, *, mig: bool) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class LeastAllocatedPolicy:
@@ -82,15 +101,39 @@ def go_allocator(node: FleetNode, available: frozenset[int], size: int) -> tuple
 
 
 class InProcessPlacer:
-    """A node policy and a GPU-set chooser, called directly (no HTTP)."""
+    """A node policy and a GPU-set chooser, called directly (no HTTP). It reads the shared state,
+    so pod departures and GPU faults need no notification."""
+
+    transport = "in-process"
 
     def __init__(self, name: str, node_policy: PlacementPolicy, gpu_chooser: GpuChooser) -> None:
         self.name = name
         self._node_policy = node_policy
         self._gpu_chooser = gpu_chooser
 
+    def forget(self, pod_id: str) -> None:
+        return None
+
+    def gpu_failed(self, node: int, gpu: int, reason: str) -> None:
+        return None
+
+    def gpu_restored(self, node: int, gpu: int) -> None:
+        return None
+
+    def gpu_mode_changed(self, node: int, gpu: int, *, mig: bool) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
     def place(
-        self, state: SimState, request: Request, *, allowed: np.ndarray, rng: np.random.Generator
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        pod_id: str = "",
     ) -> PodPlacement | None:
         candidates = np.flatnonzero(state.cluster.feasible(request) & allowed)
         if len(candidates) == 0:

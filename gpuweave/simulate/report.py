@@ -42,6 +42,8 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
     waits = [t / 60.0 for t in result.pending_times_s]
     return {
         "policy": result.policy,
+        "scheduler": result.transport,
+        "placement_mismatches": result.placement_mismatches,
         "gpu_allocation_pct": _mean([s.allocation for s in steady]),
         "fragmentation_pct": _mean([s.fragmentation for s in steady]),
         "multi_gpu_placements": len(multi),
@@ -58,6 +60,7 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
 
 
 ROWS = (
+    ("scheduler", "scheduler", "{}"),
     ("GPU allocation (% of healthy GPUs)", "gpu_allocation_pct", "{:.1f}"),
     ("fragmentation (% of healthy GPUs)", "fragmentation_pct", "{:.1f}"),
     ("multi-GPU pods placed", "multi_gpu_placements", "{}"),
@@ -67,6 +70,7 @@ ROWS = (
     ("pending time, p95 (min)", "pending_p95_min", "{:.1f}"),
     ("jobs started / still pending", None, ""),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
+    ("scheduler/node disagreements", "placement_mismatches", "{}"),
     ("MIG reshapes", "mig_reshapes", "{}"),
 )
 

@@ -10,8 +10,8 @@ from typing import Any
 from tqdm import tqdm
 
 from gpuweave.simulate.engine import RunResult, Simulation
-from gpuweave.simulate.fleet import FleetNode, build_fleet, parse_profiles
-from gpuweave.simulate.placers import SIMULATE_POLICIES, make_placer
+from gpuweave.simulate.fleet import FleetNode, build_fleet, parse_profiles, share_pool
+from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
     fault_table,
     plot_summary,
@@ -39,6 +39,7 @@ class SimulateOptions:
     out: Path
     compare: bool = True
     progress: bool = True
+    in_process: bool = False  # gpuweave's main run without the extender over HTTP
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -61,6 +62,17 @@ def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
     return synthetic_jobs(settings, seed=options.seed)
 
 
+def _placer(
+    policy: str, *, main: bool, fleet: tuple[FleetNode, ...], model: FragmentModel, options: SimulateOptions
+) -> Placer:
+    """The real extender over HTTP for gpuweave's main run; in-process policies otherwise."""
+    if policy == "gpuweave" and main and not options.in_process:
+        from gpuweave.simulate.extender_client import ExtenderPlacer  # noqa: PLC0415 (HTTP server on demand)
+
+        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet))
+    return make_placer(policy, gpuweave_model=model)
+
+
 def _run_one(
     policy: str,
     *,
@@ -68,28 +80,27 @@ def _run_one(
     jobs: list[Job],
     models: tuple[FragmentModel, FragmentModel],
     options: SimulateOptions,
-    position: int,
+    main: bool,
 ) -> RunResult:
-    simulation = Simulation(
-        fleet=fleet,
-        jobs=jobs,
-        placer=make_placer(policy, gpuweave_model=models[1]),
-        metric_model=models[0],
-        duration_s=options.duration_s,
-        tick_s=TICK_S,
-        seed=options.seed,
-    )
-    ticks = int(options.duration_s // TICK_S) + 1
-    with tqdm(
-        total=ticks,
-        desc=f"{policy:<22}",
-        unit="tick",
-        disable=not options.progress,
-        position=position,
-        leave=True,
-        ncols=90,
-    ) as bar:
-        return simulation.run(on_tick=bar.update)
+    placer = _placer(policy, main=main, fleet=fleet, model=models[1], options=options)
+    try:
+        simulation = Simulation(
+            fleet=fleet,
+            jobs=jobs,
+            placer=placer,
+            metric_model=models[0],
+            duration_s=options.duration_s,
+            tick_s=TICK_S,
+            seed=options.seed,
+        )
+        ticks = int(options.duration_s // TICK_S) + 1
+        label = f"{policy} ({placer.transport})"
+        with tqdm(
+            total=ticks, desc=f"{label:<34}", unit="tick", disable=not options.progress, ncols=100
+        ) as bar:
+            return simulation.run(on_tick=bar.update)
+    finally:
+        placer.close()
 
 
 def run_simulation(options: SimulateOptions) -> int:
@@ -107,7 +118,8 @@ def run_simulation(options: SimulateOptions) -> int:
         [p for p in SIMULATE_POLICIES if p != options.policy] if options.compare else []
     )
     results = [
-        _run_one(p, fleet=fleet, jobs=jobs, models=models, options=options, position=0) for p in policies
+        _run_one(p, fleet=fleet, jobs=jobs, models=models, options=options, main=i == 0)
+        for i, p in enumerate(policies)
     ]
     summaries = [summarize(r) for r in results]
     print()

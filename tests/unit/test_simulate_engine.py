@@ -10,6 +10,7 @@ import pytest
 from gpuweave.cli import main
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.faults import FaultKind, FaultSpec
+from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import make_placer
 from gpuweave.simulate.workload import Job, JobKind
@@ -113,3 +114,33 @@ def test_cli_simulate_writes_report_and_plots(tmp_path: Path, capsys: pytest.Cap
 def test_cli_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--policy", "first-fit", "--no-progress"]) == 2
     assert "unknown --policy" in capsys.readouterr().err
+
+
+def test_the_real_extender_over_http_drives_the_loop_without_disagreements() -> None:
+    profiles = ["p4d.24xlarge", "l40s-pcie-8"]
+    fleet = build_fleet(profiles, nodes=2)
+    jobs = [_job(f"s{i}", JobKind.SINGLE, at=60.0 * i) for i in range(4)]
+    jobs += [_job(f"f{i}", JobKind.SHARE, milli=470, at=60.0 * i) for i in range(4)]
+    jobs += [_job("g", JobKind.GANG, gpus=4, at=30.0)]
+    fault = (FaultSpec(FaultKind.XID_79, 0.5, 0.0),)
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset({1}))
+    try:
+        model = _model(profiles)
+        sim = Simulation(
+            fleet=fleet,
+            jobs=jobs,
+            placer=placer,
+            metric_model=model,
+            duration_s=1800.0,
+            faults=fault,
+            share_nodes=frozenset({1}),
+        )
+        result = sim.run()
+    finally:
+        placer.close()
+    assert placer.calls > 0
+    assert result.transport == "extender over HTTP"
+    assert result.placement_mismatches == 0
+    assert result.jobs_started >= 8
+    shares = [p for p in sim.state.pods.values() if p.job.kind is JobKind.SHARE]
+    assert shares and all(p.node == 1 for p in shares)

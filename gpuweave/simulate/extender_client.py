@@ -1,0 +1,191 @@
+"""The real gpuweave extender, driven over HTTP as kube-scheduler drives it.
+
+The extender runs in this process in snapshot mode on 127.0.0.1 port 0, fed the objects the node
+agents publish (``deviceplugin.published``: the GpuNodeInventory of each node, with device health)
+plus Node objects. This side plays kube-scheduler: it checks CPU and memory itself (NodeResourcesFit),
+then calls ``/filter``, ``/prioritize`` (highest score wins, ties at random) and ``/bind``, and reads
+the device choice back from the ``gpuweave.io/assignment`` annotation the bind recorded. It also
+plays the API server's watch: pod deletions and inventory changes (a failed GPU) reach the
+extender's cache the way its informers would deliver them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from deviceplugin.published import inventory_object
+from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.fleet import FleetNode
+from gpuweave.simulate.placers import PodPlacement
+from gpuweave.simulate.state import SimState
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.samples import pod_object
+from scheduler_ext.snapshot import SnapshotBinder, apply_objects
+from topology.assignment import PodAssignment, parent_gpu_of_share
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from topology.errors import GpuweaveError
+
+_NAME = re.compile(r"[^a-z0-9.-]+")
+
+
+class ExtenderCallError(GpuweaveError):
+    """The extender answered a verb with an HTTP error or an error message."""
+
+
+def _node_object(node: FleetNode) -> dict[str, Any]:
+    allocatable = {
+        "cpu": f"{node.cpu_milli}m",
+        "memory": f"{node.memory_mib}Mi",
+        "pods": "110",
+        RESOURCE_GPU: str(node.gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "uid": f"uid-node-{node.name}", "labels": {}},
+        "spec": {},
+        "status": {"allocatable": allocatable, "capacity": dict(allocatable)},
+    }
+
+
+class ExtenderPlacer:
+    """kube-scheduler's side of the extender protocol, for the simulation's scheduling loop."""
+
+    name = "gpuweave"
+    transport = "extender over HTTP"
+
+    def __init__(self, fleet: Sequence[FleetNode], *, share_nodes: frozenset[int]) -> None:
+        self._fleet = tuple(fleet)
+        self._share_nodes = share_nodes
+        self._faults: dict[int, dict[str, str]] = {}
+        self._mig_mode: dict[int, dict[str, str]] = {}
+        self._gpu_of: dict[str, tuple[int, int]] = {
+            gpu.uuid: (i, gpu.index) for i, node in enumerate(fleet) for gpu in node.inventory.gpus
+        }
+        cache, core = build_core()
+        apply_objects(iter(self._objects()), cache)
+        self._extender: Extender = assemble(cache, core, SnapshotBinder(cache))
+        self.url = self._extender.serve(host="127.0.0.1", port=0)
+        assert self._extender.server is not None
+        host, port = self._extender.server.server_address[:2]
+        self._connection = http.client.HTTPConnection(str(host), int(port), timeout=30)
+        self.calls = 0
+
+    def _sharing(self, node: int) -> SharingPlan:
+        mode = SharingMode.FRACTIONAL if node in self._share_nodes else SharingMode.EXCLUSIVE
+        return SharingPlan(default=GpuSharing(mode))
+
+    def _inventory(self, node: int) -> dict[str, Any]:
+        fleet_node = self._fleet[node]
+        return inventory_object(
+            fleet_node.inventory,
+            sharing=self._sharing(node),
+            faults=self._faults.get(node, {}),
+            withheld=self._mig_mode.get(node, {}),
+        )
+
+    def _objects(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        for i, node in enumerate(self._fleet):
+            items += [_node_object(node), self._inventory(i)]
+        return items
+
+    def _post(self, verb: str, body: Mapping[str, Any]) -> Any:
+        self.calls += 1
+        payload = json.dumps(body).encode()
+        self._connection.request(
+            "POST", f"/{verb}", body=payload, headers={"Content-Type": "application/json"}
+        )
+        response = self._connection.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise ExtenderCallError(f"extender /{verb} answered HTTP {response.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    def place(
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        pod_id: str = "",
+    ) -> PodPlacement | None:
+        cluster = state.cluster
+        fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
+        names = [self._fleet[i].name for i in np.flatnonzero(fits)]
+        if not names:
+            return None
+        uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
+        pod = pod_object(uid, uid=uid, limits=self._limits(request))
+        passed = self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names}).get("NodeNames") or []
+        if not passed:
+            return None
+        scores = self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}) or []
+        top = max(s["Score"] for s in scores)
+        best = [s["Host"] for s in scores if s["Score"] == top]
+        host = best[int(rng.integers(len(best)))]
+        binding = {"PodName": uid, "PodNamespace": "default", "PodUID": uid, "Node": host}
+        error = self._post("bind", binding).get("Error")
+        if error:
+            return None
+        return self._placement(uid, host)
+
+    @staticmethod
+    def _limits(request: Request) -> dict[str, int | str]:
+        limits: dict[str, int | str] = {"cpu": f"{request.cpu_milli}m", "memory": f"{request.memory_mib}Mi"}
+        if request.is_share:
+            limits[RESOURCE_GPU_COMPUTE] = max(1, request.gpu_milli // 10)
+        elif request.gpu_count:
+            limits[RESOURCE_GPU] = request.gpu_count
+        return limits
+
+    def _placement(self, uid: str, host: str) -> PodPlacement:
+        bound = self._extender.cache.pod_object(uid=uid) or {}
+        annotation = (bound.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ASSIGNMENT)
+        node = next(i for i, n in enumerate(self._fleet) if n.name == host)
+        if not annotation:
+            return PodPlacement(node, ())
+        devices = {d for d in PodAssignment.from_annotation(annotation).all_device_ids()}
+        uuids = {parent_gpu_of_share(d) or d for d in devices}
+        gpus = tuple(sorted(self._gpu_of[u][1] for u in uuids if u in self._gpu_of))
+        return PodPlacement(node, gpus)
+
+    def forget(self, pod_id: str) -> None:
+        """The pod is gone (finished, evicted or rolled back): as the pod informer would say."""
+        self._extender.cache.delete_pod(_NAME.sub("-", pod_id.lower()))
+
+    def gpu_failed(self, node: int, gpu: int, reason: str) -> None:
+        """The node agent republishes its inventory with the GPU unhealthy."""
+        uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        self._faults.setdefault(node, {})[uuid] = reason
+        self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def gpu_restored(self, node: int, gpu: int) -> None:
+        uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        self._faults.get(node, {}).pop(uuid, None)
+        self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def gpu_mode_changed(self, node: int, gpu: int, *, mig: bool) -> None:
+        """A GPU went into (or out of) MIG mode: whole-GPU and share pods may not use it meanwhile.
+
+        MIG pods are bound by the simulation's MIG manager, not through the extender, so the GPU is
+        published as withheld from whole-GPU work rather than with its MIG devices.
+        """
+        uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        if mig:
+            self._mig_mode.setdefault(node, {})[uuid] = "MIG mode"
+        else:
+            self._mig_mode.get(node, {}).pop(uuid, None)
+        self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def close(self) -> None:
+        self._connection.close()
+        self._extender.close()
