@@ -111,8 +111,8 @@ def _prefer_local_nics(candidates: Devices, must: Devices, size: int) -> list[st
     )
 
 
-def _prefer_tightest_gpu(candidates: Devices, must: Devices, size: int) -> list[str]:
-    """All units on one GPU: the GPU whose free units fit the request most tightly."""
+def _prefer_tightest_gpu(candidates: Devices, must: Devices, size: int, *, affine: str | None) -> list[str]:
+    """All units on one GPU: ``affine`` if it fits, else the GPU whose free units fit most tightly."""
     units: dict[str, list[PluginDevice]] = defaultdict(list)
     for device in candidates:
         if device.gpu_uuid:
@@ -123,7 +123,7 @@ def _prefer_tightest_gpu(candidates: Devices, must: Devices, size: int) -> list[
     fitting = [g for g, free in units.items() if len(free) >= size and (not must_gpus or g in must_gpus)]
     if not fitting:
         return []
-    best = min(fitting, key=lambda g: (len(units[g]), g))
+    best = affine if affine in fitting else min(fitting, key=lambda g: (len(units[g]), g))
     return _fill(must, sorted(units[best], key=lambda d: d.unit), size)
 
 
@@ -146,8 +146,13 @@ def preferred_devices(
     devices: Mapping[str, PluginDevice],
     gpu_chooser: GpuSetChooser | None = None,
     hint: Sequence[str] | None = None,
+    share_gpu: str | None = None,
 ) -> list[str]:
-    """The preferred device IDs for one container; ``hint`` is the extender's recorded choice."""
+    """The preferred device IDs for one container.
+
+    ``hint`` is the extender's recorded choice; ``share_gpu`` the GPU that the same container's
+    other share resource was just given (see ``share_affinity``).
+    """
     candidates = _checked(request, devices)
     candidate_ids = {d.id for d in candidates}
     hint_fits = hint and len(hint) == request.size and set(hint) <= candidate_ids
@@ -163,4 +168,4 @@ def preferred_devices(
         return _prefer_local_nics(candidates, must, request.size)
     if kind is DeviceKind.REPLICA:
         return _prefer_spread_replicas(candidates, must, request.size)
-    return _prefer_tightest_gpu(candidates, must, request.size)
+    return _prefer_tightest_gpu(candidates, must, request.size, affine=share_gpu)

@@ -190,6 +190,12 @@ def test_fractional_units_stay_on_one_gpu(dirs: tuple[Path, Path]) -> None:
         assert {i.split("::")[0] for i in second} == {gpu}
         _, memory = kubelet.allocate(RESOURCE_GPU_MEMORY, 10)
         assert memory.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
+        assert memory.envs["NVIDIA_VISIBLE_DEVICES"] == gpu  # beside the compute units just given
+        other = ({gpu_uuid(2), gpu_uuid(3)} - {gpu}).pop()
+        third, _ = kubelet.allocate(RESOURCE_GPU_COMPUTE, 50)  # does not fit the first GPU any more
+        assert {i.split("::")[0] for i in third} == {other}
+        _, memory = kubelet.allocate(RESOURCE_GPU_MEMORY, 5)  # tightest fit alone would pick the first
+        assert memory.envs["NVIDIA_VISIBLE_DEVICES"] == other
         spread = [f"{gpu_uuid(2)}::compute-99", f"{gpu_uuid(3)}::compute-99"]
         with pytest.raises(grpc.RpcError, match="one GPU"):
             kubelet.stub(RESOURCE_GPU_COMPUTE).Allocate(

@@ -13,6 +13,7 @@ from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.handoff import HandoffMatcher, PodView
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest, preferred_devices
+from deviceplugin.share_affinity import ShareAffinity
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from topology.assignment import ContainerAssignment, PodAssignment
@@ -255,3 +256,40 @@ def test_sharing_config_file(tmp_path: Path) -> None:
     path.write_text("gpus:\n  '0': {mode: halves}\n")
     with pytest.raises(InvalidInputError, match=r"gpus\.0\.mode"):
         load_sharing_plan(path)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_share_affinity_prefers_the_siblings_gpu_once_within_the_window() -> None:
+    clock = FakeClock()
+    affinity = ShareAffinity(window=5.0, clock=clock)
+    affinity.remember(RESOURCE_GPU_COMPUTE, gpu_uuid(3))
+    assert affinity.preferred_gpu(RESOURCE_GPU_COMPUTE) is None  # only the sibling resource benefits
+    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) == gpu_uuid(3)
+    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) is None  # used once
+    affinity.remember(RESOURCE_GPU_MEMORY, gpu_uuid(2))
+    clock.now += 6
+    assert affinity.preferred_gpu(RESOURCE_GPU_COMPUTE) is None  # too old: another container's
+    affinity.remember(RESOURCE_GPU, gpu_uuid(0))
+    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) is None
+
+
+def test_affine_gpu_beats_tightest_fit_only_when_it_fits() -> None:
+    plan = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
+    memory = by_id(build_catalogue(small_inventory(gpus=2), plan)[RESOURCE_GPU_MEMORY])
+    free = tuple(m for m in memory if not (m.startswith(gpu_uuid(0)) and int(m.rsplit("-", 1)[1]) < 70))
+    request = PreferenceRequest(RESOURCE_GPU_MEMORY, free, (), 8)
+    tightest = preferred_devices(request, devices=memory)
+    assert {memory[i].gpu_uuid for i in tightest} == {gpu_uuid(0)}  # 10 GiB left there: the tightest
+    affine = preferred_devices(request, devices=memory, share_gpu=gpu_uuid(1))
+    assert {memory[i].gpu_uuid for i in affine} == {gpu_uuid(1)}
+    big = PreferenceRequest(RESOURCE_GPU_MEMORY, free, (), 20)
+    assert {memory[i].gpu_uuid for i in preferred_devices(big, devices=memory, share_gpu=gpu_uuid(0))} == {
+        gpu_uuid(1)
+    }
