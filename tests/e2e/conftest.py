@@ -1,0 +1,98 @@
+"""Fixtures for the e2e suite: one real control plane per session, our processes on top.
+
+Every test here is marked ``e2e``. The harness binary must be built first
+(tests/e2e/harness/build.sh); without it the tests fail and say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.cluster import (
+    REPO,
+    ControlPlane,
+    Process,
+    SimNode,
+    render_scheduler_config,
+    start_extender,
+    start_scheduler,
+)
+
+# The nodes of the scheduling cluster: one without NVLink, one with the DGX-1 hybrid cube mesh,
+# and one that the fault tests may damage.
+PCIE_NODE, NVLINK_NODE, FAULT_NODE = "e2e-l40s", "e2e-v100", "e2e-h100"
+NODE_PROFILES = {PCIE_NODE: "l40s-pcie-8", NVLINK_NODE: "dgx1-v100", FAULT_NODE: "dgx-h100"}
+EVICTION_GRACE_S = 3
+
+
+@pytest.fixture(scope="session")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """kube-apiserver + etcd with the kustomize base (manifests/) applied as an admin would."""
+    control = ControlPlane(tmp_path_factory.mktemp("e2e"))
+    try:
+        control.apply(control.kustomize(REPO / "manifests"))
+        yield control
+    finally:
+        control.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_kubeconfig(plane: ControlPlane) -> Path:
+    return plane.service_account_kubeconfig("gpuweave-node-agent")
+
+
+@pytest.fixture(scope="session")
+def scheduler_kubeconfig(plane: ControlPlane) -> Path:
+    """The gpuweave-scheduler pod's identity: kube-scheduler and its extender sidecar share it."""
+    return plane.service_account_kubeconfig("gpuweave-scheduler")
+
+
+@pytest.fixture(scope="session")
+def workload_namespace(plane: ControlPlane) -> str:
+    plane.ensure_namespace("e2e-work")
+    return "e2e-work"
+
+
+def _health_config(work: Path) -> Path:
+    path = work / "health.yaml"
+    settings = {"round_interval_s": 1, "startup_rounds": 1, "eviction_grace_s": EVICTION_GRACE_S}
+    path.write_text(yaml.safe_dump({"health": settings}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def nodes(plane: ControlPlane, agent_kubeconfig: Path) -> Iterator[dict[str, SimNode]]:
+    """Three Nodes, each a harness node (kubelet device manager) with our simulated node agent."""
+    health = _health_config(plane.work)
+    started: dict[str, SimNode] = {}
+    try:
+        for name, profile in NODE_PROFILES.items():
+            started[name] = SimNode(
+                plane, name=name, profile=profile, agent_kubeconfig=agent_kubeconfig, health_config=health
+            )
+        for node in started.values():
+            node.wait_resource("nvidia.com/gpu", allocatable=8, timeout=90)
+        yield started
+    finally:
+        for node in started.values():
+            node.stop()
+
+
+@pytest.fixture(scope="session")
+def scheduler(
+    plane: ControlPlane, nodes: dict[str, SimNode], scheduler_kubeconfig: Path
+) -> Iterator[Process]:
+    """The gpuweave-scheduler: upstream kube-scheduler + our extender, as the Deployment runs them."""
+    extender, url = start_extender(plane, kubeconfig=scheduler_kubeconfig)
+    config_path = render_scheduler_config(plane, extender_url=url, kubeconfig=scheduler_kubeconfig)
+    kube_scheduler = start_scheduler(plane, config_path=config_path)
+    try:
+        yield kube_scheduler
+    finally:
+        kube_scheduler.stop()
+        extender.stop()
+

@@ -1,0 +1,126 @@
+"""Least privilege, enforced by the real kube-apiserver's RBAC for our service accounts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from tests.e2e.cluster import NAMESPACE, ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+INVENTORY = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
+
+
+@pytest.fixture(scope="module")
+def rbac_node(plane: ControlPlane) -> str:
+    """A Node object (created by the admin) for the service accounts to try their hands on."""
+    name = "e2e-rbac-node"
+    plane.core.create_node({"metadata": {"name": name, "labels": {"gpuweave.io/gpu-node": "true"}}})
+    return name
+
+
+def _client(kubeconfig: Path) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="module")
+def agent_api(agent_kubeconfig: Path) -> Iterator[client.ApiClient]:
+    yield from _client(agent_kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def scheduler_api(scheduler_kubeconfig: Path) -> Iterator[client.ApiClient]:
+    yield from _client(scheduler_kubeconfig)
+
+
+def _status_of(call: Callable[[], Any]) -> int:
+    try:
+        call()
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+
+def test_node_agent_may_do_its_job(agent_api: client.ApiClient, rbac_node: str) -> None:
+    core = client.CoreV1Api(agent_api)
+    custom = client.CustomObjectsApi(agent_api)
+    core.patch_node(rbac_node, {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}})
+    body = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuNodeInventory", "metadata": {"name": rbac_node}}
+    assert _status_of(lambda: custom.create_cluster_custom_object(*INVENTORY, body)) in (200, 422)
+    core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={rbac_node}")
+
+
+@pytest.mark.parametrize(
+    "action",
+    ["delete pod", "create pod", "bind pod", "read secrets", "delete node", "write pod annotation"],
+)
+def test_node_agent_is_refused(
+    action: str, agent_api: client.ApiClient, plane: ControlPlane, workload_namespace: str, rbac_node: str
+) -> None:
+    core = client.CoreV1Api(agent_api)
+    name = f"victim-{action.replace(' ', '-')}"
+    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": rbac_node}}
+    calls: dict[str, Callable[[], Any]] = {
+        "delete pod": lambda: core.delete_namespaced_pod(name, workload_namespace),
+        "create pod": lambda: core.create_namespaced_pod(workload_namespace, _pod(name + "-new")),
+        "bind pod": lambda: core.create_namespaced_binding(workload_namespace, binding),
+        "read secrets": lambda: core.list_namespaced_secret(NAMESPACE),
+        "delete node": lambda: core.delete_node(rbac_node),
+        "write pod annotation": lambda: core.patch_namespaced_pod(
+            name, workload_namespace, {"metadata": {"annotations": {"gpuweave.io/assignment": "{}"}}}
+        ),
+    }
+    assert _status_of(calls[action]) == 403
+    assert plane.core.read_namespaced_pod(name, workload_namespace).metadata.deletion_timestamp is None
+
+
+@pytest.mark.parametrize(
+    "action", ["write inventory", "label node", "evict pod", "read secrets", "create bad-hardware"]
+)
+def test_scheduler_identity_is_refused(
+    action: str, scheduler_api: client.ApiClient, plane: ControlPlane, workload_namespace: str, rbac_node: str
+) -> None:
+    core = client.CoreV1Api(scheduler_api)
+    custom = client.CustomObjectsApi(scheduler_api)
+    name = f"sched-victim-{action.replace(' ', '-')}"
+    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    inventory = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuNodeInventory", "metadata": {"name": "forged"}}
+    bad = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuBadHardware", "metadata": {"name": "forged"}}
+    eviction = {"metadata": {"name": name, "namespace": workload_namespace}}
+    calls: dict[str, Callable[[], Any]] = {
+        "write inventory": lambda: custom.create_cluster_custom_object(*INVENTORY, inventory),
+        "label node": lambda: core.patch_node(rbac_node, {"metadata": {"labels": {"forged": "true"}}}),
+        "evict pod": lambda: core.create_namespaced_pod_eviction(name, workload_namespace, eviction),
+        "read secrets": lambda: core.list_namespaced_secret(NAMESPACE),
+        "create bad-hardware": lambda: custom.create_cluster_custom_object(
+            "gpuweave.io", "v1alpha1", "gpubadhardwares", bad
+        ),
+    }
+    assert _status_of(calls[action]) == 403
+
+
+def test_scheduler_identity_may_bind_and_annotate(
+    scheduler_api: client.ApiClient, plane: ControlPlane, workload_namespace: str, rbac_node: str
+) -> None:
+    core = client.CoreV1Api(scheduler_api)
+    name = "bind-me"
+    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    core.patch_namespaced_pod(name, workload_namespace, {"metadata": {"annotations": {"e2e/touched": "yes"}}})
+    binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": rbac_node}}
+    core.create_namespaced_binding(workload_namespace, binding, _preload_content=False)
+    assert plane.core.read_namespaced_pod(name, workload_namespace).spec.node_name == rbac_node
