@@ -33,10 +33,9 @@ from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
 from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import DevicePluginService, ResourceServer
-from deviceplugin.share_affinity import ShareAffinity
 from deviceplugin.sharing import SharingPlan
+from deviceplugin.siblings import SiblingGrants
 from deviceplugin.state import ResourceState
-from topology.assignment import parent_gpu_of_share
 from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ class NodeAgent:
         chooser_for: Callable[[NodeInventory], GpuSetChooser | None] | None = None,
         handoff: HandoffSource | None = None,
         metrics: AgentMetrics | None = None,
-        share_affinity: ShareAffinity | None = None,
+        siblings: SiblingGrants | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or AgentMetrics()
@@ -96,7 +95,7 @@ class NodeAgent:
         self._lock = threading.RLock()
         self._file_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._share_affinity = share_affinity or ShareAffinity()
+        self._siblings = siblings or SiblingGrants()
         self._rediscover: threading.Thread | None = None
         self._resources: dict[str, _Resource] = {}
         self._faults: dict[str, str] = {}
@@ -247,8 +246,8 @@ class NodeAgent:
             chooser = self._chooser
         devices = resource.state.devices()
         hint = self._handoff.hint(request, devices) if self._handoff is not None else None
-        affine = self._share_affinity.preferred_gpu(request.resource)
-        return preferred_devices(request, devices=devices, gpu_chooser=chooser, hint=hint, share_gpu=affine)
+        near = self._siblings.near(request.resource)
+        return preferred_devices(request, devices=devices, gpu_chooser=chooser, hint=hint, near=near)
 
     def _preference_failed(self, resource_name: str, what: str, exc: BaseException) -> None:
         self.metrics.preferred_fallbacks.labels(resource_name).inc()
@@ -268,9 +267,8 @@ class NodeAgent:
             self.metrics.allocations.labels(resource_name, "rejected").inc()
             raise
         self.metrics.allocations.labels(resource_name, "granted").inc()
-        share_gpu = parent_gpu_of_share(device_ids[0]) if device_ids else None
-        if share_gpu:
-            self._share_affinity.remember(resource_name, share_gpu)
+        granted = resource.state.devices()
+        self._siblings.remember(resource_name, [granted[i] for i in device_ids if i in granted])
         if self._handoff is not None:
             self._handoff.observe_allocation(resource_name, list(device_ids))
         return grant

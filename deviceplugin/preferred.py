@@ -98,15 +98,20 @@ def _prefer_packed_mig(candidates: Devices, must: Devices, size: int) -> list[st
     )
 
 
-def _prefer_local_nics(candidates: Devices, must: Devices, size: int) -> list[str]:
+def _prefer_local_nics(candidates: Devices, must: Devices, size: int, *, near: Devices) -> list[str]:
+    """Adapters beside ``near`` (the container's GPUs) or the must-include ones: switch, then NUMA."""
     per_numa: dict[int | None, int] = defaultdict(int)
     for device in candidates:
         per_numa[device.numa_node] += 1
-    anchor_numa = must[0].numa_node if must else max(per_numa, key=lambda n: (per_numa[n], -(n or 0)))
-    switches = {d.pcie_switch for d in must}
+    anchors = list(must) or list(near)
+    if anchors:
+        numas = {d.numa_node for d in anchors}
+    else:
+        numas = {max(per_numa, key=lambda n: (per_numa[n], -(n or 0)))} if per_numa else set()
+    switches = {d.pcie_switch for d in anchors if d.pcie_switch}
     return _fill(
         must,
-        sorted(candidates, key=lambda d: (d.numa_node != anchor_numa, d.pcie_switch not in switches, d.id)),
+        sorted(candidates, key=lambda d: (d.pcie_switch not in switches, d.numa_node not in numas, d.id)),
         size,
     )
 
@@ -146,12 +151,12 @@ def preferred_devices(
     devices: Mapping[str, PluginDevice],
     gpu_chooser: GpuSetChooser | None = None,
     hint: Sequence[str] | None = None,
-    share_gpu: str | None = None,
+    near: Devices = (),
 ) -> list[str]:
     """The preferred device IDs for one container.
 
-    ``hint`` is the extender's recorded choice; ``share_gpu`` the GPU that the same container's
-    other share resource was just given (see ``share_affinity``).
+    ``hint`` is the extender's recorded choice; ``near`` the devices the same container was just
+    given for a sibling resource (see ``siblings``).
     """
     candidates = _checked(request, devices)
     candidate_ids = {d.id for d in candidates}
@@ -165,7 +170,8 @@ def preferred_devices(
     if kind is DeviceKind.MIG:
         return _prefer_packed_mig(candidates, must, request.size)
     if kind is DeviceKind.EFA:
-        return _prefer_local_nics(candidates, must, request.size)
+        return _prefer_local_nics(candidates, must, request.size, near=near)
     if kind is DeviceKind.REPLICA:
         return _prefer_spread_replicas(candidates, must, request.size)
-    return _prefer_tightest_gpu(candidates, must, request.size, affine=share_gpu)
+    affine = next((d.gpu_uuid for d in near if d.gpu_uuid), None)
+    return _prefer_tightest_gpu(candidates, must, request.size, affine=affine)

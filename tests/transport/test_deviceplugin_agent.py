@@ -91,6 +91,17 @@ def test_allocate_returns_env_and_cdi(running: tuple[NodeAgent, KubeletEmulator,
     assert [c.name for c in response.cdi_devices] == [f"nvidia.com/gpu={i}" for i in ids]
 
 
+def test_efa_follows_the_gpus_just_allocated(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
+    _, kubelet, _ = running
+    assert kubelet.wait_for(
+        lambda: len(kubelet.devices(RESOURCE_GPU)) == 4 and len(kubelet.devices(RESOURCE_EFA)) == 2
+    )
+    gpus, _ = kubelet.allocate(RESOURCE_GPU, 1, numa_hint=[1])
+    assert gpus[0] in (gpu_uuid(2), gpu_uuid(3))
+    nics, _ = kubelet.allocate(RESOURCE_EFA, 1)  # no hint: the agent puts it beside that GPU
+    assert nics == ["rdmap17s0"]
+
+
 def test_efa_allocate_returns_only_its_uverbs(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
     _, kubelet, _ = running
     assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_EFA)) == 2)

@@ -13,8 +13,8 @@ from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.handoff import HandoffMatcher, PodView
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest, preferred_devices
-from deviceplugin.share_affinity import ShareAffinity
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
+from deviceplugin.siblings import SiblingGrants
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import (
@@ -266,18 +266,31 @@ class FakeClock:
         return self.now
 
 
-def test_share_affinity_prefers_the_siblings_gpu_once_within_the_window() -> None:
+def test_sibling_grants_are_used_once_within_the_window() -> None:
     clock = FakeClock()
-    affinity = ShareAffinity(window=5.0, clock=clock)
-    affinity.remember(RESOURCE_GPU_COMPUTE, gpu_uuid(3))
-    assert affinity.preferred_gpu(RESOURCE_GPU_COMPUTE) is None  # only the sibling resource benefits
-    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) == gpu_uuid(3)
-    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) is None  # used once
-    affinity.remember(RESOURCE_GPU_MEMORY, gpu_uuid(2))
+    siblings = SiblingGrants(window=5.0, clock=clock)
+    plan = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
+    catalogue = build_catalogue(small_inventory(), plan)
+    compute = catalogue[RESOURCE_GPU_COMPUTE][:3]
+    siblings.remember(RESOURCE_GPU_COMPUTE, compute)
+    assert siblings.near(RESOURCE_GPU_COMPUTE) == ()  # only the sibling resource benefits
+    assert siblings.near(RESOURCE_GPU_MEMORY) == compute
+    assert siblings.near(RESOURCE_GPU_MEMORY) == ()  # used once
+    siblings.remember(RESOURCE_GPU_MEMORY, catalogue[RESOURCE_GPU_MEMORY][:1])
     clock.now += 6
-    assert affinity.preferred_gpu(RESOURCE_GPU_COMPUTE) is None  # too old: another container's
-    affinity.remember(RESOURCE_GPU, gpu_uuid(0))
-    assert affinity.preferred_gpu(RESOURCE_GPU_MEMORY) is None
+    assert siblings.near(RESOURCE_GPU_COMPUTE) == ()  # too old: another container's
+    siblings.remember(RESOURCE_EFA, catalogue[RESOURCE_EFA][:1])  # nothing follows EFA
+    assert siblings.near(RESOURCE_GPU) == ()
+
+
+def test_efa_prefers_adapters_beside_the_containers_gpus() -> None:
+    catalogue = build_catalogue(small_inventory(), SharingPlan())
+    nics = by_id(catalogue[RESOURCE_EFA])
+    request = PreferenceRequest(RESOURCE_EFA, tuple(nics), (), 1)
+    gpu3 = by_id(catalogue[RESOURCE_GPU])[gpu_uuid(3)]  # NUMA 1, switch sw1
+    assert preferred_devices(request, devices=nics, near=(gpu3,)) == ["rdmap17s0"]
+    gpu0 = by_id(catalogue[RESOURCE_GPU])[gpu_uuid(0)]
+    assert preferred_devices(request, devices=nics, near=(gpu0,)) == ["rdmap16s0"]
 
 
 def test_affine_gpu_beats_tightest_fit_only_when_it_fits() -> None:
@@ -287,9 +300,11 @@ def test_affine_gpu_beats_tightest_fit_only_when_it_fits() -> None:
     request = PreferenceRequest(RESOURCE_GPU_MEMORY, free, (), 8)
     tightest = preferred_devices(request, devices=memory)
     assert {memory[i].gpu_uuid for i in tightest} == {gpu_uuid(0)}  # 10 GiB left there: the tightest
-    affine = preferred_devices(request, devices=memory, share_gpu=gpu_uuid(1))
+    near_gpu1 = (next(d for d in memory.values() if d.gpu_uuid == gpu_uuid(1)),)
+    affine = preferred_devices(request, devices=memory, near=near_gpu1)
     assert {memory[i].gpu_uuid for i in affine} == {gpu_uuid(1)}
     big = PreferenceRequest(RESOURCE_GPU_MEMORY, free, (), 20)
-    assert {memory[i].gpu_uuid for i in preferred_devices(big, devices=memory, share_gpu=gpu_uuid(0))} == {
+    near_gpu0 = (next(d for d in memory.values() if d.gpu_uuid == gpu_uuid(0)),)
+    assert {memory[i].gpu_uuid for i in preferred_devices(big, devices=memory, near=near_gpu0)} == {
         gpu_uuid(1)
     }
