@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deviceplugin.devices import PluginDevice
@@ -100,9 +100,12 @@ class HandoffMatcher:
         offered, must = set(request.available), set(request.must_include)
         fits: list[_Hint] = []
         misfits: list[_Hint] = []
+        pending = self._view.pending()
+        live = {pod.uid for pod in pending}
         with self._lock:
+            self._served = {key for key in self._served if key[0] in live}  # bounded by pending pods
             served = set(self._served)
-        for pod in self._view.pending():
+        for pod in pending:
             if pod.assignment.node != self._node:
                 continue
             for container, assigned in pod.assignment.containers.items():
@@ -141,11 +144,6 @@ class HandoffMatcher:
         if hint is not None and set(hint.ids) != set(device_ids):
             self._count(resource, "mismatch")
             self._emit(hint, f"kubelet allocated {', '.join(device_ids)} instead of {', '.join(hint.ids)}")
-
-    def forget(self, live_uids: Mapping[str, object]) -> None:
-        """Drop served markers of pods that are gone (bounded memory)."""
-        with self._lock:
-            self._served = {key for key in self._served if key[0] in live_uids}
 
     def _emit(self, hint: _Hint, message: str) -> None:
         log.warning("handoff mismatch for pod %s/%s: %s", hint.pod.namespace, hint.pod.name, message)
