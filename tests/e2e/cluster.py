@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,7 +74,9 @@ def free_port() -> int:
 class Process:
     """A child process whose output goes to a log file; stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
@@ -84,7 +88,9 @@ class Process:
 
     def check_alive(self) -> None:
         if not self.running():
-            pytest.fail(f"{self.name} exited with {self.popen.returncode}; log:\n{self.tail()}", pytrace=False)
+            pytest.fail(
+                f"{self.name} exited with {self.popen.returncode}; log:\n{self.tail()}", pytrace=False
+            )
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -143,7 +149,11 @@ class ControlPlane:
         resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
         meta = doc["metadata"]
         resource.server_side_apply(
-            body=doc, name=meta["name"], namespace=meta.get("namespace"), field_manager="gpuweave-e2e", force_conflicts=True
+            body=doc,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager="gpuweave-e2e",
+            force_conflicts=True,
         )
 
     @staticmethod
@@ -172,7 +182,12 @@ class ControlPlane:
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "clusters": [
+                {
+                    "name": "e2e",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)},
+                }
+            ],
             "users": [{"name": name, "user": {"token": token}}],
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": name}}],
             "current-context": "e2e",
@@ -210,18 +225,37 @@ class SimNode:
         self.state_dir.mkdir(parents=True)
         self.kubelet = Process(
             f"kubelet-{name}",
-            [str(harness_binary()), "node", "--name", name, "--kubelet-dir", str(self.kubelet_dir),
-             "--control-plane-dir", str(plane.dir)],
+            [
+                str(harness_binary()),
+                "node",
+                "--name",
+                name,
+                "--kubelet-dir",
+                str(self.kubelet_dir),
+                "--control-plane-dir",
+                str(plane.dir),
+            ],
             log_dir=plane.work,
         )
-        wait_for(f"{name}'s device manager socket", lambda: self._kubelet_socket_ready(), timeout=60)
+        wait_for(f"{name}'s device manager socket", self._kubelet_socket_ready, timeout=60)
         kube = ["--kubeconfig", str(agent_kubeconfig)] if agent_kubeconfig else ["--no-kube"]
         if health_config is not None:
             kube += ["--health-config", str(health_config)]
         self.agent = Process(
             f"node-agent-{name}",
-            [*gpuweave_command(), "node-agent", "--simulate", profile, "--node-name", name,
-             "--kubelet-dir", str(self.plugin_dir), "--state-dir", str(self.state_dir), *kube],
+            [
+                *gpuweave_command(),
+                "node-agent",
+                "--simulate",
+                profile,
+                "--node-name",
+                name,
+                "--kubelet-dir",
+                str(self.plugin_dir),
+                "--state-dir",
+                str(self.state_dir),
+                *kube,
+            ],
             log_dir=plane.work,
         )
 
@@ -245,7 +279,9 @@ class SimNode:
     def inject(self, *args: str) -> None:
         subprocess.run(
             [*gpuweave_command(), "sim", "inject", "--state-dir", str(self.state_dir), *args],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         )
 
     def stop(self) -> None:
@@ -294,9 +330,6 @@ def start_extender(plane: ControlPlane, *, kubeconfig: Path) -> tuple[Process, s
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)

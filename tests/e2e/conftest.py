@@ -95,4 +95,3 @@ def scheduler(
     finally:
         kube_scheduler.stop()
         extender.stop()
-

@@ -99,7 +99,11 @@ def test_scheduler_identity_is_refused(
     custom = client.CustomObjectsApi(scheduler_api)
     name = f"sched-victim-{action.replace(' ', '-')}"
     plane.core.create_namespaced_pod(workload_namespace, _pod(name))
-    inventory = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuNodeInventory", "metadata": {"name": "forged"}}
+    inventory = {
+        "apiVersion": "gpuweave.io/v1alpha1",
+        "kind": "GpuNodeInventory",
+        "metadata": {"name": "forged"},
+    }
     bad = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuBadHardware", "metadata": {"name": "forged"}}
     eviction = {"metadata": {"name": name, "namespace": workload_namespace}}
     calls: dict[str, Callable[[], Any]] = {
