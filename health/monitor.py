@@ -141,10 +141,11 @@ class HealthMonitor:
         self._spawn("watchdog", self._watchdog_loop)
 
     def stop(self) -> None:
+        """Stop the loops; a check still hung in the driver is left behind (its thread is a daemon)."""
         self._stop.set()
         for thread in list(self._threads.values()):
-            thread.join(timeout=10)
-        self._runner.join_all(0.1)
+            thread.join(timeout=5)
+        self._runner.join_all(0.0)
 
     def _probe_register(self) -> list[str]:
         try:
