@@ -7,13 +7,22 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from hardware.profiles import builtin_profile_names, load_profile
 from proto.v1beta1 import api_pb2
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
+from tests.support.small_inventory import gpu_uuid, small_inventory
+from topology.contracts import (
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+)
 from topology.inventory import NicType, NodeInventory
+from topology.spec import NodeProfile
 
 
 def expected_counts(inventory: NodeInventory) -> dict[str, int]:
@@ -25,13 +34,13 @@ def expected_counts(inventory: NodeInventory) -> dict[str, int]:
 
 
 class Node:
-    def __init__(self, profile: str) -> None:
+    def __init__(self, profile: str, *, extra: tuple[str, ...] = ()) -> None:
         self.root = short_temp_dir()
         self.kubelet = KubeletEmulator(self.root / "k")
         self.kubelet.start()
         self.inventory = load_profile(profile).to_inventory(node_name="node-a")
         self.expected = expected_counts(self.inventory)
-        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile)
+        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile, extra=extra)
 
     def all_registered(self) -> bool:
         return all(len(self.kubelet.devices(r)) == n for r, n in self.expected.items())
@@ -143,3 +152,33 @@ def test_agent_rebinds_its_socket_when_deleted(p5: Node) -> None:
     assert socket_path.exists()
     ids, _ = p5.kubelet.allocate(RESOURCE_GPU, 1)
     assert len(ids) == 1
+
+
+def test_profile_file_with_mig_and_a_sharing_config(tmp_path: Path) -> None:
+    profile = tmp_path / "mig-node.yaml"
+    profile.write_text(yaml.safe_dump(NodeProfile.from_inventory(small_inventory(mig_on=(1,))).to_wire()))
+    sharing = tmp_path / "sharing.yaml"
+    sharing.write_text("gpus:\n  '3': {mode: fractional}\n  '2': {mode: time-sliced, replicas: 3}\n")
+    node = Node(str(profile), extra=("--sharing-config", str(sharing)))
+    node.expected = {
+        RESOURCE_GPU: 1,
+        "nvidia.com/mig-3g.40gb": 2,
+        RESOURCE_EFA: 2,
+        RESOURCE_GPU_COMPUTE: 100,
+        RESOURCE_GPU_MEMORY: 80,
+        RESOURCE_GPU_SHARED: 3,
+    }
+    try:
+        assert node.kubelet.wait_for(node.all_registered, timeout=30), node.kubelet.rejections
+        ids, response = node.kubelet.allocate("nvidia.com/mig-3g.40gb", 1)
+        assert ids[0].startswith("MIG-") and response.envs["NVIDIA_VISIBLE_DEVICES"] == ids[0]
+        assert response.cdi_devices[0].name == f"nvidia.com/gpu={ids[0]}"
+        _, replica = node.kubelet.allocate(RESOURCE_GPU_SHARED, 1)
+        assert replica.envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(2)
+        _, compute = node.kubelet.allocate(RESOURCE_GPU_COMPUTE, 40)
+        assert compute.envs == {
+            "NVIDIA_VISIBLE_DEVICES": gpu_uuid(3),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+        }
+    finally:
+        node.close()
