@@ -185,8 +185,13 @@ class SimHealthState:
             elif not target.exists():
                 raise SimHealthError(f"no EFA adapter {name!r} under {base}")
         if link_up is not None:
-            net = base / name / "device" / "net"
-            for operstate in net.glob("*/operstate") if net.is_dir() else []:
+            states = sorted((base / name / "device" / "net").glob("*/operstate"))
+            if not states:
+                raise SimHealthError(
+                    f"EFA adapter {name!r} has no netdev (an EFA-only interface): its link state cannot "
+                    "be observed, only its disappearance; use --efa-missing"
+                )
+            for operstate in states:
                 operstate.write_text("up\n" if link_up else "down\n")
 
     def clear(self, index: int | None = None) -> None:
