@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from deviceplugin.devices import PluginDevice
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
-from topology.assignment import PodAssignment
+from topology.assignment import PodAssignment, parent_gpu_of_share
 from topology.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,25 @@ class _Hint:
     pod: PendingPod
     container: str
     ids: tuple[str, ...]
+
+
+def _fit(ids: tuple[str, ...], *, offered: tuple[str, ...], must: set[str]) -> tuple[str, ...] | None:
+    """The assigned IDs if all are offered; for share units, as many offered units of the same GPU.
+
+    What matters for a share is the GPU: unit numbers are interchangeable, and the kubelet's
+    bookkeeping of which units are free may differ from the extender's.
+    """
+    offered_set = set(offered)
+    if set(ids) <= offered_set and must <= set(ids):
+        return ids
+    gpus = {parent_gpu_of_share(i) for i in ids}
+    gpu = gpus.pop() if len(gpus) == 1 else None
+    if gpu is None or any(parent_gpu_of_share(m) != gpu for m in must):
+        return None
+    kind = ids[0].partition("::")[2].rsplit("-", 1)[0]
+    same_gpu = [i for i in offered if i.startswith(f"{gpu}::{kind}-") and i not in must]
+    chosen = sorted(must) + sorted(same_gpu, key=lambda i: (i not in ids, i))[: len(ids) - len(must)]
+    return tuple(chosen) if len(chosen) == len(ids) else None
 
 
 class PodView:
@@ -97,7 +116,7 @@ class HandoffMatcher:
 
     def _candidates(self, request: PreferenceRequest) -> tuple[list[_Hint], list[_Hint]]:
         """(matching container assignments, same-size ones that do not fit the offered set)."""
-        offered, must = set(request.available), set(request.must_include)
+        must = set(request.must_include)
         fits: list[_Hint] = []
         misfits: list[_Hint] = []
         pending = self._view.pending()
@@ -112,8 +131,11 @@ class HandoffMatcher:
                 ids = tuple(assigned.devices.get(request.resource, ()))
                 if len(ids) != request.size or (pod.uid, container, request.resource) in served:
                     continue
-                hint = _Hint(pod, container, ids)
-                (fits if set(ids) <= offered and must <= set(ids) else misfits).append(hint)
+                fitted = _fit(ids, offered=request.available, must=must)
+                if fitted is None:
+                    misfits.append(_Hint(pod, container, ids))
+                else:
+                    fits.append(_Hint(pod, container, fitted))
         return fits, misfits
 
     def hint(self, request: PreferenceRequest, devices: dict[str, PluginDevice]) -> list[str] | None:

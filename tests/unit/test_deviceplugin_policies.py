@@ -233,6 +233,21 @@ def test_handoff_ambiguous_and_mismatch_are_counted_and_reported() -> None:
     assert reports == ["GpuAssignmentMismatch", "GpuAssignmentMismatch"]
 
 
+def test_handoff_of_shares_keeps_the_gpu_when_unit_numbers_differ() -> None:
+    view = PodView()
+    matcher = HandoffMatcher(view, node="node-a", metrics=AgentMetrics())
+    assigned = [f"{gpu_uuid(1)}::compute-{k}" for k in range(3)]
+    assignment = PodAssignment(
+        node="node-a", containers={"main": ContainerAssignment(devices={RESOURCE_GPU_COMPUTE: assigned})}
+    )
+    view.upsert(uid="p1", namespace="ml", name="p1", phase="Pending", annotation=assignment.to_annotation())
+    offered = tuple(f"{gpu_uuid(g)}::compute-{k}" for g in (0, 1) for k in range(2, 10))
+    hint = matcher.hint(PreferenceRequest(RESOURCE_GPU_COMPUTE, offered, (), 3), {})
+    assert hint is not None and len(hint) == 3
+    assert {h.split("::")[0] for h in hint} == {gpu_uuid(1)}
+    assert f"{gpu_uuid(1)}::compute-2" in hint  # an assigned unit that is free is kept
+
+
 def test_handoff_ignores_other_nodes_and_running_pods() -> None:
     view = PodView()
     matcher = HandoffMatcher(view, node="node-a", metrics=AgentMetrics())
