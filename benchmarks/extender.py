@@ -7,7 +7,8 @@ with bound pods so node states differ. Each measured pod is one filter call with
 bound, so states keep changing and the memo sees misses as it would in a cluster.
 
 - ``in-process``: JSON decode, validation, decisions and JSON encode, no socket;
-- ``http``: the same bodies over a keep-alive HTTP/1.1 connection to 127.0.0.1;
+- ``http``: the same bodies over a keep-alive HTTP/1.1 connection to the extender serving in its
+  own process (forked from the same cluster, fed the same binds, as kube-scheduler would call it);
 - ``json-floor``: ``json.loads`` + ``json.dumps`` of the same request and response bodies, the
   floor any extender pays (the target is HTTP p99 <= 4x this floor and <= 20 ms at 5,000 nodes).
 
@@ -19,8 +20,10 @@ Writes ``benchmarks/results/extender.json`` and prints a table.
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import json
+import multiprocessing
 import platform
 import random
 import time
@@ -34,6 +37,7 @@ from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.objects import InventoryRecord
 from scheduler_ext.samples import node_object, pod_object, profile_inventory, unique_uuids
+from scheduler_ext.server import PriorityEncoder, encode_filter_result
 from scheduler_ext.snapshot import SnapshotBinder
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
@@ -106,14 +110,15 @@ def preload(extender: Extender, size: int, *, rng: random.Random) -> None:
 
 def in_process(extender: Extender) -> Callable[[str, bytes], bytes]:
     service = extender.service
+    priorities = PriorityEncoder()
 
     def call(verb: str, body: bytes) -> bytes:
         decoded = json.loads(body)
         args = parse(ExtenderArgs, decoded)
         if verb == "filter":
-            return service.filter(args, decoded["Pod"]).model_dump_json().encode()
-        scores = service.prioritize(args, decoded["Pod"])
-        return json.dumps([{"Host": host, "Score": score} for host, score in scores]).encode()
+            return encode_filter_result(service.filter(args, decoded["Pod"]))
+        hosts, scores = service.prioritize(args, decoded["Pod"])
+        return priorities.encode(hosts, scores)
 
     return call
 
@@ -133,14 +138,17 @@ def over_http(connection: http.client.HTTPConnection) -> Callable[[str, bytes], 
 def one_pod(
     call: Callable[[str, bytes], bytes], pod: dict[str, Any], names: list[str]
 ) -> tuple[float, list[bytes]]:
-    """Time filter+prioritize for one pod; returns seconds and the four bodies (for the JSON floor)."""
+    """Time filter+prioritize for one pod (the two calls only: building the second request is
+    kube-scheduler's work); returns seconds and the four bodies (for the JSON floor)."""
     filter_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     started = time.perf_counter()
     filtered = call("filter", filter_body)
+    elapsed = time.perf_counter() - started
     passed = json.loads(filtered)["NodeNames"]
     prioritize_body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}).encode()
+    started = time.perf_counter()
     scores = call("prioritize", prioritize_body)
-    elapsed = time.perf_counter() - started
+    elapsed += time.perf_counter() - started
     return elapsed, [filter_body, filtered, prioritize_body, scores]
 
 
@@ -151,15 +159,24 @@ def json_floor(bodies: list[bytes]) -> float:
     return time.perf_counter() - started
 
 
-def bind_best(extender: Extender, pod: dict[str, Any], scores_body: bytes) -> None:
+def best_node(scores_body: bytes) -> str | None:
     scores = json.loads(scores_body)
-    if not scores:
-        return
-    best = max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"]
+    return max(scores, key=lambda s: (s["Score"], s["Host"]))["Host"] if scores else None
+
+
+def binding_body(pod: dict[str, Any], node: str) -> dict[str, str]:
     meta = pod["metadata"]
-    extender.service.bind(
-        ExtenderBindingArgs(PodName=meta["name"], PodNamespace="default", PodUID=meta["uid"], Node=best)
-    )
+    return {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+
+
+def serve_in_child(extender: Extender, ready: Any, stop: Any) -> None:
+    """The HTTP side runs in its own (forked) process, as kube-scheduler's extender does."""
+    gc.freeze()
+    extender.serve(host="127.0.0.1", port=0)
+    assert extender.server is not None
+    ready.put(extender.server.server_address[1])
+    stop.wait()
+    extender.close()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -168,31 +185,39 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(size: int, *, pods: int, seed: int) -> list[Row]:
-    rng = random.Random(seed)
-    extender = build_cluster(size, rng=rng)
+    """Both sides start from one cluster (built, then forked) and see the same pods and binds."""
+    extender = build_cluster(size, rng=random.Random(seed))
     names = extender.cache.node_names()
-    extender.serve(host="127.0.0.1", port=0)
-    assert extender.server is not None
-    host, port = extender.server.server_address[:2]
-    connection = http.client.HTTPConnection(str(host), port, timeout=60)
+    context = multiprocessing.get_context("fork")
+    ready, stop = context.Queue(), context.Event()
+    child = context.Process(target=serve_in_child, args=(extender, ready, stop), daemon=True)
+    child.start()
+    gc.freeze()
+    connection = http.client.HTTPConnection("127.0.0.1", ready.get(timeout=60), timeout=60)
     modes: dict[str, list[float]] = {"in-process": [], "http": [], "json-floor": []}
     callers = {"in-process": in_process(extender), "http": over_http(connection)}
     try:
-        for i in range(len(POD_MIX)):  # warm-up: one of each request shape, untimed
+        for i in range(len(POD_MIX)):  # warm-up: one of each request shape on both sides, untimed
             limits, annotations = POD_MIX[i]
-            one_pod(callers["http"], pod_object(f"warm-{i}", limits=limits, annotations=annotations), names)
+            warm = pod_object(f"warm-{i}", limits=limits, annotations=annotations)
+            for caller in callers.values():
+                one_pod(caller, warm, names)
         for i in range(pods):
             limits, annotations = POD_MIX[i % len(POD_MIX)]
             pod = pod_object(f"bench-{i}", limits=limits, annotations=annotations)
-            order = ("http", "in-process") if i % 2 == 0 else ("in-process", "http")
-            for mode in order:
-                elapsed, bodies = one_pod(callers[mode], pod, names)
+            results = {mode: one_pod(caller, pod, names) for mode, caller in callers.items()}
+            for mode, (elapsed, _) in results.items():
                 modes[mode].append(elapsed)
+            bodies = results["http"][1]
             modes["json-floor"].append(json_floor(bodies))
-            bind_best(extender, pod, bodies[3])
+            node = best_node(bodies[3])
+            if node is not None:  # the same bind on both sides keeps their states equal
+                extender.service.bind(ExtenderBindingArgs.model_validate(binding_body(pod, node)))
+                callers["http"]("bind", json.dumps(binding_body(pod, node)).encode())
     finally:
         connection.close()
-        extender.close()
+        stop.set()
+        child.join(timeout=30)
     return [
         Row(
             size,

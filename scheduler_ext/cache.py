@@ -45,6 +45,7 @@ class ClusterCache:
     def __init__(self, registry: LayoutRegistry) -> None:
         self.registry = registry
         self._states: dict[str, NodeState] = {}
+        self._tokens: dict[str, int] = {}  # name -> its state's memo token, for C-speed bulk lookups
         self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
         self._known_nodes: set[str] = set()
         self._holdings: dict[str, Holding] = {}  # pod UID -> devices held
@@ -62,6 +63,10 @@ class ClusterCache:
     def states(self) -> Mapping[str, NodeState]:
         """The live name -> state map, for lock-free bulk lookups (do not mutate)."""
         return self._states
+
+    def tokens(self) -> Mapping[str, int]:
+        """The live name -> memo token map (do not mutate)."""
+        return self._tokens
 
     def node_names(self) -> list[str]:
         return list(self._states)
@@ -199,12 +204,15 @@ class ClusterCache:
         base = self._bases.get(name)
         if base is None and name not in self._known_nodes:
             self._states.pop(name, None)
+            self._tokens.pop(name, None)
             return
         holders = _holders(self.holdings_on(name))
         if base is None:
-            self._states[name] = NodeState(name=name, holders=holders)
-            return
-        self._states[name] = self.registry.tokenized(base.with_holders(holders))
+            state = self.registry.tokenized(NodeState(name=name, holders=holders))
+        else:
+            state = self.registry.tokenized(base.with_holders(holders))
+        self._states[name] = state
+        self._tokens[name] = state.token
 
 
 def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from scheduler_ext.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
+    ExtenderFilterResult,
     ExtenderPreemptionArgs,
     WireError,
     canonical_keys,
@@ -51,6 +53,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.service = service
         self.metrics = metrics
         self._tls: ssl.SSLContext | None = None
+        self.priorities = PriorityEncoder()
         super().__init__(address, ExtenderHandler)
 
     def use_tls(self, *, cert: Path, key: Path) -> None:
@@ -88,6 +91,40 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         thread = threading.Thread(target=self.serve_forever, name="gpuweave-extender-http", daemon=True)
         thread.start()
         return thread
+
+
+def encode_filter_result(result: ExtenderFilterResult) -> bytes:
+    """The filter answer; the common nodeCacheCapable form goes through the C JSON encoder."""
+    if result.Nodes is not None:
+        return result.model_dump_json().encode()
+    body = {
+        "Nodes": None,
+        "NodeNames": result.NodeNames,
+        "FailedNodes": result.FailedNodes,
+        "FailedAndUnresolvableNodes": result.FailedAndUnresolvableNodes,
+        "Error": result.Error,
+    }
+    return json.dumps(body).encode()
+
+
+class PriorityEncoder:
+    """Encodes a HostPriorityList without a dict per node: cached ``{"Host":"<name>"`` prefixes
+    joined with one of eleven ``,"Score":n}`` suffixes, all in C-level ``map`` calls."""
+
+    MAX_CACHED_HOSTS = 100_000
+    _SUFFIXES = tuple(f',"Score":{score}}}' for score in range(11))
+
+    def __init__(self) -> None:
+        self._prefixes: dict[str, str] = {}
+
+    def encode(self, hosts: list[str], scores: list[int]) -> bytes:
+        prefixes = self._prefixes
+        if not all(map(prefixes.__contains__, hosts)):
+            if len(prefixes) > self.MAX_CACHED_HOSTS:
+                prefixes.clear()
+            prefixes.update((h, '{"Host":' + encode_basestring(h)) for h in hosts if h not in prefixes)
+        entries = map(str.__add__, map(prefixes.__getitem__, hosts), map(self._SUFFIXES.__getitem__, scores))
+        return ("[" + ",".join(entries) + "]").encode()
 
 
 class BadRequestError(Exception):
@@ -159,13 +196,13 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     def _filter(self, body: object) -> bytes:
         args, pod = self._args(ExtenderArgs, body)
         assert isinstance(args, ExtenderArgs)
-        return self.server.service.filter(args, pod).model_dump_json().encode()
+        return encode_filter_result(self.server.service.filter(args, pod))
 
     def _prioritize(self, body: object) -> bytes:
         args, pod = self._args(ExtenderArgs, body)
         assert isinstance(args, ExtenderArgs)
-        priorities = self.server.service.prioritize(args, pod)
-        return json.dumps([{"Host": host, "Score": score} for host, score in priorities]).encode()
+        hosts, scores = self.server.service.prioritize(args, pod)
+        return self.server.priorities.encode(hosts, scores)
 
     def _bind(self, body: object) -> bytes:
         args = parse(ExtenderBindingArgs, body)

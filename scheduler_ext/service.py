@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any, Protocol
 
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
@@ -30,6 +32,8 @@ from topology.assignment import PodAssignment
 from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
+_FITS = attrgetter("fits")
+_PRIORITY = attrgetter("priority")
 
 
 class BindError(GpuweaveError):
@@ -66,16 +70,14 @@ class ExtenderService:
         except BadPodRequestError as exc:
             self._observe("filter", 0, {n: str(exc) for n in names})
             return ExtenderFilterResult(NodeNames=[], FailedAndUnresolvableNodes={n: str(exc) for n in names})
-        passed: list[str] = []
+        verdicts = self._verdicts(request, names)
+        fits = list(map(_FITS, verdicts))
+        passed = list(compress(names, fits))
         failed: dict[str, str] = {}
         hopeless: dict[str, str] = {}
-        for name, verdict in zip(names, self._verdicts(request, names), strict=True):
-            if verdict.fits:
-                passed.append(name)
-            elif verdict.unresolvable:
-                hopeless[name] = verdict.reason
-            else:
-                failed[name] = verdict.reason
+        if len(passed) < len(names):  # only rejected nodes cost a Python-level step
+            for name, verdict in compress(zip(names, verdicts, strict=True), map(not_, fits)):
+                (hopeless if verdict.unresolvable else failed)[name] = verdict.reason
         self._observe("filter", len(passed), {**failed, **hopeless})
         nodes = None
         if args.Nodes is not None and args.NodeNames is None:
@@ -88,17 +90,16 @@ class ExtenderService:
             NodeNames=passed, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless, Nodes=None, Error=""
         )
 
-    def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> list[tuple[str, int]]:
-        """(host, score 0..10) per node: a HostPriorityList without a model per entry (hot path)."""
+    def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> tuple[list[str], list[int]]:
+        """Hosts and their scores 0..10, as two lists (the hot path builds no object per node)."""
         names = self._names(args)
         if not pod_is_ours(pod):
-            return [(n, 0) for n in names]
+            return names, [0] * len(names)
         try:
             request = pod_request(pod)
         except BadPodRequestError:
-            return [(n, 0) for n in names]
-        verdicts = self._verdicts(request, names)
-        return [(n, v.score if v.fits else 0) for n, v in zip(names, verdicts, strict=True)]
+            return names, [0] * len(names)
+        return names, list(map(_PRIORITY, self._verdicts(request, names)))
 
     def _names(self, args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:
@@ -106,7 +107,7 @@ class ExtenderService:
         return [n.metadata.name for n in (args.Nodes.items or [] if args.Nodes else [])]
 
     def _verdicts(self, request: PodRequest, names: list[str]) -> list[Verdict]:
-        return self.core.decide_many(request, names, self.cache.states())
+        return self.core.decide_many(request, names, self.cache.states(), self.cache.tokens())
 
     def _observe(self, verb: str, passed: int, failed: Mapping[str, str]) -> None:
         if self.observer is not None:

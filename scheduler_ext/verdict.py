@@ -44,6 +44,10 @@ class Verdict:
     unresolvable: bool = False
     score: int = 0
     plan: tuple[ContainerPlan, ...] = ()
+    priority: int = field(init=False)  # the prioritize answer: the score when it fits, else 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "priority", self.score if self.fits else 0)
 
 
 @dataclass(frozen=True)

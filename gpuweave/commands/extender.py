@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import threading
 from pathlib import Path
@@ -53,6 +54,15 @@ def _build(args: argparse.Namespace) -> Extender:
     raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
 
 
+def _freeze_when_synced(extender: Extender, stop: threading.Event) -> None:
+    """Move the loaded cache out of the collector's sight once synced: a full GC pass over tens
+    of thousands of node states would otherwise land in some request's latency."""
+    while not stop.is_set():
+        if extender.cache.synced.wait(timeout=1.0):
+            gc.freeze()
+            return
+
+
 def run(args: argparse.Namespace) -> int:
     host, port = _listen_address(args.listen)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -70,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         extender.close()
         raise GpuweaveError(f"cannot serve on {args.listen}: {exc.strerror}; pick another --listen") from None
     print(f"gpuweave extender serving on {url} ({len(extender.cache.node_names())} nodes cached)", flush=True)
+    threading.Thread(target=_freeze_when_synced, args=(extender, stop), daemon=True).start()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:

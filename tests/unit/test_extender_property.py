@@ -68,7 +68,8 @@ def _schedule(extender: Extender, pod: dict[str, Any], nodes: list[str], pick: i
     passed = extender.service.filter(args, pod).NodeNames or []
     if not passed:
         return False
-    scores = dict(extender.service.prioritize(args.model_copy(update={"NodeNames": passed}), pod))
+    hosts, values = extender.service.prioritize(args.model_copy(update={"NodeNames": passed}), pod)
+    scores = dict(zip(hosts, values, strict=True))
     best = sorted(passed, key=lambda n: (-scores[n], n))[pick % len(passed)]
     meta = pod["metadata"]
     error = extender.service.bind(
