@@ -35,6 +35,7 @@ from topology.contracts import ATTRIBUTE_DOMAIN
 from topology.errors import InvalidInputError
 
 MAX_EXPRESSION_CHARS = 10 * 1024  # DRA's limit
+MAX_CACHED = 50_000  # programs and verdicts kept; past this the caches start over
 STANDARD_DOMAIN = "resource.kubernetes.io"
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m)?$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -151,6 +152,8 @@ class SelectorCache:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             result = f"selector failed on {attributes.product_name}: {exc}"
         with self._lock:
+            if len(self._verdicts) >= MAX_CACHED:
+                self._verdicts.clear()
             self._verdicts[key] = result
         return result
 
@@ -169,6 +172,9 @@ class SelectorCache:
             except (ValueError, RuntimeError, TypeError) as exc:
                 error = f"gpu-selector does not compile: {exc}"
         with self._lock:
+            if len(self._programs) + len(self._compile_errors) >= MAX_CACHED:
+                self._programs.clear()
+                self._compile_errors.clear()
             if error is not None:
                 self._compile_errors[expression] = error
             else:

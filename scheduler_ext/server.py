@@ -181,6 +181,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             self.close_connection = bool(getattr(exc, "close", False))
             self._send(400, f"{exc}\n".encode(), "text/plain")
             return
+        except Exception as exc:  # a bug must cost one answer, not the connection or the server
+            LOG.exception("internal error on %s", verb)
+            self._send(
+                500, f"internal error in the gpuweave extender: {type(exc).__name__}\n".encode(), "text/plain"
+            )
+            return
         self._send(200, payload, JSON)
         self.server.metrics.latency.labels(verb).observe(time.perf_counter() - started)
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.samples import node_object, pod_object
@@ -226,4 +228,70 @@ def test_https_serves_the_same_protocol(tmp_path: Path, tls_files: tuple[Path, P
         assert connection.getresponse().status == 200
         connection.close()
     finally:
+        built.close()
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+KEYS = (
+    "Pod",
+    "Nodes",
+    "NodeNames",
+    "PodName",
+    "PodNamespace",
+    "PodUID",
+    "Node",
+    "NodeNameToVictims",
+    "NodeNameToMetaVictims",
+    "metadata",
+    "spec",
+    "containers",
+    "resources",
+    "limits",
+    "annotations",
+)
+
+
+def _mutate(value: Any, path: list[str], replacement: Any) -> Any:
+    """``value`` with the object member at ``path`` (keys that exist, in order) replaced."""
+    if not path or not isinstance(value, dict) or path[0] not in value:
+        return replacement
+    return {**value, path[0]: _mutate(value[path[0]], path[1:], replacement)}
+
+
+def test_fuzzed_bodies_never_get_a_5xx_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    built = build_snapshot_extender(_snapshot(tmp_path))
+    built.serve(host="127.0.0.1", port=0)
+    assert built.server is not None
+    host, port = built.server.server_address[:2]
+    client = Client(f"{host!s}:{port}")
+    valid = _args(pod_object("fuzz", limits=GPU8))
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        verb=st.sampled_from(["filter", "prioritize", "bind", "preempt"]),
+        body=JSON_VALUES,
+        path=st.lists(st.sampled_from(KEYS), max_size=5),
+        mutate=st.booleans(),
+    )
+    def check(verb: str, body: Any, path: list[str], mutate: bool) -> None:
+        payload = _mutate(valid, path, body) if mutate else body
+        status, _ = client.post(verb, json.dumps(payload).encode())
+        assert status in (200, 400)
+
+    try:
+        check()
+        status, result = client.post("filter", valid)
+        assert status == 200 and result["NodeNames"]
+    finally:
+        client.close()
         built.close()
