@@ -60,6 +60,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run gpuweave's scoring in-process instead of the real extender over HTTP",
     )
+    parser.add_argument(
+        "--no-agents", action="store_true", help="do not start the node agents (device plugins over gRPC)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -80,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
         compare=not args.no_compare,
         progress=not args.no_progress,
         in_process=args.in_process,
+        agents=not args.no_agents,
     )
     return run_simulation(options)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.faults import (
     DEFAULT_FAULTS,
@@ -73,6 +74,9 @@ class RunResult:
     jobs_pending_at_end: int = 0
     transport: str = "in-process"
     placement_mismatches: int = 0  # scheduler chose devices the node state could not give
+    admission_failures: int = 0  # the node agent refused the devices at the kubelet's Allocate
+    admissions: int = 0  # pods admitted by a node agent (GetPreferredAllocation + Allocate)
+    agents: str = ""  # what ran on the nodes (empty: no node agents)
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Simulation:
         seed: int = 0,
         faults: Sequence[FaultSpec] = DEFAULT_FAULTS,
         share_nodes: frozenset[int] | None = None,
+        agents: NodeAgentPool | None = None,
     ) -> None:
         self.state = SimState.create(fleet, metric_model)
         self._jobs = sorted(jobs, key=lambda j: j.arrival_s)
@@ -103,11 +108,14 @@ class Simulation:
         self._rng = np.random.default_rng(seed)
         self._fault_plan = sorted(faults, key=lambda f: f.at_fraction)
         self._mig = MigManager()
+        self._agents = agents
         self._queue: list[_Queued] = []
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
         self.result = RunResult(policy=placer.name, transport=placer.transport)
+        if agents is not None:
+            self.result.agents = f"{len(self.state.fleet)} agents (gRPC)"
         nodes = len(self.state.fleet)
         pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
         self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
@@ -153,6 +161,8 @@ class Simulation:
             self._restores.remove(due)
             if due[1].gpu is not None:
                 self._placer.gpu_restored(self._node_index(due[1].node), due[1].gpu)
+                if self._agents is not None:
+                    self._agents.gpu_restored(self._node_index(due[1].node), due[1].gpu)
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
             if spec.kind is FaultKind.EFA_LINK:
@@ -165,7 +175,10 @@ class Simulation:
                 continue
             self.result.faults.append(record)
             if record.gpu is not None and record.gpus_withheld:
-                self._placer.gpu_failed(self._node_index(record.node), record.gpu, record.kind)
+                node = self._node_index(record.node)
+                self._placer.gpu_failed(node, record.gpu, record.kind)
+                if self._agents is not None:
+                    record.agent_to_kubelet_s = self._agents.gpu_failed(node, record.gpu, record.kind)
             if spec.restore_after_s > 0:
                 self._restores.append((now + spec.restore_after_s, record))
 
@@ -239,6 +252,16 @@ class Simulation:
             self.result.placement_mismatches += 1
             self._placer.forget(pod.pod_id)
             return False
+        if (
+            self._agents is not None
+            and placement.devices
+            and not self._agents.admit(placement.node, placement.devices)
+        ):
+            self.result.admission_failures += 1
+            self._stop(pod.pod_id)
+            return False
+        if self._agents is not None and placement.devices:
+            self.result.admissions += 1
         if outcome is not None:
             outcomes.append(outcome)
         return True

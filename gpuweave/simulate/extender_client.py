@@ -153,10 +153,14 @@ class ExtenderPlacer:
         node = next(i for i, n in enumerate(self._fleet) if n.name == host)
         if not annotation:
             return PodPlacement(node, ())
-        devices = {d for d in PodAssignment.from_annotation(annotation).all_device_ids()}
-        uuids = {parent_gpu_of_share(d) or d for d in devices}
+        assignment = PodAssignment.from_annotation(annotation)
+        by_resource: dict[str, tuple[str, ...]] = {}
+        for container in assignment.containers.values():
+            for resource, ids in container.devices.items():
+                by_resource[resource] = by_resource.get(resource, ()) + tuple(ids)
+        uuids = {parent_gpu_of_share(d) or d for d in assignment.all_device_ids()}
         gpus = tuple(sorted(self._gpu_of[u][1] for u in uuids if u in self._gpu_of))
-        return PodPlacement(node, gpus)
+        return PodPlacement(node, gpus, by_resource)
 
     def forget(self, pod_id: str) -> None:
         """The pod is gone (finished, evicted or rolled back): as the pod informer would say."""

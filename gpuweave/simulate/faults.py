@@ -54,6 +54,7 @@ class FaultRecord:
     other_pods_on_node_kept: int = 0  # pods on the node outside the evicted jobs, still running
     nodes_affected: int = 1
     restored_at_s: float | None = None
+    agent_to_kubelet_s: float | None = None  # measured: agent marks the GPU, kubelet sees Unhealthy
     evicted_pods: list[str] = field(default_factory=list)
 
 

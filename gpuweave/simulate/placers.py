@@ -8,8 +8,8 @@ with kube-scheduler's default spreading and NVIDIA's best-effort allocator; ``ra
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -39,6 +39,7 @@ GpuChooser = Callable[[FleetNode, frozenset[int], int], tuple[int, ...]]
 class PodPlacement:
     node: int
     gpus: tuple[int, ...]
+    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> device IDs
 
 
 class Placer(Protocol):

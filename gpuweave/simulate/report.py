@@ -43,7 +43,10 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
     return {
         "policy": result.policy,
         "scheduler": result.transport,
+        "node_agents": result.agents or "-",
         "placement_mismatches": result.placement_mismatches,
+        "admission_failures": result.admission_failures,
+        "kubelet_admissions": f"{result.admissions} / {result.admission_failures}" if result.agents else "-",
         "gpu_allocation_pct": _mean([s.allocation for s in steady]),
         "fragmentation_pct": _mean([s.fragmentation for s in steady]),
         "multi_gpu_placements": len(multi),
@@ -61,6 +64,7 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
 
 ROWS = (
     ("scheduler", "scheduler", "{}"),
+    ("nodes", "node_agents", "{}"),
     ("GPU allocation (% of healthy GPUs)", "gpu_allocation_pct", "{:.1f}"),
     ("fragmentation (% of healthy GPUs)", "fragmentation_pct", "{:.1f}"),
     ("multi-GPU pods placed", "multi_gpu_placements", "{}"),
@@ -71,6 +75,7 @@ ROWS = (
     ("jobs started / still pending", None, ""),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
+    ("kubelet Allocate calls ok / refused", "kubelet_admissions", "{}"),
     ("MIG reshapes", "mig_reshapes", "{}"),
 )
 
@@ -91,6 +96,10 @@ def fault_table(summary: dict[str, Any]) -> str:
     lines = [f"faults ({summary['policy']} run): what failed, what it reached"]
     for f in summary["faults"]:
         where = f"{f['node']}" + (f" GPU {f['gpu']}" if f["gpu"] is not None else "")
+        seen = f["agent_to_kubelet_s"]
+        seen_text = (
+            f" kubelet saw the GPU Unhealthy {seen * 1000:.1f} ms after the agent marked it;" if seen else ""
+        )
         restored = (
             f"back at {f['restored_at_s'] / 60:.0f} min" if f["restored_at_s"] is not None else "stays out"
         )
@@ -98,7 +107,7 @@ def fault_table(summary: dict[str, Any]) -> str:
             f"  t={f['at_s'] / 60:5.0f} min  {f['kind']:<26} {where:<24} "
             f"detected in ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of {f['jobs_requeued']} jobs "
             f"evicted and requeued, {f['gpus_withheld']} GPU withheld, "
-            f"{f['other_pods_on_node_kept']} other pods on the node kept running; {restored}"
+            f"{f['other_pods_on_node_kept']} other pods on the node kept running;{seen_text} {restored}"
         )
     return "\n".join(lines)
 

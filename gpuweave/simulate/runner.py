@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.fleet import FleetNode, build_fleet, parse_profiles, share_pool
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
@@ -40,6 +41,7 @@ class SimulateOptions:
     compare: bool = True
     progress: bool = True
     in_process: bool = False  # gpuweave's main run without the extender over HTTP
+    agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -83,6 +85,7 @@ def _run_one(
     main: bool,
 ) -> RunResult:
     placer = _placer(policy, main=main, fleet=fleet, model=models[1], options=options)
+    agents = _agents(fleet, options) if placer.transport != "in-process" and options.agents else None
     try:
         simulation = Simulation(
             fleet=fleet,
@@ -92,6 +95,7 @@ def _run_one(
             duration_s=options.duration_s,
             tick_s=TICK_S,
             seed=options.seed,
+            agents=agents,
         )
         ticks = int(options.duration_s // TICK_S) + 1
         label = f"{policy} ({placer.transport})"
@@ -101,6 +105,17 @@ def _run_one(
             return simulation.run(on_tick=bar.update)
     finally:
         placer.close()
+        if agents is not None:
+            agents.close()
+
+
+def _agents(fleet: tuple[FleetNode, ...], options: SimulateOptions) -> NodeAgentPool:
+    started = time.perf_counter()
+    pool = NodeAgentPool(fleet, share_nodes=share_pool(fleet))
+    if options.progress:
+        elapsed = time.perf_counter() - started
+        print(f"started {len(fleet)} node agents (device plugins over gRPC) in {elapsed:.1f} s")
+    return pool
 
 
 def run_simulation(options: SimulateOptions) -> int:

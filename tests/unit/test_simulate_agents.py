@@ -1,0 +1,55 @@
+"""The simulation's node agents: real device plugins over unix sockets, driven by SimKubelet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpuweave.cli import main
+from gpuweave.simulate.agents import NodeAgentPool
+from gpuweave.simulate.fleet import build_fleet
+from topology.assignment import device_id_share
+from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+
+
+def test_agents_register_admit_and_report_a_failed_gpu() -> None:
+    fleet = build_fleet(["p4d.24xlarge", "l40s-pcie-8"], nodes=2)
+    pool = NodeAgentPool(fleet, share_nodes=frozenset({1}))
+    try:
+        assert pool.resources(0)[RESOURCE_GPU] == 8
+        assert pool.resources(1)[RESOURCE_GPU_COMPUTE] == 800
+        whole = fleet[0].inventory.gpus[2].uuid
+        assert pool.admit(0, {RESOURCE_GPU: [whole]})
+        share = [device_id_share(fleet[1].inventory.gpus[0].uuid, "compute", u) for u in range(47)]
+        assert pool.admit(1, {RESOURCE_GPU_COMPUTE: share})
+        assert not pool.admit(0, {RESOURCE_GPU: ["GPU-not-on-this-node"]})
+        assert pool.admitted == 2 and len(pool.admission_failures) == 1
+        seen = pool.gpu_failed(0, 3, "xid 79")
+        assert seen is not None and seen < 5.0
+        assert pool.resources(0)[RESOURCE_GPU] == 7
+    finally:
+        pool.close()
+
+
+def test_simulate_runs_the_agents_and_the_extender(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    assert (
+        main(
+            [
+                "simulate",
+                "--nodes",
+                "4",
+                "--duration",
+                "2h",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--no-compare",
+            ]
+        )
+        == 0
+    )
+    [summary] = json.loads((out / "report.json").read_text())["summaries"]
+    assert summary["scheduler"] == "extender over HTTP"
+    assert summary["node_agents"] == "4 agents (gRPC)"
+    assert summary["admission_failures"] == 0 and summary["placement_mismatches"] == 0
