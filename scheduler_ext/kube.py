@@ -45,32 +45,51 @@ class WatchedKind:
 
 
 class Watcher(threading.Thread):
-    """List, then watch from the list's resourceVersion; relist on 410 Gone or errors."""
+    """List once, then watch, resuming from the last resourceVersion seen; list again on 410 Gone.
+
+    A relist replaces what the watcher knew (objects missing from the new list are deleted), so
+    an event lost while the watch was expired cannot leave a phantom holding behind.
+    """
 
     def __init__(
-        self, kind: WatchedKind, *, on_first_list: Callable[[], None], stop: threading.Event
+        self,
+        kind: WatchedKind,
+        *,
+        on_first_list: Callable[[], None],
+        stop: threading.Event,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         super().__init__(name=f"gpuweave-watch-{kind.name}", daemon=True)
         self.kind = kind
+        self.relists = 0
         self._on_first_list = on_first_list
         self._halt = stop
+        self._timeout_s = watch_timeout_s
         self._known: dict[str, Mapping[str, Any]] = {}
         self._watch: watch.Watch | None = None
 
     def run(self) -> None:
-        listed = False
+        version: str | None = None
         while not self._halt.is_set():
             try:
-                version = self._relist()
-                if not listed:
-                    listed = True
-                    self._on_first_list()
-                self._follow(version)
-            except (ApiException, HTTPError, OSError, ValueError) as exc:
-                if self._halt.is_set():
-                    return
-                LOG.warning("watch of %s broke (%s); listing again", self.kind.name, exc)
-                self._halt.wait(RETRY_DELAY_S)
+                if version is None:
+                    version = self._relist()
+                version = self._follow(version)
+            except ApiException as exc:
+                if exc.status == 410:  # expired: the events since `version` are gone
+                    LOG.info(
+                        "watch of %s expired at resourceVersion %s; listing again", self.kind.name, version
+                    )
+                    version = None
+                    continue
+                self._pause(exc)
+            except (HTTPError, OSError, ValueError) as exc:
+                self._pause(exc)
+
+    def _pause(self, exc: Exception) -> None:
+        if not self._halt.is_set():
+            LOG.warning("watch of %s broke (%s); retrying in %.0fs", self.kind.name, exc, RETRY_DELAY_S)
+            self._halt.wait(RETRY_DELAY_S)
 
     def stop(self) -> None:
         self._halt.set()
@@ -88,23 +107,28 @@ class Watcher(threading.Thread):
         for item in items:
             self.kind.apply("MODIFIED", item)
         self._known = fresh
+        self.relists += 1
+        if self.relists == 1:
+            self._on_first_list()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
-    def _follow(self, version: str) -> None:
+    def _follow(self, version: str) -> str:
+        """Apply events from ``version`` until the server ends the watch; returns the last version."""
         self._watch = watch.Watch()  # type: ignore[no-untyped-call]
         stream = self._watch.stream(  # type: ignore[no-untyped-call]
             self.kind.list_call,
             resource_version=version,
-            timeout_seconds=WATCH_TIMEOUT_S,
+            timeout_seconds=self._timeout_s,
             allow_watch_bookmarks=True,
         )
         for event in stream:
             if self._halt.is_set():
-                return
+                break
             kind, raw = str(event.get("type")), event.get("raw_object")
             if kind == "ERROR" or not isinstance(raw, Mapping):
                 code = raw.get("code") if isinstance(raw, Mapping) else None
                 raise ApiException(status=code or 500, reason=f"watch error event: {raw}")
+            version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
             if kind == "BOOKMARK":
                 continue
             key = self.kind.key(raw)
@@ -113,6 +137,7 @@ class Watcher(threading.Thread):
             else:
                 self._known[key] = raw
             self.kind.apply(kind, raw)
+        return version
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -193,8 +218,11 @@ def _why(exc: Exception) -> str:
 class KubeFeed:
     """The watcher threads of one extender; ``stop`` ends them."""
 
-    def __init__(self, cache: ClusterCache, api: client.ApiClient) -> None:
+    def __init__(
+        self, cache: ClusterCache, api: client.ApiClient, *, watch_timeout_s: int = WATCH_TIMEOUT_S
+    ) -> None:
         self._halt = threading.Event()
+        self._api = api
         kinds = watched_kinds(cache, api)
         remaining = [len(kinds)]
         lock = threading.Lock()
@@ -205,7 +233,10 @@ class KubeFeed:
                 if remaining[0] == 0:
                     cache.synced.set()
 
-        self.watchers = [Watcher(k, on_first_list=first_list_done, stop=self._halt) for k in kinds]
+        self.watchers = [
+            Watcher(k, on_first_list=first_list_done, stop=self._halt, watch_timeout_s=watch_timeout_s)
+            for k in kinds
+        ]
 
     def start(self) -> None:
         for watcher in self.watchers:
@@ -216,6 +247,7 @@ class KubeFeed:
             watcher.stop()
         for watcher in self.watchers:
             watcher.join(timeout=1)  # a watch blocked on a quiet stream ends at its server-side timeout
+        self._api.close()
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -232,9 +264,9 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
-def build_kube_extender(*, kubeconfig: str | None) -> Extender:
+def build_kube_extender(*, kubeconfig: str | None, watch_timeout_s: int = WATCH_TIMEOUT_S) -> Extender:
     api = api_client(kubeconfig)
     cache, core = build_core()
-    feed = KubeFeed(cache, api)
+    feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s)
     feed.start()
     return assemble(cache, core, KubeBinder(api), stoppers=(feed,))

@@ -32,7 +32,9 @@ def plan_share_containers(
     qualities: list[float] = []
     for container in sorted(wanting, key=lambda c: (-c.compute, -c.memory_gib, -c.shared, c.name)):
         mode = ShareMode.TIME_SLICED if container.shared else ShareMode.FRACTIONAL
-        capable = [g.index for g in layout.gpus if g.mode is mode and g.index in eligible]
+        capable = [
+            g.index for g in layout.gpus if g.mode is mode and g.index in eligible and not g.mig_enabled
+        ]
         impossible = _impossible(container, mode, capable, layout, healthy=set(use))
         if impossible is not None:
             return unresolvable(impossible)

@@ -283,3 +283,57 @@ def test_binder_never_annotates_a_recreated_pod(kubeconfig: str) -> None:
     stored = _read_pod(kubeconfig, "recreated")
     assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
     assert not stored["spec"].get("nodeName")
+
+
+@pytest.fixture
+def compacting_kubeconfig(tmp_path: Path) -> Iterator[str]:
+    """A control plane whose watches read etcd directly and which compacts every second, so a
+    watch resumed from an old resourceVersion gets 410 Gone."""
+    if not HARNESS.exists():
+        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
+    flags = ["--apiserver-arg=--watch-cache=false", "--apiserver-arg=--etcd-compaction-interval=1s"]
+    log = (tmp_path / "harness.log").open("wb")
+    process = subprocess.Popen(
+        [str(HARNESS), "control-plane", "--dir", str(tmp_path), *flags], stdout=log, stderr=log
+    )
+    try:
+        _wait(
+            "kube-apiserver", lambda: (tmp_path / "ready").exists() or process.poll() is not None, timeout=180
+        )
+        assert process.poll() is None, (tmp_path / "harness.log").read_text()[-2000:]
+        path = str(tmp_path / "admin.kubeconfig")
+        with _api(path) as api:
+            extensions = client.ApiextensionsV1Api(api)
+            extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
+            _wait("CRD established", lambda: _established(extensions))
+            client.CoreV1Api(api).create_node(
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
+            )
+        yield path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_expired_watch_lists_again_and_keeps_following(compacting_kubeconfig: str) -> None:
+    built = build_kube_extender(kubeconfig=compacting_kubeconfig, watch_timeout_s=1)
+    try:
+        _wait("extender cache sync", built.cache.synced.is_set)
+        assert built.cache.node("n1") is not None
+        (feed,) = built.stoppers
+        nodes = feed.watchers[0]  # type: ignore[attr-defined]
+        assert nodes.relists == 1
+        with _api(compacting_kubeconfig) as api:
+            core = client.CoreV1Api(api)
+            for i in range(20):  # advance etcd's revision past the node watch's resourceVersion
+                core.create_namespaced_config_map("default", {"metadata": {"name": f"churn-{i}"}})
+            _wait("410 Gone and a relist", lambda: nodes.relists >= 2, timeout=60)
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}})
+        _wait("the watch resumed after the relist", lambda: built.cache.node("n2") is not None, timeout=30)
+    finally:
+        built.close()
