@@ -247,7 +247,7 @@ class KubeFeed:
             watcher.stop()
         for watcher in self.watchers:
             watcher.join(timeout=1)  # a watch blocked on a quiet stream ends at its server-side timeout
-        self._api.close()
+        self._api.close()  # type: ignore[no-untyped-call]
 
 
 def api_client(kubeconfig: str | None) -> client.ApiClient:
