@@ -1,11 +1,14 @@
 """The real node agents of the simulated cluster, one per node, each with its own kubelet.
 
-Every node runs ``deviceplugin.agent.NodeAgent`` on its profile's inventory (simulated hardware)
-with the node's sharing plan, serving its resources over gRPC on unix sockets in a temporary
+Every node runs ``deviceplugin.agent.NodeAgent`` on simulated hardware
+(``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML)
+with the node's sharing plan and its health service (``gpuweave.node_health``: NVML events,
+kernel log, Xid policy), serving its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
-extender chose), so a device the agent refuses shows up as an admission failure. A GPU fault is
-set on the agent and the time until its kubelet sees the device Unhealthy is measured.
+extender chose), so a device the agent refuses shows up as an admission failure. Faults are
+injected into the simulated NVML (``inject_xid``), and the time until the kubelet sees the GPU
+Unhealthy is measured: event, health policy, agent and ListAndWatch, end to end.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from pathlib import Path
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
+from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
-from topology.contracts import RESOURCE_GPU
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from health.config import HealthSettings
+from health.service import HealthService
 from topology.errors import GpuweaveError
 
 
@@ -34,6 +41,8 @@ class AgentStartError(GpuweaveError):
 class _Node:
     agent: NodeAgent
     kubelet: SimKubelet
+    backend: SimulatedBackend
+    health: HealthService | None
 
 
 class NodeAgentPool:
@@ -53,21 +62,30 @@ class NodeAgentPool:
     def _start(self, index: int, node: FleetNode, *, shared: bool) -> _Node:
         kubelet_dir = self._root / f"n{index}" / "k"
         state_dir = self._root / f"n{index}" / "s"
+        state_dir.mkdir(parents=True, exist_ok=True)
         kubelet = SimKubelet(kubelet_dir)
         kubelet.start()
+        backend = SimulatedBackend(
+            load_profile(node.profile),
+            self._root / f"n{index}" / "hw",
+            node_name=node.name,
+            kmsg_path=state_dir / SIM_KMSG_FILE,
+        )
         mode = SharingMode.FRACTIONAL if shared else SharingMode.EXCLUSIVE
         config = AgentConfig(
             kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
         )
-        inventory = node.inventory
-        agent = NodeAgent(config, discover=lambda: inventory, chooser_for=gpu_chooser_for)
+        agent = NodeAgent(config, discover=backend.discover, chooser_for=gpu_chooser_for)
         agent.start()
-        expected = {RESOURCE_GPU} if not shared else set()
-        if not kubelet.wait_for(expected | set(agent.resource_names()[:1])):
+        if not kubelet.wait_for(set(agent.resource_names()[:1])):
             agent.stop()
             kubelet.stop()
+            backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
-        return _Node(agent, kubelet)
+        health = start_node_health(
+            agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=HealthSettings()
+        )
+        return _Node(agent, kubelet, backend, health)
 
     def resources(self, node: int) -> dict[str, int]:
         return self._nodes[node].kubelet.resources()
@@ -83,20 +101,25 @@ class NodeAgentPool:
         self.admitted += 1
         return True
 
-    def gpu_failed(self, node: int, gpu: int, reason: str) -> float | None:
-        """Mark the GPU unhealthy on its agent; seconds until the kubelet sees it (None: never)."""
+    def inject_xid(self, node: int, gpu: int, xid: int) -> float | None:
+        """Raise an Xid in the node's simulated NVML; seconds until its kubelet sees the GPU
+        Unhealthy (None: not within 20 s, e.g. a non-fatal Xid)."""
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
         started = time.monotonic()
-        self._nodes[node].agent.set_device_health(uuid, False, reason)
+        self._nodes[node].backend.node.health.inject_xid(gpu, xid)
         return self._nodes[node].kubelet.wait_unhealthy(uuid, since=started)
 
-    def gpu_restored(self, node: int, gpu: int) -> None:
+    def gpu_healthy(self, node: int, gpu: int) -> bool:
+        """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
-        self._nodes[node].agent.set_device_health(uuid, True)
+        return self._nodes[node].kubelet.healthy(uuid)
 
     def close(self) -> None:
         for node in self._nodes:
+            if node.health is not None:
+                node.health.stop()
             node.agent.stop()
             node.kubelet.stop()
+            node.backend.close()
         self._nodes = []
         shutil.rmtree(self._root, ignore_errors=True)

@@ -36,6 +36,7 @@ from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
+RECHECK_S = 600.0  # a GPU its node agent still reports unhealthy is looked at again this much later
 
 
 @dataclass
@@ -157,12 +158,16 @@ class Simulation:
 
     def _fire_faults(self, now: float) -> None:
         for due in [r for r in self._restores if r[0] <= now]:
-            restore(self.state, due[1], now=due[0])
             self._restores.remove(due)
-            if due[1].gpu is not None:
-                self._placer.gpu_restored(self._node_index(due[1].node), due[1].gpu)
-                if self._agents is not None:
-                    self._agents.gpu_restored(self._node_index(due[1].node), due[1].gpu)
+            healed = due[1]
+            if healed.gpu is not None and self._agents is not None:
+                node = self._node_index(healed.node)
+                if not self._agents.gpu_healthy(node, healed.gpu):
+                    self._restores.append((now + RECHECK_S, healed))  # the node's health says not yet
+                    continue
+            restore(self.state, healed, now=now)
+            if healed.gpu is not None:
+                self._placer.gpu_restored(self._node_index(healed.node), healed.gpu)
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
             if spec.kind is FaultKind.EFA_LINK:
@@ -178,7 +183,8 @@ class Simulation:
                 node = self._node_index(record.node)
                 self._placer.gpu_failed(node, record.gpu, record.kind)
                 if self._agents is not None:
-                    record.agent_to_kubelet_s = self._agents.gpu_failed(node, record.gpu, record.kind)
+                    xid = 79 if spec.kind is FaultKind.XID_79 else 48
+                    record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
             if spec.restore_after_s > 0:
                 self._restores.append((now + spec.restore_after_s, record))
 

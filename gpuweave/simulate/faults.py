@@ -54,7 +54,9 @@ class FaultRecord:
     other_pods_on_node_kept: int = 0  # pods on the node outside the evicted jobs, still running
     nodes_affected: int = 1
     restored_at_s: float | None = None
-    agent_to_kubelet_s: float | None = None  # measured: agent marks the GPU, kubelet sees Unhealthy
+    # measured with the node agents: Xid raised in the simulated NVML until the kubelet sees the GPU
+    # Unhealthy (health monitor, Xid policy, agent, ListAndWatch); None without agents
+    agent_to_kubelet_s: float | None = None
     evicted_pods: list[str] = field(default_factory=list)
 
 

@@ -140,6 +140,16 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
                     return None
                 self._lock.wait(left)
 
+    def healthy(self, device_id: str) -> bool:
+        """True unless some plugin lists ``device_id`` (or a device on that GPU) as not Healthy."""
+        with self._lock:
+            return all(
+                health == HEALTHY
+                for plugin in self._plugins.values()
+                for device, health in plugin.health.items()
+                if device.startswith(device_id)
+            )
+
     def admit(self, resource: str, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         """GetPreferredAllocation (when offered) then Allocate, for one container."""
         with self._lock:

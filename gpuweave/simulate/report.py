@@ -98,15 +98,17 @@ def fault_table(summary: dict[str, Any]) -> str:
         where = f"{f['node']}" + (f" GPU {f['gpu']}" if f["gpu"] is not None else "")
         seen = f["agent_to_kubelet_s"]
         seen_text = (
-            f" kubelet saw the GPU Unhealthy {seen * 1000:.1f} ms after the agent marked it;" if seen else ""
+            f" measured: Xid raised in NVML -> kubelet sees the GPU Unhealthy in {seen * 1000:.0f} ms;"
+            if seen is not None
+            else ""
         )
         restored = (
             f"back at {f['restored_at_s'] / 60:.0f} min" if f["restored_at_s"] is not None else "stays out"
         )
         lines.append(
             f"  t={f['at_s'] / 60:5.0f} min  {f['kind']:<26} {where:<24} "
-            f"detected in ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of {f['jobs_requeued']} jobs "
-            f"evicted and requeued, {f['gpus_withheld']} GPU withheld, "
+            f"nominal detection ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of "
+            f"{f['jobs_requeued']} jobs evicted and requeued, {f['gpus_withheld']} GPU withheld, "
             f"{f['other_pods_on_node_kept']} other pods on the node kept running;{seen_text} {restored}"
         )
     return "\n".join(lines)

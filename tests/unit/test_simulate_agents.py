@@ -24,9 +24,10 @@ def test_agents_register_admit_and_report_a_failed_gpu() -> None:
         assert pool.admit(1, {RESOURCE_GPU_COMPUTE: share})
         assert not pool.admit(0, {RESOURCE_GPU: ["GPU-not-on-this-node"]})
         assert pool.admitted == 2 and len(pool.admission_failures) == 1
-        seen = pool.gpu_failed(0, 3, "xid 79")
-        assert seen is not None and seen < 5.0
+        seen = pool.inject_xid(0, 3, 79)
+        assert seen is not None and seen < 10.0
         assert pool.resources(0)[RESOURCE_GPU] == 7
+        assert not pool.gpu_healthy(0, 3) and pool.gpu_healthy(0, 2)
     finally:
         pool.close()
 
