@@ -311,7 +311,13 @@ def render_scheduler_config(plane: ControlPlane, *, extender_url: str | None, ku
 def start_scheduler(plane: ControlPlane, *, config_path: Path, name: str = "kube-scheduler") -> Process:
     return Process(
         name,
-        [str(harness_binary()), "kube-scheduler", f"--config={config_path}", "--secure-port=0", "--v=2"],
+        [
+            str(harness_binary()),
+            "kube-scheduler",
+            f"--config={config_path}",
+            "--secure-port=0",
+            f"--v={os.environ.get('GPUWEAVE_E2E_SCHEDULER_V', '2')}",
+        ],
         log_dir=plane.work,
     )
 

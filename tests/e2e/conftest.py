@@ -21,11 +21,17 @@ from tests.e2e.cluster import (
     start_extender,
     start_scheduler,
 )
+from tests.e2e.pods import FAULT_NODE, FAULT_TAINT, HANDOFF_NODE
 
 # The nodes of the scheduling cluster: one without NVLink, one with the DGX-1 hybrid cube mesh,
-# and one that the fault tests may damage.
-PCIE_NODE, NVLINK_NODE, FAULT_NODE = "e2e-l40s", "e2e-v100", "e2e-h100"
-NODE_PROFILES = {PCIE_NODE: "l40s-pcie-8", NVLINK_NODE: "dgx1-v100", FAULT_NODE: "dgx-h100"}
+# one that the fault tests damage, one for admission bursts.
+PCIE_NODE, NVLINK_NODE = "e2e-l40s", "e2e-v100"
+NODE_PROFILES = {
+    PCIE_NODE: "l40s-pcie-8",
+    NVLINK_NODE: "dgx1-v100",
+    FAULT_NODE: "dgx-h100",
+    HANDOFF_NODE: "dgx-a100",
+}
 EVICTION_GRACE_S = 3
 
 
@@ -95,3 +101,13 @@ def scheduler(
     finally:
         kube_scheduler.stop()
         extender.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    plane: ControlPlane, nodes: dict[str, SimNode], scheduler: Process, workload_namespace: str
+) -> dict[str, SimNode]:
+    """Keep the fault and handoff nodes out of the placement tests (a taint only their tests tolerate)."""
+    for name in (FAULT_NODE, HANDOFF_NODE):
+        plane.core.patch_node(name, {"spec": {"taints": [FAULT_TAINT]}})
+    return nodes

@@ -1,0 +1,38 @@
+"""The extender -> kubelet handoff when several GPU pods are bound to one node at once.
+
+The kubelet's GetPreferredAllocation carries no pod identity, so the node agent must tell the
+pods apart by their recorded assignments (deviceplugin/handoff.py). A burst of equal requests is
+the hard case: every pending assignment fits the offer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cluster import ControlPlane, SimNode
+from tests.e2e.pods import GPU, HANDOFF_NODE, allocated_gpus, assigned_devices, gpu_pod, wait_admitted
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "known gap: with several pending pods whose assignments all fit the offer, the node agent "
+        "gives no hint and the kubelet allocates the local optimum, which may differ from the "
+        "extender's choice (health then evicts by the annotation). The kubelet admits pods in watch "
+        "order (creation time within a batch), so the agent could take the earliest-bound candidate."
+    ),
+)
+def test_a_burst_of_equal_pods_gets_the_assigned_devices(
+    plane: ControlPlane, cluster: dict[str, SimNode], workload_namespace: str
+) -> None:
+    names = [f"burst-{i}" for i in range(4)]
+    for name in names:
+        plane.core.create_namespaced_pod(workload_namespace, gpu_pod(name, 2, only_on=HANDOFF_NODE))
+    mismatched = []
+    for name in names:
+        pod, allocation = wait_admitted(plane, workload_namespace, name)
+        if allocated_gpus(allocation) != assigned_devices(pod)[GPU]:
+            mismatched.append(name)
+    assert not mismatched, f"device manager allocated other devices than the extender assigned: {mismatched}"
