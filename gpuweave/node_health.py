@@ -19,14 +19,17 @@ import yaml
 from deviceplugin.agent import NodeAgent
 from deviceplugin.metrics import AgentMetrics
 from hardware.backend import GpuBackend
-from hardware.health_probe import NvmlHealthProbe, nvidia_smi_reset
+from hardware.health_probe import GpuInUseError, NvmlHealthProbe, nvidia_smi_reset
 from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
 from health.kube import KubeCluster
 from health.metrics import HealthMetrics
+from health.remediation import MigRecreate
 from health.service import HealthParts, HealthService
+from mig.planner import MigPlanError, TargetEntry
+from mig.service import MigService
 from topology.errors import GpuweaveError
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ def start_node_health(
     settings: HealthSettings,
     kube_api: Any | None = None,
     metrics: AgentMetrics | None = None,
+    recreate_mig: MigRecreate | None = None,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent)."""
     if isinstance(backend, SimulatedBackend):
@@ -79,14 +83,38 @@ def start_node_health(
             kernel_log=kernel_log,
             cluster=KubeCluster(kube_api, node_name=node_name) if kube_api is not None else None,
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
+            recreate_mig=recreate_mig,
         )
     )
     if isinstance(backend, SimulatedBackend):
-        agent.control.add_route(SIM_INJECT_METHOD, inject_route(backend.node.health))
+        agent.control.add_route(SIM_INJECT_METHOD, inject_route(backend.node.health, mig=backend.node.mig))
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     service.start()
     return service
+
+
+def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:
+    """Recreate one failed MIG instance through the MIG manager: destroy it, then put it back.
+
+    Both steps are reshapes of that GPU only (its other instances stay). A plan the MIG manager
+    refuses (the instance is still busy) is "in use": remediation waits and tries again.
+    """
+
+    def recreate(gpu_uuid: str, gpu_instance: int, compute_instance: int) -> None:
+        index = agent.inventory.gpu_by_uuid(gpu_uuid).index
+        current = mig.reconciler.current(index)
+        layout = [TargetEntry(i.profile, i.start) for i in current]
+        without = [TargetEntry(i.profile, i.start) for i in current if i.key != str(gpu_instance)]
+        try:
+            mig.reconciler.apply(index, without)
+        except MigPlanError as exc:
+            raise GpuInUseError(
+                f"MIG instance {gpu_instance} on GPU {index} cannot be destroyed yet: {exc}"
+            ) from exc
+        mig.reconciler.apply(index, layout)
+
+    return recreate
 
 
 def _follow_inventory(service: HealthService, agent: NodeAgent) -> None:

@@ -17,9 +17,9 @@ plugin) and every ``on_change`` callback gets the new snapshot.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
@@ -53,45 +53,70 @@ class RoundHook(Protocol):
     def __call__(self, monitor: HealthMonitor) -> None: ...
 
 
-@dataclass
-class _Pending:
-    thread: threading.Thread
-    result: list[Any]
+class _Worker:
+    """One long-lived thread running the calls of one key (a GPU), one at a time."""
 
+    def __init__(self, key: str) -> None:
+        self.requests: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event] | None] = (
+            queue.SimpleQueue()
+        )
+        self.busy = False
+        self.thread = threading.Thread(target=self._loop, name=f"health-check-{key}", daemon=True)
+        self.thread.start()
 
-class TimeoutRunner:
-    """Runs calls on their own threads and stops waiting at a deadline; a still-hung key is not rerun."""
-
-    def __init__(self) -> None:
-        self._running: dict[str, _Pending] = {}
-
-    def start(self, key: str, fn: Callable[[], Any]) -> bool:
-        """Start ``fn`` for ``key``; False when the previous call for ``key`` is still hung."""
-        previous = self._running.get(key)
-        if previous is not None and previous.thread.is_alive():
-            return False
-        box: list[Any] = []
-
-        def target() -> None:
+    def _loop(self) -> None:
+        while (item := self.requests.get()) is not None:
+            fn, box, done = item
             try:
                 box.append(("ok", fn()))
             except Exception as exc:
                 box.append(("error", exc))
+            finally:
+                self.busy = False
+                done.set()
 
-        thread = threading.Thread(target=target, name=f"health-check-{key}", daemon=True)
-        self._running[key] = _Pending(thread, box)
-        thread.start()
+
+class TimeoutRunner:
+    """Runs calls on one worker thread per key and stops waiting at a deadline.
+
+    A key whose previous call is still hung is not given another one (``start`` says False), so a
+    wedged driver costs one stuck thread per GPU, not one per round.
+    """
+
+    def __init__(self) -> None:
+        self._workers: dict[str, _Worker] = {}
+        self._pending: dict[str, tuple[list[Any], threading.Event]] = {}
+
+    def start(self, key: str, fn: Callable[[], Any]) -> bool:
+        """Start ``fn`` for ``key``; False when the previous call for ``key`` is still running."""
+        worker = self._workers.get(key)
+        if worker is None:
+            worker = self._workers[key] = _Worker(key)
+        if worker.busy:
+            return False
+        worker.busy = True
+        box: list[Any] = []
+        done = threading.Event()
+        self._pending[key] = (box, done)
+        worker.requests.put((fn, box, done))
         return True
 
     def collect(self, key: str, deadline_s: float) -> tuple[str, Any]:  # status, value
         """("ok", value) | ("error", exception) | ("timeout", None) within ``deadline_s``."""
-        pending = self._running[key]
-        pending.thread.join(max(deadline_s, 0.0))
-        return pending.result[0] if pending.result else ("timeout", None)
+        box, done = self._pending[key]
+        done.wait(max(deadline_s, 0.0))
+        return box[0] if box else ("timeout", None)
 
-    def join_all(self, timeout_s: float) -> None:
-        for pending in self._running.values():
-            pending.thread.join(timeout_s)
+    def idle(self, timeout_s: float) -> bool:
+        """Wait until no call is running (tests); True when idle."""
+        return all(done.wait(timeout_s) for _, done in self._pending.values())
+
+    def close(self) -> None:
+        """Let idle workers exit; a worker stuck in a hung call exits when the call returns."""
+        for worker in self._workers.values():
+            worker.requests.put(None)
+        for worker in self._workers.values():
+            worker.thread.join(0.5 if not worker.busy else 0.0)
 
 
 class HealthMonitor:
@@ -145,7 +170,7 @@ class HealthMonitor:
         self._stop.set()
         for thread in list(self._threads.values()):
             thread.join(timeout=5)
-        self._runner.join_all(0.0)
+        self._runner.close()
 
     def _probe_register(self) -> list[str]:
         try:

@@ -22,7 +22,7 @@ from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node_health import SIM_KMSG_FILE, load_settings, start_node_health
+from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, follow_layout_annotation, register_mig_routes
 from hardware.backend import GpuBackend
 from hardware.profiles import load_profile
@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         settings=load_settings(args.health_config),
         kube_api=kube.api if kube else None,
         metrics=metrics,
+        recreate_mig=mig_recreator(mig, agent),
     )
     if kube is not None:
         kube.start(agent)

@@ -32,14 +32,22 @@ def register(subparsers: Any) -> None:
     add("--state-dir", type=Path, required=True, help="the agent's --state-dir (holds agent.sock)")
     add("--gpu", type=int, metavar="INDEX", help="GPU index the fault hits")
     add("--xid", type=int, metavar="N", help="raise Xid N on --gpu (NVML event + kernel-log line)")
-    add("--mig-instance", metavar="GI[:CI]", help="attribute the Xid to this GPU (and compute) instance")
+    add(
+        "--mig-instance",
+        metavar="GI[:CI]",
+        help="attribute --xid (or --busy) to this GPU (and compute) instance",
+    )
     add("--ecc-dbe", type=int, metavar="COUNT", help="add COUNT volatile double-bit ECC errors on --gpu")
     add("--nvlink-down", type=int, metavar="LINK", help="take NVLink link LINK of --gpu down")
     add("--efa-down", metavar="NAME", help="take EFA adapter NAME's netdev link down")
     add("--efa-missing", metavar="NAME", help="remove EFA adapter NAME from the node")
     add("--nvml-hang", type=float, metavar="SECONDS", help="NVML calls hang (on --gpu, or every call)")
     add("--temperature", type=int, metavar="CELSIUS", help="set --gpu's temperature")
-    add("--busy", metavar="PID[,PID...]", help="processes running on --gpu ('' frees it); a reset waits")
+    add(
+        "--busy",
+        metavar="PID[,PID...]",
+        help="processes on --gpu, or on its MIG device with --mig-instance ('' frees it); remediation waits",
+    )
     add("--clear", action="store_true", help="undo injected faults (on --gpu, or everything)")
     add("--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)")
     inject.set_defaults(handler=run_inject)

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
+from hardware.simulated.mig_calls import SimMigNode
 from topology.errors import InvalidInputError
 
 
@@ -36,8 +37,8 @@ class InjectRequest(BaseModel):
         gpu_faults = [self.xid, self.ecc_dbe, self.nvlink_down, self.temperature, self.busy]
         if any(v is not None for v in gpu_faults) and self.gpu is None:
             raise ValueError("--xid, --ecc-dbe, --nvlink-down, --temperature and --busy need --gpu INDEX")
-        if self.mig_instance is not None and self.xid is None:
-            raise ValueError("--mig-instance only qualifies --xid")
+        if self.mig_instance is not None and self.xid is None and self.busy is None:
+            raise ValueError("--mig-instance only qualifies --xid and --busy")
         if not self.clear and all(
             v is None for v in [*gpu_faults, self.efa_down, self.efa_missing, self.nvml_hang]
         ):
@@ -54,7 +55,9 @@ def parse_request(params: dict[str, Any]) -> InjectRequest:
         raise InvalidInputError(f"bad sim.inject request at {where}: {first['msg']}") from exc
 
 
-def apply_request(state: SimHealthState, request: InjectRequest) -> dict[str, Any]:
+def apply_request(
+    state: SimHealthState, request: InjectRequest, *, mig: SimMigNode | None = None
+) -> dict[str, Any]:
     """Apply one request; returns what was done (for the CLI to print)."""
     done: list[str] = []
     gpu = request.gpu
@@ -75,7 +78,9 @@ def apply_request(state: SimHealthState, request: InjectRequest) -> dict[str, An
         if request.temperature is not None and gpu is not None:
             state.set_temperature(gpu, request.temperature)
             done.append(f"GPU {gpu}: {request.temperature} C")
-        if request.busy is not None and gpu is not None:
+        if request.busy is not None and gpu is not None and request.mig_instance is not None:
+            done.append(_mig_busy(mig, gpu, request.mig_instance, busy=bool(request.busy)))
+        elif request.busy is not None and gpu is not None:
             state.set_processes(gpu, tuple(request.busy))
             done.append(f"GPU {gpu}: processes {request.busy}")
         if request.efa_down is not None:
@@ -92,9 +97,22 @@ def apply_request(state: SimHealthState, request: InjectRequest) -> dict[str, An
     return {"done": done}
 
 
-def inject_route(state: SimHealthState) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def inject_route(
+    state: SimHealthState, *, mig: SimMigNode | None = None
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The handler the agent registers as ``sim.inject``."""
-    return lambda params: apply_request(state, parse_request(params))
+    return lambda params: apply_request(state, parse_request(params), mig=mig)
+
+
+def _mig_busy(mig: SimMigNode | None, gpu: int, instance: str, *, busy: bool) -> str:
+    """Start or stop a process on one MIG device (``GI:CI``) of a simulated GPU."""
+    gi, ci = _instance(instance)
+    sim_gpu = mig.gpus.get(gpu) if mig is not None else None
+    for gpu_instance, compute in sim_gpu.mig_devices() if sim_gpu is not None else ():
+        if gpu_instance.id == gi and compute.id == (ci or 0):
+            sim_gpu.set_busy(compute.mig_uuid, busy)  # type: ignore[union-attr]
+            return f"GPU {gpu} MIG {instance}: {'busy' if busy else 'idle'}"
+    raise SimHealthError(f"GPU {gpu} has no MIG device {instance} (GPU instance:compute instance)")
 
 
 def _instance(text: str | None) -> tuple[int | None, int | None]:

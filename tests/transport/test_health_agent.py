@@ -209,11 +209,17 @@ def test_gpu_fault_fans_out_to_replicas_and_mig_devices_only(shared_node: Node) 
     assert node.healthy_gpus() == whole
 
 
-def test_mig_attributed_xid_marks_that_mig_device_alone(shared_node: Node) -> None:
+def test_mig_attributed_xid_marks_that_mig_device_alone_then_recreates_it(shared_node: Node) -> None:
     node = shared_node
     mig = mig_resource_name("3g.40gb")
-    first = node.inventory.mig_devices_of(6)[0]
-    node.inject("--gpu", "6", "--busy", "1", "--xid", "95", "--mig-instance", f"{first.gpu_instance_id}:0")
-    node.wait(lambda: len(node.kubelet.healthy(mig)) == 1, "one MIG device to go Unhealthy")
-    assert first.uuid not in node.kubelet.healthy(mig)
+    first, second = node.inventory.mig_devices_of(6)
+    instance = f"{first.gpu_instance_id}:0"
+    node.inject("--gpu", "6", "--mig-instance", instance, "--busy", "1")  # a process holds it
+    node.inject("--gpu", "6", "--xid", "95", "--mig-instance", instance)
+    node.wait(lambda: node.kubelet.healthy(mig) == {second.uuid}, "only the attributed MIG device Unhealthy")
     assert node.gpu_state(6) == "Healthy"
+    assert node.status()["migs"][first.uuid]["state"] in ("Failed", "Remediating")  # waits for the process
+    node.inject("--gpu", "6", "--mig-instance", instance, "--busy", "")  # the process ends
+    node.wait(lambda: first.uuid not in node.kubelet.devices(mig), "the failed instance to be destroyed")
+    node.wait(lambda: len(node.kubelet.healthy(mig)) == 2, "the instance to be recreated (a new MIG device)")
+    assert second.uuid in node.kubelet.healthy(mig)

@@ -104,7 +104,7 @@ def test_health_config_validation() -> None:
         ({"xid": 79}, "need --gpu"),
         ({}, "nothing to inject"),
         ({"gpu": 1, "xid": 79, "mig_instance": "x"}, "mig_instance"),
-        ({"gpu": 1, "mig_instance": "1:0"}, "only qualifies --xid"),
+        ({"gpu": 1, "mig_instance": "1:0"}, "only qualifies --xid and --busy"),
         ({"gpu": -1, "xid": 79}, "gpu"),
         ({"gpu": 1, "xid": 79, "bogus": 1}, "bogus"),
     ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def efa_sysfs(root: Path, names: list[str]) -> Path:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> tuple[HealthMonitor, SimHealthState, Sink, FakeClock]:
+def node(tmp_path: Path) -> Iterator[tuple[HealthMonitor, SimHealthState, Sink, FakeClock]]:
     inventory = small_inventory(gpus=8, mig_on=(6,))
     sysfs = efa_sysfs(tmp_path / "sys", [n.name for n in inventory.nics])
     state = SimHealthState(
@@ -83,7 +84,8 @@ def node(tmp_path: Path) -> tuple[HealthMonitor, SimHealthState, Sink, FakeClock
     tail = KernelLogTail(tmp_path / "kmsg", cursor_file=tmp_path / "cursor.json")
     monitor = HealthMonitor(engine, probe, clock=clock, sink=sink, kernel_log=tail)
     assert probe.register_events([g.uuid for g in inventory.gpus]) == []
-    return monitor, state, sink, clock
+    yield monitor, state, sink, clock
+    monitor.stop()
 
 
 def deliver(monitor: HealthMonitor, probe_timeout_ms: int = 50) -> None:
@@ -151,7 +153,7 @@ def test_hung_gpu_fails_closed_within_timeout_then_recovers(
     assert sum(not ok for ok in sink.health.values()) == 1
     monitor.run_round()  # the hung call is still running: no second thread, still suspect
     assert monitor.snapshot().gpus[gpu_uuid(2)].state is DeviceState.SUSPECT
-    monitor._runner.join_all(2.0)
+    assert monitor._runner.idle(2.0)
     states = []
     for _ in range(3):
         clock.now += 1
