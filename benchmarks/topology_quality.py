@@ -6,8 +6,10 @@ Microsoft ITP trace (ElasticFlow raw traces, all clusters, read from the tar.gz 
 allocations arrive while the node is at most ``--fill`` busy, random running ones finish. Jobs
 above 8 GPUs become 8-GPU pods. For every allocation of 2 or more GPUs we compare the chosen
 set's score with the best set free at that moment (``topology.search.best_set`` without the
-look-ahead, i.e. the best set now). Policies: gpuweave (``best_set`` with its look-ahead),
-go-gpuallocator-like (``topology.baselines``) and lowest-index first-fit for reference.
+look-ahead, i.e. the best set now). Policies: gpuweave (``best_set`` with its look-ahead, which
+may take a set within 2.5% of the best to keep better sets for later), gpuweave without the
+look-ahead (the yardstick itself, 100% by construction), go-gpuallocator-like
+(``topology.baselines``) and lowest-index first-fit for reference.
 
     .venv/bin/python -m benchmarks.topology_quality [--allocations 3000] [--seed 42]
 """
@@ -68,6 +70,12 @@ def choose_gpuweave(node: FleetNode, free: frozenset[int], size: int) -> tuple[i
     return selection.gpus if selection is not None else None
 
 
+def choose_gpuweave_now(node: FleetNode, free: frozenset[int], size: int) -> tuple[int, ...] | None:
+    """gpuweave's search without the look-ahead: the best set now (the yardstick itself)."""
+    selection = best_set(node.graph, available=free, size=size, lookahead=False)
+    return selection.gpus if selection is not None else None
+
+
 def choose_go(node: FleetNode, free: frozenset[int], size: int) -> tuple[int, ...] | None:
     return go_gpuallocator_like(node.graph, available=free, size=size)
 
@@ -78,6 +86,7 @@ def choose_first_fit(_: FleetNode, free: frozenset[int], size: int) -> tuple[int
 
 POLICIES: dict[str, Chooser] = {
     "gpuweave": choose_gpuweave,
+    "gpuweave-no-lookahead": choose_gpuweave_now,
     "go-gpuallocator-like": choose_go,
     "first-fit": choose_first_fit,
 }
@@ -156,7 +165,12 @@ def plot(per_profile: dict[str, dict[str, Any]], out: Path) -> Path:
     figure, axis = plt.subplots(figsize=(11, 4.5))
     profiles = list(per_profile)
     width = 0.8 / len(POLICIES)
-    colours = {"gpuweave": "tab:green", "go-gpuallocator-like": "tab:red", "first-fit": "tab:gray"}
+    colours = {
+        "gpuweave": "tab:green",
+        "gpuweave-no-lookahead": "tab:olive",
+        "go-gpuallocator-like": "tab:red",
+        "first-fit": "tab:gray",
+    }
     for i, name in enumerate(POLICIES):
         heights = [per_profile[p][name]["best_set_pct"] for p in profiles]
         axis.bar(
@@ -164,15 +178,27 @@ def plot(per_profile: dict[str, dict[str, Any]], out: Path) -> Path:
         )
     axis.set_xticks([x + width for x in range(len(profiles))], profiles)
     axis.set_ylabel("multi-GPU allocations given the best set free (%)")
-    axis.set_ylim(0, 105)
+    axis.set_ylim(0, 118)
     axis.set_title("Topology quality under ITP gang-size churn (higher is better)")
-    axis.legend(fontsize=8, loc="lower right")
+    axis.legend(fontsize=8, loc="upper center", ncol=4)
     axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     path = out / "topology_quality.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def print_table(per_profile: dict[str, dict[str, Any]]) -> None:
+    print(f"\n{'profile':<22}" + "".join(f"{name:>32}" for name in POLICIES))
+    print(f"{'':<22}" + "".join(f"{'best set % / value / GB/s':>32}" for _ in POLICIES))
+    for profile, results in per_profile.items():
+        cells = "".join(
+            f"{r['best_set_pct']:>17.1f}% / {r['value_vs_best']:.3f} / {r['bottleneck_gbps']:5.0f}"
+            for r in (results[n] for n in POLICIES)
+        )
+        print(f"{profile:<22}{cells}")
+    print("GB/s: mean bottleneck (slowest pair) bandwidth of the chosen sets")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,14 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profiles": per_profile,
     }
     (args.out / "topology_quality.json").write_text(json.dumps(report, indent=1))
-    print(
-        f"\n{'profile':<22}" + "".join(f"{name:>24}" for name in POLICIES) + "   (% best set / value vs best)"
-    )
-    for profile, results in per_profile.items():
-        cells = "".join(
-            f"{results[n]['best_set_pct']:>15.1f}% / {results[n]['value_vs_best']:.3f}" for n in POLICIES
-        )
-        print(f"{profile:<22}{cells}")
+    print_table(per_profile)
     print(f"\nwrote {args.out / 'topology_quality.json'}, {plot(per_profile, args.out)}")
     return 0
 
