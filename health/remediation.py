@@ -242,8 +242,12 @@ class Remediator:
             log.warning("cannot publish node health: %s; retrying next round", exc)
 
     def _node_taint(self, monitor: HealthMonitor, faults: frozenset[NodeFault]) -> None:
+        """Taint or untaint under the cap; lists the nodes only while there is something to decide."""
         assert self.cluster is not None
+        if not faults and self._published.get("tainted") is False:
+            return  # no fault and known untainted: no API traffic (every node runs this every round)
         total, tainted, mine = self.cluster.taint_counts(TAINT_NODE_FAULT)
+        self._published["tainted"] = mine
         decision = taint_decision(
             faults,
             already_tainted=mine,
@@ -254,6 +258,7 @@ class Remediator:
         if decision.taint != mine:
             kinds = ",".join(sorted({f.kind.value for f in faults}))
             self.cluster.set_taint(TAINT_NODE_FAULT, present=decision.taint, value=kinds)
+            self._published["tainted"] = decision.taint
             if monitor.settings.cordon_node_faults:
                 self.cluster.set_cordon(decision.taint)
             self._event(

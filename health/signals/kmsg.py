@@ -35,6 +35,7 @@ _SXID = re.compile(
 _FATAL_TOKEN = re.compile(r"\b(Fatal|Nonfatal)\b")
 
 FALLEN_OFF_BUS_XID = 79
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
 
 def pci_key(address: str) -> PciKey:
@@ -91,14 +92,18 @@ class KernelLogTail:
     """New kernel-log records since the last call, from a file or ``/dev/kmsg``, with a saved cursor.
 
     For a file the cursor is a byte offset (a file shorter than the cursor was rotated: start over);
-    for ``/dev/kmsg`` it is the last sequence number seen. ``fresh_start`` is True when no cursor
-    existed, i.e. what the first read returns happened before the agent ever ran (boot history).
+    for ``/dev/kmsg`` it is the last sequence number seen. The cursor is kept with the boot ID and
+    dropped after a reboot. ``fresh_start`` is True when no cursor applied, i.e. what the first read
+    returns happened before the agent ran on this boot (boot history).
     """
 
-    def __init__(self, path: Path, *, cursor_file: Path) -> None:
+    def __init__(self, path: Path, *, cursor_file: Path, boot_id_file: Path = BOOT_ID_FILE) -> None:
         self._path = path
         self._cursor_file = cursor_file
+        self._boot_id = _read_text(boot_id_file)
         saved = read_json(cursor_file)
+        if isinstance(saved, dict) and saved.get("boot") != self._boot_id:
+            saved = None  # the machine rebooted: the kernel log (and its sequence numbers) started over
         self.fresh_start = not isinstance(saved, dict)
         self._offset = int(saved.get("offset", 0)) if isinstance(saved, dict) else 0
         self._seq = int(saved.get("seq", -1)) if isinstance(saved, dict) else -1
@@ -110,7 +115,9 @@ class KernelLogTail:
         except FileNotFoundError:
             return []
         lines = self._read_kmsg() if stat.S_ISCHR(mode) else self._read_file()
-        write_json_atomic(self._cursor_file, {"offset": self._offset, "seq": self._seq})
+        write_json_atomic(
+            self._cursor_file, {"offset": self._offset, "seq": self._seq, "boot": self._boot_id}
+        )
         return [record for line in lines if (record := parse_line(line)) is not None]
 
     def _read_file(self) -> list[str]:
@@ -144,3 +151,10 @@ class KernelLogTail:
         finally:
             os.close(fd)
         return lines
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""

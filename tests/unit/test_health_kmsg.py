@@ -126,3 +126,15 @@ def test_tail_starts_over_after_rotation_and_tolerates_missing_log(tmp_path: Pat
     tail.read_new()
     log.write_text(xid_line("0000:07:00", 95, "uncontained") + "\n")
     assert [r.xid for r in tail.read_new() if isinstance(r, KernelXid)] == [95]
+
+
+def test_cursor_is_dropped_after_a_reboot(tmp_path: Path) -> None:
+    log, cursor, boot = tmp_path / "kmsg", tmp_path / "cursor.json", tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    log.write_text(xid_line("0000:05:00", 79, "off the bus") + "\n")
+    KernelLogTail(log, cursor_file=cursor, boot_id_file=boot).read_new()
+    assert not KernelLogTail(log, cursor_file=cursor, boot_id_file=boot).fresh_start
+    boot.write_text("boot-2\n")
+    after_reboot = KernelLogTail(log, cursor_file=cursor, boot_id_file=boot)
+    assert after_reboot.fresh_start
+    assert [r.xid for r in after_reboot.read_new() if isinstance(r, KernelXid)] == [79]
