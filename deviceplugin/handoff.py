@@ -3,10 +3,13 @@
 The kubelet's GetPreferredAllocation carries no pod identity, so the agent infers it: among the
 pods on this node that are still Pending and carry a ``gpuweave.io/assignment`` annotation, it
 looks for container assignments for this resource with exactly the requested size, all of whose
-IDs are offered and which include every must-include ID. Exactly one such (pod, container) that
-has not been served yet → its IDs; none or several → no hint, and the local optimum from the
-same scoring code is used. No lock and no API call on the kubelet's path: the pod view is kept
-fresh by a watcher in the background (``deviceplugin.kube``).
+IDs are offered and which include every must-include ID, not served yet. One such (pod,
+container) → its IDs. Several (a burst of equal pods) → the earliest in admission order: the
+kubelet admits pods one at a time in the order its watch delivers them (creation time within a
+burst, then the order this agent's own watch saw them) and a pod's containers in spec order.
+None → no hint, and the local optimum from the same scoring code is used. No lock and no API call
+on the kubelet's path: the pod view is kept fresh by a watcher in the background
+(``deviceplugin.kube``).
 
 Every outcome is counted; when the kubelet then allocates something other than the hint, or a
 pending assignment names devices that are not offered, a mismatch is counted and reported.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deviceplugin.devices import PluginDevice
 from deviceplugin.metrics import AgentMetrics
@@ -36,6 +39,8 @@ class PendingPod:
     namespace: str
     name: str
     assignment: PodAssignment
+    created: str = ""  # RFC 3339 creation time: sorts as text
+    seen: int = 0  # order in which this agent first saw the pod (its watch order)
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,13 @@ class _Hint:
     pod: PendingPod
     container: str
     ids: tuple[str, ...]
+    position: int  # the container's place in the pod's assignment (spec order)
+
+    @property
+    def admission_order(self) -> tuple[str, int, int]:
+        """The kubelet admits pods one at a time in watch order (creation time within a burst),
+        and a pod's containers in spec order: the earliest candidate is the one being admitted."""
+        return (self.pod.created, self.pod.seen, self.position)
 
 
 def _fit(ids: tuple[str, ...], *, offered: tuple[str, ...], must: set[str]) -> tuple[str, ...] | None:
@@ -70,27 +82,41 @@ class PodView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pods: dict[str, PendingPod] = {}
+        self._arrivals = 0
 
-    def upsert(self, *, uid: str, namespace: str, name: str, phase: str, annotation: str | None) -> None:
-        pod = None
+    def upsert(
+        self, *, uid: str, namespace: str, name: str, phase: str, annotation: str | None, created: str = ""
+    ) -> None:
+        assignment = None
         if phase == "Pending" and annotation:
             try:
-                pod = PendingPod(uid, namespace, name, PodAssignment.from_annotation(annotation))
+                assignment = PodAssignment.from_annotation(annotation)
             except InvalidInputError as exc:
                 log.warning("pod %s/%s: %s", namespace, name, exc)
         with self._lock:
-            if pod is None:
+            if assignment is None:
                 self._pods.pop(uid, None)
-            else:
-                self._pods[uid] = pod
+                return
+            known = self._pods.get(uid)
+            if known is None:
+                self._arrivals += 1
+            seen = known.seen if known else self._arrivals
+            self._pods[uid] = PendingPod(uid, namespace, name, assignment, created, seen)
 
     def remove(self, uid: str) -> None:
         with self._lock:
             self._pods.pop(uid, None)
 
     def replace_all(self, pods: list[PendingPod]) -> None:
+        """After a re-list: keep the arrival order of pods already known."""
         with self._lock:
-            self._pods = {p.uid: p for p in pods}
+            known, fresh = self._pods, {}
+            for pod in sorted(pods, key=lambda p: p.seen):
+                if pod.uid not in known:
+                    self._arrivals += 1
+                seen = known[pod.uid].seen if pod.uid in known else self._arrivals
+                fresh[pod.uid] = replace(pod, seen=seen)
+            self._pods = fresh
 
     def pending(self) -> list[PendingPod]:
         with self._lock:
@@ -127,29 +153,27 @@ class HandoffMatcher:
         for pod in pending:
             if pod.assignment.node != self._node:
                 continue
-            for container, assigned in pod.assignment.containers.items():
+            for position, (container, assigned) in enumerate(pod.assignment.containers.items()):
                 ids = tuple(assigned.devices.get(request.resource, ()))
                 if len(ids) != request.size or (pod.uid, container, request.resource) in served:
                     continue
                 fitted = _fit(ids, offered=request.available, must=must)
                 if fitted is None:
-                    misfits.append(_Hint(pod, container, ids))
+                    misfits.append(_Hint(pod, container, ids, position))
                 else:
-                    fits.append(_Hint(pod, container, fitted))
+                    fits.append(_Hint(pod, container, fitted, position))
         return fits, misfits
 
     def hint(self, request: PreferenceRequest, devices: dict[str, PluginDevice]) -> list[str] | None:
         fits, misfits = self._candidates(request)
-        if len(fits) == 1:
-            chosen = fits[0]
+        if fits:
+            chosen = min(fits, key=lambda h: h.admission_order)
             with self._lock:
                 self._served.add((chosen.pod.uid, chosen.container, request.resource))
                 self._outstanding[request.resource] = chosen
-            self._count(request.resource, "followed")
+            self._count(request.resource, "followed" if len(fits) == 1 else "followed_earliest")
             return list(chosen.ids)
-        if len(fits) > 1:
-            self._count(request.resource, "ambiguous")
-        elif misfits:
+        if misfits:
             self._count(request.resource, "mismatch")
             for hint in misfits:
                 self._emit(

@@ -138,6 +138,7 @@ def _upsert(view: PodView, pod: Any) -> None:
         name=pod.metadata.name,
         phase=(pod.status.phase if pod.status else "") or "",
         annotation=annotations.get(ANNOTATION_ASSIGNMENT),
+        created=pod.metadata.creation_timestamp.isoformat() if pod.metadata.creation_timestamp else "",
     )
 
 

@@ -185,11 +185,18 @@ def test_efa_device_without_uverbs_is_rejected_alone() -> None:
         grant_for(RESOURCE_EFA, ["efa_x"], devices={"efa_x": device}, unhealthy={})
 
 
-def pending(view: PodView, uid: str, ids: list[str], *, node: str = "node-a") -> None:
+def pending(view: PodView, uid: str, ids: list[str], *, node: str = "node-a", created: str = "") -> None:
     assignment = PodAssignment(
         node=node, containers={"main": ContainerAssignment(devices={RESOURCE_GPU: ids})}
     )
-    view.upsert(uid=uid, namespace="ml", name=uid, phase="Pending", annotation=assignment.to_annotation())
+    view.upsert(
+        uid=uid,
+        namespace="ml",
+        name=uid,
+        phase="Pending",
+        annotation=assignment.to_annotation(),
+        created=created,
+    )
 
 
 def test_handoff_follows_a_unique_assignment_once() -> None:
@@ -210,27 +217,39 @@ def test_handoff_follows_a_unique_assignment_once() -> None:
     assert reports == []
 
 
-def test_handoff_ambiguous_and_mismatch_are_counted_and_reported() -> None:
+def test_handoff_burst_follows_admission_order_and_mismatches_are_reported() -> None:
     view, metrics = PodView(), AgentMetrics()
     reports: list[str] = []
     matcher = HandoffMatcher(view, node="node-a", metrics=metrics, report=lambda p, r, m: reports.append(r))
-    pending(view, "p1", [gpu_uuid(0)])
-    pending(view, "p2", [gpu_uuid(1)])
+    pending(view, "p-late", [gpu_uuid(1)], created="2026-11-29T10:00:05+00:00")
+    pending(view, "p-early", [gpu_uuid(0)], created="2026-11-29T10:00:01+00:00")
+    pending(view, "p-early-2", [gpu_uuid(2)], created="2026-11-29T10:00:01+00:00")
     request = PreferenceRequest(RESOURCE_GPU, tuple(gpu_uuid(i) for i in range(4)), (), 1)
-    assert matcher.hint(request, {}) is None
-    view.remove("p2")
-    assert matcher.hint(request, {}) == [gpu_uuid(0)]
-    matcher.observe_allocation(RESOURCE_GPU, [gpu_uuid(3)])
+    assert matcher.hint(request, {}) == [gpu_uuid(0)]  # earliest created, first seen
+    assert matcher.hint(request, {}) == [gpu_uuid(2)]  # same second, seen later
+    matcher.observe_allocation(RESOURCE_GPU, [gpu_uuid(3)])  # the kubelet took another device
+    assert matcher.hint(request, {}) == [gpu_uuid(1)]
+    view.replace_all([])
     pending(view, "p3", [gpu_uuid(9)])
     assert matcher.hint(request, {}) is None
     sample = metrics.registry.get_sample_value
-    assert (
-        sample("gpuweave_deviceplugin_handoff_total", {"resource": RESOURCE_GPU, "outcome": "ambiguous"}) == 1
-    )
-    assert (
-        sample("gpuweave_deviceplugin_handoff_total", {"resource": RESOURCE_GPU, "outcome": "mismatch"}) == 2
-    )
+    labels = {"resource": RESOURCE_GPU}
+    assert sample("gpuweave_deviceplugin_handoff_total", {**labels, "outcome": "followed_earliest"}) == 2
+    assert sample("gpuweave_deviceplugin_handoff_total", {**labels, "outcome": "followed"}) == 1
+    assert sample("gpuweave_deviceplugin_handoff_total", {**labels, "outcome": "mismatch"}) == 2
     assert reports == ["GpuAssignmentMismatch", "GpuAssignmentMismatch"]
+
+
+def test_pod_view_keeps_arrival_order_across_a_relist() -> None:
+    view = PodView()
+    pending(view, "a", [gpu_uuid(0)])
+    pending(view, "b", [gpu_uuid(1)])
+    fresh = PodView()
+    pending(fresh, "c", [gpu_uuid(2)])
+    pending(fresh, "b", [gpu_uuid(1)])
+    view.replace_all(fresh.pending())
+    order = sorted(view.pending(), key=lambda p: p.seen)
+    assert [p.uid for p in order] == ["b", "c"]
 
 
 def test_handoff_of_shares_keeps_the_gpu_when_unit_numbers_differ() -> None:
