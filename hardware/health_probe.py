@@ -23,7 +23,7 @@ EFA_DEVICE_PREFIX = "0xefa"
 NO_INSTANCE = 0xFFFFFFFF
 
 # NVML constants (nvml.h); read from the library when it defines them.
-_XID_EVENT, _DBE_EVENT = 0x8, 0x2
+_XID_EVENT, _DBE_EVENT, _RECOVERY_EVENT = 0x8, 0x2, 0x8000
 _ERROR_NOT_SUPPORTED, _ERROR_TIMEOUT, _ERROR_GPU_IS_LOST, _ERROR_IN_USE = 3, 10, 15, 19
 _MEMORY_ERROR_UNCORRECTED, _MEMORY_ERROR_CORRECTED, _VOLATILE_ECC = 1, 0, 0
 _TEMPERATURE_GPU = 0
@@ -56,6 +56,11 @@ class XidEvent:
     @property
     def is_dbe(self) -> bool:
         return self.event_type == _DBE_EVENT
+
+    @property
+    def is_recovery_action(self) -> bool:
+        """``xid`` then holds the new ``nvmlDeviceGpuRecoveryAction_t`` value."""
+        return self.event_type == _RECOVERY_EVENT
 
 
 @dataclass(frozen=True)
@@ -125,14 +130,17 @@ class NvmlHealthProbe:
         """Register Xid and DBE events for the GPUs; returns the UUIDs that could not be registered."""
         lib = self._lib
         self._event_set = self._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
-        mask = self._const("nvmlEventTypeXidCriticalError", _XID_EVENT) | self._const(
-            "nvmlEventTypeDoubleBitEccError", _DBE_EVENT
+        wanted = (
+            self._const("nvmlEventTypeXidCriticalError", _XID_EVENT)
+            | self._const("nvmlEventTypeDoubleBitEccError", _DBE_EVENT)
+            | self._const("nvmlEventTypeGpuRecoveryAction", _RECOVERY_EVENT)
         )
         failed = []
         for uuid in gpu_uuids:
             try:
                 handle = self._handle(uuid)
                 self._uuid_by_handle[_handle_key(handle)] = uuid
+                mask = wanted & self._supported_events(handle, default=wanted & ~_RECOVERY_EVENT)
                 self._call(
                     f"register events on {uuid}",
                     partial(lib.nvmlDeviceRegisterEvents, handle, mask, self._event_set),
@@ -140,6 +148,14 @@ class NvmlHealthProbe:
             except ProbeError:
                 failed.append(uuid)
         return failed
+
+    def _supported_events(self, handle: Any, *, default: int) -> int:
+        """The event types the GPU supports (older drivers lack the recovery-action event)."""
+        query = getattr(self._lib, "nvmlDeviceGetSupportedEventTypes", None)
+        if query is None:
+            return default
+        supported = self._optional("supported event types", partial(query, handle))
+        return default if supported is None else int(supported)
 
     def wait_event(self, timeout_ms: int) -> XidEvent | None:
         """The next event, or None when none arrived within ``timeout_ms``."""

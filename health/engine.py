@@ -25,7 +25,7 @@ from health.policy import (
 )
 from health.scope import HealthSnapshot, NodeFault, NodeFaultKind, StartupGate, mig_target
 from health.signals.kmsg import KernelRecord, KernelSxid, PciKey, pci_key
-from health.xid import Action, Severity, XidTable, is_grace_part, table_for
+from health.xid import Action, Severity, XidTable, is_grace_part, recovery_rule, table_for
 from topology.inventory import NodeInventory
 
 Clock = Callable[[], float]
@@ -150,6 +150,21 @@ class HealthEngine:
         self._seen_xids[(gpu_uuid, xid)] = [*seen, (source, now)]
         return False
 
+    def on_recovery_action(self, gpu_uuid: str, action: int, *, source: str = "nvml") -> Severity:
+        """The driver's recommended recovery action for a GPU (Xid 154 / NVML event 0x8000).
+
+        It concerns the whole GPU even when the Xid behind it was attributed to one MIG device.
+        """
+        if gpu_uuid not in self.gpus or self._duplicate(gpu_uuid, 1000 + action, source):
+            return Severity.IGNORED
+        rule = recovery_rule(action)
+        reason = f"driver recovery action {rule.name.removeprefix('RECOVERY_')} (Xid 154)"
+        fault = Fault(
+            self._clock(), "recovery-action", rule.severity, reason, rule.cause, rule.ladder, rule.strike, 154
+        )
+        self.apply(gpu_uuid, fault)
+        return rule.severity
+
     def on_kernel_record(self, record: KernelRecord, *, at_boot: bool) -> None:
         if isinstance(record, KernelSxid):
             if record.fatal:
@@ -158,7 +173,9 @@ class HealthEngine:
                 self.node_faults.add(NodeFault(NodeFaultKind.NVSWITCH_FATAL, subject, detail))
             return
         uuid = self._by_pci.get(record.pci)
-        if uuid is not None:
+        if uuid is not None and record.recovery_action is not None:
+            self.on_recovery_action(uuid, record.recovery_action, source="kmsg")
+        elif uuid is not None:
             self.on_xid(
                 uuid,
                 record.xid,

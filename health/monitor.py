@@ -245,6 +245,8 @@ class HealthMonitor:
         with self.lock:
             if event.is_dbe:
                 self.engine.on_xid(event.gpu_uuid, 48)  # a DBE event grades as the DBE Xid
+            elif event.is_recovery_action:
+                self.engine.on_recovery_action(event.gpu_uuid, event.xid)
             else:
                 self.engine.on_xid(
                     event.gpu_uuid,

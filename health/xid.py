@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from topology.inventory import Architecture
 
@@ -216,3 +216,36 @@ def is_grace_part(product: str) -> bool:
     """GH200/GB200/GB300 superchips pair the GPU with a Grace CPU over C2C."""
     upper = product.upper()
     return any(tag in upper for tag in ("GH200", "GB200", "GB300"))
+
+
+class RecoveryAction(IntEnum):
+    """``nvmlDeviceGpuRecoveryAction_t``: what the driver says the GPU needs (Xid 154, field 230)."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+
+def recovery_rule(action: int) -> XidRule:
+    """The graded response to a recovery action; it always concerns the whole GPU, MIG devices included.
+
+    Reset-class actions fail the GPU with a reset ladder, reboot-class ones with a reboot ladder,
+    a P2P drain withholds it, and an IMEX-domain recovery does not concern GPU scheduling.
+    """
+    name = RecoveryAction(action).name if action in RecoveryAction._value2member_map_ else f"ACTION_{action}"
+    if action in (RecoveryAction.GPU_RESET, RecoveryAction.DRAIN_AND_RESET, RecoveryAction.BUS_RESET):
+        return XidRule(154, f"RECOVERY_{name}", Severity.FATAL, Cause.DRIVER, (_R, _B, _X), strike=True)
+    if action in (RecoveryAction.NODE_REBOOT, RecoveryAction.SYSTEM_REBOOT):
+        return XidRule(154, f"RECOVERY_{name}", Severity.FATAL, Cause.DRIVER, (_B, _X), strike=True)
+    if action == RecoveryAction.DRAIN_P2P:
+        return XidRule(154, f"RECOVERY_{name}", Severity.SUSPECT, Cause.DRIVER, strike=False)
+    if action in (RecoveryAction.NONE, RecoveryAction.RECOVER_IMEX_DOMAIN):
+        return XidRule(154, f"RECOVERY_{name}", Severity.INFORMATIONAL, Cause.DRIVER, strike=False)
+    return XidRule(
+        154, f"RECOVERY_{name}", Severity.SUSPECT, Cause.DRIVER, strike=False
+    )  # unknown: fail closed

@@ -37,6 +37,12 @@ def register(subparsers: Any) -> None:
         metavar="GI[:CI]",
         help="attribute --xid (or --busy) to this GPU (and compute) instance",
     )
+    add(
+        "--recovery-action",
+        type=int,
+        metavar="N",
+        help="driver recovery action N on --gpu (Xid 154; 1 reset, 2 reboot)",
+    )
     add("--ecc-dbe", type=int, metavar="COUNT", help="add COUNT volatile double-bit ECC errors on --gpu")
     add("--nvlink-down", type=int, metavar="LINK", help="take NVLink link LINK of --gpu down")
     add("--efa-down", metavar="NAME", help="take EFA adapter NAME's netdev link down")
@@ -70,6 +76,7 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
         "efa_missing",
         "nvml_hang",
         "temperature",
+        "recovery_action",
     )
     params: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.busy is not None:

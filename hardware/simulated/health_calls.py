@@ -26,7 +26,8 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_IN_USE = 19
-EVENT_XID, EVENT_DBE = 0x8, 0x2
+EVENT_XID, EVENT_DBE, EVENT_RECOVERY = 0x8, 0x2, 0x8000
+_RECOVERY_NAMES = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
 NO_INSTANCE = 0xFFFFFFFF
 _XID_MESSAGES = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error was detected."}
 
@@ -64,6 +65,7 @@ class SimGpuHealth:
     hang_until: float = 0.0
     processes: tuple[int, ...] = ()
     resets: int = 0
+    recovery_action: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,19 @@ class SimHealthState:
         line = xid_kernel_line(
             gpu.pci_bus_id, xid, message, gpu_instance=gpu_instance, compute_instance=compute_instance
         )
+        self.write_kernel_log(line)
+        return line
+
+    def set_recovery_action(self, index: int, action: int) -> str:
+        """The driver changes its recommended recovery action: Xid 154 and the 0x8000 NVML event."""
+        gpu = self.gpu(index)
+        with self._cond:
+            previous, gpu.recovery_action = gpu.recovery_action, action
+            self._queue(SimEvent(index, EVENT_RECOVERY, action, NO_INSTANCE, NO_INSTANCE))
+        old, new = _RECOVERY_NAMES.get(previous, "Unknown"), _RECOVERY_NAMES.get(action, "Unknown")
+        message = f"GPU recovery action changed from 0x{previous:x} ({old}) to 0x{action:x} ({new})"
+        line = xid_kernel_line(gpu.pci_bus_id, 154, "").removesuffix(", ")
+        line = line.replace("pid='<unknown>', name=<unknown>", message)
         self.write_kernel_log(line)
         return line
 
@@ -224,6 +239,7 @@ class SimHealthState:
             gpu.remap_pending = False
             gpu.lost = False
             gpu.nvlinks_down.clear()
+            gpu.recovery_action = 0
             gpu.resets += 1
 
     def reset_uuid(self, uuid: str) -> None:
@@ -357,6 +373,10 @@ class HealthCallsMixin:
 
     def nvmlEventSetWait(self, event_set: int, timeout_ms: int) -> SimEventData:  # noqa: N802
         return self.nvmlEventSetWait_v2(event_set, timeout_ms)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+        self._health_gpu(handle)
+        return EVENT_XID | EVENT_DBE | EVENT_RECOVERY | 0x1  # single-bit ECC too (never raised here)
 
     def nvmlEventSetFree(self, event_set: int) -> None:  # noqa: N802
         self.health.free_event_set(event_set)

@@ -29,14 +29,24 @@ class InjectRequest(BaseModel):
     efa_missing: str | None = None
     nvml_hang: float | None = Field(None, gt=0, le=3600)
     temperature: int | None = Field(None, ge=0, le=200)
+    recovery_action: int | None = Field(None, ge=0, le=7)  # nvmlDeviceGpuRecoveryAction_t
     busy: list[int] | None = None  # pids using the GPU (a reset waits for them); [] frees it
     clear: bool = False
 
     @model_validator(mode="after")
     def _one_fault_needs_a_gpu(self) -> InjectRequest:
-        gpu_faults = [self.xid, self.ecc_dbe, self.nvlink_down, self.temperature, self.busy]
+        gpu_faults = [
+            self.xid,
+            self.ecc_dbe,
+            self.nvlink_down,
+            self.temperature,
+            self.busy,
+            self.recovery_action,
+        ]
         if any(v is not None for v in gpu_faults) and self.gpu is None:
-            raise ValueError("--xid, --ecc-dbe, --nvlink-down, --temperature and --busy need --gpu INDEX")
+            raise ValueError(
+                "--xid, --ecc-dbe, --nvlink-down, --temperature, --busy, --recovery-action need --gpu INDEX"
+            )
         if self.mig_instance is not None and self.xid is None and self.busy is None:
             raise ValueError("--mig-instance only qualifies --xid and --busy")
         if not self.clear and all(
@@ -69,6 +79,8 @@ def apply_request(
             gi, ci = _instance(request.mig_instance)
             line = state.inject_xid(gpu, request.xid, gpu_instance=gi, compute_instance=ci)
             done.append(f"kernel log: {line}")
+        if request.recovery_action is not None and gpu is not None:
+            done.append(f"kernel log: {state.set_recovery_action(gpu, request.recovery_action)}")
         if request.ecc_dbe is not None and gpu is not None:
             state.inject_ecc_dbe(gpu, request.ecc_dbe)
             done.append(f"GPU {gpu}: {request.ecc_dbe} volatile DBE")

@@ -33,6 +33,7 @@ _SXID = re.compile(
     r"(?P<sxid>\d+), (?P<kind>Non-fatal|Fatal)"
 )
 _FATAL_TOKEN = re.compile(r"\b(Fatal|Nonfatal)\b")
+_RECOVERY = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x(?P<action>[0-9a-fA-F]+)")
 
 FALLEN_OFF_BUS_XID = 79
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -55,6 +56,7 @@ class KernelXid:
     compute_instance: int | None
     nonfatal_hint: bool  # the line says "Nonfatal" (NVLink5 144-150)
     text: str
+    recovery_action: int | None = None  # Xid 154: the action the driver now recommends
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def parse_line(line: str) -> KernelRecord | None:
     text = _PREFIX.sub("", line.strip(), count=1)
     if (match := _XID.search(text)) is not None:
         token = _FATAL_TOKEN.search(match["rest"])
+        recovery = _RECOVERY.search(match["rest"])
         return KernelXid(
             pci=pci_key(match["pci"]),
             xid=int(match["xid"]),
@@ -80,6 +83,7 @@ def parse_line(line: str) -> KernelRecord | None:
             compute_instance=int(match["ci"]) if match["ci"] else None,
             nonfatal_hint=token is not None and token[1] == "Nonfatal",
             text=text,
+            recovery_action=int(recovery["action"], 16) if recovery else None,
         )
     if (match := _OFF_BUS.search(text)) is not None:
         return KernelXid(pci_key(match["pci"]), FALLEN_OFF_BUS_XID, None, None, False, text)

@@ -138,3 +138,12 @@ def test_cursor_is_dropped_after_a_reboot(tmp_path: Path) -> None:
     after_reboot = KernelLogTail(log, cursor_file=cursor, boot_id_file=boot)
     assert after_reboot.fresh_start
     assert [r.xid for r in after_reboot.read_new() if isinstance(r, KernelXid)] == [79]
+
+
+def test_xid_154_carries_the_recovery_action() -> None:
+    record = parse_line(
+        "NVRM: Xid (PCI:0009:01:00): 154, "
+        "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
+    )
+    assert isinstance(record, KernelXid)
+    assert (record.xid, record.recovery_action) == (154, 4)

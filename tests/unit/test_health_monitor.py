@@ -272,3 +272,17 @@ def test_watchdog_withholds_every_gpu_while_checks_are_stuck(tmp_path: Path) -> 
     finally:
         gate.set()
         monitor.stop()
+
+
+def test_recovery_action_fails_the_whole_gpu_once(
+    node: tuple[HealthMonitor, SimHealthState, Sink, FakeClock],
+) -> None:
+    monitor, state, sink, _ = node
+    monitor.publish()
+    state.set_recovery_action(6, 4)  # drain and reset: NVML event + Xid 154 kernel line
+    deliver(monitor)
+    monitor.run_round()
+    record = monitor.snapshot().gpus[gpu_uuid(6)]
+    assert (record.state, record.strikes, record.last_xid) == (DeviceState.FAILED, 1, 154)
+    assert "DRAIN_AND_RESET" in record.reason
+    assert [sink.health[m.uuid] for m in monitor.engine.inventory.mig_devices_of(6)] == [False, False]

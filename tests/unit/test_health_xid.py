@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from health.xid import UNKNOWN_XID, Action, Cause, Severity, XidOverride, is_grace_part, table_for
+from health.xid import (
+    UNKNOWN_XID,
+    Action,
+    Cause,
+    RecoveryAction,
+    Severity,
+    XidOverride,
+    is_grace_part,
+    recovery_rule,
+    table_for,
+)
 from topology.inventory import Architecture
 
 A = Architecture
@@ -88,3 +98,24 @@ def test_overrides_change_only_the_named_fields() -> None:
     assert rule.cause is Cause.HARDWARE
     unknown = table_for(A.HOPPER, overrides=[XidOverride(500, severity=Severity.IGNORED)]).rule(500)
     assert unknown.severity is Severity.IGNORED
+
+
+@pytest.mark.parametrize(
+    ("action", "severity", "ladder"),
+    [
+        (RecoveryAction.GPU_RESET, Severity.FATAL, (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE)),
+        (
+            RecoveryAction.DRAIN_AND_RESET,
+            Severity.FATAL,
+            (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE),
+        ),
+        (RecoveryAction.NODE_REBOOT, Severity.FATAL, (Action.REBOOT_NODE, Action.REPLACE)),
+        (RecoveryAction.DRAIN_P2P, Severity.SUSPECT, ()),
+        (RecoveryAction.RECOVER_IMEX_DOMAIN, Severity.INFORMATIONAL, ()),
+        (RecoveryAction.NONE, Severity.INFORMATIONAL, ()),
+        (42, Severity.SUSPECT, ()),
+    ],
+)
+def test_recovery_action_grading(action: int, severity: Severity, ladder: tuple[Action, ...]) -> None:
+    rule = recovery_rule(action)
+    assert (rule.severity, rule.ladder) == (severity, ladder)
