@@ -30,7 +30,7 @@ class AgentMetrics:
         )
         self.handoff = Counter(
             "gpuweave_deviceplugin_handoff",
-            "GetPreferredAllocation handoff outcomes: followed, mismatch, no assignment, ambiguous",
+            "GetPreferredAllocation handoff outcomes: followed, followed_earliest, mismatch, no_assignment",
             ["resource", "outcome"],
             registry=self.registry,
         )
