@@ -25,6 +25,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, follow_layout_annotation, register_mig_routes
 from hardware.backend import GpuBackend
+from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from topology.errors import GpuweaveError
@@ -76,12 +77,13 @@ def node_name(args: argparse.Namespace) -> str:
 
 
 def open_backend(args: argparse.Namespace) -> GpuBackend:
-    """The hardware source: a simulated node profile (through the production NVML/sysfs readers)."""
+    """The hardware source: the node's GPUs through NVML and sysfs, or a simulated node profile read
+    by the same NVML/sysfs code."""
     if args.simulate:
         return SimulatedBackend(
             load_profile(args.simulate), node_name=node_name(args), kmsg_path=args.state_dir / SIM_KMSG_FILE
         )
-    raise GpuweaveError("reading real GPUs is not available in this build; pass --simulate PROFILE|FILE")
+    return NvmlBackend(node_name=node_name(args))
 
 
 def open_kube(kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> KubeParts:
