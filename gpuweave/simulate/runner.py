@@ -167,7 +167,8 @@ def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: Simulat
         f"cluster: {len(fleet)} nodes, {sum(n.gpus for n in fleet)} GPUs "
         f"({', '.join(f'{c}x {k}' for k, c in kinds.items())})\n"
         f"workload: {len(jobs)} jobs over {options.duration_s / 3600:.1f} h simulated "
-        f"({', '.join(f'{c} {k}' for k, c in mix.items())}); MIG demand shift at half time; "
+        f"({', '.join(f'{c} {k}' for k, c in mix.items())}); "
+        f"{'pods from ' + options.trace.name if options.trace else 'MIG demand shift at half time'}; "
         f"faults: Xid 79, ECC double-bit, EFA link loss"
     )
 
