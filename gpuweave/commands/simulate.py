@@ -15,11 +15,12 @@ def _duration(text: str) -> float:
     """Seconds from ``90``, ``90s``, ``30m`` or ``6h``."""
     units = {"s": 1, "m": 60, "h": 3600}
     try:
-        if text[-1:] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
+        seconds = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad duration {text!r}; use e.g. 6h, 90m or 3600") from None
+    if seconds < 60:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is under one simulated minute; use e.g. 1h")
+    return seconds
 
 
 def register(subparsers: Any) -> None:
