@@ -63,13 +63,13 @@ class ExtenderService:
     def filter(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> ExtenderFilterResult:
         names = self._names(args)
         if not pod_is_ours(pod):
-            return ExtenderFilterResult(NodeNames=names, Nodes=args.Nodes)
+            return self._filter_result(args, names, {}, {})
         self.cache.remember_pod(pod)
         try:
             request = pod_request(pod)
         except BadPodRequestError as exc:
             self._observe("filter", 0, {n: str(exc) for n in names})
-            return ExtenderFilterResult(NodeNames=[], FailedAndUnresolvableNodes={n: str(exc) for n in names})
+            return self._filter_result(args, [], {}, {n: str(exc) for n in names})
         verdicts = self._verdicts(request, names)
         fits = list(map(_FITS, verdicts))
         passed = list(compress(names, fits))
@@ -79,8 +79,14 @@ class ExtenderService:
             for name, verdict in compress(zip(names, verdicts, strict=True), map(not_, fits)):
                 (hopeless if verdict.unresolvable else failed)[name] = verdict.reason
         self._observe("filter", len(passed), {**failed, **hopeless})
-        nodes = None
-        if args.Nodes is not None and args.NodeNames is None:
+        return self._filter_result(args, passed, failed, hopeless)
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs, passed: list[str], failed: dict[str, str], hopeless: dict[str, str]
+    ) -> ExtenderFilterResult:
+        """Answer in the form asked: ``NodeNames`` when called with names, else the passing ``Nodes``."""
+        if args.NodeNames is None and args.Nodes is not None:
             keep = set(passed)
             nodes = args.Nodes.model_copy(
                 update={"items": [n for n in args.Nodes.items or [] if n.metadata.name in keep]}
@@ -117,10 +123,11 @@ class ExtenderService:
     def bind(self, args: ExtenderBindingArgs) -> str:
         """Returns "" on success, else the error text for ``ExtenderBindingResult.Error``."""
         key = f"{args.PodNamespace}/{args.PodName}"
-        pod = self.cache.pod_object(uid=args.PodUID) or self.cache.pod_object(key=key)
+        pod = self.cache.pod_object(uid=args.PodUID) if args.PodUID else self.cache.pod_object(key=key)
         if pod is None:
             return (
-                f"pod {key} (uid {args.PodUID or '?'}) is unknown to the extender; it was never filtered here"
+                f"pod {key} (uid {args.PodUID or '?'}) is unknown to the extender: not filtered here, "
+                "or re-created since; kube-scheduler will retry it"
             )
         try:
             request = pod_request(pod)

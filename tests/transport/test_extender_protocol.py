@@ -295,3 +295,21 @@ def test_fuzzed_bodies_never_get_a_5xx_and_the_server_keeps_serving(tmp_path: Pa
     finally:
         client.close()
         built.close()
+
+
+def test_node_list_mode_answers_with_nodes_even_for_bad_pods(client: Client) -> None:
+    nodes = {"apiVersion": "v1", "kind": "NodeList", "items": [node_object(n, gpus=8) for n in NODES]}
+    pod = pod_object("bad-list", limits={RESOURCE_GPU: "lots"})
+    status, result = client.post("filter", {"Pod": pod, "Nodes": nodes, "NodeNames": None})
+    assert status == 200
+    assert result["Nodes"]["items"] == [] and result["NodeNames"] is None
+    assert set(result["FailedAndUnresolvableNodes"]) == set(NODES)
+
+
+def test_bind_for_a_recreated_pod_is_refused(client: Client) -> None:
+    client.post("filter", _args(pod_object("again", limits={RESOURCE_GPU: 1})))
+    status, result = client.post(
+        "bind",
+        {"PodName": "again", "PodNamespace": "default", "PodUID": "uid-of-a-newer-pod", "Node": "h100-a"},
+    )
+    assert status == 200 and "unknown to the extender" in result["Error"]
