@@ -35,7 +35,11 @@ class Extender:
         """Bind the HTTP(S) listener and serve in a background thread; returns its URL."""
         server = ExtenderHTTPServer((host, port), service=self.service, metrics=self.metrics)
         if tls_cert is not None and tls_key is not None:
-            server.use_tls(cert=tls_cert, key=tls_key)
+            try:
+                server.use_tls(cert=tls_cert, key=tls_key)
+            except BaseException:
+                server.server_close()
+                raise
         self.server = server
         server.serve_in_thread()
         return server.url

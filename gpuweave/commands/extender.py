@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         extender.close()
         raise GpuweaveError(f"cannot serve on {args.listen}: {exc.strerror}; pick another --listen") from None
+    except GpuweaveError:
+        extender.close()
+        raise
     print(f"gpuweave extender serving on {url} ({len(extender.cache.node_names())} nodes cached)", flush=True)
     threading.Thread(target=_freeze_when_synced, args=(extender, stop), daemon=True).start()
     for signum in (signal.SIGINT, signal.SIGTERM):
