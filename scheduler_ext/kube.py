@@ -83,10 +83,12 @@ class Watcher(threading.Thread):
                     version = None
                     continue
                 self._pause(exc)
-            except (HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:  # any other failure (network, a closed client): retry, never die
                 self._pause(exc)
 
     def _pause(self, exc: Exception) -> None:
+        if not self._halt.is_set() and not isinstance(exc, ApiException | HTTPError | OSError | ValueError):
+            LOG.error("watch of %s failed unexpectedly", self.kind.name, exc_info=exc)
         if not self._halt.is_set():
             LOG.warning("watch of %s broke (%s); retrying in %.0fs", self.kind.name, exc, RETRY_DELAY_S)
             self._halt.wait(RETRY_DELAY_S)
