@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 from kubernetes import client, config, dynamic
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "tests" / "e2e" / "harness"
@@ -92,6 +92,11 @@ class Process:
                 f"{self.name} exited with {self.popen.returncode}; log:\n{self.tail()}", pytrace=False
             )
 
+    def alive_and(self, check: Callable[[], bool]) -> bool:
+        """``check()``, after failing the test if this process has died meanwhile."""
+        self.check_alive()
+        return check()
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -117,10 +122,10 @@ class ControlPlane:
             "control-plane", [str(harness_binary()), "control-plane", "--dir", str(self.dir)], log_dir=work
         )
         ready = self.dir / "ready"
-        wait_for("kube-apiserver /readyz", lambda: self.process.check_alive() or ready.exists(), timeout=180)
+        wait_for("kube-apiserver /readyz", lambda: self.process.alive_and(ready.exists), timeout=180)
         self.admin_kubeconfig = self.dir / "admin.kubeconfig"
-        self.api = config.new_client_from_config(config_file=str(self.admin_kubeconfig))
-        self.core = client.CoreV1Api(self.api)
+        self.api: Any = config.new_client_from_config(config_file=str(self.admin_kubeconfig))  # type: ignore[no-untyped-call]
+        self.core: Any = client.CoreV1Api(self.api)
         self.server = ready.read_text().strip()
         self.ca_file = self.dir / "pki" / "ca.crt"
 
@@ -137,7 +142,7 @@ class ControlPlane:
 
     def apply(self, docs: list[dict[str, Any]], *, api: client.ApiClient | None = None) -> None:
         """Server-side apply each object, CRDs first (waiting until they are established)."""
-        dyn = dynamic.DynamicClient(api or self.api)
+        dyn = dynamic.DynamicClient(api or self.api)  # type: ignore[no-untyped-call]
         crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
         for doc in crds + [d for d in docs if d["kind"] != "CustomResourceDefinition"]:
             self._apply_one(dyn, doc)
@@ -331,7 +336,7 @@ def start_extender(plane: ControlPlane, *, kubeconfig: Path) -> tuple[Process, s
         log_dir=plane.work,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for("extender /readyz", lambda: process.check_alive() or _http_ok(f"{url}/readyz"), timeout=60)
+    wait_for("extender /readyz", lambda: process.alive_and(lambda: _http_ok(f"{url}/readyz")), timeout=60)
     return process, url
 
 
