@@ -15,7 +15,9 @@ from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.server import ExtenderHTTPServer
 from scheduler_ext.service import Binder, ExtenderService
+from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD
 from scheduler_ext.snapshot import SnapshotBinder, load_snapshot
+from topology.fragmentation import TargetWorkload
 
 
 @dataclass
@@ -55,9 +57,13 @@ class Extender:
             self.server = None
 
 
-def build_core() -> tuple[ClusterCache, DecisionCore]:
+def build_core(
+    *, share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD
+) -> tuple[ClusterCache, DecisionCore]:
+    """The cache and the decision core over one layout registry; ``share_workload`` is the mix of
+    share requests FGD places against (a trace-derived one from ``typical_workload`` fits best)."""
     registry = LayoutRegistry()
-    return ClusterCache(registry), DecisionCore(registry)
+    return ClusterCache(registry), DecisionCore(registry, share_workload=share_workload)
 
 
 def assemble(

@@ -20,8 +20,10 @@ from scheduler_ext.planners import Planner
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.requests import PodRequest
 from scheduler_ext.selector import SelectorCache, SelectorError
+from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import MAX_SCORE, PASS_THROUGH, PlanStep, Verdict, fail, unresolvable
+from topology.fragmentation import TargetWorkload
 
 MAX_MEMO_ENTRIES = 500_000
 NOTHING_ASKED = Verdict(fits=True, score=MAX_SCORE // 2)
@@ -30,9 +32,16 @@ NOTHING_ASKED = Verdict(fits=True, score=MAX_SCORE // 2)
 class DecisionCore:
     """Decides per (pod, node); owns the decision memo. Thread-safe."""
 
-    def __init__(self, registry: LayoutRegistry, *, selectors: SelectorCache | None = None) -> None:
+    def __init__(
+        self,
+        registry: LayoutRegistry,
+        *,
+        selectors: SelectorCache | None = None,
+        share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD,
+    ) -> None:
         self.registry = registry
         self.selectors = selectors or SelectorCache()
+        self.share_workload = share_workload  # FGD's expected mix of share requests
         self._memo: dict[tuple[object, ...], dict[int, Verdict]] = {}
         self._size = 0
         self._lock = threading.Lock()
@@ -115,6 +124,7 @@ class DecisionCore:
             free=node.free,
             eligible=eligible,
             search=self.registry.search(node.layout_id),
+            share_workload=self.share_workload,
         )
         steps: list[PlanStep] = []
         for stage in (planner.plan_gpus, planner.plan_migs, planner.plan_shares, planner.plan_nics):

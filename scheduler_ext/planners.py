@@ -13,9 +13,10 @@ from scheduler_ext.layout import NodeLayout, ShareMode
 from scheduler_ext.nics import plan_nic_containers
 from scheduler_ext.requests import ContainerRequest, Placement, PodRequest
 from scheduler_ext.search import LayoutSearch
-from scheduler_ext.shares import plan_share_containers
+from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD, plan_share_containers
 from scheduler_ext.state import FreeState
 from scheduler_ext.verdict import MAX_SCORE, ContainerPlan, PlanStep, Verdict, fail, unresolvable
+from topology.fragmentation import TargetWorkload
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Planner:
     free: FreeState
     eligible: frozenset[int]
     search: LayoutSearch
+    share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD
     _gpus_chosen: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     # ---- whole GPUs -------------------------------------------------------------------------
@@ -182,7 +184,11 @@ class Planner:
     # ---- shares and EFA ---------------------------------------------------------------------
     def plan_shares(self) -> PlanStep | Verdict:
         return plan_share_containers(
-            request=self.request, layout=self.layout, free=self.free, eligible=self.eligible
+            request=self.request,
+            layout=self.layout,
+            free=self.free,
+            eligible=self.eligible,
+            workload=self.share_workload,
         )
 
     def plan_nics(self) -> PlanStep | Verdict:

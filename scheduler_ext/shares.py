@@ -22,7 +22,12 @@ DEFAULT_SHARE_WORKLOAD = TargetWorkload(
 
 
 def plan_share_containers(
-    *, request: PodRequest, layout: NodeLayout, free: FreeState, eligible: frozenset[int]
+    *,
+    request: PodRequest,
+    layout: NodeLayout,
+    free: FreeState,
+    eligible: frozenset[int],
+    workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD,
 ) -> PlanStep | Verdict:
     wanting = [c for c in request.containers if c.wants_share]
     if not wanting:
@@ -45,7 +50,7 @@ def plan_share_containers(
             chosen = min(roomy, key=lambda i: (share_capacity(layout, i).replicas - use[i].replicas, i))
             quality = (use[chosen].replicas + container.shared) / share_capacity(layout, chosen).replicas
         else:
-            chosen, quality = _fgd_choice(container, roomy, use)
+            chosen, quality = _fgd_choice(container, roomy, use, workload=workload)
         use[chosen] = ShareUse(
             use[chosen].compute + container.compute,
             use[chosen].memory + container.memory_gib,
@@ -93,16 +98,18 @@ def _milli(compute_units: int) -> int:
     return compute_units * MILLI_PER_GPU // COMPUTE_UNITS_PER_GPU
 
 
-def _fgd_choice(container: ContainerRequest, roomy: list[int], use: dict[int, ShareUse]) -> tuple[int, float]:
+def _fgd_choice(
+    container: ContainerRequest, roomy: list[int], use: dict[int, ShareUse], *, workload: TargetWorkload
+) -> tuple[int, float]:
     """The GPU where the node's fragment grows least, and a 0..1 quality of that choice."""
     frees = {i: _milli(COMPUTE_UNITS_PER_GPU - use[i].compute) for i in use}
-    before = _fragment(frees)
+    before = _fragment(frees, workload)
     task = _milli(container.compute) if container.compute else _milli(1)
     best: tuple[float, int, int] | None = None
     for index in roomy:
         after = dict(frees)
         after[index] -= _milli(container.compute)
-        delta = _fragment(after) - before
+        delta = _fragment(after, workload) - before
         candidate = (delta, frees[index], index)  # ties: best fit, then lowest index
         if best is None or candidate < best:
             best = candidate
@@ -112,6 +119,6 @@ def _fgd_choice(container: ContainerRequest, roomy: list[int], use: dict[int, Sh
     return chosen, quality
 
 
-def _fragment(frees: dict[int, int]) -> float:
+def _fragment(frees: dict[int, int], workload: TargetWorkload) -> float:
     values = [frees[i] for i in sorted(frees)]
-    return node_fragment(cpu_free=1 << 30, gpu_free=values, gpu_model="", workload=DEFAULT_SHARE_WORKLOAD)
+    return node_fragment(cpu_free=1 << 30, gpu_free=values, gpu_model="", workload=workload)

@@ -24,6 +24,7 @@ from topology.contracts import (
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
 )
+from topology.fragmentation import TargetWorkload, TaskShape
 from topology.inventory import MigDevice, NodeInventory
 
 
@@ -283,3 +284,20 @@ def test_memoized_verdicts_are_shared_by_identical_nodes(core: DecisionCore) -> 
     verdicts = core.decide_many(request, [s.name for s in states], {s.name: s for s in states})
     assert len({id(v) for v in verdicts}) == 1
     assert core.memo_size() == 1
+
+
+@pytest.mark.parametrize(("task_milli", "expected_gpu"), [(500, 0), (1000, 1)])
+def test_fgd_follows_the_expected_workload(task_milli: int, expected_gpu: int) -> None:
+    """GPU 1 is half used. If half-GPU tasks are expected, a 30% share goes to the idle GPU 0 (GPU 1
+    keeps room for one); if only whole-GPU tasks are expected, it goes to GPU 1 (GPU 0 stays whole)."""
+    workload = TargetWorkload(
+        shapes=(TaskShape(cpu_milli=0, gpu_milli=task_milli, gpu_count=1),), probabilities=(1.0,)
+    )
+    core = DecisionCore(LayoutRegistry(), share_workload=workload)
+    inventory = profile_inventory("p5.48xlarge", "n1")
+    state = _state(core, inventory, sharing=_sharing(ShareMode.FRACTIONAL, range(2)))
+    state = state.with_holders(
+        {device_id_share(inventory.gpus[1].uuid, "compute", u): "x" for u in range(50)}
+    )
+    verdict = core.decide(_pod({RESOURCE_GPU_COMPUTE: 30}), state)
+    assert verdict.fits and verdict.plan[0].share_gpu == expected_gpu
