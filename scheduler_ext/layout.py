@@ -15,7 +15,7 @@ from functools import cached_property
 from itertools import combinations
 
 from scheduler_ext.selector import DeviceAttributes
-from topology.inventory import NicType, NodeInventory
+from topology.inventory import Gpu, NicType, NodeInventory
 
 COMPUTE_UNITS_PER_GPU = 100
 DEFAULT_REPLICAS = 4
@@ -115,43 +115,50 @@ def build_layout(
     inventory: NodeInventory, *, sharing: Mapping[str, GpuSharingEntry] | None = None
 ) -> tuple[NodeLayout, LayoutIndex]:
     """Derive the layout and its identifiers; ``sharing`` maps GPU UUID or index to its mode."""
-    sharing = sharing or {}
     pairs = _nvlink_pairs(inventory)
-    peers = {g.index: sum(1 for p in pairs if g.index in p) for g in inventory.gpus}
-    switched = set(inventory.nvswitch.gpus) if inventory.nvswitch is not None else set()
-    slots = []
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        entry = sharing.get(gpu.uuid) or sharing.get(str(gpu.index)) or GpuSharingEntry(ShareMode.EXCLUSIVE)
-        attributes = DeviceAttributes(
-            architecture=str(gpu.architecture.value),
-            product_name=gpu.product,
-            compute_capability=gpu.compute_capability,
-            driver_version=inventory.driver_version,
-            memory_bytes=gpu.memory_mib * 2**20,
-            mig_capable=gpu.mig_capable,
-            nvlink_peers=peers[gpu.index],
-            nvswitch=gpu.index in switched,
-            numa_node=gpu.numa_node,
-        )
-        slots.append(
-            GpuSlot(
-                index=gpu.index,
-                numa_node=gpu.numa_node,
-                pcie_switch=gpu.pcie_switch,
-                attributes=attributes,
-                mode=entry.mode,
-                replicas=entry.replicas,
-                memory_gib=gpu.memory_mib // 1024,
-                mig_enabled=gpu.mig_enabled or bool(inventory.mig_devices_of(gpu.index)),
-            )
-        )
+    slots = tuple(
+        _gpu_slot(inventory, gpu, pairs=pairs, sharing=sharing or {})
+        for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+    )
     migs = tuple(MigSlot(i, m.parent_index, m.profile) for i, m in enumerate(inventory.mig_devices))
     efa = [n for n in inventory.nics if n.type is NicType.EFA]
     nics = tuple(NicSlot(i, n.numa_node, n.pcie_switch) for i, n in enumerate(efa))
-    layout = NodeLayout(gpus=tuple(slots), nvlink_pairs=pairs, migs=migs, nics=nics)
+    layout = NodeLayout(gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics)
     index = LayoutIndex(
         gpu_uuids={g.index: g.uuid for g in inventory.gpus},
         mig_uuids=tuple(m.uuid for m in inventory.mig_devices),
         nic_names=tuple(n.name for n in efa),
     )
     return layout, index
+
+
+def _gpu_slot(
+    inventory: NodeInventory,
+    gpu: Gpu,
+    *,
+    pairs: frozenset[tuple[int, int]],
+    sharing: Mapping[str, GpuSharingEntry],
+) -> GpuSlot:
+    entry = sharing.get(gpu.uuid) or sharing.get(str(gpu.index)) or GpuSharingEntry(ShareMode.EXCLUSIVE)
+    switched = inventory.nvswitch is not None and gpu.index in inventory.nvswitch.gpus
+    attributes = DeviceAttributes(
+        architecture=str(gpu.architecture.value),
+        product_name=gpu.product,
+        compute_capability=gpu.compute_capability,
+        driver_version=inventory.driver_version,
+        memory_bytes=gpu.memory_mib * 2**20,
+        mig_capable=gpu.mig_capable,
+        nvlink_peers=sum(1 for pair in pairs if gpu.index in pair),
+        nvswitch=switched,
+        numa_node=gpu.numa_node,
+    )
+    return GpuSlot(
+        index=gpu.index,
+        numa_node=gpu.numa_node,
+        pcie_switch=gpu.pcie_switch,
+        attributes=attributes,
+        mode=entry.mode,
+        replicas=entry.replicas,
+        memory_gib=gpu.memory_mib // 1024,
+        mig_enabled=gpu.mig_enabled or bool(inventory.mig_devices_of(gpu.index)),
+    )
