@@ -107,6 +107,17 @@ class Node:
         counts = status.get("registration_counts")
         return int(counts.get(resource, 0)) if isinstance(counts, dict) else 0
 
+    def checkpointed(self, resource: str, *, since: float) -> int:
+        """Devices of ``resource`` in the device manager's checkpoint, if written after ``since``."""
+        path = self.plugins / "kubelet_internal_checkpoint"
+        try:
+            if path.stat().st_mtime < since:
+                return 0
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return 0
+        return len(data.get("Data", {}).get("RegisteredDevices", {}).get(resource, []))
+
     def capacity(self, resource: str) -> str | None:
         try:
             node = self.core.read_node(NODE)
@@ -172,8 +183,13 @@ def test_kubelet_admits_a_numa_aligned_gpu_and_efa_pod(node: Node) -> None:
 
 def test_kubelet_restart_reregisters_with_the_same_devices(node: Node) -> None:
     node.stop_kubelet()
+    restarted = time.time()
     node.start_kubelet()
     wait("re-registered with the new kubelet", lambda: node.registrations(RESOURCE_GPU) >= 2, timeout=30)
+    wait(
+        "the new kubelet's checkpoint lists the GPUs",
+        lambda: node.checkpointed(RESOURCE_GPU, since=restarted) == 8,
+    )
     wait("GPUs back in node allocatable", lambda: node.capacity(RESOURCE_GPU) == "8", timeout=90)
     node.core.create_namespaced_pod("default", pod("after-restart", {RESOURCE_GPU: "1"}))
     wait("allocation after restart", lambda: node.allocation("after-restart") is not None, timeout=60)
