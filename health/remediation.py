@@ -133,40 +133,38 @@ class Remediator:
         if action is Action.RESET_GPU and self.device_ops.gpu_busy(gpu):
             return  # still in use: wait for the processes to end
         if action is Action.RECREATE_MIG and self.recreate_mig is None:
-            log.warning(
-                "MIG device %s failed; no MIG manager is wired to recreate it: it stays withheld", device
-            )
+            log.warning("MIG device %s failed; no MIG manager can recreate it: it stays withheld", device)
             return
         with monitor.lock:
             engine.apply(device, RemediationStarted(monitor.now(), action))
         monitor.publish()
-        ok, detail, retry = True, "", False
+        finished = self._attempt(monitor, device, gpu, action)
+        with monitor.lock:
+            engine.apply(device, finished)
+        monitor.publish()
+        if finished.retry:
+            return
+        if self.metrics is not None:
+            self.metrics.remediations.labels(action.value, "ok" if finished.ok else "failed").inc()
+        reason = f"Gpuweave{'Remediated' if finished.ok else 'RemediationFailed'}"
+        self._event(reason, f"{device}: {action} {finished.detail}".strip(), warning=not finished.ok)
+
+    def _attempt(self, monitor: HealthMonitor, device: str, gpu: str, action: Action) -> RemediationFinished:
+        """Run one remediation step; a GPU still in use is a retry, not a failed attempt."""
         try:
             if action is Action.RECREATE_MIG:
-                placement = engine.mig_placement(device)
+                placement = monitor.engine.mig_placement(device)
                 if self.recreate_mig is None or placement is None:
                     raise RuntimeError(f"MIG device {device} is no longer in the inventory")
                 self.recreate_mig(*placement)
             else:
                 self.device_ops.reset_gpu(gpu)
         except GpuInUseError as exc:
-            ok, detail, retry = False, f"{action} waits: {exc}", True
+            return RemediationFinished(monitor.now(), False, f"{action} waits: {exc}", retry=True)
         except Exception as exc:
-            ok, detail = False, f"{action} failed: {exc}"
-            log.warning("remediation of %s: %s", device, detail)
-        with monitor.lock:
-            engine.apply(device, RemediationFinished(monitor.now(), ok, detail, retry=retry))
-        if retry:
-            monitor.publish()
-            return
-        if self.metrics is not None:
-            self.metrics.remediations.labels(action.value, "ok" if ok else "failed").inc()
-        self._event(
-            f"Gpuweave{'Remediated' if ok else 'RemediationFailed'}",
-            f"{device}: {action} {detail}".strip(),
-            warning=not ok,
-        )
-        monitor.publish()
+            log.warning("remediation of %s: %s failed: %s", device, action, exc)
+            return RemediationFinished(monitor.now(), False, f"{action} failed: {exc}")
+        return RemediationFinished(monitor.now(), True)
 
     def _drained(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> bool:
         """Evict pods on the device (once each); True when none remain."""
