@@ -158,6 +158,29 @@ def ready_except(node: Node, index: int) -> bool:
         return False
 
 
+def test_bad_injections_get_one_line_errors(p5: Node) -> None:
+    for args, message in [
+        (("--xid", "79"), "need --gpu INDEX"),
+        (("--gpu", "9", "--xid", "79"), "no GPU 9"),
+        (("--efa-down", "rdmap79s0"), "no netdev"),
+    ]:
+        command = [
+            sys.executable,
+            "-m",
+            "gpuweave",
+            "sim",
+            "inject",
+            "--state-dir",
+            str(p5.root / "s"),
+            *args,
+        ]
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 2
+        assert message in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert len(p5.healthy_gpus()) == 8
+
+
 def test_nvml_hang_fails_closed_while_other_resources_serve(p5: Node) -> None:
     p5.inject("--gpu", "2", "--nvml-hang", "3")
     p5.wait(lambda: p5.uuid(2) not in p5.healthy_gpus(), "GPU 2 to be withheld")
