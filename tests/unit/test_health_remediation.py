@@ -238,3 +238,44 @@ def test_startup_taint_goes_after_two_clean_rounds_and_node_fault_clears(tmp_pat
     health.monitor.run_round()
     assert TAINT_HEALTH_PENDING not in cluster.taints
     assert TAINT_NODE_FAULT not in cluster.taints
+
+
+class UnreachableCluster(RecordingCluster):
+    """The API server is down: every call fails as the client does on a refused connection."""
+
+    down = True
+
+    def pods_on_node(self) -> list[PodRef]:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+        return super().pods_on_node()
+
+    def taint_counts(self, key: str) -> tuple[int, int, bool]:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+        return super().taint_counts(key)
+
+    def post_event(
+        self, *, reason: str, message: str, pod: PodRef | None = None, warning: bool = True
+    ) -> None:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+        super().post_event(reason=reason, message=message, pod=pod, warning=warning)
+
+
+def test_api_server_outage_keeps_the_device_withheld_and_remediation_waits(tmp_path: Path) -> None:
+    cluster = UnreachableCluster([pod("trainer", gpu_uuid(5))])
+    health, state, sink = service(tmp_path, cluster)
+    state.inject_xid(5, 79)
+    health.monitor.run_round()
+    health.monitor.run_round()
+    assert state_of(health, 5) is DeviceState.FAILED
+    assert sink.health[gpu_uuid(5)] is False
+    assert state.gpus[5].resets == 0  # its pod could not be evicted: no reset under it
+    assert all(sink.health[g.uuid] for g in INVENTORY.gpus if g.index != 5)
+    cluster.down = False
+    for _ in range(4):
+        health.monitor.run_round()
+    assert cluster.evicted == ["trainer"]
+    assert state.gpus[5].resets == 1
+    assert state_of(health, 5) is DeviceState.HEALTHY
