@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from mig.catalog import GpuModel
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
-from topology.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_MIG_PREFIX
+from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
 from topology.errors import InvalidInputError
 
 WHOLE_GPU = None  # the declared layout value that means "MIG off"
@@ -76,10 +76,9 @@ def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | N
 
 def mig_requests(resources: Mapping[str, int]) -> dict[str, int]:
     """``{"nvidia.com/mig-1g.10gb": 2, "cpu": 4}`` -> ``{"1g.10gb": 2}``."""
+    found = {name: mig_profile_of_resource(name) for name in resources}
     return {
-        name.removeprefix(RESOURCE_MIG_PREFIX): count
-        for name, count in resources.items()
-        if name.startswith(RESOURCE_MIG_PREFIX) and count > 0
+        profile: resources[name] for name, profile in found.items() if profile and resources[name] > 0
     }
 
 

@@ -23,6 +23,7 @@ from topology.contracts import (
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
     RESOURCE_MIG_PREFIX,
+    mig_profile_of_resource,
 )
 from topology.errors import InvalidInputError
 
@@ -145,9 +146,9 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
     counts = {k: parse_count(v, resource=k, container=name) for k, v in merged.items()}
     mig = tuple(
         sorted(
-            (k[len(RESOURCE_MIG_PREFIX) :], n)
+            (profile, n)
             for k, n in counts.items()
-            if k.startswith(RESOURCE_MIG_PREFIX) and n
+            if n and (profile := mig_profile_of_resource(k)) is not None
         )
     )
     return ContainerRequest(

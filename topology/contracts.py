@@ -40,5 +40,21 @@ MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG
 
 
 def mig_resource_name(profile: str) -> str:
-    """``nvidia.com/mig-<profile>`` as the mixed MIG strategy names it."""
-    return f"{RESOURCE_MIG_PREFIX}{profile}"
+    """``nvidia.com/mig-<profile>`` as the mixed MIG strategy names it.
+
+    A ``+`` is not allowed in an extended resource name, so media-engine profiles get their own
+    resource with ``.`` instead: ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``. (NVIDIA's plugin
+    folds them into the plain profile's resource, so a pod cannot ask for the media engines.)
+    """
+    return f"{RESOURCE_MIG_PREFIX}{profile.replace('+', '.')}"
+
+
+def mig_profile_of_resource(resource: str) -> str | None:
+    """The MIG profile a ``nvidia.com/mig-*`` resource name stands for, or None for other names."""
+    if not resource.startswith(RESOURCE_MIG_PREFIX):
+        return None
+    profile = resource[len(RESOURCE_MIG_PREFIX) :]
+    for suffix in (".me.all", ".me", ".gfx"):
+        if profile.endswith(suffix):
+            return profile[: -len(suffix)] + "+" + suffix[1:]
+    return profile

@@ -50,5 +50,5 @@ def test_managed_resources_cover_our_names_and_ignore_only_the_shares() -> None:
     ignored = {name for name, flag in managed.items() if flag}
     assert ignored == {RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY, RESOURCE_GPU_SHARED}
     assert managed[RESOURCE_GPU] is False and managed[RESOURCE_EFA] is False
-    profiles = {p.name for model in default_catalog().models for p in model.profiles if "+" not in p.name}
+    profiles = {p.name for model in default_catalog().models for p in model.profiles}
     assert {mig_resource_name(p) for p in profiles} <= set(managed)
