@@ -228,20 +228,8 @@ class SimNode:
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.state_dir = base / "state"
         self.state_dir.mkdir(parents=True)
-        self.kubelet = Process(
-            f"kubelet-{name}",
-            [
-                str(harness_binary()),
-                "node",
-                "--name",
-                name,
-                "--kubelet-dir",
-                str(self.kubelet_dir),
-                "--control-plane-dir",
-                str(plane.dir),
-            ],
-            log_dir=plane.work,
-        )
+        self.kubelet_starts = 0
+        self.kubelet = self._start_kubelet()
         wait_for(f"{name}'s device manager socket", self._kubelet_socket_ready, timeout=60)
         kube = ["--kubeconfig", str(agent_kubeconfig)] if agent_kubeconfig else ["--no-kube"]
         if health_config is not None:
@@ -263,6 +251,18 @@ class SimNode:
             ],
             log_dir=plane.work,
         )
+
+    def _start_kubelet(self) -> Process:
+        self.kubelet_starts += 1
+        argv = [str(harness_binary()), "node", "--name", self.name]
+        argv += ["--kubelet-dir", str(self.kubelet_dir), "--control-plane-dir", str(self.plane.dir)]
+        return Process(f"kubelet-{self.name}-{self.kubelet_starts}", argv, log_dir=self.plane.work)
+
+    def restart_kubelet(self) -> None:
+        """Stop the node's kubelet side and start it again on the same directory (checkpoint kept)."""
+        self.kubelet.stop()
+        self.kubelet = self._start_kubelet()
+        wait_for(f"{self.name}'s device manager socket", self._kubelet_socket_ready, timeout=60)
 
     def _kubelet_socket_ready(self) -> bool:
         self.kubelet.check_alive()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import (
     REPO,
@@ -20,6 +21,7 @@ from tests.e2e.cluster import (
     render_scheduler_config,
     start_extender,
     start_scheduler,
+    wait_for,
 )
 from tests.e2e.pods import FAULT_NODE, FAULT_TAINT, HANDOFF_NODE
 
@@ -109,5 +111,25 @@ def cluster(
 ) -> dict[str, SimNode]:
     """Keep the fault and handoff nodes out of the placement tests (a taint only their tests tolerate)."""
     for name in (FAULT_NODE, HANDOFF_NODE):
-        plane.core.patch_node(name, {"spec": {"taints": [FAULT_TAINT]}})
+        add_taint(plane, name, FAULT_TAINT)
     return nodes
+
+
+def add_taint(plane: ControlPlane, node: str, taint: dict[str, str]) -> None:
+    """Append a taint once the agent lifted its startup taint; an update, so a race is a conflict."""
+
+    def startup_done() -> bool:
+        taints = plane.core.read_node(node).spec.taints or []
+        return not any(t.key == "gpuweave.io/health-pending" for t in taints)
+
+    wait_for(f"{node}'s agent to finish its health start-up", startup_done, timeout=60)
+    for _ in range(10):
+        current = plane.core.read_node(node)
+        current.spec.taints = [*(current.spec.taints or []), taint]
+        try:
+            plane.core.replace_node(node, current)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    pytest.fail(f"could not taint {node}: it kept changing", pytrace=False)

@@ -29,10 +29,14 @@ def test_a_burst_of_equal_pods_gets_the_assigned_devices(
 ) -> None:
     names = [f"burst-{i}" for i in range(4)]
     for name in names:
-        plane.core.create_namespaced_pod(workload_namespace, gpu_pod(name, 2, only_on=HANDOFF_NODE))
+        plane.core.create_namespaced_pod(
+            workload_namespace, gpu_pod(name, 2, grace_s=0, only_on=HANDOFF_NODE)
+        )
     mismatched = []
     for name in names:
         pod, allocation = wait_admitted(plane, workload_namespace, name)
         if allocated_gpus(allocation) != assigned_devices(pod)[GPU]:
             mismatched.append(name)
+    for name in names:  # free the node for the kubelet-restart test
+        plane.core.delete_namespaced_pod(name, workload_namespace, grace_period_seconds=0)
     assert not mismatched, f"device manager allocated other devices than the extender assigned: {mismatched}"

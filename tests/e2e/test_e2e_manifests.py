@@ -39,7 +39,12 @@ def test_workloads_were_stored_as_written(plane: ControlPlane) -> None:
     assert pod.priority_class_name == "system-node-critical"
     assert pod.service_account_name == "gpuweave-node-agent"
     host_paths = sorted(v.host_path.path for v in pod.volumes if v.host_path)
-    assert host_paths == ["/dev", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"]
+    assert host_paths == [
+        "/dev",
+        "/var/lib/gpuweave",  # the agent's own state: bad-GPU list, strikes, kernel-log cursor
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+    ]
     scheduler = apps.read_namespaced_deployment("gpuweave-scheduler", NAMESPACE)
     containers = {c.name: c for c in scheduler.spec.template.spec.containers}
     assert not (containers["extender"].security_context.privileged or False)

@@ -89,7 +89,13 @@ func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 		return err
 	}
 	logger.Info("pod admitted", "pod", klog.KObj(pod), "allocation", string(raw))
+	if n.runtime.runs(pod) && pod.Status.Phase == v1.PodRunning {
+		return nil // a restarted kubelet re-admits a running pod; its containers and status stay
+	}
 	if err := n.writeAllocationFile(pod, raw); err != nil {
+		return err
+	}
+	if err := n.runtime.start(pod); err != nil {
 		return err
 	}
 	return n.writePodStatus(ctx, pod, func(s *v1.PodStatus) { markRunning(pod, s, string(raw)) })
@@ -161,7 +167,7 @@ func markRunning(pod *v1.Pod, s *v1.PodStatus, allocation string) {
 	s.ContainerStatuses = nil
 	for _, c := range pod.Spec.Containers {
 		s.ContainerStatuses = append(s.ContainerStatuses, v1.ContainerStatus{
-			Name: c.Name, Image: c.Image, ImageID: "sha256:e2e", ContainerID: "e2e://" + string(pod.UID) + "/" + c.Name,
+			Name: c.Name, Image: c.Image, ImageID: "sha256:e2e", ContainerID: containerID(pod, c.Name),
 			Ready: true, Started: ptrTo(true), State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
@@ -207,6 +213,9 @@ func (n *simNode) startTermination(ctx context.Context, pod *v1.Pod) {
 		n.mu.Lock()
 		n.terminated.Insert(string(pod.UID))
 		n.mu.Unlock()
+		if err := n.runtime.stop(pod); err != nil {
+			klog.FromContext(ctx).Error(err, "recording stopped containers", "pod", klog.KObj(pod))
+		}
 		opts := metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)),
 			Preconditions: &metav1.Preconditions{UID: &pod.UID}}
 		err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)

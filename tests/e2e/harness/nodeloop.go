@@ -6,7 +6,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cadvisorapi "github.com/google/cadvisor/lib/model"
@@ -23,7 +25,6 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
@@ -39,6 +40,9 @@ type simNode struct {
 	predAdm  lifecycle.PodAdmitHandler
 	pods     cache.Indexer
 	queue    workqueue.TypedRateLimitingInterface[string]
+
+	runtime      *runtimeState
+	sourcesReady atomic.Bool // false until the pods present at start were admitted (kubelet order)
 
 	mu          sync.Mutex
 	node        *v1.Node
@@ -59,6 +63,9 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 	if n.client, err = kubernetes.NewForConfig(restCfg); err != nil {
 		return err
 	}
+	if n.runtime, err = loadRuntimeState(f.kubeletDir); err != nil {
+		return fmt.Errorf("reading runtime state: %w", err)
+	}
 	if err := n.startManagers(logger); err != nil {
 		return err
 	}
@@ -67,6 +74,7 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 		return err
 	}
 	n.startPodInformer(ctx)
+	n.admitInitialPods(ctx)
 	go n.drainHealthUpdates(ctx)
 	go n.statusLoop(ctx)
 	n.admissionWorker(ctx)
@@ -91,8 +99,9 @@ func (n *simNode) startManagers(logger klog.Logger) error {
 	n.topology, n.devices = tm, dm
 	n.predAdm = lifecycle.NewPredicateAdmitHandler(n.getNode, lifecycle.NewAdmissionFailureHandlerStub(),
 		dm.UpdatePluginResources)
-	ready := config.NewSourcesReady(func(sets.Set[string]) bool { return true })
-	if err := dm.Start(logger, n.activePods, ready, containermap.NewContainerMap(), sets.New[string]()); err != nil {
+	ready := config.NewSourcesReady(func(sets.Set[string]) bool { return n.sourcesReady.Load() })
+	containers, running := n.runtime.initial()
+	if err := dm.Start(logger, n.activePods, ready, containers, running); err != nil {
 		return fmt.Errorf("device manager start (plugin registration server): %w", err)
 	}
 	logger.Info("device manager serving", "socket", "/var/lib/kubelet/device-plugins/kubelet.sock",
@@ -259,13 +268,47 @@ func (n *simNode) startPodInformer(ctx context.Context) {
 			n.queue.Add(key)
 		}
 	}
+	forget := func(obj any) {
+		if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = tombstone.Obj
+		}
+		if pod, ok := obj.(*v1.Pod); ok {
+			if err := n.runtime.stop(pod); err != nil {
+				klog.FromContext(ctx).Error(err, "recording stopped containers", "pod", klog.KObj(pod))
+			}
+		}
+		enqueue(obj)
+	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
+		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: forget,
 	})
 	n.pods = inf.GetIndexer()
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	go func() { <-ctx.Done(); n.queue.ShutDown() }()
+}
+
+// admitInitialPods handles the pods already bound here at start as the kubelet handles its first
+// batch: oldest first, while its sources are not yet all ready (so containers the runtime still
+// runs keep their checkpointed devices), then marks the sources ready.
+func (n *simNode) admitInitialPods(ctx context.Context) {
+	var pods []*v1.Pod
+	for _, obj := range n.pods.List() {
+		pods = append(pods, obj.(*v1.Pod))
+	}
+	sort.Slice(pods, func(i, j int) bool {
+		return pods[i].CreationTimestamp.Before(&pods[j].CreationTimestamp)
+	})
+	for _, pod := range pods {
+		key, _ := cache.MetaNamespaceKeyFunc(pod)
+		if err := n.syncPod(ctx, key); err != nil {
+			klog.FromContext(ctx).Error(err, "admitting pod present at start", "pod", key)
+		}
+	}
+	n.sourcesReady.Store(true)
+	if err := n.runtime.keepOnly(pods); err != nil {
+		klog.FromContext(ctx).Error(err, "removing containers of pods gone while the node was down")
+	}
 }
 
 func (n *simNode) admissionWorker(ctx context.Context) {
