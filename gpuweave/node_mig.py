@@ -4,16 +4,21 @@ It builds the NVML MIG adapter on the backend's own library and per-call timeout
 journal in STATE_DIR, the reconciler with hooks into the agent (withhold devices before they are
 destroyed, refresh lists in place after), converges whatever the journal says was in flight or
 was lost to a reboot, and registers the ``mig.apply``, ``mig.plan`` and ``mig.status`` commands
-on the agent's control socket.
+on the agent's control socket. With an API server it watches this node's Node object (the declared
+layout annotation, and the labels demand mode matches node selectors against) and, in demand
+mode, the pending pods (``gpuweave/node_mig_demand.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client as kube_client
+from kubernetes import watch as kube_watch
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.agent import NodeAgent
@@ -28,6 +33,11 @@ from mig.service import AgentHooks, LayoutFollower, MigService
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
+
+LOG = logging.getLogger(__name__)
+WATCH_TIMEOUT_S = 60  # a watch request ends after this long and is re-opened from the last version
+RETRY_S = 5.0  # after a failed list or watch
+FALLBACK_POLL_S = 60.0  # the annotation is still read this often, in case the watch missed a change
 
 
 def build_mig_service(
@@ -78,7 +88,153 @@ def node_annotation_reader(api: Any, node_name: str) -> Callable[[], str | None]
 
 
 def follow_layout_annotation(api: Any, node_name: str, service: MigService) -> LayoutFollower:
-    """Start applying the node's declared MIG layout as it changes; stop it before the agent."""
+    """Start applying the node's declared MIG layout as it changes (polled); stop it before the agent."""
     follower = LayoutFollower(node_annotation_reader(api, node_name), service)
     follower.start()
     return follower
+
+
+def run_watch(
+    list_call: Callable[..., Any],
+    *,
+    on_list: Callable[[Sequence[Any]], None],
+    on_event: Callable[[str, Any], None],
+    stop: threading.Event,
+    what: str,
+    timeout_s: int = WATCH_TIMEOUT_S,
+    **selectors: str,
+) -> None:
+    """List, then watch from the list's resourceVersion until ``stop``; relist on 410 Gone, retry
+    other failures after ``RETRY_S``. Runs on the caller's thread."""
+    while not stop.is_set():
+        try:
+            listed = list_call(**selectors)
+            on_list(listed.items or [])
+            version = listed.metadata.resource_version
+            while not stop.is_set():
+                watcher = kube_watch.Watch()  # type: ignore[no-untyped-call]
+                for event in watcher.stream(  # type: ignore[no-untyped-call]
+                    list_call, resource_version=version, timeout_seconds=timeout_s, **selectors
+                ):
+                    version = watcher.resource_version
+                    on_event(str(event["type"]), event["object"])
+                    if stop.is_set():
+                        watcher.stop()  # type: ignore[no-untyped-call]
+        except ApiException as exc:
+            if exc.status == 410:
+                LOG.info("watch of %s expired (410 Gone); listing again", what)
+                continue
+            LOG.warning("watch of %s failed: HTTP %s %s; retrying", what, exc.status, exc.reason)
+            stop.wait(RETRY_S)
+        except Exception as exc:  # connection refused or reset, a bad response: retry
+            LOG.warning("watch of %s failed: %s; retrying", what, exc)
+            stop.wait(RETRY_S)
+
+
+class NodeWatch:
+    """Watches this node's Node object (field selector metadata.name) for its labels and the
+    declared layout; new layout values go straight to the follower, label changes to ``on_labels``."""
+
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        *,
+        follower: LayoutFollower,
+        on_labels: Callable[[], None] = lambda: None,
+        timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> None:
+        self._core = kube_client.CoreV1Api(api)
+        self._node = node_name
+        self._follower = follower
+        self._on_labels = on_labels
+        self._timeout_s = timeout_s
+        self._labels: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mig-node-watch", daemon=True)
+
+    def labels(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._labels)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._timeout_s + 10)
+
+    def _run(self) -> None:
+        run_watch(
+            self._core.list_node,
+            on_list=self._seen_all,
+            on_event=lambda kind, node: self._seen(node) if kind in ("ADDED", "MODIFIED") else None,
+            stop=self._stop,
+            what=f"node {self._node}",
+            timeout_s=self._timeout_s,
+            field_selector=f"metadata.name={self._node}",
+        )
+
+    def _seen_all(self, nodes: Sequence[Any]) -> None:
+        for node in nodes:
+            self._seen(node)
+
+    def _seen(self, node: Any) -> None:
+        metadata = node.metadata
+        if metadata is None or metadata.name != self._node:
+            return
+        labels = dict(metadata.labels or {})
+        with self._lock:
+            changed, self._labels = labels != self._labels, labels
+        value = (metadata.annotations or {}).get(MIG_LAYOUT_ANNOTATION)
+        self._follower.offer(str(value) if value is not None else None)
+        if changed:
+            self._on_labels()
+
+
+class MigKube:
+    """The API-server side of the MIG manager: layout follower + Node watch (+ demand mode)."""
+
+    def __init__(self, follower: LayoutFollower, node_watch: NodeWatch, demand: Any | None = None) -> None:
+        self.follower = follower
+        self.node_watch = node_watch
+        self.demand = demand
+
+    def stop(self) -> None:
+        if self.demand is not None:
+            self.demand.stop()
+        self.node_watch.stop()
+        self.follower.stop()
+
+
+def start_mig_kube(
+    api: Any,
+    node_name: str,
+    service: MigService,
+    *,
+    demand: bool = False,
+    timeout_s: int = WATCH_TIMEOUT_S,
+    fallback_poll_s: float = FALLBACK_POLL_S,
+) -> MigKube:
+    """Follow the declared layout through a Node watch (a read every ``fallback_poll_s`` as a
+    fallback) and, with ``demand``, serve pending pods' MIG requests; stop it before the agent."""
+    follower = LayoutFollower(node_annotation_reader(api, node_name), service, interval_s=fallback_poll_s)
+    driver = None
+    if demand:
+        from gpuweave.node_mig_demand import DemandDriver  # noqa: PLC0415 (imports this module)
+
+        driver = DemandDriver(api, node_name, service, timeout_s=timeout_s)
+    node_watch = NodeWatch(
+        api,
+        node_name,
+        follower=follower,
+        on_labels=driver.wake if driver is not None else lambda: None,
+        timeout_s=timeout_s,
+    )
+    follower.start()
+    node_watch.start()
+    if driver is not None:
+        driver.start(labels=node_watch.labels)
+    return MigKube(follower, node_watch, driver)

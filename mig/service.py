@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mig.demand import demand_covered
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigReconciler, ReshapeResult
@@ -180,8 +181,8 @@ class MigService:
             ]
         return {"gpus": gpus}
 
-    def apply_demand(self, pending: list[dict[str, int]]) -> list[ReshapeResult]:
-        """Reshape MIG-enabled GPUs so pending requests (profile -> count per pod) fit, busy kept."""
+    def demand_states(self) -> list[GpuMigState]:
+        """The MIG-enabled GPUs as demand planning sees them (busy instances included)."""
         states = []
         for index in self.reconciler.mig_gpus():
             mode = self.reconciler.mig_mode(index)
@@ -189,8 +190,24 @@ class MigService:
                 states.append(
                     GpuMigState(index, self.reconciler.model(index), self.reconciler.current(index))
                 )
+        return states
+
+    def apply_demand(self, pending: list[dict[str, int]]) -> list[ReshapeResult]:
+        """Reshape MIG-enabled GPUs so pending requests (profile -> count per pod) fit, busy kept."""
+        return self._apply_plans(derive_demand_plans(pending, self.demand_states()))
+
+    def apply_demand_if_covered(self, pending: list[dict[str, int]]) -> list[ReshapeResult] | None:
+        """Like ``apply_demand``, but only when the result serves every request; None (nothing
+        changed) when it would not, e.g. busy instances leave no room."""
+        states = self.demand_states()
+        plans = derive_demand_plans(pending, states)
+        if not demand_covered(pending, states, plans):
+            return None
+        return self._apply_plans(plans)
+
+    def _apply_plans(self, plans: dict[int, Plan]) -> list[ReshapeResult]:
         results: list[ReshapeResult] = []
-        for index, plan in sorted(derive_demand_plans(pending, states).items()):
+        for index, plan in sorted(plans.items()):
             target = [TargetEntry(p.profile, p.start) for p in plan.final]
             results.append(self.reconciler.apply(index, target))
         return results
@@ -206,9 +223,11 @@ class MigService:
 class LayoutFollower:
     """Applies the node's ``gpuweave.io/mig-layout`` annotation whenever it changes.
 
-    ``read_annotation`` returns the annotation's current value (None when absent); the composition
-    root backs it with the API server. A value that failed (a busy instance blocks it) is retried
-    on every poll until it succeeds, so the layout converges once the pods drain.
+    A watch on the Node hands new values to ``offer`` (applied at once); ``read_annotation``
+    returns the annotation's current value (None when absent) and is the fallback, read every
+    ``interval_s``, in case the watch misses something. A value that failed (a busy instance
+    blocks it) is retried on every round until it succeeds, so the layout converges once the pods
+    drain.
     """
 
     def __init__(
@@ -218,12 +237,23 @@ class LayoutFollower:
         self._service = service
         self._interval_s = interval_s
         self._applied: str | None = None
+        self._offered: list[str | None] = []
+        self._offered_lock = threading.Lock()
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def offer(self, value: str | None) -> None:
+        """The watch saw this annotation value: apply it on the follower's thread without a read."""
+        with self._offered_lock:
+            self._offered.append(value)
+        self._wake.set()
+
     def poll_once(self) -> list[ReshapeResult]:
         """Read the annotation and apply it if it is new or last failed; returns what changed."""
-        value = self._read()
+        return self.apply_value(self._read())
+
+    def apply_value(self, value: str | None) -> list[ReshapeResult]:
         if value is None or value == self._applied:
             return []
         try:
@@ -240,13 +270,21 @@ class LayoutFollower:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            with self._offered_lock:
+                offered, self._offered = self._offered[-1:], []
             try:
-                self.poll_once()
+                if offered:
+                    self.apply_value(offered[0])
+                else:
+                    self.poll_once()
             except Exception as exc:  # the API server or NVML failed; try again next round
                 LOG.warning("reading or applying the MIG layout annotation failed: %s", exc)
-            self._stop.wait(self._interval_s)
+            if not self._offered:
+                self._wake.wait(self._interval_s)
+            self._wake.clear()

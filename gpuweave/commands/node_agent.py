@@ -23,7 +23,7 @@ from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
-from gpuweave.node_mig import build_mig_service, follow_layout_annotation, register_mig_routes
+from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
 from hardware.backend import GpuBackend
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
@@ -69,6 +69,11 @@ def register(subparsers: Any) -> None:
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
     )
     kube.add_argument("--no-kube", action="store_true", help="run with no API server")
+    add(
+        "--mig-demand",
+        action="store_true",
+        help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests (needs --kubeconfig; docs/mig.md)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -122,6 +127,8 @@ def build_agent(
 def run(args: argparse.Namespace) -> int:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
+    if args.mig_demand and not args.kubeconfig:
+        raise GpuweaveError("--mig-demand watches pending pods through the API server: give --kubeconfig too")
     metrics = AgentMetrics()
     kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
     backend = open_backend(args)
@@ -133,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     mig.start()  # converge journalled MIG layouts before the first device list is served
     agent.start()
     register_mig_routes(agent, mig)
-    layout = follow_layout_annotation(kube.api, node_name(args), mig) if kube is not None else None
+    layout = start_mig_kube(kube.api, node_name(args), mig, demand=args.mig_demand) if kube else None
     health = start_node_health(
         agent,
         backend=backend,
