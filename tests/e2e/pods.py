@@ -22,6 +22,7 @@ def gpu_pod(
     name: str,
     gpus: int,
     *,
+    resource: str = GPU,
     grace_s: int = 30,
     fault_node: bool = False,
     placement: str | None = None,
@@ -30,7 +31,7 @@ def gpu_pod(
     spec: dict[str, Any] = {
         "schedulerName": SCHEDULER_NAME,
         "terminationGracePeriodSeconds": grace_s,
-        "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {GPU: str(gpus)}}}],
+        "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {resource: str(gpus)}}}],
     }
     if fault_node:
         only_on = FAULT_NODE

@@ -49,7 +49,11 @@ def test_agent_registers_again_and_pods_keep_their_devices(
     )
     assert plane.allocation_of(workload_namespace, "survivor") == before
 
-    plane.core.create_namespaced_pod(workload_namespace, gpu_pod("after-restart", 4, only_on=HANDOFF_NODE))
+    plane.core.create_namespaced_pod(
+        workload_namespace, gpu_pod("after-restart", 4, grace_s=0, only_on=HANDOFF_NODE)
+    )
     pod, after = wait_admitted(plane, workload_namespace, "after-restart")
     assert allocated_gpus(after) == assigned_devices(pod)[GPU]
     assert not set(allocated_gpus(after)) & set(allocated_gpus(before))
+    for name in ("survivor", "after-restart"):  # free the node for the MIG test
+        plane.core.delete_namespaced_pod(name, workload_namespace, grace_period_seconds=0)
