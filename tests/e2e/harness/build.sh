@@ -3,6 +3,8 @@
 # Go's module and build caches stay where Go keeps them; a cold build takes ~15 min on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")"
+command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null || { echo "build.sh: Go >= 1.26 is needed to build the e2e harness" >&2; exit 1; }
 K8S_VERSION=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 MINOR=$(echo "$K8S_VERSION" | cut -d. -f2)
 PKG=k8s.io/component-base/version
