@@ -9,5 +9,5 @@ K8S_VERSION=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 MINOR=$(echo "$K8S_VERSION" | cut -d. -f2)
 PKG=k8s.io/component-base/version
 LDFLAGS="-X $PKG.gitVersion=$K8S_VERSION -X $PKG.gitMajor=1 -X $PKG.gitMinor=$MINOR -X $PKG.gitTreeState=clean"
-GOMAXPROCS=${GOMAXPROCS:-2} go build -p "${GO_BUILD_P:-2}" -ldflags "$LDFLAGS" -o bin/harness .
+GOMAXPROCS=${GOMAXPROCS:-2} go build -p "${GO_BUILD_P:-2}" -buildvcs=false -ldflags "$LDFLAGS" -o bin/harness .
 echo "built $(pwd)/bin/harness (k8s.io/kubernetes $K8S_VERSION)"
