@@ -1,0 +1,166 @@
+"""Demand mode against a real kube-apiserver (tests/e2e/harness), as the node agent's ServiceAccount.
+
+Two simulated DGX H100 nodes, each a node agent with its kubelet emulator and MIG service, follow
+their Node through a watch (the declared layout turns MIG on for GPU 3) and watch pending pods.
+A pod asking ``nvidia.com/mig-1g.10gb`` that the scheduler marked unschedulable is claimed by
+exactly one node, which creates the MIG device; the kubelet emulator of that node sees it in
+ListAndWatch, the other node changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from deviceplugin.agent import AgentConfig, NodeAgent
+from gpuweave.node_mig import MigKube, build_mig_service, start_mig_kube
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
+from mig.service import MigService
+from tests.e2e.cluster import REPO, ControlPlane, wait_for
+from tests.support.kubelet_emulator import KubeletEmulator
+from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_resource_name
+
+pytestmark = pytest.mark.e2e
+
+MIG_1G = mig_resource_name("1g.10gb")
+NODES = ("mig-a", "mig-b")
+POOL = {"gpuweave.io/pool": "mig"}
+NAMESPACE = "mig-work"
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    control = ControlPlane(tmp_path_factory.mktemp("mig-demand"))
+    try:
+        control.apply(control.kustomize(REPO / "manifests"))
+        control.apply(_docs(REPO / "manifests" / "rbac-node-agent-mig-demand.yaml"))
+        control.ensure_namespace(NAMESPACE)
+        for name in NODES:
+            control.core.create_node({"metadata": {"name": name, "labels": POOL}})
+        yield control
+    finally:
+        control.stop()
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    import yaml  # noqa: PLC0415
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+@dataclass
+class SimNode:
+    name: str
+    agent: NodeAgent
+    kubelet: KubeletEmulator
+    backend: SimulatedBackend
+    service: MigService
+    api: client.ApiClient
+    kube: MigKube | None = None
+
+    def mig_gpus(self) -> list[int]:
+        return [s.index for s in self.service.demand_states()]
+
+    def instances(self, gpu: int) -> int:
+        return len(self.service.reconciler.current(gpu))
+
+
+@pytest.fixture
+def nodes(plane: ControlPlane) -> Iterator[dict[str, SimNode]]:
+    kubeconfig = str(plane.service_account_kubeconfig("gpuweave-node-agent"))
+    root = Path(tempfile.mkdtemp(prefix="gwd", dir="/tmp"))
+    started: dict[str, SimNode] = {}
+    try:
+        for name in NODES:
+            kubelet_dir, state_dir = root / name / "k", root / name / "s"
+            kubelet = KubeletEmulator(kubelet_dir)
+            kubelet.start()
+            backend = SimulatedBackend(load_profile("dgx-h100"), root / name / "sysfs", node_name=name)
+            config_ = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir)
+            agent = NodeAgent(config_, discover=backend.discover)
+            service = build_mig_service(
+                agent, backend=backend, state_dir=state_dir, inventory=backend.discover()
+            )
+            service.start()
+            agent.start()
+            api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            started[name] = SimNode(name, agent, kubelet, backend, service, api)
+        for node in started.values():  # the layout poll is a fallback only: the watch must do it
+            node.kube = start_mig_kube(
+                node.api, node.name, node.service, demand=True, timeout_s=3, fallback_poll_s=3600
+            )
+        yield started
+    finally:
+        plane.core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        for node in started.values():
+            if node.kube is not None:
+                node.kube.stop()
+            node.agent.stop()
+            node.kubelet.stop()
+            node.backend.close()
+            node.api.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _declare_mig_on_gpu3(plane: ControlPlane) -> None:
+    layout = json.dumps({"gpus": {"3": []}})
+    for name in NODES:
+        plane.core.patch_node(name, {"metadata": {"annotations": {MIG_LAYOUT_ANNOTATION: layout}}})
+
+
+def _pending_pod(plane: ControlPlane, name: str, *, selector: dict[str, str]) -> None:
+    container = {"name": "main", "image": "cuda", "resources": {"limits": {MIG_1G: "1"}}}
+    body = {"metadata": {"name": name}, "spec": {"containers": [container], "nodeSelector": selector}}
+    plane.core.create_namespaced_pod(NAMESPACE, body)
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": f"0/2 nodes are available: 2 Insufficient {MIG_1G}.",
+    }
+    plane.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {"conditions": [condition]}})
+
+
+def _annotations(plane: ControlPlane, name: str) -> dict[str, str]:
+    return plane.core.read_namespaced_pod(name, NAMESPACE).metadata.annotations or {}
+
+
+def test_exactly_one_node_claims_the_pod_and_creates_the_mig_device(
+    plane: ControlPlane, nodes: dict[str, SimNode]
+) -> None:
+    _declare_mig_on_gpu3(plane)  # through the Node watch: the fallback poll is an hour away
+    for node in nodes.values():
+        wait_for(f"MIG mode on GPU 3 of {node.name}", lambda n=node: n.mig_gpus() == [3], timeout=60)
+        assert node.instances(3) == 0
+    _pending_pod(plane, "wants-1g", selector=POOL)
+
+    claim = wait_for("a claim", lambda: _annotations(plane, "wants-1g").get(CLAIM_ANNOTATION), timeout=60)
+    winner, loser = nodes[claim], next(n for n in nodes.values() if n.name != claim)
+    assert _annotations(plane, "wants-1g")[CLAIM_TIME_ANNOTATION].endswith("Z")
+    assert winner.kubelet.wait_for(lambda: len(winner.kubelet.healthy(MIG_1G)) == 1, timeout=60)
+    assert winner.instances(3) == 1
+    # the other node saw the same pod and stays as it was; the claim never changes hands
+    assert loser.instances(3) == 0
+    assert MIG_1G not in loser.kubelet.resources() or not loser.kubelet.healthy(MIG_1G)
+    assert _annotations(plane, "wants-1g")[CLAIM_ANNOTATION] == claim
+
+
+def test_a_node_selector_picks_the_node(plane: ControlPlane, nodes: dict[str, SimNode]) -> None:
+    _declare_mig_on_gpu3(plane)
+    for node in nodes.values():
+        wait_for(f"MIG mode on GPU 3 of {node.name}", lambda n=node: n.mig_gpus() == [3], timeout=60)
+    plane.core.patch_node("mig-b", {"metadata": {"labels": {"only": "b"}}})
+    _pending_pod(plane, "wants-b", selector={"only": "b"})
+    assert wait_for("claim", lambda: _annotations(plane, "wants-b").get(CLAIM_ANNOTATION)) == "mig-b"
+    b = nodes["mig-b"]
+    assert b.kubelet.wait_for(lambda: len(b.kubelet.healthy(MIG_1G)) >= 1, timeout=60)
