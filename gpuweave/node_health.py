@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,13 +24,15 @@ from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
-from health.kube import KubeCluster
 from health.metrics import HealthMetrics
 from health.remediation import MigRecreate
 from health.service import HealthParts, HealthService
 from mig.planner import MigPlanError, TargetEntry
 from mig.service import MigService
 from topology.errors import GpuweaveError
+
+if TYPE_CHECKING:
+    from health.kube import KubeCluster
 
 log = logging.getLogger(__name__)
 SIM_KMSG_FILE = "kmsg"
@@ -81,7 +83,7 @@ def start_node_health(
             settings=settings,
             node_name=node_name,
             kernel_log=kernel_log,
-            cluster=KubeCluster(kube_api, node_name=node_name) if kube_api is not None else None,
+            cluster=_cluster(kube_api, node_name=node_name),
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
             recreate_mig=recreate_mig,
         )
@@ -92,6 +94,15 @@ def start_node_health(
     agent.add_listener(lambda: _follow_inventory(service, agent))
     service.start()
     return service
+
+
+def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
+    """The API-server side of health, imported only with an API: --no-kube runs load no kubernetes client."""
+    if kube_api is None:
+        return None
+    from health.kube import KubeCluster  # noqa: PLC0415 (deferred: ~13 MB and ~0.2 s of imports)
+
+    return KubeCluster(kube_api, node_name=node_name)
 
 
 def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:

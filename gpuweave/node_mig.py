@@ -17,10 +17,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as kube_client
-from kubernetes import watch as kube_watch
-from kubernetes.client.exceptions import ApiException
-
 from deviceplugin.agent import NodeAgent
 from hardware.backend import GpuBackend
 from hardware.mig_ops import GpuResetter, MigOps, NvidiaSmiResetter
@@ -71,6 +67,10 @@ def _nvml_of(backend: GpuBackend) -> tuple[NvmlBackend, GpuResetter]:
 
 def node_annotation_reader(api: Any, node_name: str) -> Callable[[], str | None]:
     """Reads this node's ``gpuweave.io/mig-layout`` annotation through the API server."""
+    # The kubernetes client is imported only with an API server: --no-kube agents stay small.
+    from kubernetes import client as kube_client  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
     core = kube_client.CoreV1Api(api)
 
     def read() -> str | None:
@@ -106,6 +106,9 @@ def run_watch(
 ) -> None:
     """List, then watch from the list's resourceVersion until ``stop``; relist on 410 Gone, retry
     other failures after ``RETRY_S``. Runs on the caller's thread."""
+    from kubernetes import watch as kube_watch  # noqa: PLC0415 (only with an API server)
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
     while not stop.is_set():
         try:
             listed = list_call(**selectors)
@@ -144,6 +147,8 @@ class NodeWatch:
         on_labels: Callable[[], None] = lambda: None,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
+        from kubernetes import client as kube_client  # noqa: PLC0415 (only with an API server)
+
         self._core = kube_client.CoreV1Api(api)
         self._node = node_name
         self._follower = follower

@@ -70,7 +70,8 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
     inventory = node.inventory
     endpoints = [sysfs_bdf(g.pci_bus_id) for g in inventory.gpus]
     endpoints += [sysfs_bdf(n.pci_bus_id) for n in inventory.nics]
-    tree = _TreeWriter(sys_dir, _Bridges(set(endpoints)))
+    files = _Files()
+    tree = _TreeWriter(sys_dir, _Bridges(set(endpoints)), files)
     layout = FakeSysfsLayout()
     for switch in inventory.pcie_switches:
         root_port = tree.bridge(sys_dir / "devices" / switch.root, ids=_ROOT_PORT, numa=switch.numa_node)
@@ -86,20 +87,21 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
         ids, pci_class = _nic_ids(nic)
         bdf = sysfs_bdf(nic.pci_bus_id)
         device_dir = tree.device(parent, bdf, ids=ids, pci_class=pci_class, numa=nic.numa_node)
-        _write_nic_classes(sys_dir, nic, device_dir)
+        _write_nic_classes(files, sys_dir, nic, device_dir)
     for numa in range(inventory.numa_nodes):
         first = numa * CPUS_PER_NUMA_NODE
         cpulist = sys_dir / "devices" / "system" / "node" / f"node{numa}" / "cpulist"
-        _write(cpulist, f"{first}-{first + CPUS_PER_NUMA_NODE - 1}")
+        files.write(cpulist, f"{first}-{first + CPUS_PER_NUMA_NODE - 1}")
     return layout
 
 
 class _TreeWriter:
     """Creates PCI device directories and their ``bus/pci/devices`` links."""
 
-    def __init__(self, sys_dir: Path, bridges: _Bridges) -> None:
+    def __init__(self, sys_dir: Path, bridges: _Bridges, files: _Files) -> None:
         self.sys_dir = sys_dir
         self.bridges = bridges
+        self.files = files
         self.switch_dirs: dict[str, Path] = {}
 
     def port_for(self, switch: str | None, host_bridge: str, *, numa: int) -> Path:
@@ -113,12 +115,12 @@ class _TreeWriter:
 
     def device(self, parent: Path, bdf: str, *, ids: tuple[int, int], pci_class: int, numa: int) -> Path:
         directory = parent / bdf
-        directory.mkdir(parents=True)
-        _write(directory / "vendor", f"0x{ids[0]:04x}")
-        _write(directory / "device", f"0x{ids[1]:04x}")
-        _write(directory / "class", f"0x{pci_class:06x}")
-        _write(directory / "numa_node", str(numa))
-        _link(self.sys_dir / "bus" / "pci" / "devices" / bdf, directory)
+        self.files.new_dir(directory)
+        self.files.write(directory / "vendor", f"0x{ids[0]:04x}")
+        self.files.write(directory / "device", f"0x{ids[1]:04x}")
+        self.files.write(directory / "class", f"0x{pci_class:06x}")
+        self.files.write(directory / "numa_node", str(numa))
+        self.files.link(self.sys_dir / "bus" / "pci" / "devices" / bdf, directory)
         return directory
 
 
@@ -130,31 +132,48 @@ def _nic_ids(nic: Nic) -> tuple[tuple[int, int], int]:
     return (_MELLANOX, 0x1017), _ETHERNET_CLASS
 
 
-def _write_nic_classes(sys_dir: Path, nic: Nic, device_dir: Path) -> None:
+def _write_nic_classes(files: _Files, sys_dir: Path, nic: Nic, device_dir: Path) -> None:
     rdma = nic.type in (NicType.EFA, NicType.INFINIBAND) or nic.uverbs_device is not None
     if rdma:
         ib_dir = sys_dir / "class" / "infiniband" / nic.name
-        ib_dir.mkdir(parents=True)
-        _link(ib_dir / "device", device_dir)
+        files.new_dir(ib_dir)
+        files.link(ib_dir / "device", device_dir)
         link_layer = {NicType.INFINIBAND: "InfiniBand", NicType.EFA: "Unspecified"}.get(nic.type, "Ethernet")
-        _write(ib_dir / "ports" / "1" / "link_layer", link_layer)
+        files.write(ib_dir / "ports" / "1" / "link_layer", link_layer)
     if rdma and nic.uverbs_device is not None:
         number = int(nic.uverbs_device.removeprefix("/dev/infiniband/uverbs"))
         verbs_dir = sys_dir / "class" / "infiniband_verbs" / f"uverbs{number}"
-        _write(verbs_dir / "ibdev", nic.name)
-        _write(verbs_dir / "dev", f"{_UVERBS_MAJOR}:{_UVERBS_MINOR_BASE + number}")
+        files.write(verbs_dir / "ibdev", nic.name)
+        files.write(verbs_dir / "dev", f"{_UVERBS_MAJOR}:{_UVERBS_MINOR_BASE + number}")
     if nic.netdev is not None:
         net_dir = device_dir / "net" / nic.netdev
-        _write(net_dir / "operstate", "up")
-        _link(sys_dir / "class" / "net" / nic.netdev, net_dir)
+        files.write(net_dir / "operstate", "up")
+        files.link(sys_dir / "class" / "net" / nic.netdev, net_dir)
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{text}\n", encoding="utf-8")
+class _Files:
+    """Writes files and links, creating each parent directory once (remembered, not re-tried)."""
 
+    def __init__(self) -> None:
+        self._made: set[Path] = set()
 
-def _link(link: Path, target: Path) -> None:
-    """A relative symlink, as sysfs uses, so the tree can be moved or read under any root."""
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(os.path.relpath(target, link.parent))
+    def new_dir(self, directory: Path) -> None:
+        """A directory that must not exist yet (a second device at one address is a bug)."""
+        self._parent(directory.parent)
+        directory.mkdir()
+        self._made.add(directory)
+
+    def write(self, path: Path, text: str) -> None:
+        self._parent(path.parent)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(f"{text}\n")
+
+    def link(self, link: Path, target: Path) -> None:
+        """A relative symlink, as sysfs uses, so the tree can be moved or read under any root."""
+        self._parent(link.parent)
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    def _parent(self, directory: Path) -> None:
+        if directory not in self._made:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._made.add(directory)
