@@ -39,6 +39,8 @@ func main() {
 		err = runNode(os.Args[2:])
 	case "kustomize":
 		err = runKustomize(os.Args[2:])
+	case "podresources":
+		err = runPodResourcesList(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -74,6 +74,9 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 		return err
 	}
 	n.startPodInformer(ctx)
+	if err := n.servePodResources(ctx); err != nil {
+		return fmt.Errorf("pod-resources API: %w", err)
+	}
 	n.admitInitialPods(ctx)
 	go n.drainHealthUpdates(ctx)
 	go n.statusLoop(ctx)

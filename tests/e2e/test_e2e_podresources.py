@@ -1,0 +1,51 @@
+"""The kubelet's pod-resources API, served by the node from its device manager, names the same
+devices as the allocation the pods were admitted with (what a monitor or health reads)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster import ControlPlane, SimNode, harness_binary
+from tests.e2e.pods import HANDOFF_NODE
+
+pytestmark = pytest.mark.e2e
+
+
+def pod_resources(node: SimNode) -> dict[str, Any]:
+    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    out = subprocess.run(
+        [str(harness_binary()), "podresources", str(socket)], check=True, capture_output=True, text=True
+    ).stdout
+    return dict(json.loads(out))
+
+
+def devices_by_resource(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
+    grouped: dict[str, set[str]] = {}
+    for entry in entries:
+        grouped.setdefault(entry["resource_name"], set()).update(entry["device_ids"])
+    return {resource: sorted(ids) for resource, ids in grouped.items()}
+
+
+def test_list_matches_the_admitted_allocations(
+    plane: ControlPlane, cluster: dict[str, SimNode], workload_namespace: str
+) -> None:
+    answer = pod_resources(cluster[HANDOFF_NODE])
+    listed = {(p["namespace"], p["name"]): p for p in answer["list"].get("pod_resources") or []}
+    running = plane.core.list_namespaced_pod(
+        workload_namespace, field_selector=f"spec.nodeName={HANDOFF_NODE},status.phase=Running"
+    ).items
+    assert running, "the MIG test leaves a pod running on this node"
+    for pod in running:
+        allocation = plane.allocation_of(workload_namespace, pod.metadata.name)
+        assert allocation is not None
+        containers = {c["name"]: c for c in listed[(workload_namespace, pod.metadata.name)]["containers"]}
+        for name, got in allocation["containers"].items():
+            assert devices_by_resource(containers[name].get("devices") or []) == got["devices"]
+
+    allocatable = devices_by_resource(answer["allocatable"]["devices"])
+    assert len(allocatable["nvidia.com/gpu"]) == 7  # one GPU is in MIG mode (test_e2e_mig)
+    assert all(i.startswith("MIG-") for i in allocatable["nvidia.com/mig-3g.40gb"])
