@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import ControlPlane, SimNode, harness_binary
-from tests.e2e.pods import HANDOFF_NODE
+from tests.e2e.pods import HANDOFF_NODE, gpu_pod, wait_admitted
 
 pytestmark = pytest.mark.e2e
 
@@ -33,12 +33,17 @@ def devices_by_resource(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
 def test_list_matches_the_admitted_allocations(
     plane: ControlPlane, cluster: dict[str, SimNode], workload_namespace: str
 ) -> None:
-    answer = pod_resources(cluster[HANDOFF_NODE])
+    node = cluster[HANDOFF_NODE]
+    plane.core.create_namespaced_pod(
+        workload_namespace, gpu_pod("listed", 1, grace_s=0, only_on=HANDOFF_NODE)
+    )
+    wait_admitted(plane, workload_namespace, "listed")
+    answer = pod_resources(node)
     listed = {(p["namespace"], p["name"]): p for p in answer["list"].get("pod_resources") or []}
     running = plane.core.list_namespaced_pod(
         workload_namespace, field_selector=f"spec.nodeName={HANDOFF_NODE},status.phase=Running"
     ).items
-    assert running, "the MIG test leaves a pod running on this node"
+    assert "listed" in {pod.metadata.name for pod in running}
     for pod in running:
         allocation = plane.allocation_of(workload_namespace, pod.metadata.name)
         assert allocation is not None
@@ -47,5 +52,7 @@ def test_list_matches_the_admitted_allocations(
             assert devices_by_resource(containers[name].get("devices") or []) == got["devices"]
 
     allocatable = devices_by_resource(answer["allocatable"]["devices"])
-    assert len(allocatable["nvidia.com/gpu"]) == 7  # one GPU is in MIG mode (test_e2e_mig)
-    assert all(i.startswith("MIG-") for i in allocatable["nvidia.com/mig-3g.40gb"])
+    node_allocatable = node.node().status.allocatable
+    for resource, ids in allocatable.items():
+        assert str(len(ids)) == node_allocatable[resource]
+    plane.core.delete_namespaced_pod("listed", workload_namespace, grace_period_seconds=0)
