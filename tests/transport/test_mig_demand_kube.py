@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 from deviceplugin.agent import AgentConfig, NodeAgent
 from gpuweave.node_mig import MigKube, build_mig_service, start_mig_kube
@@ -97,7 +98,7 @@ def nodes(plane: ControlPlane) -> Iterator[dict[str, SimNode]]:
             started[name] = SimNode(name, agent, kubelet, backend, service, api)
         for node in started.values():  # the layout poll is a fallback only: the watch must do it
             node.kube = start_mig_kube(
-                node.api, node.name, node.service, demand=True, timeout_s=3, fallback_poll_s=3600
+                node.api, node.name, node.service, demand=True, timeout_s=1, fallback_poll_s=3600
             )
         yield started
     finally:
@@ -164,3 +165,54 @@ def test_a_node_selector_picks_the_node(plane: ControlPlane, nodes: dict[str, Si
     assert wait_for("claim", lambda: _annotations(plane, "wants-b").get(CLAIM_ANNOTATION)) == "mig-b"
     b = nodes["mig-b"]
     assert b.kubelet.wait_for(lambda: len(b.kubelet.healthy(MIG_1G)) >= 1, timeout=60)
+
+
+def _claims_seen(plane: ControlPlane, name: str, *, since: str, until: list[str | None]) -> list[str | None]:
+    """The claim values the pod's watch events show (repeats folded), until they end with ``until``."""
+    seen: list[str | None] = []
+    stream = watch.Watch()  # type: ignore[no-untyped-call]
+    for event in stream.stream(  # type: ignore[no-untyped-call]
+        plane.core.list_namespaced_pod,
+        NAMESPACE,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=60,
+    ):
+        claim = (event["object"].metadata.annotations or {}).get(CLAIM_ANNOTATION)
+        if not seen or seen[-1] != claim:
+            seen.append(claim)
+        if seen[-len(until) :] == until:
+            stream.stop()  # type: ignore[no-untyped-call]
+            break
+    return seen
+
+
+def test_busy_instances_in_the_way_release_the_claim(plane: ControlPlane, nodes: dict[str, SimNode]) -> None:
+    plane.core.patch_node("mig-b", {"metadata": {"labels": {"busy": "b"}}})
+    layout = json.dumps({"gpus": {"3": ["3g.40gb", "3g.40gb"]}})
+    plane.core.patch_node("mig-b", {"metadata": {"annotations": {MIG_LAYOUT_ANNOTATION: layout}}})
+    b = nodes["mig-b"]
+    wait_for("3g+3g on mig-b", lambda: b.instances(3) == 2, timeout=60)
+    for record in b.service.reconciler.snapshot(3).records:
+        b.backend.node.mig.gpus[3].set_busy(record.computes[0].mig_uuid)
+    container = {
+        "name": "main",
+        "image": "cuda",
+        "resources": {"limits": {mig_resource_name("7g.80gb"): "1"}},
+    }
+    body = {
+        "metadata": {"name": "wants-7g"},
+        "spec": {"containers": [container], "nodeSelector": {"busy": "b"}},
+    }
+    since = plane.core.create_namespaced_pod(NAMESPACE, body).metadata.resource_version
+    seen: list[list[str | None]] = []
+    watcher = threading.Thread(
+        target=lambda: seen.append(_claims_seen(plane, "wants-7g", since=since, until=["mig-b", None]))
+    )
+    watcher.start()
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    plane.core.patch_namespaced_pod_status("wants-7g", NAMESPACE, {"status": {"conditions": [condition]}})
+    watcher.join(timeout=90)
+    assert seen and seen[0][-2:] == ["mig-b", None]  # claimed, then released
+    assert sorted(i.start for i in b.service.reconciler.current(3)) == [0, 4]  # busy instances kept
+    assert CLAIM_TIME_ANNOTATION not in _annotations(plane, "wants-7g")
