@@ -153,6 +153,10 @@ def report(result: dict[str, Any]) -> None:
     for key, target in TARGETS.items():
         value = result[key]
         print(f"{key:28} {value:10.3f} {target:8.1f}  {'ok' if value <= target else 'MISSED'}")
+    starts = ", ".join(f"{t:.3f}" for t in result["start_to_registered_all_s"])
+    print(f"\nstart to registered, every start (s): {starts}; worst is reported above")
+    after_start, after_rpcs = result["rss_mb_after_start"], result["rss_mb"]
+    print(f"RSS right after start: {after_start:.1f} MB; after every RPC (reported): {after_rpcs:.1f} MB")
 
 
 def main(argv: list[str] | None = None) -> int:

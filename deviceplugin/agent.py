@@ -19,11 +19,12 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from deviceplugin.allocation import ContainerGrant, grant_for
 from deviceplugin.control import ControlServer
@@ -41,6 +42,18 @@ from topology.inventory import NodeInventory
 log = logging.getLogger(__name__)
 
 AGENT_FILE = "agent.json"
+PREPARE_AFTER_S = 5.0  # the chooser is prepared once every resource is registered, or after this long
+
+
+@runtime_checkable
+class PreparableChooser(Protocol):
+    """A ``GpuSetChooser`` with expensive set-up (imports, a graph) that can run ahead of its first call."""
+
+    def __call__(
+        self, available: frozenset[int], size: int, must_include: frozenset[int]
+    ) -> tuple[int, ...] | None: ...
+
+    def prepare(self) -> bool: ...
 
 
 class HandoffSource(Protocol):
@@ -97,6 +110,7 @@ class NodeAgent:
         self._stopping = threading.Event()
         self._siblings = siblings or SiblingGrants()
         self._rediscover: threading.Thread | None = None
+        self._prepare: threading.Thread | None = None
         self._resources: dict[str, _Resource] = {}
         self._faults: dict[str, str] = {}
         self._withheld: dict[str, str] = {}
@@ -118,6 +132,8 @@ class NodeAgent:
         self._add_builtin_routes()
         self.control.start()
         self._watcher.start()
+        self._prepare = threading.Thread(target=self._prepare_chooser, name="chooser-prepare", daemon=True)
+        self._prepare.start()
         if self.config.rediscover_interval > 0:
             self._rediscover = threading.Thread(
                 target=self._rediscover_loop,
@@ -130,8 +146,9 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._rediscover is not None:
-            self._rediscover.join()
+        for thread in (self._rediscover, self._prepare):
+            if thread is not None:
+                thread.join()
         self._watcher.stop()
         self.control.stop()
         with self._lock:
@@ -164,6 +181,22 @@ class NodeAgent:
         if changed:
             self._changed()
         return {name: len(devices) for name, devices in catalogue.items()}
+
+    def _prepare_chooser(self) -> None:
+        """Prepare the topology chooser once registration is done, so neither start-up nor the
+        first GetPreferredAllocation waits for it (a request before then prepares it itself)."""
+        deadline = time.monotonic() + PREPARE_AFTER_S
+        while time.monotonic() < deadline and not self._all_registered():
+            if self._stopping.wait(self.config.poll_interval):
+                return
+        with self._lock:
+            chooser = self._chooser
+        if isinstance(chooser, PreparableChooser) and not self._stopping.is_set():
+            chooser.prepare()
+
+    def _all_registered(self) -> bool:
+        registered = self._watcher.registered()
+        return bool(registered) and all(registered.get(name, False) for name in self.resource_names())
 
     def _rediscover_loop(self, interval: float) -> None:
         """Periodic re-discovery (hot-plug, a GPU that fell off the bus, changes made behind our back)."""

@@ -1,8 +1,11 @@
 """The topology graph of one node: GPUs and NICs, the link class of every pair, and its shape.
 
-Built once per inventory and then only queried. networkx holds the graph internally; every query
-returns our own values (``PairLink``, tuples, frozensets), never a networkx object, so callers
-do not depend on it and cannot mutate it.
+Built once per inventory and then only queried. Every pair's link and bandwidth sit in a plain
+dict (the queries on the hot path, e.g. the device plugin's set search, are lookups); networkx is
+imported only by the graph algorithms (NVLink components and cliques), so a process that never
+asks for them does not load it (~13 MB, ~0.2 s). Every query returns our own values
+(``PairLink``, tuples, frozensets), never a networkx object, so callers do not depend on it and
+cannot mutate it.
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from topology.errors import TopologyError
 from topology.inventory import Gpu, Nic, NodeInventory
 from topology.links import LinkClass, PairLink, link_gbps, pcie_x16_gbps
 from topology.matrix import MatrixRow, TopologyMatrix
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 __all__ = ["LinkClass", "PairLink", "TopologyGraph", "TopologyShape"]
+
+_Node = tuple[str, int | str]
+_Edges = dict[frozenset[_Node], tuple[PairLink, float]]  # pair of nodes -> (link, modelled GB/s)
 
 
 @dataclass(frozen=True)
@@ -104,12 +112,11 @@ def _gpu_pair_link(a: Gpu, b: Gpu, *, lanes: dict[frozenset[int], int], fabric: 
 class TopologyGraph:
     """Typed queries over one node's GPUs, NICs and the links between them."""
 
-    def __init__(self, *, name: str, gpus: tuple[Gpu, ...], nics: tuple[Nic, ...],
-                 graph: nx.Graph[tuple[str, int | str]]) -> None:
+    def __init__(self, *, name: str, gpus: tuple[Gpu, ...], nics: tuple[Nic, ...], edges: _Edges) -> None:
         self._name = name
         self._gpus = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
         self._nics = {n.name: n for n in nics}
-        self._graph = graph
+        self._edges = edges
 
     @classmethod
     def from_inventory(cls, inventory: NodeInventory) -> TopologyGraph:
@@ -119,21 +126,17 @@ class TopologyGraph:
         lanes = _nvlink_lanes(inventory)
         fabric = frozenset(inventory.nvswitch.gpus) if inventory.nvswitch else frozenset()
         fabric_links = inventory.nvswitch.links_per_gpu if inventory.nvswitch else 0
-        graph: nx.Graph[tuple[str, int | str]] = nx.Graph()
-        for gpu in inventory.gpus:
-            graph.add_node(_gpu_node(gpu.index))
-        for nic in inventory.nics:
-            graph.add_node(_nic_node(nic.name))
+        edges: _Edges = {}
         for i, a in enumerate(inventory.gpus):
             for b in inventory.gpus[i + 1:]:
                 link = _gpu_pair_link(a, b, lanes=lanes, fabric=fabric, fabric_links=fabric_links)
                 gbps = link_gbps(link, architectures=(a.architecture, b.architecture))
-                graph.add_edge(_gpu_node(a.index), _gpu_node(b.index), link=link, gbps=gbps)
+                edges[frozenset((_gpu_node(a.index), _gpu_node(b.index)))] = (link, gbps)
             for nic in inventory.nics:
                 link = PairLink(_pcie_class(_place_of(a), _place_of(nic)))
                 gbps = link_gbps(link, architectures=(a.architecture,))
-                graph.add_edge(_gpu_node(a.index), _nic_node(nic.name), link=link, gbps=gbps)
-        return cls(name=inventory.name, gpus=inventory.gpus, nics=inventory.nics, graph=graph)
+                edges[frozenset((_gpu_node(a.index), _nic_node(nic.name)))] = (link, gbps)
+        return cls(name=inventory.name, gpus=inventory.gpus, nics=inventory.nics, edges=edges)
 
     @property
     def name(self) -> str:
@@ -158,16 +161,14 @@ class TopologyGraph:
         self._require_gpu(b)
         if a == b:
             return PairLink(LinkClass.X)
-        link: PairLink = self._graph.edges[_gpu_node(a), _gpu_node(b)]["link"]
-        return link
+        return self._edges[frozenset((_gpu_node(a), _gpu_node(b)))][0]
 
     def pair_bandwidth(self, a: int, b: int) -> float:
         """Modelled unidirectional GB/s between GPUs ``a`` and ``b`` (see ``topology.links``)."""
         link = self.pair_link(a, b)
         if a == b:
             return link_gbps(link, architectures=(self._gpus[a].architecture,))
-        gbps: float = self._graph.edges[_gpu_node(a), _gpu_node(b)]["gbps"]
-        return gbps
+        return self._edges[frozenset((_gpu_node(a), _gpu_node(b)))][1]
 
     def pcie_link(self, a: int, b: int) -> PairLink:
         """The PCIe path between GPUs ``a`` and ``b``, ignoring any NVLink (for PCIe-only models)."""
@@ -181,8 +182,7 @@ class TopologyGraph:
         self._require_gpu(gpu)
         if nic not in self._nics:
             raise TopologyError(f"node {self._name} has no NIC {nic!r}; NICs are {list(self._nics)}")
-        link: PairLink = self._graph.edges[_gpu_node(gpu), _nic_node(nic)]["link"]
-        return link
+        return self._edges[frozenset((_gpu_node(gpu), _nic_node(nic)))][0]
 
     def nics_near(self, gpu: int) -> tuple[str, ...]:
         """NICs on the GPU's PCIe switch; if none, those on its NUMA node, closest first."""
@@ -197,12 +197,16 @@ class TopologyGraph:
 
     def nvlink_components(self, available: Iterable[int] | None = None) -> list[frozenset[int]]:
         """Groups of GPUs joined by NVLink paths (not necessarily all pairs), largest first."""
+        import networkx as nx  # noqa: PLC0415 (deferred: only graph algorithms need it)
+
         subgraph = self._nvlink_subgraph(available)
         components = [_gpu_indices_of(c) for c in nx.connected_components(subgraph)]
         return sorted(components, key=lambda c: (-len(c), min(c)))
 
     def largest_nvlink_clique(self, available: Iterable[int] | None = None) -> frozenset[int]:
         """The largest set of GPUs whose every pair is NVLink-connected (smallest indices on ties)."""
+        import networkx as nx  # noqa: PLC0415 (deferred: only graph algorithms need it)
+
         subgraph = self._nvlink_subgraph(available)
         if subgraph.number_of_nodes() == 0:
             return frozenset()
@@ -237,11 +241,13 @@ class TopologyGraph:
     def _has_nic_on_switch(self, gpu: int) -> bool:
         return any(self.gpu_nic_link(gpu, n).link_class is LinkClass.PIX for n in self._nics)
 
-    def _nvlink_subgraph(self, available: Iterable[int] | None) -> nx.Graph[tuple[str, int | str]]:
+    def _nvlink_subgraph(self, available: Iterable[int] | None) -> nx.Graph[_Node]:
+        import networkx as nx  # noqa: PLC0415 (deferred: only graph algorithms need it)
+
         chosen = self.gpu_indices if available is None else tuple(available)
         for index in chosen:
             self._require_gpu(index)
-        subgraph: nx.Graph[tuple[str, int | str]] = nx.Graph()
+        subgraph: nx.Graph[_Node] = nx.Graph()
         subgraph.add_nodes_from(_gpu_node(i) for i in chosen)
         for a in chosen:
             for b in chosen:
@@ -270,7 +276,7 @@ class TopologyGraph:
             )
 
 
-def _gpu_indices_of(nodes: Iterable[tuple[str, int | str]]) -> frozenset[int]:
+def _gpu_indices_of(nodes: Iterable[_Node]) -> frozenset[int]:
     return frozenset(key for kind, key in nodes if kind == "gpu" and isinstance(key, int))
 
 
