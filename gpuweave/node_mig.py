@@ -94,44 +94,71 @@ def follow_layout_annotation(api: Any, node_name: str, service: MigService) -> L
     return follower
 
 
-def run_watch(
-    list_call: Callable[..., Any],
-    *,
-    on_list: Callable[[Sequence[Any]], None],
-    on_event: Callable[[str, Any], None],
-    stop: threading.Event,
-    what: str,
-    timeout_s: int = WATCH_TIMEOUT_S,
-    **selectors: str,
-) -> None:
-    """List, then watch from the list's resourceVersion until ``stop``; relist on 410 Gone, retry
-    other failures after ``RETRY_S``. Runs on the caller's thread."""
-    from kubernetes import watch as kube_watch  # noqa: PLC0415 (only with an API server)
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+class ListWatch:
+    """List, then watch from the list's resourceVersion, until ``stop``: relist on 410 Gone, retry
+    other failures after ``RETRY_S``. ``run`` blocks its caller's thread; ``stop`` (from another
+    thread) also shuts the open watch connection so it ends at once, not at the watch timeout."""
 
-    while not stop.is_set():
-        try:
-            listed = list_call(**selectors)
-            on_list(listed.items or [])
-            version = listed.metadata.resource_version
-            while not stop.is_set():
-                watcher = kube_watch.Watch()  # type: ignore[no-untyped-call]
-                for event in watcher.stream(  # type: ignore[no-untyped-call]
-                    list_call, resource_version=version, timeout_seconds=timeout_s, **selectors
-                ):
-                    version = watcher.resource_version
-                    on_event(str(event["type"]), event["object"])
-                    if stop.is_set():
-                        watcher.stop()  # type: ignore[no-untyped-call]
-        except ApiException as exc:
-            if exc.status == 410:
-                LOG.info("watch of %s expired (410 Gone); listing again", what)
-                continue
-            LOG.warning("watch of %s failed: HTTP %s %s; retrying", what, exc.status, exc.reason)
-            stop.wait(RETRY_S)
-        except Exception as exc:  # connection refused or reset, a bad response: retry
-            LOG.warning("watch of %s failed: %s; retrying", what, exc)
-            stop.wait(RETRY_S)
+    def __init__(
+        self,
+        list_call: Callable[..., Any],
+        *,
+        on_list: Callable[[Sequence[Any]], None],
+        on_event: Callable[[str, Any], None],
+        what: str,
+        timeout_s: int = WATCH_TIMEOUT_S,
+        **selectors: str,
+    ) -> None:
+        self._list = list_call
+        self._on_list = on_list
+        self._on_event = on_event
+        self._what = what
+        self._timeout_s = timeout_s
+        self._selectors = selectors
+        self._stop = threading.Event()
+        self._watch: Any = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        current = self._watch
+        if current is not None:
+            current.stop()
+
+    def run(self) -> None:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415 (only with an API server)
+
+        while not self._stop.is_set():
+            try:
+                self._list_and_watch()
+            except ApiException as exc:
+                if exc.status == 410:
+                    LOG.info("watch of %s expired (410 Gone); listing again", self._what)
+                    continue
+                LOG.warning("watch of %s failed: HTTP %s %s; retrying", self._what, exc.status, exc.reason)
+                self._stop.wait(RETRY_S)
+            except Exception as exc:  # connection refused or reset, a bad response: retry
+                if not self._stop.is_set():
+                    LOG.warning("watch of %s failed: %s; retrying", self._what, exc)
+                self._stop.wait(RETRY_S)
+
+    def _list_and_watch(self) -> None:
+        from kubernetes import watch as kube_watch  # noqa: PLC0415 (only with an API server)
+
+        listed = self._list(**self._selectors)
+        self._on_list(listed.items or [])
+        version = listed.metadata.resource_version
+        while not self._stop.is_set():
+            self._watch = watcher = kube_watch.Watch()  # type: ignore[no-untyped-call]
+            if self._stop.is_set():  # stop() ran before this watch existed
+                return
+            for event in watcher.stream(  # type: ignore[no-untyped-call]
+                self._list, resource_version=version, timeout_seconds=self._timeout_s, **self._selectors
+            ):
+                version = watcher.resource_version
+                self._on_event(str(event["type"]), event["object"])
+                if self._stop.is_set():
+                    return
+            version = watcher.resource_version or version
 
 
 class NodeWatch:
@@ -156,8 +183,15 @@ class NodeWatch:
         self._timeout_s = timeout_s
         self._labels: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="mig-node-watch", daemon=True)
+        self._watch = ListWatch(
+            self._core.list_node,
+            on_list=self._seen_all,
+            on_event=lambda kind, node: self._seen(node) if kind in ("ADDED", "MODIFIED") else None,
+            what=f"node {node_name}",
+            timeout_s=timeout_s,
+            field_selector=f"metadata.name={node_name}",
+        )
+        self._thread = threading.Thread(target=self._watch.run, name="mig-node-watch", daemon=True)
 
     def labels(self) -> dict[str, str]:
         with self._lock:
@@ -167,20 +201,9 @@ class NodeWatch:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._watch.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=self._timeout_s + 10)
-
-    def _run(self) -> None:
-        run_watch(
-            self._core.list_node,
-            on_list=self._seen_all,
-            on_event=lambda kind, node: self._seen(node) if kind in ("ADDED", "MODIFIED") else None,
-            stop=self._stop,
-            what=f"node {self._node}",
-            timeout_s=self._timeout_s,
-            field_selector=f"metadata.name={self._node}",
-        )
 
     def _seen_all(self, nodes: Sequence[Any]) -> None:
         for node in nodes:

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuweave.node_mig import WATCH_TIMEOUT_S, run_watch
+from gpuweave.node_mig import WATCH_TIMEOUT_S, ListWatch
 from mig.demand import (
     CLAIM_ANNOTATION,
     CLAIM_TIME_ANNOTATION,
@@ -174,13 +174,21 @@ class DemandDriver:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._pods = ListWatch(
+            self._core.list_pod_for_all_namespaces,
+            on_list=self._cache.replace,
+            on_event=self._cache.event,
+            what="pending pods",
+            timeout_s=timeout_s,
+            field_selector="status.phase=Pending",
+        )
 
     def wake(self) -> None:
         self._wake.set()
 
     def start(self, *, labels: Callable[[], dict[str, str]]) -> None:
         self._threads = [
-            threading.Thread(target=self._watch, name="mig-demand-pods", daemon=True),
+            threading.Thread(target=self._pods.run, name="mig-demand-pods", daemon=True),
             threading.Thread(target=self._loop, args=(labels,), name="mig-demand", daemon=True),
         ]
         for thread in self._threads:
@@ -189,19 +197,9 @@ class DemandDriver:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._pods.stop()
         for thread in self._threads:
             thread.join(timeout=self._timeout_s + 10)
-
-    def _watch(self) -> None:
-        run_watch(
-            self._core.list_pod_for_all_namespaces,
-            on_list=self._cache.replace,
-            on_event=self._cache.event,
-            stop=self._stop,
-            what="pending pods",
-            timeout_s=self._timeout_s,
-            field_selector="status.phase=Pending",
-        )
 
     def _loop(self, labels: Callable[[], dict[str, str]]) -> None:
         while not self._stop.is_set():

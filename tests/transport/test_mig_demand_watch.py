@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from gpuweave.node_mig import NodeWatch, run_watch
+from gpuweave.node_mig import ListWatch, NodeWatch
 from gpuweave.node_mig_demand import PodCache
 from hardware.mig_ops import MigOps
 from hardware.profiles import load_profile
@@ -179,26 +179,20 @@ def test_pod_watch_relists_after_410_and_reads_pods_as_demand_mode_sees_them(ser
     pods = paths["/api/v1/pods"] = Collection("Pod", [("5", [pod("old")]), ("9", [pod("new")])])
     changes = threading.Event()
     cache = PodCache(changes.set)
-    stop = threading.Event()
-    core = client.CoreV1Api(api)
-
-    def watch_pods() -> None:
-        run_watch(
-            core.list_pod_for_all_namespaces,
-            on_list=cache.replace,
-            on_event=cache.event,
-            stop=stop,
-            what="pods",
-            timeout_s=1,
-            field_selector="status.phase=Pending",
-        )
-
-    thread = threading.Thread(target=watch_pods)
+    pods_watch = ListWatch(
+        client.CoreV1Api(api).list_pod_for_all_namespaces,
+        on_list=cache.replace,
+        on_event=cache.event,
+        what="pods",
+        timeout_s=1,
+        field_selector="status.phase=Pending",
+    )
+    thread = threading.Thread(target=pods_watch.run)
     thread.start()
     try:
         assert wait(lambda: [p.name for p in cache.pods()] == ["new"])
     finally:
-        stop.set()
+        pods_watch.stop()
         thread.join(timeout=10)
     [seen] = cache.pods()
     assert seen.requests == {"1g.10gb+me": 1} and seen.unschedulable and seen.phase == "Pending"
