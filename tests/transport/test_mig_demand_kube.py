@@ -28,6 +28,7 @@ from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
 from mig.service import MigService
 from tests.e2e.cluster import REPO, ControlPlane, wait_for
+from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_resource_name
 
@@ -119,8 +120,8 @@ def _declare_mig_on_gpu3(plane: ControlPlane) -> None:
         plane.core.patch_node(name, {"metadata": {"annotations": {MIG_LAYOUT_ANNOTATION: layout}}})
 
 
-def _pending_pod(plane: ControlPlane, name: str, *, selector: dict[str, str]) -> None:
-    container = {"name": "main", "image": "cuda", "resources": {"limits": {MIG_1G: "1"}}}
+def _pending_pod(plane: ControlPlane, name: str, *, selector: dict[str, str], resource: str = MIG_1G) -> None:
+    container = {"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}
     body = {"metadata": {"name": name}, "spec": {"containers": [container], "nodeSelector": selector}}
     plane.core.create_namespaced_pod(NAMESPACE, body)
     condition = {
@@ -216,3 +217,27 @@ def test_busy_instances_in_the_way_release_the_claim(plane: ControlPlane, nodes:
     assert seen and seen[0][-2:] == ["mig-b", None]  # claimed, then released
     assert sorted(i.start for i in b.service.reconciler.current(3)) == [0, 4]  # busy instances kept
     assert CLAIM_TIME_ANNOTATION not in _annotations(plane, "wants-7g")
+
+
+def test_the_node_agent_process_serves_demand_with_the_flag(plane: ControlPlane) -> None:
+    """``gpuweave node-agent --kubeconfig K --mig-demand`` as its own process, as the DaemonSet runs it."""
+    kubeconfig = plane.service_account_kubeconfig("gpuweave-node-agent")
+    layout = json.dumps({"gpus": {"5": []}})
+    meta = {"name": "mig-p", "labels": {"proc": "p"}, "annotations": {MIG_LAYOUT_ANNOTATION: layout}}
+    plane.core.create_node({"metadata": meta})
+    root = short_temp_dir()
+    kubelet = KubeletEmulator(root / "k")
+    kubelet.start()
+    mig_2g = mig_resource_name("2g.20gb")
+    extra = ("--kubeconfig", str(kubeconfig), "--mig-demand", "--rediscover-interval", "0")
+    try:
+        with AgentProcess(root / "k", root / "s", profile="dgx-h100", node="mig-p", extra=extra) as agent:
+            assert kubelet.wait_for(lambda: mig_2g in kubelet.resources() or agent.status() is not None, 60)
+            _pending_pod(plane, "wants-2g", selector={"proc": "p"}, resource=mig_2g)
+            assert kubelet.wait_for(lambda: len(kubelet.healthy(mig_2g)) == 1, timeout=90), agent.process.pid
+            assert _annotations(plane, "wants-2g")[CLAIM_ANNOTATION] == "mig-p"
+        assert agent.process.returncode == 0, agent.stderr
+    finally:
+        plane.core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
+        kubelet.stop()
+        remove_tree(root)

@@ -160,3 +160,13 @@ def gpu(index: int, *instances: Instance) -> GpuMigState:
 def test_demand_covered_only_when_every_request_gets_an_idle_instance(pending, gpus, covered):
     plans = derive_demand_plans(pending, gpus)
     assert demand_covered(pending, gpus, plans) is covered
+
+
+def test_node_agent_mig_demand_without_an_api_server_is_a_one_line_error(tmp_path, capsys):
+    from gpuweave.cli import main  # noqa: PLC0415
+
+    argv = ["node-agent", "--kubelet-dir", str(tmp_path), "--simulate", "dgx-h100", "--mig-demand"]
+    assert main([*argv, "--no-kube"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpuweave node-agent: --mig-demand watches pending pods")
+    assert "give --kubeconfig too" in err
