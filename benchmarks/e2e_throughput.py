@@ -25,6 +25,7 @@ import json
 import platform
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -152,7 +153,22 @@ def run_phase(plane: ControlPlane, *, phase: str, pods: int, config_path: Path) 
     )
 
 
-def run(nodes: int, pods: int, work: Path) -> list[PhaseResult]:
+def extender_verb_means(url: str) -> dict[str, float]:
+    """Mean milliseconds per extender verb over the phase, from the extender's own /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            prefix = f'gpuweave_extender_request_seconds{suffix}{{verb="'
+            if line.startswith(prefix):
+                verb = line[len(prefix) :].split('"', 1)[0]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return {verb: round(1000 * sums[verb] / counts[verb], 2) for verb in sums if counts.get(verb)}
+
+
+def run(nodes: int, pods: int, work: Path) -> tuple[list[PhaseResult], dict[str, float]]:
     plane = ControlPlane(work)
     extender: Process | None = None
     try:
@@ -167,14 +183,14 @@ def run(nodes: int, pods: int, work: Path) -> list[PhaseResult]:
         extender, url = start_extender(plane, kubeconfig=kubeconfig)
         with_extender = render_scheduler_config(plane, extender_url=url, kubeconfig=kubeconfig)
         results.append(run_phase(plane, phase="extender", pods=pods, config_path=with_extender))
-        return results
+        return results, extender_verb_means(url)
     finally:
         if extender is not None:
             extender.stop()
         plane.stop()
 
 
-def report(results: list[PhaseResult], *, nodes: int) -> None:
+def report(results: list[PhaseResult], verb_ms: dict[str, float], *, nodes: int) -> None:
     baseline, ours = results[0], results[-1]
     ratio = ours.pods_per_s / baseline.pods_per_s if baseline.pods_per_s else 0.0
     print(
@@ -185,6 +201,9 @@ def report(results: list[PhaseResult], *, nodes: int) -> None:
         print(f"{r.phase:<10} {r.pods:>6} {r.bound:>6} {r.seconds:>8.2f} {r.pods_per_s:>8.1f}")
     verdict = "meets" if ours.pods_per_s >= 100 else "misses"
     print(f"extender/baseline = {ratio:.2f}; {verdict} the 100 pods/s target")
+    print(
+        "extender mean ms per call: " + ", ".join(f"{verb} {ms:.1f}" for verb, ms in sorted(verb_ms.items()))
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "e2e_throughput",
@@ -193,6 +212,7 @@ def report(results: list[PhaseResult], *, nodes: int) -> None:
         "nodes": nodes,
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
+        "extender_mean_ms_per_verb": verb_ms,
     }
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {RESULTS}")
@@ -204,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=1000)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpuweave-e2e-bench-") as work:
-        results = run(args.nodes, args.pods, Path(work))
-    report(results, nodes=args.nodes)
+        results, verb_ms = run(args.nodes, args.pods, Path(work))
+    report(results, verb_ms, nodes=args.nodes)
     return 0
 
 
