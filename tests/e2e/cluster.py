@@ -220,8 +220,10 @@ class SimNode:
         profile: str,
         agent_kubeconfig: Path | None,
         health_config: Path | None = None,
+        topology_policy: str = "none",
     ) -> None:
         self.name = name
+        self.topology_policy = topology_policy
         self.plane = plane
         base = plane.work / "nodes" / name
         self.kubelet_dir = base / "kubelet"
@@ -256,6 +258,7 @@ class SimNode:
         self.kubelet_starts += 1
         argv = [str(harness_binary()), "node", "--name", self.name]
         argv += ["--kubelet-dir", str(self.kubelet_dir), "--control-plane-dir", str(self.plane.dir)]
+        argv += ["--topology-policy", self.topology_policy]
         return Process(f"kubelet-{self.name}-{self.kubelet_starts}", argv, log_dir=self.plane.work)
 
     def restart_kubelet(self) -> None:

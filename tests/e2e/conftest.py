@@ -23,7 +23,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
-from tests.e2e.pods import FAULT_NODE, FAULT_TAINT, HANDOFF_NODE
+from tests.e2e.pods import FAULT_NODE, FAULT_TAINT, HANDOFF_NODE, NUMA_NODE
 
 # The nodes of the scheduling cluster: one without NVLink, one with the DGX-1 hybrid cube mesh,
 # one that the fault tests damage, one for admission bursts.
@@ -33,7 +33,9 @@ NODE_PROFILES = {
     NVLINK_NODE: "dgx1-v100",
     FAULT_NODE: "dgx-h100",
     HANDOFF_NODE: "dgx-a100",
+    NUMA_NODE: "dgx1-v100",
 }
+TOPOLOGY_POLICIES = {NUMA_NODE: "best-effort"}
 EVICTION_GRACE_S = 3
 
 
@@ -80,7 +82,12 @@ def nodes(plane: ControlPlane, agent_kubeconfig: Path) -> Iterator[dict[str, Sim
     try:
         for name, profile in NODE_PROFILES.items():
             started[name] = SimNode(
-                plane, name=name, profile=profile, agent_kubeconfig=agent_kubeconfig, health_config=health
+                plane,
+                name=name,
+                profile=profile,
+                agent_kubeconfig=agent_kubeconfig,
+                health_config=health,
+                topology_policy=TOPOLOGY_POLICIES.get(name, "none"),
             )
         for node in started.values():
             node.wait_resource("nvidia.com/gpu", allocatable=8, timeout=90)
@@ -110,7 +117,7 @@ def cluster(
     plane: ControlPlane, nodes: dict[str, SimNode], scheduler: Process, workload_namespace: str
 ) -> dict[str, SimNode]:
     """Keep the fault and handoff nodes out of the placement tests (a taint only their tests tolerate)."""
-    for name in (FAULT_NODE, HANDOFF_NODE):
+    for name in (FAULT_NODE, HANDOFF_NODE, NUMA_NODE):
         add_taint(plane, name, FAULT_TAINT)
     return nodes
 

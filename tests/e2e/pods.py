@@ -13,6 +13,7 @@ from tests.e2e.cluster import ControlPlane, wait_for
 
 FAULT_NODE = "e2e-h100"
 HANDOFF_NODE = "e2e-a100"
+NUMA_NODE = "e2e-numa"  # kubelet topology manager policy best-effort
 GPU = "nvidia.com/gpu"
 SCHEDULER_NAME = "gpuweave-scheduler"
 FAULT_TAINT = {"key": "e2e.gpuweave.io/fault-tests", "value": "only", "effect": "NoSchedule"}
