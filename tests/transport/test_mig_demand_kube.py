@@ -10,6 +10,7 @@ ListAndWatch, the other node changes nothing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -27,10 +28,10 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
 from mig.service import MigService
-from tests.e2e.cluster import REPO, ControlPlane, wait_for
+from tests.e2e.cluster import HARNESS_DIR, REPO, ControlPlane, wait_for
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
-from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_resource_name
+from topology.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +43,8 @@ NAMESPACE = "mig-work"
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if not Path(os.environ.get("GPUWEAVE_E2E_HARNESS", HARNESS_DIR / "bin" / "harness")).is_file():
+        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
     control = ControlPlane(tmp_path_factory.mktemp("mig-demand"))
     try:
         control.apply(control.kustomize(REPO / "manifests"))
@@ -232,9 +235,11 @@ def test_the_node_agent_process_serves_demand_with_the_flag(plane: ControlPlane)
     extra = ("--kubeconfig", str(kubeconfig), "--mig-demand", "--rediscover-interval", "0")
     try:
         with AgentProcess(root / "k", root / "s", profile="dgx-h100", node="mig-p", extra=extra) as agent:
-            assert kubelet.wait_for(lambda: mig_2g in kubelet.resources() or agent.status() is not None, 60)
+            # MIG on for GPU 5 (declared): the whole-GPU list drops to 7 before any demand is served
+            assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 7, timeout=90)
             _pending_pod(plane, "wants-2g", selector={"proc": "p"}, resource=mig_2g)
-            assert kubelet.wait_for(lambda: len(kubelet.healthy(mig_2g)) == 1, timeout=90), agent.process.pid
+            served = kubelet.wait_for(lambda: len(kubelet.healthy(mig_2g)) == 1, timeout=90)
+            assert served, f"no {mig_2g} device; agent log: {agent.stop() and ''}{agent.stderr[-3000:]}"
             assert _annotations(plane, "wants-2g")[CLAIM_ANNOTATION] == "mig-p"
         assert agent.process.returncode == 0, agent.stderr
     finally:
