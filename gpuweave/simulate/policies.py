@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from gpuweave.simulate.cluster import ClusterState, Request
-from topology.fragmentation import MILLI_PER_GPU, FloatArray, FragmentModel, IntArray
+from topology.fragmentation import MILLI_PER_GPU, FloatArray, FragmentModel, IntArray, TargetWorkload
 
 MAX_NODE_SCORE = 100
 MAX_SPEC_CPU_MILLI = 128_000  # best-fit / dot-product normalisation, as in the FGD artifact
@@ -212,7 +212,9 @@ class GpuweavePolicy:
 
     1. Fragmentation gradient on a memory-aware target workload (a task needs its typical host
        memory too, so GPUs stranded by full host memory count as fragment; FGD ignores memory).
-    2. Deltas within ``tolerance_milli`` count as equal (noise in the measure is not signal).
+    2. Increases within ``tolerance_milli`` count as equal (noise in the measure is not signal),
+       except the part owed to GPU-type-constrained tasks, which is compared exactly: spending a
+       GPU model that type-bound tasks depend on is never a tie.
     3. Among equals, pack: a share goes to the fullest GPU that fits, a pod to the node left
        with the least idle GPU, then the least free CPU; only then a random choice.
     """
@@ -222,21 +224,63 @@ class GpuweavePolicy:
     def __init__(self, model: FragmentModel, *, tolerance_milli: float = 40.0) -> None:
         self._cache = NodeFragmentCache(model)
         self._tolerance = tolerance_milli
+        self._typed = _typed_part(model)
 
     def choose(
         self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
     ) -> Placement:
-        before = self._cache.values(cluster, candidates)
-        outcomes = fragment_outcomes(cluster, request, candidates, model=self._cache.model, before=before)
-        finite = np.isfinite(outcomes.delta)
-        level = np.where(finite, np.round(outcomes.delta / self._tolerance), np.inf)
+        level, idle_after = self._levels(cluster, request, candidates)
+        finite = np.isfinite(level)
         gpu_room = np.where(finite, cluster.gpu_free[candidates], MILLI_PER_GPU + 1)
         gpu = np.lexsort((gpu_room, level), axis=1)[:, 0]
         rows = np.arange(len(candidates))
         cpu_left = cluster.cpu_free[candidates] - request.cpu_milli
-        key = (-cpu_left, -outcomes.idle_after[rows, gpu], -level[rows, gpu])
+        key = (-cpu_left, -idle_after[rows, gpu], -level[rows, gpu])
         order = np.lexsort(key)
         best = order[-1]
         ties = order[np.all([k[order] == k[best] for k in key], axis=0)]
         row = int(ties[rng.integers(len(ties))]) if len(ties) > 1 else int(best)
         return _placement(cluster, request, int(candidates[row]), int(gpu[row]))
+
+    def _levels(
+        self, cluster: ClusterState, request: Request, candidates: IntArray
+    ) -> tuple[FloatArray, IntArray]:
+        """Fragment increase per (node, GPU choice), untyped part rounded, typed part exact
+        (``inf`` where the choice does not fit); and the node's idle milli-GPU after each choice."""
+        before = self._cache.values(cluster, candidates)
+        outcomes = fragment_outcomes(cluster, request, candidates, model=self._cache.model, before=before)
+        finite = np.isfinite(outcomes.delta)
+        delta = np.where(finite, outcomes.delta, 0.0)
+        typed_delta = np.zeros_like(delta)
+        if self._typed is not None:
+            cache, mass = self._typed
+            typed = fragment_outcomes(
+                cluster, request, candidates, model=cache.model, before=cache.values(cluster, candidates)
+            )
+            typed_delta = mass * np.where(finite, typed.delta, 0.0)
+        rounded = np.round((delta - typed_delta) / self._tolerance) * self._tolerance
+        levels: FloatArray = np.where(finite, np.round(rounded + typed_delta, 6), np.inf)
+        return levels, outcomes.idle_after
+
+
+def _typed_part(model: FragmentModel) -> tuple[NodeFragmentCache, float] | None:
+    """The fragment owed to type-constrained GPU tasks, as (a model of those tasks, their mass).
+
+    F over a subset of tasks of total probability q equals q times F of that subset renormalised.
+    """
+    workload = model.workload
+    memory = workload.memory_mib or (0,) * len(workload.shapes)
+    typed = [
+        (shape, p, mem)
+        for shape, p, mem in zip(workload.shapes, workload.probabilities, memory, strict=True)
+        if shape.gpu_types and not shape.is_cpu_only
+    ]
+    mass = sum(p for _, p, _ in typed)
+    if not typed or mass <= 0:
+        return None
+    subset = TargetWorkload(
+        tuple(s for s, _, _ in typed),
+        tuple(p / mass for _, p, _ in typed),
+        tuple(m for _, _, m in typed) if workload.memory_aware else (),
+    )
+    return NodeFragmentCache(FragmentModel(subset, models=model.models, max_gpus=model.max_gpus)), mass

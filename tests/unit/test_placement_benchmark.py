@@ -126,3 +126,15 @@ def test_churn_records_multi_gpu_allocations_against_the_best_set() -> None:
     assert len(records) == 50
     assert all(0 < r["value_ratio"] <= 1.0 + 1e-9 for r in records)
     assert any(r["best"] == 0.0 for r in records)  # first-fit misses the cube-mesh's best sets
+
+
+def test_gpuweave_spares_the_gpu_model_type_bound_tasks_need() -> None:
+    nodes = (NodeSpec("t4", 64000, 262144, 2, "T4"), NodeSpec("v100", 64000, 262144, 2, "V100M16"))
+    pods = (TracePod("bound", 4000, 8192, 1, 1000, "T4"), TracePod("free", 4000, 8192, 1, 1000))
+    experiment = experiment_for("t", nodes=nodes, pods=pods)
+    cluster = ClusterState(nodes, experiment.metric_model)
+    policy = make_policy("gpuweave", experiment)
+    unconstrained = Request(4000, 8192, 1, 1000)
+    for seed in range(5):
+        placement = policy.choose(cluster, unconstrained, np.arange(2), np.random.default_rng(seed))
+        assert placement.node == 1
