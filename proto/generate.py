@@ -1,11 +1,14 @@
-"""Regenerate the Python stubs of the kubelet device-plugin API from ``proto/v1beta1/api.proto``.
+"""Regenerate the Python stubs of the kubelet APIs we speak from their ``.proto`` files.
 
-Run ``python -m proto.generate`` from the repository root after editing the ``.proto``. The stubs
-are committed so installs need no code generator; ``tests/unit/test_deviceplugin_proto.py``
-regenerates into a temporary directory and fails when the committed files are stale.
+The kubelet APIs: the device-plugin API (``proto/v1beta1/api.proto``, package ``v1beta1``) and the
+pod-resources API (``proto/podresources/v1/api.proto``, package ``v1``). Run
+``python -m proto.generate`` from the repository root after editing a ``.proto``. The stubs are
+committed so installs need no code generator; ``tests/unit/test_deviceplugin_proto.py``
+regenerates into a temporary directory and fails when a committed file is stale or missing.
 
-The proto is compiled with the repository root as include path, so generated modules import each
-other as ``proto.v1beta1.api_pb2`` and work as ``from proto.v1beta1 import api_pb2, api_pb2_grpc``.
+The protos are compiled with the repository root as include path, so generated modules import each
+other as ``proto.v1beta1.api_pb2`` and work as ``from proto.v1beta1 import api_pb2, api_pb2_grpc``
+(and ``from proto.podresources.v1 import api_pb2, api_pb2_grpc``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_FILES = ("proto/v1beta1/api.proto",)
+PROTO_FILES = ("proto/v1beta1/api.proto", "proto/podresources/v1/api.proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 

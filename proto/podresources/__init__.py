@@ -1,0 +1,1 @@
+"""Kubelet pod-resources API: what the kubelet has allocated to each pod's containers."""
