@@ -11,6 +11,8 @@
   placing new work there (the Suspect state of the health design), without calling them failed.
 - ``control.add_route(method, handler)`` adds a command to ``STATE_DIR/agent.sock``.
 - ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
+- ``allocations`` holds the device IDs granted in Allocate since start, with when (a second source
+  of "held by a pod" next to the kubelet's pod-resources API).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from deviceplugin.control import ControlServer
 from deviceplugin.devices import PluginDevice, build_catalogue, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.podresources import AllocationLog
 from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
 from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import DevicePluginService, ResourceServer
@@ -98,8 +101,10 @@ class NodeAgent:
         handoff: HandoffSource | None = None,
         metrics: AgentMetrics | None = None,
         siblings: SiblingGrants | None = None,
+        allocations: AllocationLog | None = None,
     ) -> None:
         self.config = config
+        self.allocations = allocations or AllocationLog()
         self.metrics = metrics or AgentMetrics()
         self.control = ControlServer(config.state_dir)
         self._discover = discover
@@ -300,6 +305,7 @@ class NodeAgent:
             self.metrics.allocations.labels(resource_name, "rejected").inc()
             raise
         self.metrics.allocations.labels(resource_name, "granted").inc()
+        self.allocations.record(device_ids)
         granted = resource.state.devices()
         self._siblings.remember(resource_name, [granted[i] for i in device_ids if i in granted])
         if self._handoff is not None:

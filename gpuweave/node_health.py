@@ -25,7 +25,7 @@ from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
 from health.metrics import HealthMetrics
-from health.remediation import MigRecreate
+from health.remediation import MigRecreate, PodDeviceLookup
 from health.service import HealthParts, HealthService
 from mig.planner import MigPlanError, TargetEntry
 from mig.service import MigService
@@ -62,8 +62,12 @@ def start_node_health(
     kube_api: Any | None = None,
     metrics: AgentMetrics | None = None,
     recreate_mig: MigRecreate | None = None,
+    pod_devices: PodDeviceLookup | None = None,
 ) -> HealthService:
-    """Build, wire and start health for a started agent; returns the service (stop it before the agent)."""
+    """Build, wire and start health for a started agent; returns the service (stop it before the agent).
+
+    ``pod_devices`` (the kubelet's pod-resources API, e.g. ``PodResourcesClient.pod_devices``)
+    joins the extender's assignment annotations when finding the pods on a failed device."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
@@ -86,6 +90,7 @@ def start_node_health(
             cluster=_cluster(kube_api, node_name=node_name),
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
             recreate_mig=recreate_mig,
+            pod_devices=pod_devices,
         )
     )
     if isinstance(backend, SimulatedBackend):

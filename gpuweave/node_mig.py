@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.agent import NodeAgent
+from deviceplugin.podresources import HeldDevices, PodResourcesClient
 from hardware.backend import GpuBackend
 from hardware.mig_ops import GpuResetter, MigOps, NvidiaSmiResetter
 from hardware.nvml import NvmlBackend
@@ -37,11 +38,21 @@ FALLBACK_POLL_S = 60.0  # the annotation is still read this often, in case the w
 
 
 def build_mig_service(
-    agent: NodeAgent, *, backend: GpuBackend, state_dir: Path, inventory: NodeInventory
+    agent: NodeAgent,
+    *,
+    backend: GpuBackend,
+    state_dir: Path,
+    inventory: NodeInventory,
+    pod_resources: PodResourcesClient | None = None,
 ) -> MigService:
-    """The MIG service for this node; call ``start()`` on it, then ``register_mig_routes``."""
+    """The MIG service for this node; call ``start()`` on it, then ``register_mig_routes``.
+
+    A device counts as busy (kept by every reshape) when NVML sees a process on it, when the
+    kubelet's pod-resources API lists it as allocated (``pod_resources``; a pod whose container has
+    not started holds it too), or when this agent granted it in Allocate seconds ago. An
+    unreachable pod-resources API makes every reshape fail closed (``MigBusyUnknownError``)."""
     nvml, resetter = _nvml_of(backend)
-    hooks = AgentHooks(agent)
+    hooks = AgentHooks(agent, held_by_pods=HeldDevices(pod_resources, agent.allocations))
     reconciler = MigReconciler(
         ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
         journal=MigJournal(state_dir),

@@ -1,8 +1,9 @@
 """The Kubernetes side of health, behind ``ClusterActions``: the only health module importing kubernetes.
 
 - Pods on a device are found from the extender's assignment annotation (``gpuweave.io/assignment``)
-  on pods bound to this node. Pods placed without the extender carry no annotation and are not
-  evicted by device; the kubelet's podresources API would name them, and is a planned addition.
+  on pods bound to this node, joined by remediation with what the kubelet's pod-resources API says
+  (``Remediator.pod_devices``), so pods placed without the extender are found too. Pods without
+  the annotation are listed with no devices: the join adds theirs and keeps their opt-out label.
 - Eviction uses ``policy/v1`` Eviction with ``gracePeriodSeconds``; HTTP 429 (a PodDisruptionBudget
   refused) is reported as blocked and retried by the caller next round.
 - Conditions go to the node status; Events to the node or the pod; taints on ``spec.taints``.
@@ -63,13 +64,12 @@ class KubeCluster:
                 continue
             meta = pod.metadata
             raw = (meta.annotations or {}).get(ANNOTATION_ASSIGNMENT)
-            if not raw:
-                continue
+            devices: frozenset[str] = frozenset()
             try:
-                devices = frozenset(PodAssignment.from_annotation(raw).all_device_ids())
+                if raw:
+                    devices = frozenset(PodAssignment.from_annotation(raw).all_device_ids())
             except InvalidInputError as exc:
                 log.warning("pod %s/%s: %s", meta.namespace, meta.name, exc)
-                continue
             opted_out = (meta.labels or {}).get(ANNOTATION_OPT_OUT_EVICTION) == "true"
             found.append(PodRef(meta.namespace, meta.name, devices, opted_out))
         return found

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from hardware.health_probe import GpuInUseError
@@ -46,8 +46,13 @@ log = logging.getLogger(__name__)
 class PodRef:
     namespace: str
     name: str
-    devices: frozenset[str]  # device IDs from the pod's assignment annotation
+    devices: frozenset[str]  # device IDs from the pod's assignment annotation (and the kubelet)
     opted_out: bool = False  # labelled gpuweave.io/no-health-eviction=true
+
+
+# (namespace, name) -> the device IDs the kubelet allocated to the pod; raises when it cannot tell.
+# The node agent wires the kubelet's pod-resources API here (health never imports the device plugin).
+PodDeviceLookup = Callable[[], Mapping[tuple[str, str], frozenset[str]]]
 
 
 class EvictionOutcome:
@@ -92,6 +97,7 @@ class Remediator:
     cluster: ClusterActions | None = None
     recreate_mig: MigRecreate | None = None
     metrics: HealthMetrics | None = None
+    pod_devices: PodDeviceLookup | None = None
     wall_clock: WallClock = field(default=lambda: datetime.datetime.now(datetime.UTC))
     _evicted: set[tuple[str, str]] = field(default_factory=set)
     _published: dict[str, object] = field(default_factory=dict)
@@ -167,22 +173,42 @@ class Remediator:
         return RemediationFinished(monitor.now(), True)
 
     def _drained(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> bool:
-        """Evict pods on the device (once each); True when none remain."""
+        """Evict pods on the device (once each); True when none remain.
+
+        A pod is on the device when its assignment annotation or the kubelet (``pod_devices``)
+        names one of the device's IDs. When the kubelet cannot be asked, the pods found through
+        annotations are still evicted, but the device does not count as drained this round.
+        """
         if self.cluster is None:
             return True
         ids = _device_ids(monitor, device)
         try:
-            pods = [
-                p
-                for p in self.cluster.pods_on_node()
-                if p.devices & ids or any(parent_gpu_of_share(d) in ids for d in p.devices)
-            ]
+            listed = self.cluster.pods_on_node()
         except Exception as exc:
             log.warning("cannot list pods for %s: %s; retrying next round", device, exc)
             return False
+        known, complete = self._with_kubelet_devices(listed, device)
+        pods = [p for p in known if p.devices & ids or any(parent_gpu_of_share(d) in ids for d in p.devices)]
         for pod in pods:
             self._evict(pod, device, record, monitor.settings.eviction_grace_s)
-        return not pods
+        return complete and not pods
+
+    def _with_kubelet_devices(self, listed: list[PodRef], device: str) -> tuple[list[PodRef], bool]:
+        """``listed`` with the devices the kubelet allocated added (and pods only the kubelet
+        knows appended); False as second value when the kubelet could not be asked."""
+        if self.pod_devices is None:
+            return listed, True
+        try:
+            allocated = dict(self.pod_devices())
+        except Exception as exc:
+            log.warning("cannot read pod devices from the kubelet for %s: %s; retrying", device, exc)
+            return listed, False
+        merged = []
+        for pod in listed:
+            extra = allocated.pop((pod.namespace, pod.name), frozenset())
+            merged.append(replace(pod, devices=pod.devices | extra) if extra - pod.devices else pod)
+        merged += [PodRef(space, name, devices) for (space, name), devices in sorted(allocated.items())]
+        return merged, True
 
     def _evict(self, pod: PodRef, device: str, record: DeviceRecord, grace_s: int) -> None:
         key = (pod.namespace, pod.name)

@@ -21,7 +21,7 @@ from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor, HealthProbe, HealthSink
 from health.policy import Fault
-from health.remediation import ClusterActions, DeviceOps, MigRecreate, Remediator
+from health.remediation import ClusterActions, DeviceOps, MigRecreate, PodDeviceLookup, Remediator
 from health.scope import HealthSnapshot
 from health.signals.kmsg import KernelLogTail
 from topology.inventory import NodeInventory
@@ -44,6 +44,7 @@ class HealthParts:
     recreate_mig: MigRecreate | None = None
     metrics: HealthMetrics | None = None
     clock: Clock = time.monotonic
+    pod_devices: PodDeviceLookup | None = None  # the kubelet's view of pod devices (pod-resources API)
 
 
 class HealthService:
@@ -59,6 +60,7 @@ class HealthService:
             cluster=parts.cluster,
             recreate_mig=parts.recreate_mig,
             metrics=self.metrics,
+            pod_devices=parts.pod_devices,
         )
         tail = None
         if parts.kernel_log is not None:

@@ -19,11 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mig.demand import demand_covered
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
-from mig.reconciler import MigReconciler, ReshapeResult
+from mig.reconciler import MigApplyError, MigReconciler, ReshapeResult
 from topology.errors import GpuweaveError, InvalidInputError
 
 LOG = logging.getLogger(__name__)
 WITHHOLD_REASON = "MIG reshape: device about to be destroyed"
+HeldByPods = Callable[[], Collection[str]]  # device IDs pods hold now; raises when it cannot tell
 
 
 class AgentPort(Protocol):
@@ -36,18 +37,40 @@ class AgentPort(Protocol):
     def refresh_inventory(self) -> dict[str, int]: ...
 
 
-class AgentHooks:
-    """Reconciler hooks backed by the agent; quiet until ``attach()`` (recovery runs before serving)."""
+class MigBusyUnknownError(MigApplyError):
+    """Which devices pods hold could not be read: every device counts as busy, so nothing is reshaped."""
 
-    def __init__(self, agent: AgentPort) -> None:
+
+class AgentHooks:
+    """Reconciler hooks backed by the agent; withholding and refreshes stay quiet until ``attach()``
+    (recovery runs before serving), the busy check never does.
+
+    ``held_by_pods`` returns the device IDs pods hold (the kubelet's pod-resources API and the
+    agent's recent Allocate grants, composed by the node agent); the reconciler adds the devices
+    NVML sees running processes on. When it raises, the hook fails closed: it raises
+    ``MigBusyUnknownError`` and the apply (or plan, or status) stops before any NVML change, since
+    "could not ask" must never read as "nothing in use".
+    """
+
+    def __init__(self, agent: AgentPort, *, held_by_pods: HeldByPods | None = None) -> None:
         self._agent = agent
+        self._held_by_pods = held_by_pods
         self._live = False
 
     def attach(self) -> None:
         self._live = True
 
     def busy_devices(self) -> Collection[str]:
-        return ()  # NVML's running processes are the truth; the reconciler asks NVML itself
+        if self._held_by_pods is None:
+            return ()  # NVML's running processes only; the reconciler asks NVML itself
+        try:
+            return self._held_by_pods()
+        except Exception as exc:
+            LOG.warning("MIG busy check failed closed: %s", exc)
+            raise MigBusyUnknownError(
+                f"cannot tell which MIG devices pods hold ({exc}); treating every device as busy, "
+                "so no MIG reshape runs until this reads again"
+            ) from exc
 
     def withhold(self, device_ids: Collection[str]) -> None:
         if self._live and device_ids:

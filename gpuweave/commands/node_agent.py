@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.metrics import AgentMetrics, serve_metrics
+from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
@@ -70,6 +71,14 @@ def register(subparsers: Any) -> None:
     )
     kube.add_argument("--no-kube", action="store_true", help="run with no API server")
     add(
+        "--pod-resources-socket",
+        metavar="PATH",
+        default=None,
+        help="kubelet pod-resources API socket, read for the devices pods hold (default: "
+        "<kubelet root>/pod-resources/kubelet.sock when --kubelet-dir is <kubelet root>/device-plugins; "
+        "'none' turns it off; docs/device-plugin.md)",
+    )
+    add(
         "--mig-demand",
         action="store_true",
         help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests (needs --kubeconfig; docs/mig.md)",
@@ -105,6 +114,23 @@ def open_metrics(address: str, metrics: AgentMetrics) -> Callable[[], None]:
     return serve_metrics(metrics.registry, host=host or "0.0.0.0", port=int(port))
 
 
+def open_pod_resources(args: argparse.Namespace) -> PodResourcesClient | None:
+    """The kubelet's pod-resources API (the devices pods hold), or None when turned off or not
+    derivable; the agent starts either way and an unreachable API is reported when it is read."""
+    value = args.pod_resources_socket
+    if value is not None and value.strip().lower() in ("", "none"):
+        path = None
+    else:
+        path = Path(value) if value is not None else default_socket_for(args.kubelet_dir)
+    if path is None:
+        log.warning(
+            "no kubelet pod-resources socket (--pod-resources-socket): MIG busy checks see running "
+            "processes and recent grants only, health eviction only the extender's annotations"
+        )
+        return None
+    return PodResourcesClient(path)
+
+
 def build_agent(
     args: argparse.Namespace, *, backend: GpuBackend, kube: KubeParts | None, metrics: AgentMetrics
 ) -> NodeAgent:
@@ -136,7 +162,14 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    mig = build_mig_service(agent, backend=backend, state_dir=args.state_dir, inventory=backend.discover())
+    pod_resources = open_pod_resources(args)
+    mig = build_mig_service(
+        agent,
+        backend=backend,
+        state_dir=args.state_dir,
+        inventory=backend.discover(),
+        pod_resources=pod_resources,
+    )
     mig.start()  # converge journalled MIG layouts before the first device list is served
     agent.start()
     register_mig_routes(agent, mig)
@@ -150,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         kube_api=kube.api if kube else None,
         metrics=metrics,
         recreate_mig=mig_recreator(mig, agent),
+        pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
     )
     if kube is not None:
         kube.start(agent)
