@@ -12,11 +12,19 @@ from dataclasses import dataclass, field, replace
 from scheduler_ext.layout import NodeLayout, ShareMode
 from scheduler_ext.nics import plan_nic_containers
 from scheduler_ext.requests import ContainerRequest, Placement, PodRequest
-from scheduler_ext.search import LayoutSearch
+from scheduler_ext.search import LayoutSearch, SetChoice
 from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD, plan_share_containers
 from scheduler_ext.state import FreeState
 from scheduler_ext.verdict import MAX_SCORE, ContainerPlan, PlanStep, Verdict, fail, unresolvable
 from topology.fragmentation import TargetWorkload
+
+# Whole-GPU node score weights (docs/extender.md, "Decisions"). Multi-GPU requests mix in the
+# set's absolute quality so that hardware classes compare; single GPUs keep packing behaviour.
+RELATIVE_WEIGHT, PACKING_WEIGHT, LOOKAHEAD_WEIGHT = 0.5, 0.2, 0.3
+ABSOLUTE_WEIGHT = 0.4  # share of the multi-GPU score taken by ``SetChoice.absolute``
+# One score step off for a single GPU that still has a free NVLink peer: keeps NVLink-rich nodes
+# free for gangs when a PCIe-only node fits as well, without outweighing packing by much.
+SINGLE_GPU_NVLINK_PENALTY = 0.1
 
 
 @dataclass
@@ -58,11 +66,10 @@ class Planner:
         chosen = self._choose(available, need)
         if chosen is None:
             return fail(f"no set of {need} free {what} satisfies placement {self.request.placement.value}")
-        gpus, quality, lookahead = chosen
         return PlanStep(
-            plans=self._split_gpus(gpus),
-            quality=self._gpu_quality(gpus, quality, lookahead),
-            gpus_used=gpus,
+            plans=self._split_gpus(chosen.gpus),
+            quality=self._gpu_quality(chosen),
+            gpus_used=chosen.gpus,
         )
 
     def _exclusive(self) -> frozenset[int]:
@@ -94,7 +101,7 @@ class Planner:
                 )
         return None
 
-    def _choose(self, available: frozenset[int], need: int) -> tuple[tuple[int, ...], float, float] | None:
+    def _choose(self, available: frozenset[int], need: int) -> SetChoice | None:
         return self.search.best(available, need, policy=self.request.placement.value)
 
     def _split_gpus(self, pool: tuple[int, ...]) -> dict[str, ContainerPlan]:
@@ -118,16 +125,25 @@ class Planner:
         if size == len(pool):
             return tuple(sorted(pool))
         found = self.search.best(pool, size)
-        return found[0] if found is not None else tuple(sorted(pool)[:size])
+        return found.gpus if found is not None else tuple(sorted(pool)[:size])
 
-    def _gpu_quality(self, gpus: tuple[int, ...], quality: float, lookahead: float) -> float:
-        """Topology quality of the set, packing, and what stays possible for later requests."""
-        remaining = self.free.free_gpus - frozenset(gpus)
+    def _gpu_quality(self, chosen: SetChoice) -> float:
+        """Topology quality of the set, packing, and what stays possible for later requests.
+
+        The first three are relative to this node (how well the set uses it); for 2+ GPUs the
+        set's absolute quality is mixed in, so an NVLink quad beats a PCIe-only node's best four.
+        """
+        remaining = self.free.free_gpus - frozenset(chosen.gpus)
         total = max(1, len(self.free.healthy_gpus))
         packing = 1.0 - len(remaining) / total
-        if not remaining:
-            lookahead = 1.0  # a node filled exactly leaves nothing to fragment
-        return 0.5 * quality + 0.2 * packing + 0.3 * lookahead
+        lookahead = 1.0 if not remaining else chosen.lookahead  # a node filled exactly: no fragments
+        fit = RELATIVE_WEIGHT * chosen.quality + PACKING_WEIGHT * packing + LOOKAHEAD_WEIGHT * lookahead
+        if len(chosen.gpus) > 1:
+            return (1.0 - ABSOLUTE_WEIGHT) * fit + ABSOLUTE_WEIGHT * chosen.absolute
+        (gpu,) = chosen.gpus
+        if any(self.layout.nvlinked(gpu, other) for other in remaining):
+            fit -= SINGLE_GPU_NVLINK_PENALTY
+        return max(0.0, fit)
 
     # ---- MIG devices ------------------------------------------------------------------------
     def plan_migs(self) -> PlanStep | Verdict:

@@ -31,6 +31,24 @@ def test_nodes_advertise_devices_registered_with_the_device_manager(cluster: dic
         assert status.allocatable[GPU] == "8"
 
 
+def test_best_effort_multi_gpu_pod_prefers_the_nvlink_node(
+    plane: ControlPlane, cluster: dict[str, SimNode], workload_namespace: str
+) -> None:
+    """Both nodes are empty: the extender's absolute set quality breaks the tie for the NVLink quad."""
+    plane.core.create_namespaced_pod(workload_namespace, gpu_pod("gang-4", 4, grace_s=0))
+    pod, allocation = wait_admitted(plane, workload_namespace, "gang-4")
+    plane.core.delete_namespaced_pod("gang-4", workload_namespace, grace_period_seconds=0)
+    wait_for("gang-4 to be deleted", lambda: _gone(plane, workload_namespace, "gang-4"))
+    assert pod.spec.node_name == NVLINK_NODE
+    quad = gpu_indices(plane, NVLINK_NODE, allocated_gpus(allocation))
+    links = nvlinked_pairs(plane, NVLINK_NODE)
+    assert all(frozenset(pair) in links for pair in itertools.combinations(quad, 2)), quad
+
+
+def _gone(plane: ControlPlane, namespace: str, name: str) -> bool:
+    return not any(p.metadata.name == name for p in plane.core.list_namespaced_pod(namespace).items)
+
+
 def test_nvlink_required_pods_take_the_nvlink_quads_and_nothing_else(
     plane: ControlPlane, cluster: dict[str, SimNode], workload_namespace: str
 ) -> None:
