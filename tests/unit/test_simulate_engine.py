@@ -9,8 +9,8 @@ import pytest
 
 from gpuweave.cli import main
 from gpuweave.simulate.engine import Simulation
-from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.extender_client import ExtenderPlacer
+from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import make_placer
 from gpuweave.simulate.workload import Job, JobKind
