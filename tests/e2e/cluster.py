@@ -1,7 +1,8 @@
 """A loopback Kubernetes cluster for the e2e tests: the harness's real components plus ours.
 
-``ControlPlane`` runs ``harness control-plane`` (embedded etcd + kube-apiserver) and applies
-manifests with the real ``kubernetes`` client. ``SimNode`` runs ``harness node`` (the kubelet's
+``ControlPlane`` (tests/support/control_plane.py, shared with the transport tests) runs
+``harness control-plane`` (embedded etcd + kube-apiserver) and applies manifests with the real
+``kubernetes`` client. ``SimNode`` runs ``harness node`` (the kubelet's
 device manager and admission) next to ``gpuweave node-agent --simulate`` on the same kubelet
 directory. ``start_scheduler`` runs the upstream kube-scheduler with the gpuweave-scheduler
 profile from manifests/scheduler/, pointed at a ``gpuweave extender`` process.
@@ -10,42 +11,48 @@ profile from manifests/scheduler/, pointed at a ``gpuweave extender`` process.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import pytest
 import yaml
-from kubernetes import client, config, dynamic
-from kubernetes.client.exceptions import ApiException
 
-REPO = Path(__file__).resolve().parents[2]
-HARNESS_DIR = REPO / "tests" / "e2e" / "harness"
-NAMESPACE = "gpuweave-system"
-ALLOCATED_CONDITION = "e2e.gpuweave.io/DevicesAllocated"
-SA_AUDIENCE = "https://kubernetes.default.svc"
-T = TypeVar("T")
+from tests.support.control_plane import (
+    ALLOCATED_CONDITION,
+    HARNESS_DIR,
+    NAMESPACE,
+    REPO,
+    SA_AUDIENCE,
+    ControlPlane,
+    Process,
+    harness_binary,
+    wait_for,
+)
 
-
-def harness_binary() -> Path:
-    """The built harness, or a test failure that says how to build it (never a skip)."""
-    path = Path(os.environ.get("GPUWEAVE_E2E_HARNESS", HARNESS_DIR / "bin" / "harness"))
-    if not path.is_file():
-        pytest.fail(
-            f"e2e harness binary {path} is missing: build it with tests/e2e/harness/build.sh "
-            "(Go >= 1.26, modules from the Go proxy; ~15 min cold) or set GPUWEAVE_E2E_HARNESS",
-            pytrace=False,
-        )
-    return path
+__all__ = [
+    "ALLOCATED_CONDITION",
+    "HARNESS_DIR",
+    "NAMESPACE",
+    "REPO",
+    "SA_AUDIENCE",
+    "ControlPlane",
+    "Process",
+    "SimNode",
+    "free_port",
+    "gpuweave_command",
+    "harness_binary",
+    "render_scheduler_config",
+    "start_extender",
+    "start_scheduler",
+    "stopping",
+    "wait_for",
+]
 
 
 def gpuweave_command() -> list[str]:
@@ -53,160 +60,10 @@ def gpuweave_command() -> list[str]:
     return [sys.executable, "-m", "gpuweave"]
 
 
-def wait_for(what: str, check: Callable[[], T | None], *, timeout: float = 60.0, every: float = 0.2) -> T:
-    """Poll ``check`` until it returns something other than None/False; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}", pytrace=False)
-        time.sleep(every)
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class Process:
-    """A child process whose output goes to a log file; stopped with SIGTERM, then SIGKILL."""
-
-    def __init__(
-        self, name: str, argv: list[str], *, log_dir: Path, env: dict[str, str] | None = None
-    ) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        full_env = {**os.environ, **(env or {})}
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def check_alive(self) -> None:
-        if not self.running():
-            pytest.fail(
-                f"{self.name} exited with {self.popen.returncode}; log:\n{self.tail()}", pytrace=False
-            )
-
-    def alive_and(self, check: Callable[[], bool]) -> bool:
-        """``check()``, after failing the test if this process has died meanwhile."""
-        self.check_alive()
-        return check()
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.running():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout)
-        self._log.close()
-
-
-class ControlPlane:
-    """``harness control-plane`` and an admin client for it."""
-
-    def __init__(self, work: Path) -> None:
-        self.dir = work / "control-plane"
-        self.dir.mkdir(parents=True)
-        self.work = work
-        self.process = Process(
-            "control-plane", [str(harness_binary()), "control-plane", "--dir", str(self.dir)], log_dir=work
-        )
-        ready = self.dir / "ready"
-        wait_for("kube-apiserver /readyz", lambda: self.process.alive_and(ready.exists), timeout=180)
-        self.admin_kubeconfig = self.dir / "admin.kubeconfig"
-        self.api: Any = config.new_client_from_config(config_file=str(self.admin_kubeconfig))  # type: ignore[no-untyped-call]
-        self.core: Any = client.CoreV1Api(self.api)
-        self.server = ready.read_text().strip()
-        self.ca_file = self.dir / "pki" / "ca.crt"
-
-    def stop(self) -> None:
-        self.api.close()
-        self.process.stop()
-
-    def kustomize(self, directory: Path) -> list[dict[str, Any]]:
-        """Render a kustomization with kustomize's library (``harness kustomize``)."""
-        out = subprocess.run(
-            [str(harness_binary()), "kustomize", str(directory)], check=True, capture_output=True, text=True
-        ).stdout
-        return [doc for doc in yaml.safe_load_all(out) if doc]
-
-    def apply(self, docs: list[dict[str, Any]], *, api: client.ApiClient | None = None) -> None:
-        """Server-side apply each object, CRDs first (waiting until they are established)."""
-        dyn = dynamic.DynamicClient(api or self.api)  # type: ignore[no-untyped-call]
-        crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
-        for doc in crds + [d for d in docs if d["kind"] != "CustomResourceDefinition"]:
-            self._apply_one(dyn, doc)
-            if doc["kind"] == "CustomResourceDefinition":
-                self._wait_established(dyn, doc["metadata"]["name"])
-
-    @staticmethod
-    def _apply_one(dyn: dynamic.DynamicClient, doc: dict[str, Any]) -> None:
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        meta = doc["metadata"]
-        resource.server_side_apply(
-            body=doc,
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            field_manager="gpuweave-e2e",
-            force_conflicts=True,
-        )
-
-    @staticmethod
-    def _wait_established(dyn: dynamic.DynamicClient, name: str) -> None:
-        crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-
-        def established() -> bool:
-            conditions = (crds.get(name=name).to_dict().get("status") or {}).get("conditions") or []
-            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-        wait_for(f"CRD {name} established", established, timeout=30)
-        dyn.resources.invalidate_cache()
-
-    def ensure_namespace(self, name: str) -> None:
-        """A namespace with its default ServiceAccount (no controller-manager creates it here)."""
-        with contextlib.suppress(ApiException):
-            self.core.create_namespace({"metadata": {"name": name}})
-        with contextlib.suppress(ApiException):
-            self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
-
-    def service_account_kubeconfig(self, name: str, *, namespace: str = NAMESPACE) -> Path:
-        """A kubeconfig holding a TokenRequest token for the ServiceAccount (signed by the API server)."""
-        request = {"spec": {"audiences": [SA_AUDIENCE], "expirationSeconds": 3600}}
-        token = self.core.create_namespaced_service_account_token(name, namespace, request).status.token
-        path = self.dir / f"sa-{namespace}-{name}.kubeconfig"
-        kubeconfig = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "e2e",
-                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_file)},
-                }
-            ],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": name}}],
-            "current-context": "e2e",
-        }
-        path.write_text(yaml.safe_dump(kubeconfig))
-        return path
-
-    def allocation_of(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """What the kubelet's device manager allocated to the pod (harness pod condition), if admitted."""
-        pod = self.core.read_namespaced_pod(name, namespace)
-        for condition in pod.status.conditions or []:
-            if condition.type == ALLOCATED_CONDITION:
-                return dict(json.loads(condition.message))
-        return None
 
 
 class SimNode:

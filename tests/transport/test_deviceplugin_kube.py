@@ -8,7 +8,6 @@ exactly the assigned devices.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from kubernetes import client, config
 from deviceplugin.control import call_agent
 from proto.v1beta1 import api_pb2
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.control_plane import ControlPlane
 from tests.support.kubelet_emulator import KubeletEmulator
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -28,7 +28,6 @@ from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).parents[2]
-HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
 CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
 NODE = "gpu-node-1"
 GROUP = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
@@ -44,43 +43,14 @@ def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None
 
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not HARNESS.exists():
-        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
-    directory = tmp_path_factory.mktemp("control-plane")
-    log = (directory / "harness.log").open("wb")
-    process = subprocess.Popen(
-        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
-    )
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
     try:
-        wait(
-            "kube-apiserver",
-            lambda: (directory / "ready").exists() or process.poll() is not None,
-            timeout=180,
-        )
-        if process.poll() is not None:
-            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
-        path = str(directory / "admin.kubeconfig")
-        with config.new_client_from_config(config_file=path) as api:
-            extensions = client.ApiextensionsV1Api(api)
-            extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
-            wait("CRD established", lambda: established(extensions))
-            core = client.CoreV1Api(api)
-            core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        yield path
+        plane.apply([yaml.safe_load(CRD.read_text())])  # waits until the CRD is established
+        plane.core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+        plane.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        yield str(plane.admin_kubeconfig)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def established(extensions: client.ApiextensionsV1Api) -> bool:
-    crd = extensions.read_custom_resource_definition("gpunodeinventories.gpuweave.io")
-    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+        plane.stop()
 
 
 class Running:

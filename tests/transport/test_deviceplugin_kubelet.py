@@ -13,7 +13,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,14 +20,12 @@ from kubernetes import client, config
 
 from hardware.profiles import load_profile
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.control_plane import ControlPlane, harness_binary
 from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).parents[2]
-HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
 NODE = "gpu-node-k"
-ALLOCATED = "e2e.gpuweave.io/DevicesAllocated"
 
 
 def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
@@ -49,37 +46,20 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    if not HARNESS.exists():
-        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
-    directory = tmp_path_factory.mktemp("control-plane")
-    log = (directory / "harness.log").open("wb")
-    process = subprocess.Popen(
-        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
-    )
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
     try:
-        wait(
-            "kube-apiserver",
-            lambda: (directory / "ready").exists() or process.poll() is not None,
-            timeout=180,
-        )
-        if process.poll() is not None:
-            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
-        with config.new_client_from_config(config_file=str(directory / "admin.kubeconfig")) as api:
-            client.CoreV1Api(api).create_namespaced_service_account(
-                "default", {"metadata": {"name": "default"}}
-            )
-        yield directory
+        plane.core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+        yield plane
     finally:
-        stop_process(process)
-        log.close()
+        plane.stop()
 
 
 class Node:
     """A harness node (the kubelet's device manager) plus our agent serving its plugin directory."""
 
-    def __init__(self, control_plane: Path) -> None:
-        self.control_plane = control_plane
+    def __init__(self, control_plane: ControlPlane) -> None:
+        self.plane = control_plane
         self.root = short_temp_dir()
         self.kubelet_dir = self.root / "kubelet"
         self.plugins = self.kubelet_dir / "device-plugins"
@@ -87,13 +67,13 @@ class Node:
         self.start_kubelet()
         wait("kubelet.sock", (self.plugins / "kubelet.sock").exists)
         self.agent = AgentProcess(self.plugins, self.root / "s", profile="p5.48xlarge", node=NODE)
-        self.api = config.new_client_from_config(config_file=str(control_plane / "admin.kubeconfig"))
+        self.api = config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
         self.core = client.CoreV1Api(self.api)
 
     def start_kubelet(self) -> None:
         log = (self.root / "node.log").open("ab")
-        command = [str(HARNESS), "node", "--name", NODE, "--kubelet-dir", str(self.kubelet_dir)]
-        command += ["--control-plane-dir", str(self.control_plane), "--topology-policy", "single-numa-node"]
+        command = [str(harness_binary()), "node", "--name", NODE, "--kubelet-dir", str(self.kubelet_dir)]
+        command += ["--control-plane-dir", str(self.plane.dir), "--topology-policy", "single-numa-node"]
         self.kubelet = subprocess.Popen(command, stdout=log, stderr=log)
         log.close()
 
@@ -126,11 +106,7 @@ class Node:
         return dict(node.status.allocatable or {}).get(resource)
 
     def allocation(self, name: str) -> dict[str, Any] | None:
-        pod = self.core.read_namespaced_pod(name, "default")
-        for condition in pod.status.conditions or []:
-            if condition.type == ALLOCATED:
-                return dict(json.loads(condition.message))
-        return None
+        return self.plane.allocation_of("default", name)
 
     def close(self) -> None:
         rc = self.agent.stop()
@@ -142,7 +118,7 @@ class Node:
 
 
 @pytest.fixture
-def node(control_plane: Path) -> Iterator[Node]:
+def node(control_plane: ControlPlane) -> Iterator[Node]:
     running = Node(control_plane)
     try:
         wait("GPUs in node allocatable", lambda: running.capacity(RESOURCE_GPU) == "8", timeout=90)

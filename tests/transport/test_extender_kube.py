@@ -23,13 +23,13 @@ from scheduler_ext.kube import KubeBinder, build_kube_extender
 from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
 from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support.control_plane import ControlPlane, harness_binary
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).parents[2]
-HARNESS = ROOT / "tests" / "e2e" / "harness" / "bin" / "harness"
 CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
 NODES = ("gpu-a", "gpu-b")
 
@@ -44,43 +44,22 @@ def _wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> Non
 
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not HARNESS.exists():
-        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
-    directory = tmp_path_factory.mktemp("control-plane")
-    log = (directory / "harness.log").open("wb")
-    process = subprocess.Popen(
-        [str(HARNESS), "control-plane", "--dir", str(directory)], stdout=log, stderr=log
-    )
+    plane = ControlPlane(tmp_path_factory.mktemp("control-plane"))
     try:
-        _wait(
-            "kube-apiserver",
-            lambda: (directory / "ready").exists() or process.poll() is not None,
-            timeout=180,
-        )
-        if process.poll() is not None:
-            pytest.fail(f"control plane exited: {(directory / 'harness.log').read_text()[-2000:]}")
-        path = str(directory / "admin.kubeconfig")
-        _seed(path)
+        path = str(plane.admin_kubeconfig)
+        _seed(plane)
         yield path
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        plane.stop()
 
 
 def _api(kubeconfig: str) -> client.ApiClient:
     return config.new_client_from_config(config_file=kubeconfig)
 
 
-def _seed(kubeconfig: str) -> None:
-    with _api(kubeconfig) as api:
-        extensions = client.ApiextensionsV1Api(api)
-        extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
-        _wait("CRD established", lambda: _established(extensions))
+def _seed(plane: ControlPlane) -> None:
+    plane.apply([yaml.safe_load(CRD.read_text())])  # waits until the CRD is established
+    with _api(str(plane.admin_kubeconfig)) as api:
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         core.create_namespaced_service_account(
             "default", {"metadata": {"name": "default"}}
@@ -97,11 +76,6 @@ def _seed(kubeconfig: str) -> None:
             custom.replace_cluster_custom_object_status(
                 "gpuweave.io", "v1alpha1", "gpunodeinventories", name, created
             )
-
-
-def _established(extensions: client.ApiextensionsV1Api) -> bool:
-    crd = extensions.read_custom_resource_definition("gpunodeinventories.gpuweave.io")
-    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
 
 
 @pytest.fixture
@@ -245,7 +219,9 @@ def test_real_kube_scheduler_schedules_through_the_extender(
     )
     log = (tmp_path / "scheduler.log").open("wb")
     scheduler = subprocess.Popen(
-        [str(HARNESS), "kube-scheduler", f"--config={config_path}", "--secure-port=0"], stdout=log, stderr=log
+        [str(harness_binary()), "kube-scheduler", f"--config={config_path}", "--secure-port=0"],
+        stdout=log,
+        stderr=log,
     )
     try:
         pod = _create_pod(kubeconfig, "scheduled", 4)
@@ -289,35 +265,14 @@ def test_binder_never_annotates_a_recreated_pod(kubeconfig: str) -> None:
 def compacting_kubeconfig(tmp_path: Path) -> Iterator[str]:
     """A control plane whose watches read etcd directly and which compacts every second, so a
     watch resumed from an old resourceVersion gets 410 Gone."""
-    if not HARNESS.exists():
-        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
     flags = ["--apiserver-arg=--watch-cache=false", "--apiserver-arg=--etcd-compaction-interval=1s"]
-    log = (tmp_path / "harness.log").open("wb")
-    process = subprocess.Popen(
-        [str(HARNESS), "control-plane", "--dir", str(tmp_path), *flags], stdout=log, stderr=log
-    )
+    plane = ControlPlane(tmp_path, extra_args=flags)
     try:
-        _wait(
-            "kube-apiserver", lambda: (tmp_path / "ready").exists() or process.poll() is not None, timeout=180
-        )
-        assert process.poll() is None, (tmp_path / "harness.log").read_text()[-2000:]
-        path = str(tmp_path / "admin.kubeconfig")
-        with _api(path) as api:
-            extensions = client.ApiextensionsV1Api(api)
-            extensions.create_custom_resource_definition(yaml.safe_load(CRD.read_text()))
-            _wait("CRD established", lambda: _established(extensions))
-            client.CoreV1Api(api).create_node(
-                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
-            )
-        yield path
+        plane.apply([yaml.safe_load(CRD.read_text())])  # waits until the CRD is established
+        plane.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        yield str(plane.admin_kubeconfig)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        plane.stop()
 
 
 def test_expired_watch_lists_again_and_keeps_following(compacting_kubeconfig: str) -> None:

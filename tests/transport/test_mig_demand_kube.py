@@ -10,7 +10,6 @@ ListAndWatch, the other node changes nothing.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -28,8 +27,8 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
 from mig.service import MigService
-from tests.e2e.cluster import HARNESS_DIR, REPO, ControlPlane, wait_for
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.control_plane import REPO, ControlPlane, wait_for
 from tests.support.kubelet_emulator import KubeletEmulator
 from topology.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
 
@@ -43,8 +42,6 @@ NAMESPACE = "mig-work"
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    if not Path(os.environ.get("GPUWEAVE_E2E_HARNESS", HARNESS_DIR / "bin" / "harness")).is_file():
-        pytest.skip("control-plane harness not built (tests/e2e/harness/build.sh)")
     control = ControlPlane(tmp_path_factory.mktemp("mig-demand"))
     try:
         control.apply(control.kustomize(REPO / "manifests"))
