@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hardware.health_probe import GpuInUseError
@@ -40,6 +40,7 @@ from health.xid import Action, Cause
 from topology.assignment import parent_gpu_of_share
 
 log = logging.getLogger(__name__)
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -187,28 +188,23 @@ class Remediator:
         except Exception as exc:
             log.warning("cannot list pods for %s: %s; retrying next round", device, exc)
             return False
-        known, complete = self._with_kubelet_devices(listed, device)
-        pods = [p for p in known if p.devices & ids or any(parent_gpu_of_share(d) in ids for d in p.devices)]
+        allocated, complete = self._kubelet_devices(device)
+        pods = [p for p in listed if _holds(p.devices | allocated.pop((p.namespace, p.name), _NONE), ids)]
+        only_kubelet = sorted(allocated.items())  # not (yet or any more) listed by the API server
+        pods += [PodRef(space, name, held) for (space, name), held in only_kubelet if _holds(held, ids)]
         for pod in pods:
             self._evict(pod, device, record, monitor.settings.eviction_grace_s)
         return complete and not pods
 
-    def _with_kubelet_devices(self, listed: list[PodRef], device: str) -> tuple[list[PodRef], bool]:
-        """``listed`` with the devices the kubelet allocated added (and pods only the kubelet
-        knows appended); False as second value when the kubelet could not be asked."""
+    def _kubelet_devices(self, device: str) -> tuple[dict[tuple[str, str], frozenset[str]], bool]:
+        """(namespace, name) -> devices the kubelet allocated, and False when it could not be asked."""
         if self.pod_devices is None:
-            return listed, True
+            return {}, True
         try:
-            allocated = dict(self.pod_devices())
+            return dict(self.pod_devices()), True
         except Exception as exc:
             log.warning("cannot read pod devices from the kubelet for %s: %s; retrying", device, exc)
-            return listed, False
-        merged = []
-        for pod in listed:
-            extra = allocated.pop((pod.namespace, pod.name), frozenset())
-            merged.append(replace(pod, devices=pod.devices | extra) if extra - pod.devices else pod)
-        merged += [PodRef(space, name, devices) for (space, name), devices in sorted(allocated.items())]
-        return merged, True
+            return {}, False
 
     def _evict(self, pod: PodRef, device: str, record: DeviceRecord, grace_s: int) -> None:
         key = (pod.namespace, pod.name)
@@ -316,6 +312,11 @@ class Remediator:
             self.cluster.post_event(reason=reason, message=message, warning=warning)
         except Exception as exc:
             log.warning("cannot post event %s: %s", reason, exc)
+
+
+def _holds(devices: frozenset[str], ids: frozenset[str]) -> bool:
+    """A pod holding ``devices`` uses one of ``ids`` (directly, or through a share of it)."""
+    return bool(devices & ids) or any(parent_gpu_of_share(d) in ids for d in devices)
 
 
 def _device_ids(monitor: HealthMonitor, device: str) -> frozenset[str]:

@@ -103,8 +103,8 @@ def test_allocated_but_idle_mig_device_is_not_destroyed(node: Node) -> None:
     (idle,) = kubelet.healthy(MIG_3G) - {held}
     node.clock.now += 60  # the grant is old, no process runs: only the kubelet's list says it is taken
 
-    status = call_agent(node.state_dir, "mig.status")["gpus"]["3"]  # type: ignore[index]
-    assert sorted(i["busy"] for i in status) == [False, True]  # type: ignore[union-attr]
+    status = call_agent(node.state_dir, "mig.status")["gpus"]["3"]
+    assert sorted(i["busy"] for i in status) == [False, True]
     with pytest.raises(ControlError, match=r"busy instance 3g.40gb"):
         apply(node, 3, ["1g.10gb"] * 7)
     assert set(kubelet.devices(MIG_3G)) == {held, idle}
