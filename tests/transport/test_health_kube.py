@@ -190,6 +190,16 @@ def test_pods_and_evictions(cluster: tuple[KubeCluster, ApiState]) -> None:
     assert kube.evict(pods["trainer"], grace_s=120) == EvictionOutcome.GONE
 
 
+def test_pods_without_an_assignment_are_listed_with_no_devices(cluster: tuple[KubeCluster, ApiState]) -> None:
+    """Remediation joins the kubelet's pod-resources devices onto these (and keeps the opt-out label)."""
+    kube, api = cluster
+    add_pod(api, "placed-elsewhere", [], labels={ANNOTATION_OPT_OUT_EVICTION: "true"})
+    del api.pods[("ml", "placed-elsewhere")]["metadata"]["annotations"]
+    pods = {p.name: p for p in kube.pods_on_node()}
+    assert pods["placed-elsewhere"].devices == frozenset()
+    assert pods["placed-elsewhere"].opted_out
+
+
 def test_conditions_keep_transition_time_while_status_holds(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube, api = cluster
     kube.set_conditions((NodeCondition("GpuweaveGpuHealthy", "True", "AllGpusHealthy", ""),))
