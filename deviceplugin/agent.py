@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -41,6 +40,7 @@ from deviceplugin.sharing import SharingPlan
 from deviceplugin.siblings import SiblingGrants
 from deviceplugin.state import ResourceState
 from topology.inventory import NodeInventory
+from topology.state_file import write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +80,6 @@ class AgentConfig:
 class _Resource:
     state: ResourceState
     server: ResourceServer
-
-
-def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class NodeAgent:

@@ -1,24 +1,19 @@
-"""Atomic JSON files in the state directory (write tmp + fsync + os.replace)."""
+"""Atomic JSON files in the state directory (topology.state_file: write tmp + fsync + os.replace)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from health.errors import HealthStateError
+from topology.state_file import write_json_atomically
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON so a crash leaves the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_json_atomically(path, data, indent=1)
 
 
 def read_json(path: Path) -> Any:

@@ -14,7 +14,6 @@ Writes are atomic (temporary file, fsync, ``os.replace``, fsync of the directory
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mig.planner import PlannedInstance
 from topology.errors import GpuweaveError
+from topology.state_file import replace_file_atomically
 
 JOURNAL_FILE = "mig-journal.json"
 JOURNAL_VERSION = 1
@@ -137,17 +137,7 @@ class MigJournal:
         wire = _JournalWire(gpus={uuid: _to_wire(gpu) for uuid, gpu in state.gpus.items()})
         payload = json.dumps(wire.model_dump(), indent=2, sort_keys=True).encode()
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_suffix(".json.tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self._path)
-        dir_fd = os.open(self._path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_file_atomically(self._path, payload, sync_directory=True)
 
 
 def _from_wire(uuid: str, gpu: _GpuWire) -> GpuRecord:
