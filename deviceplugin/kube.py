@@ -192,14 +192,25 @@ class PodWatcher:
                 _upsert(self._view, pod)
 
 
+def _api_client(kubeconfig: Path | None) -> client.ApiClient:
+    if kubeconfig is not None:
+        loaded: client.ApiClient = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        return loaded
+    configuration = client.Configuration()
+    kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration)
+
+
 class KubeParts:
     """The API-server side of the agent: publisher, pod watcher (handoff) and event reporter."""
 
-    def __init__(self, kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> None:
+    def __init__(self, kubeconfig: Path | None, *, node: str, metrics: AgentMetrics) -> None:
+        """``kubeconfig`` None: the pod's own service account (token, CA and API server address)."""
         try:
-            self.api = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+            self.api = _api_client(kubeconfig)
         except Exception as exc:
-            raise DevicePluginError(f"cannot load kubeconfig {kubeconfig}: {exc}") from exc
+            where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+            raise DevicePluginError(f"cannot load {where}: {exc}") from exc
         self.view = PodView()
         self.handoff = HandoffMatcher(
             self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
@@ -220,4 +231,4 @@ class KubeParts:
         if self.publisher is not None:
             self.publisher.stop()
         self.pods.stop()
-        self.api.close()
+        self.api.close()  # type: ignore[no-untyped-call]

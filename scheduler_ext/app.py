@@ -12,6 +12,7 @@ from pathlib import Path
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.server import ExtenderHTTPServer
 from scheduler_ext.service import Binder, ExtenderService
@@ -29,6 +30,7 @@ class Extender:
     service: ExtenderService
     metrics: ExtenderMetrics
     server: ExtenderHTTPServer | None = None
+    probe_server: ProbeHTTPServer | None = None
     stoppers: tuple[object, ...] = ()
 
     def serve(
@@ -46,15 +48,23 @@ class Extender:
         server.serve_in_thread()
         return server.url
 
+    def serve_probes(self, *, host: str, port: int) -> str:
+        """Bind the read-only probe listener (healthz, readyz, metrics); returns its URL."""
+        probes = ProbeHTTPServer((host, port), cache=self.cache, metrics=self.metrics)
+        self.probe_server = probes
+        probes.serve_in_thread()
+        return probes.url
+
     def close(self) -> None:
         for stopper in self.stoppers:
             stop = getattr(stopper, "stop", None)
             if callable(stop):
                 stop()
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        for server in (self.server, self.probe_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        self.server = self.probe_server = None
 
 
 def build_core(

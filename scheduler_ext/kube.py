@@ -259,11 +259,12 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
                 config_file=kubeconfig
             )
             return loaded
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        configuration = client.Configuration()  # not the process-wide default: explicit wiring
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError, TypeError, ValueError) as exc:
         where = kubeconfig or "the in-cluster service account"
         raise InvalidInputError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
-    return client.ApiClient()
+    return client.ApiClient(configuration)
 
 
 def build_kube_extender(*, kubeconfig: str | None, watch_timeout_s: int = WATCH_TIMEOUT_S) -> Extender:

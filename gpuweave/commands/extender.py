@@ -30,6 +30,14 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="address to serve on (default 127.0.0.1:8888; port 0 picks a free one)",
     )
+    parser.add_argument(
+        "--probe-listen",
+        metavar="HOST:PORT",
+        help=(
+            "also serve GET /healthz, /readyz and /metrics (nothing else) here, for kubelet probes "
+            "while --listen stays on loopback; for example 0.0.0.0:8889"
+        ),
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--kubeconfig", metavar="FILE", help="watch the cluster this kubeconfig names")
     source.add_argument("--in-cluster", action="store_true", help="watch the cluster the pod runs in")
@@ -39,10 +47,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _listen_address(text: str) -> tuple[str, int]:
+def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise InvalidInputError(f"--listen {text!r} is not HOST:PORT; for example 0.0.0.0:8888")
+        raise InvalidInputError(f"{flag} {text!r} is not HOST:PORT; for example 0.0.0.0:8888")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -63,12 +71,11 @@ def _freeze_when_synced(extender: Extender, stop: threading.Event) -> None:
             return
 
 
-def run(args: argparse.Namespace) -> int:
+def _serve(extender: Extender, args: argparse.Namespace) -> str:
+    """Bind the protocol listener and, with --probe-listen, the probe listener; one-line errors."""
     host, port = _listen_address(args.listen)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise InvalidInputError("--tls-cert and --tls-key go together; give both or neither")
-    extender = _build(args)
-    stop = threading.Event()
+    probe = _listen_address(args.probe_listen, flag="--probe-listen") if args.probe_listen else None
+    flag, address = "--listen", args.listen
     try:
         url = extender.serve(
             host=host,
@@ -76,13 +83,29 @@ def run(args: argparse.Namespace) -> int:
             tls_cert=Path(args.tls_cert) if args.tls_cert else None,
             tls_key=Path(args.tls_key) if args.tls_key else None,
         )
+        if probe is None:
+            return url
+        flag, address = "--probe-listen", args.probe_listen
+        return f"{url}, probes on {extender.serve_probes(host=probe[0], port=probe[1])}"
     except OSError as exc:
         extender.close()
-        raise GpuweaveError(f"cannot serve on {args.listen}: {exc.strerror}; pick another --listen") from None
+        raise GpuweaveError(f"cannot serve on {address}: {exc.strerror}; pick another {flag}") from None
     except GpuweaveError:
         extender.close()
         raise
-    print(f"gpuweave extender serving on {url} ({len(extender.cache.node_names())} nodes cached)", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    _listen_address(args.listen)
+    if args.probe_listen:
+        _listen_address(args.probe_listen, flag="--probe-listen")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InvalidInputError("--tls-cert and --tls-key go together; give both or neither")
+    extender = _build(args)
+    urls = _serve(extender, args)
+    stop = threading.Event()
+    cached = len(extender.cache.node_names())
+    print(f"gpuweave extender serving on {urls} ({cached} nodes cached)", flush=True)
     threading.Thread(target=_freeze_when_synced, args=(extender, stop), daemon=True).start()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

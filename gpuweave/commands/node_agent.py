@@ -69,6 +69,11 @@ def register(subparsers: Any) -> None:
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
     )
+    kube.add_argument(
+        "--in-cluster",
+        action="store_true",
+        help="publish and read pods through the pod's own service account (instead of --kubeconfig)",
+    )
     kube.add_argument("--no-kube", action="store_true", help="run with no API server")
     add(
         "--pod-resources-socket",
@@ -81,7 +86,8 @@ def register(subparsers: Any) -> None:
     add(
         "--mig-demand",
         action="store_true",
-        help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests (needs --kubeconfig; docs/mig.md)",
+        help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests "
+        "(needs --kubeconfig or --in-cluster; docs/mig.md)",
     )
     parser.set_defaults(handler=run)
 
@@ -100,8 +106,9 @@ def open_backend(args: argparse.Namespace) -> GpuBackend:
     return NvmlBackend(node_name=node_name(args))
 
 
-def open_kube(kubeconfig: Path, *, node: str, metrics: AgentMetrics) -> KubeParts:
-    """The API-server side, imported only with --kubeconfig: --no-kube runs load no kubernetes client."""
+def open_kube(kubeconfig: Path | None, *, node: str, metrics: AgentMetrics) -> KubeParts:
+    """The API-server side (``kubeconfig`` None: the in-cluster service account), imported only with
+    --kubeconfig or --in-cluster: --no-kube runs load no kubernetes client."""
     from deviceplugin.kube import KubeParts  # noqa: PLC0415 (deferred: memory and start-up time)
 
     return KubeParts(kubeconfig, node=node, metrics=metrics)
@@ -153,10 +160,14 @@ def build_agent(
 def run(args: argparse.Namespace) -> int:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
-    if args.mig_demand and not args.kubeconfig:
-        raise GpuweaveError("--mig-demand watches pending pods through the API server: give --kubeconfig too")
+    with_kube = bool(args.kubeconfig or args.in_cluster)
+    if args.mig_demand and not with_kube:
+        raise GpuweaveError(
+            "--mig-demand watches pending pods through the API server: "
+            "give --kubeconfig too (or --in-cluster)"
+        )
     metrics = AgentMetrics()
-    kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if args.kubeconfig else None
+    kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if with_kube else None
     backend = open_backend(args)
     agent = build_agent(args, backend=backend, kube=kube, metrics=metrics)
     stop = threading.Event()

@@ -50,6 +50,20 @@ def test_workloads_were_stored_as_written(plane: ControlPlane) -> None:
     assert not (containers["extender"].security_context.privileged or False)
 
 
+def test_extender_probes_skip_loopback_and_the_agent_runs_in_cluster(plane: ControlPlane) -> None:
+    """The kubelet probes from the node: httpGet on the probe port, never host 127.0.0.1."""
+    apps = client.AppsV1Api(plane.api)
+    scheduler = apps.read_namespaced_deployment("gpuweave-scheduler", NAMESPACE).spec.template.spec
+    extender = {c.name: c for c in scheduler.containers}["extender"]
+    ports = {p.name: p.container_port for p in extender.ports}
+    for probe in (extender.readiness_probe, extender.liveness_probe):
+        assert probe.http_get.host is None and probe.http_get.port == "probes"
+    assert f"--probe-listen=0.0.0.0:{ports['probes']}" in extender.args
+    agent = apps.read_namespaced_daemon_set("gpuweave-node-agent", NAMESPACE).spec.template.spec
+    assert "--in-cluster" in agent.containers[0].args
+    assert not any(v.config_map for v in agent.volumes)
+
+
 def _server_dry_run(plane: ControlPlane, doc: dict[str, Any], namespace: str) -> Any:
     pods = dynamic.DynamicClient(plane.api).resources.get(api_version="v1", kind="Pod")
     return pods.create(body=doc, namespace=namespace, dry_run="All")

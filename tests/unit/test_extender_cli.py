@@ -17,6 +17,7 @@ from gpuweave.cli import main
         (["extender", "--snapshot", "x", "--tls-cert", "c"], "--tls-cert and --tls-key go together"),
         (["extender", "--snapshot", "/no/such/file.yaml"], "cannot read snapshot /no/such/file.yaml"),
         (["extender", "--kubeconfig", "/no/such/kubeconfig"], "cannot load Kubernetes credentials"),
+        (["extender", "--probe-listen", "nowhere", "--snapshot", "x"], "--probe-listen 'nowhere' is not"),
     ],
 )
 def test_bad_arguments_print_one_line(
@@ -46,3 +47,25 @@ def test_bad_tls_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     ]
     assert main(argv) == 2
     assert f"cannot load TLS certificate {cert}" in capsys.readouterr().err
+
+
+def test_in_cluster_outside_a_pod_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["extender", "--in-cluster"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load Kubernetes credentials from the in-cluster service account" in err
+    argv = ["node-agent", "--in-cluster", "--kubelet-dir", str(tmp_path), "--state-dir", str(tmp_path / "s"),
+            "--simulate", "dgx1-v100"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuweave node-agent: cannot load the in-cluster service account")
+    assert err.count("\n") == 1
+
+
+def test_in_cluster_and_kubeconfig_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("extender", "node-agent"):
+        with pytest.raises(SystemExit):
+            main([command, "--in-cluster", "--kubeconfig", "k"])
+        assert "not allowed with argument" in capsys.readouterr().err

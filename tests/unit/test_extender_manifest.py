@@ -52,3 +52,45 @@ def test_managed_resources_cover_our_names_and_ignore_only_the_shares() -> None:
     assert managed[RESOURCE_GPU] is False and managed[RESOURCE_EFA] is False
     profiles = {p.name for model in default_catalog().models for p in model.profiles}
     assert {mig_resource_name(p) for p in profiles} <= set(managed)
+
+
+MANIFESTS = Path(__file__).parents[2] / "manifests"
+GO_MOD = Path(__file__).parents[2] / "tests" / "e2e" / "harness" / "go.mod"
+
+
+def _containers(path: Path) -> dict[str, dict[str, Any]]:
+    (workload,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
+
+
+def _flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    return value
+
+
+def test_extender_probes_use_the_probe_port_and_the_protocol_port_stays_on_loopback() -> None:
+    extender = _containers(MANIFESTS / "scheduler" / "deployment.yaml")["extender"]
+    args = extender["args"]
+    assert _flag(args, "--listen").startswith("127.0.0.1:")
+    probe_port = int(_flag(args, "--probe-listen").rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in extender["ports"]}
+    assert "--in-cluster" in args
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = extender[probe]["httpGet"]
+        assert get["path"] == path and "host" not in get  # the kubelet probes the pod's address
+        assert ports[get["port"]] == probe_port
+
+
+def test_kube_scheduler_image_is_the_version_the_e2e_suite_tests() -> None:
+    tested = re.search(r"^\s*k8s\.io/kubernetes (v[0-9.]+)$", GO_MOD.read_text(), re.MULTILINE)
+    assert tested is not None
+    image = _containers(MANIFESTS / "scheduler" / "deployment.yaml")["kube-scheduler"]["image"]
+    assert image == f"registry.k8s.io/kube-scheduler:{tested.group(1)}"
+
+
+def test_node_agent_uses_its_service_account_directly() -> None:
+    agent = _containers(MANIFESTS / "node-agent-daemonset.yaml")["node-agent"]
+    assert "--in-cluster" in agent["args"]
+    assert not any(a.startswith("--kubeconfig") for a in agent["args"])
+    resources = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    assert all((MANIFESTS / r).exists() for r in resources)
