@@ -8,8 +8,7 @@ exactly the assigned devices.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from proto.v1beta1 import api_pb2
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import ControlPlane
 from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.waiting import wait_until as wait
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
@@ -31,14 +31,6 @@ ROOT = Path(__file__).parents[2]
 CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
 NODE = "gpu-node-1"
 GROUP = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
-
-
-def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,19 +21,12 @@ from kubernetes import client, config
 from hardware.profiles import load_profile
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import ControlPlane, harness_binary
+from tests.support.waiting import wait_until as wait
 from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 
 NODE = "gpu-node-k"
-
-
-def wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:

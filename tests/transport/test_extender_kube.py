@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from scheduler_ext.samples import inventory_object, pod_object, profile_inventor
 from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.control_plane import ControlPlane, harness_binary
+from tests.support.waiting import wait_until as _wait
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
@@ -32,14 +32,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
 CRD = ROOT / "manifests" / "crds" / "gpunodeinventories.yaml"
 NODES = ("gpu-a", "gpu-b")
-
-
-def _wait(what: str, check: Callable[[], bool], *, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

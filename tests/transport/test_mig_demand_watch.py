@@ -30,6 +30,7 @@ from mig.catalog import default_catalog
 from mig.journal import MigJournal
 from mig.reconciler import GpuRef, MigReconciler
 from mig.service import LayoutFollower, MigService
+from tests.support.waiting import poll_until
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 
 GONE = {
@@ -128,12 +129,7 @@ def mig_service(tmp_path: Path) -> MigService:
 
 
 def wait(check: Any) -> bool:
-    done = threading.Event()
-    for _ in range(200):
-        if check():
-            return True
-        done.wait(0.05)
-    return bool(check())
+    return poll_until(check, timeout=10, every=0.05)
 
 
 def test_node_watch_relists_after_410_and_applies_the_new_layout(serve, tmp_path, caplog):

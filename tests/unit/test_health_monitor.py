@@ -20,6 +20,7 @@ from health.policy import DeviceState, RemediationFinished, RemediationStarted
 from health.signals.kmsg import KernelLogTail
 from health.xid import Action
 from tests.support.small_inventory import gpu_uuid, small_inventory
+from tests.support.waiting import poll_until
 
 
 class SimLib(HealthCallsMixin):
@@ -240,15 +241,6 @@ def test_an_xid_seen_as_event_and_kernel_line_counts_once(
     assert (record.state, record.strikes) == (DeviceState.FAILED, 2)
 
 
-def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_watchdog_withholds_every_gpu_while_checks_are_stuck(tmp_path: Path) -> None:
     inventory = small_inventory(gpus=4)
     sysfs = efa_sysfs(tmp_path / "sys", [n.name for n in inventory.nics])
@@ -265,10 +257,14 @@ def test_watchdog_withholds_every_gpu_while_checks_are_stuck(tmp_path: Path) -> 
     monitor = HealthMonitor(engine, probe, clock=time.monotonic, sink=sink, round_hooks=(stuck_hook,))
     monitor.start()
     try:
-        assert wait_until(lambda: sink.health and not any(sink.health[g.uuid] for g in inventory.gpus))
+        assert poll_until(
+            lambda: sink.health and not any(sink.health[g.uuid] for g in inventory.gpus),
+            timeout=10,
+            every=0.02,
+        )
         assert "stalled" in monitor.snapshot().gpus[gpu_uuid(0)].reason
         gate.set()
-        assert wait_until(lambda: all(sink.health[g.uuid] for g in inventory.gpus))
+        assert poll_until(lambda: all(sink.health[g.uuid] for g in inventory.gpus), timeout=10, every=0.02)
     finally:
         gate.set()
         monitor.stop()
