@@ -30,14 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hardware.mig_ops import MigOps
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
 from mig.catalog import GpuModel, default_catalog
-from mig.journal import MigJournal
 from mig.planner import Instance, MigPlanError, TargetEntry, plan_layout
-from mig.reconciler import GpuRef, MigReconciler
+from tests.support.sim_mig import mig_reconciler
 
 T = TypeVar("T")
 RESULTS = Path(__file__).parent / "results" / "mig.json"
@@ -67,13 +65,7 @@ def reshape_cycle(profile: str, latency_s: float, state_dir: Path) -> list[dict[
     lib = CountingLib(SimulatedNode(inventory))
     lib.nvmlInit()
     lib.mig_latency_s = latency_s
-    assert lib.mig_node is not None
-    reconciler = MigReconciler(
-        ops=MigOps(lib, resetter=lib.mig_node),
-        journal=MigJournal(state_dir),
-        catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
-    )
+    reconciler = mig_reconciler(lib, inventory, state_dir)
     rows = []
     for target in CYCLES[profile]:
         entries = None if target is None else [TargetEntry(p) for p in target]

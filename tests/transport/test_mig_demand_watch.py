@@ -12,7 +12,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -22,14 +22,9 @@ from kubernetes import client
 
 from gpuweave.node_mig import ListWatch, NodeWatch
 from gpuweave.node_mig_demand import PodCache
-from hardware.mig_ops import MigOps
-from hardware.profiles import load_profile
-from hardware.simulated.lib import SimulatedNvmlLib
-from hardware.simulated.node import SimulatedNode
-from mig.catalog import default_catalog
-from mig.journal import MigJournal
-from mig.reconciler import GpuRef, MigReconciler
 from mig.service import LayoutFollower, MigService
+from tests.support.loopback_api import loopback_api
+from tests.support.sim_mig import sim_mig_service
 from tests.support.waiting import poll_until
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 
@@ -94,19 +89,8 @@ def handler_for(paths: dict[str, Collection]) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def serve() -> Iterator[tuple[client.ApiClient, dict[str, Collection]]]:
     paths: dict[str, Collection] = {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(paths))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api = client.ApiClient(config)
-    try:
+    with loopback_api(handler_for(paths)) as api:
         yield api, paths
-    finally:
-        api.close()
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def node(labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -114,18 +98,7 @@ def node(labels: dict[str, str], annotations: dict[str, str] | None = None) -> d
 
 
 def mig_service(tmp_path: Path) -> MigService:
-    inventory = load_profile("dgx-h100").to_inventory()
-    lib = SimulatedNvmlLib(SimulatedNode(inventory))
-    lib.nvmlInit()
-    assert lib.mig_node is not None
-    return MigService(
-        MigReconciler(
-            ops=MigOps(lib, resetter=lib.mig_node),
-            journal=MigJournal(tmp_path),
-            catalog=default_catalog(),
-            gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
-        )
-    )
+    return sim_mig_service(tmp_path)[0]
 
 
 def wait(check: Any) -> bool:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from gpuweave.node_mig import node_annotation_reader
+from tests.support.loopback_api import loopback_api
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 
 
@@ -36,19 +36,8 @@ def handler_for(nodes: dict[str, dict[str, Any]]) -> type[BaseHTTPRequestHandler
 @pytest.fixture
 def cluster() -> Iterator[tuple[client.ApiClient, dict[str, dict[str, Any]]]]:
     nodes: dict[str, dict[str, Any]] = {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(nodes))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api_client = client.ApiClient(config)
-    try:
+    with loopback_api(handler_for(nodes)) as api_client:
         yield api_client, nodes
-    finally:
-        api_client.close()
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def node(annotations: dict[str, str] | None) -> dict[str, Any]:

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hardware.mig_ops import MigOps
-from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
-from hardware.simulated.node import SimulatedNode
-from mig.catalog import default_catalog
 from mig.demand import Claim, PendingPod
 from mig.demand_runner import DemandRunner
-from mig.journal import MigJournal
-from mig.reconciler import GpuRef, MigReconciler
 from mig.service import MigService
+from tests.support.sim_mig import sim_mig_service
 
 NOW = 1_800_000_000.0
 
@@ -42,17 +37,7 @@ class MemoryClaims:
 
 
 def mig_service(tmp_path: Path) -> tuple[MigService, SimulatedNvmlLib]:
-    inventory = load_profile("dgx-h100").to_inventory()
-    lib = SimulatedNvmlLib(SimulatedNode(inventory))
-    lib.nvmlInit()
-    assert lib.mig_node is not None
-    reconciler = MigReconciler(
-        ops=MigOps(lib, resetter=lib.mig_node),
-        journal=MigJournal(tmp_path),
-        catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
-    )
-    service = MigService(reconciler)
+    service, lib = sim_mig_service(tmp_path)
     service.apply_declared('{"gpus": {"3": []}}')  # GPU 3 in MIG mode, no instances
     return service, lib
 

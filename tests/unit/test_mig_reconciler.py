@@ -21,6 +21,7 @@ from mig.catalog import default_catalog
 from mig.journal import JOURNAL_FILE, MigJournal
 from mig.planner import MigPlanError, PlannedInstance, TargetEntry
 from mig.reconciler import GpuRef, MigApplyError, MigReconciler
+from tests.support.sim_mig import mig_reconciler
 from topology.inventory import NodeInventory
 
 
@@ -59,16 +60,7 @@ def make(profile: str, tmp_path: Path, *, fault: Any = None, lib: SimulatedNvmlL
     inventory = inventory_of(profile)
     lib = lib or sim_lib(inventory)
     hooks = RecordingHooks()
-    assert lib.mig_node is not None
-    reconciler = MigReconciler(
-        ops=MigOps(lib, resetter=lib.mig_node),
-        journal=MigJournal(tmp_path),
-        catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
-        hooks=hooks,
-        clock=lambda: 1000.0,
-        fault=fault,
-    )
+    reconciler = mig_reconciler(lib, inventory, tmp_path, hooks=hooks, clock=lambda: 1000.0, fault=fault)
     return lib, reconciler, hooks
 
 

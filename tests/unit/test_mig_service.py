@@ -7,29 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from hardware.mig_ops import MigOps
-from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
-from hardware.simulated.node import SimulatedNode
-from mig.catalog import default_catalog
-from mig.journal import MigJournal
-from mig.reconciler import GpuRef, MigReconciler
 from mig.service import LayoutFollower, MigService
+from tests.support.sim_mig import sim_mig_service
 from topology.errors import InvalidInputError
 
 
 def service(tmp_path: Path) -> tuple[MigService, SimulatedNvmlLib]:
-    inventory = load_profile("dgx-h100").to_inventory()
-    lib = SimulatedNvmlLib(SimulatedNode(inventory))
-    lib.nvmlInit()
-    assert lib.mig_node is not None
-    reconciler = MigReconciler(
-        ops=MigOps(lib, resetter=lib.mig_node),
-        journal=MigJournal(tmp_path),
-        catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
-    )
-    return MigService(reconciler), lib
+    return sim_mig_service(tmp_path)
 
 
 @pytest.mark.parametrize(
