@@ -266,28 +266,25 @@ class MigOps:
 
     def create(self, index: int, *, profile_id: int, start: int, size: int, ci_profile_index: int) -> str:
         """Create a GPU instance at ``start`` and one compute instance in it; returns the MIG UUID."""
-        placement = self._lib.c_nvmlGpuInstancePlacement_t()
-        placement.start, placement.size = start, size
-        gi = self._nvml(
-            "nvmlDeviceCreateGpuInstanceWithPlacement",
-            self.handle(index),
-            profile_id,
-            ctypes.byref(placement),
-        )
+        gi = self._create_gpu_instance(index, profile_id=profile_id, start=start, size=size)
         ci = self._nvml("nvmlGpuInstanceCreateComputeInstance", gi, self._ci_profile(gi, ci_profile_index).id)
         return self._mig_uuid(ci)
 
     def create_gpu_instance_only(self, index: int, *, profile_id: int, start: int, size: int) -> int:
         """Create just the GPU instance (the first half of ``create``); returns its GI id."""
+        gi = self._create_gpu_instance(index, profile_id=profile_id, start=start, size=size)
+        return int(self._nvml("nvmlGpuInstanceGetInfo", gi).id)
+
+    def _create_gpu_instance(self, index: int, *, profile_id: int, start: int, size: int) -> Any:
+        """``nvmlDeviceCreateGpuInstanceWithPlacement`` at ``start``/``size``; the new GI's handle."""
         placement = self._lib.c_nvmlGpuInstancePlacement_t()
         placement.start, placement.size = start, size
-        gi = self._nvml(
+        return self._nvml(
             "nvmlDeviceCreateGpuInstanceWithPlacement",
             self.handle(index),
             profile_id,
             ctypes.byref(placement),
         )
-        return int(self._nvml("nvmlGpuInstanceGetInfo", gi).id)
 
     def complete(self, index: int, *, gi_id: int, ci_profile_index: int) -> str:
         """Add the compute instance a GPU instance lacks (after a crash between the two creates)."""
