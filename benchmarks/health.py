@@ -34,8 +34,8 @@ import yaml
 from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
 from hardware.simulated.health_calls import xid_kernel_line
-from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
-from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.agent_node import AgentNode
+from tests.support.agent_process import short_temp_dir
 from topology.contracts import RESOURCE_GPU
 
 RESULTS = Path(__file__).parent / "results" / "health.json"
@@ -47,17 +47,14 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-class Bench:
+class Bench(AgentNode):
     def __init__(self, profile: str, round_s: float) -> None:
-        self.root = short_temp_dir()
+        root = short_temp_dir()
         config = {"health": {"round_interval_s": round_s, "strike_limit": 100000, "check_timeout_s": 0.5}}
-        (self.root / "health.yaml").write_text(yaml.safe_dump(config))
-        self.kubelet = KubeletEmulator(self.root / "k")
-        self.kubelet.start()
+        (root / "health.yaml").write_text(yaml.safe_dump(config))
         self.inventory = load_profile(profile).to_inventory(node_name="node-a")
-        extra = ("--health-config", str(self.root / "health.yaml"))
-        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile, extra=extra)
-        self.state = self.root / "s"
+        super().__init__(profile, extra=("--health-config", str(root / "health.yaml")), root=root)
+        self.state = self.state_dir
         if not self.wait(lambda: len(self.kubelet.healthy(RESOURCE_GPU)) == len(self.inventory.gpus), 60):
             self.close()
             raise SystemExit("the agent did not come up with every GPU healthy")
@@ -105,9 +102,7 @@ class Bench:
             handle.write(line + "\n")
 
     def close(self) -> None:
-        self.agent.stop()
-        self.kubelet.stop()
-        remove_tree(self.root)
+        self.stop_all()
 
 
 def summarize(results: dict[str, list[float]]) -> dict[str, dict[str, float]]:

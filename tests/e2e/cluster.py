@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.agent_node import run_sim_inject
 from tests.support.control_plane import (
     ALLOCATED_CONDITION,
     HARNESS_DIR,
@@ -142,12 +142,7 @@ class SimNode:
         return wait_for(f"{self.name} allocatable {resource}={allocatable}", check, timeout=timeout)
 
     def inject(self, *args: str) -> None:
-        subprocess.run(
-            [*gpuweave_command(), "sim", "inject", "--state-dir", str(self.state_dir), *args],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        run_sim_inject(self.state_dir, *args).check_returncode()
 
     def stop(self) -> None:
         self.agent.stop()

@@ -18,9 +18,8 @@ from kubernetes import client, config
 
 from deviceplugin.control import call_agent
 from proto.v1beta1 import api_pb2
-from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
+from tests.support.agent_node import AgentNode
 from tests.support.control_plane import ControlPlane
-from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import wait_until as wait
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -45,18 +44,9 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         plane.stop()
 
 
-class Running:
+class Running(AgentNode):
     def __init__(self, kubeconfig: str) -> None:
-        self.root = short_temp_dir()
-        self.kubelet = KubeletEmulator(self.root / "k")
-        self.kubelet.start()
-        self.agent = AgentProcess(
-            self.root / "k",
-            self.root / "s",
-            profile="p5.48xlarge",
-            extra=("--kubeconfig", kubeconfig),
-            node=NODE,
-        )
+        super().__init__("p5.48xlarge", extra=("--kubeconfig", kubeconfig), node=NODE)
         self.api = config.new_client_from_config(config_file=kubeconfig)
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
@@ -68,11 +58,8 @@ class Running:
             return None
 
     def close(self) -> None:
-        rc = self.agent.stop()
-        self.kubelet.stop()
         self.api.close()
-        remove_tree(self.root)
-        assert rc == 0, getattr(self.agent, "stderr", "")
+        super().close()
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import yaml
 
 from hardware.profiles import builtin_profile_names, load_profile
 from proto.v1beta1 import api_pb2
-from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
-from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.agent_node import AgentNode
+from tests.support.agent_process import remove_tree
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from topology.contracts import (
     RESOURCE_EFA,
@@ -33,14 +33,11 @@ def expected_counts(inventory: NodeInventory) -> dict[str, int]:
     return counts
 
 
-class Node:
+class Node(AgentNode):
     def __init__(self, profile: str, *, extra: tuple[str, ...] = ()) -> None:
-        self.root = short_temp_dir()
-        self.kubelet = KubeletEmulator(self.root / "k")
-        self.kubelet.start()
         self.inventory = load_profile(profile).to_inventory(node_name="node-a")
         self.expected = expected_counts(self.inventory)
-        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile, extra=extra)
+        super().__init__(profile, extra=extra)
 
     def all_registered(self) -> bool:
         return all(len(self.kubelet.devices(r)) == n for r, n in self.expected.items())

@@ -8,8 +8,6 @@ measured in benchmarks/health.py, not asserted here).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,8 @@ import yaml
 
 from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
-from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
-from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.agent_node import AgentNode, run_sim_inject
+from tests.support.agent_process import short_temp_dir
 from tests.support.small_inventory import small_inventory
 from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
 from topology.spec import NodeProfile
@@ -29,33 +27,19 @@ HEALTH_CONFIG = {"health": {"round_interval_s": 0.05, "check_timeout_s": 0.4, "e
 WAIT = 15.0
 
 
-class Node:
+class Node(AgentNode):
     def __init__(self, profile: str, *, root: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.root = root or short_temp_dir()
-        self.profile = profile
-        (self.root / "health.yaml").write_text(yaml.safe_dump(HEALTH_CONFIG))
-        self.extra = ("--health-config", str(self.root / "health.yaml"), *extra)
-        self.kubelet = KubeletEmulator(self.root / "k")
-        self.kubelet.start()
-        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=profile, extra=self.extra)
+        root = root or short_temp_dir()
+        (root / "health.yaml").write_text(yaml.safe_dump(HEALTH_CONFIG))
+        super().__init__(profile, extra=("--health-config", str(root / "health.yaml"), *extra), root=root)
         self.inventory = load_profile(profile).to_inventory(node_name="node-a")
 
     def restart_agent(self) -> None:
         assert self.agent.stop() == 0, getattr(self.agent, "stderr", "")
-        self.agent = AgentProcess(self.root / "k", self.root / "s", profile=self.profile, extra=self.extra)
+        self.agent = self.start_agent()
 
     def inject(self, *args: str) -> str:
-        command = [
-            sys.executable,
-            "-m",
-            "gpuweave",
-            "sim",
-            "inject",
-            "--state-dir",
-            str(self.root / "s"),
-            *args,
-        ]
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False)
+        done = run_sim_inject(self.state_dir, *args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -75,12 +59,6 @@ class Node:
         assert self.kubelet.wait_for(predicate, timeout=WAIT), (
             f"timed out waiting for {what}: {self.status()}"
         )
-
-    def close(self) -> None:
-        rc = self.agent.stop()
-        self.kubelet.stop()
-        remove_tree(self.root)
-        assert rc == 0, getattr(self.agent, "stderr", "")
 
 
 def ready(node: Node) -> bool:
@@ -164,17 +142,7 @@ def test_bad_injections_get_one_line_errors(p5: Node) -> None:
         (("--gpu", "9", "--xid", "79"), "no GPU 9"),
         (("--efa-down", "rdmap79s0"), "no netdev"),
     ]:
-        command = [
-            sys.executable,
-            "-m",
-            "gpuweave",
-            "sim",
-            "inject",
-            "--state-dir",
-            str(p5.root / "s"),
-            *args,
-        ]
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False)
+        done = run_sim_inject(p5.state_dir, *args)
         assert done.returncode == 2
         assert message in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
