@@ -31,6 +31,7 @@ from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from topology.assignment import PodAssignment, parent_gpu_of_share
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from topology.errors import GpuweaveError
+from topology.fragmentation import TargetWorkload
 
 _NAME = re.compile(r"[^a-z0-9.-]+")
 
@@ -61,7 +62,13 @@ class ExtenderPlacer:
     name = "gpuweave"
     transport = "extender over HTTP"
 
-    def __init__(self, fleet: Sequence[FleetNode], *, share_nodes: frozenset[int]) -> None:
+    def __init__(
+        self,
+        fleet: Sequence[FleetNode],
+        *,
+        share_nodes: frozenset[int],
+        share_workload: TargetWorkload | None = None,
+    ) -> None:
         self._fleet = tuple(fleet)
         self._share_nodes = share_nodes
         self._faults: dict[int, dict[str, str]] = {}
@@ -69,7 +76,8 @@ class ExtenderPlacer:
         self._gpu_of: dict[str, tuple[int, int]] = {
             gpu.uuid: (i, gpu.index) for i, node in enumerate(fleet) for gpu in node.inventory.gpus
         }
-        cache, core = build_core()
+        # FGD scores a share against the mix of shares expected next: this workload's, when known
+        cache, core = build_core(share_workload=share_workload) if share_workload else build_core()
         apply_objects(iter(self._objects()), cache)
         self._extender: Extender = assemble(cache, core, SnapshotBinder(cache))
         self.url = self._extender.serve(host="127.0.0.1", port=0)

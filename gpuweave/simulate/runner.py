@@ -23,7 +23,7 @@ from gpuweave.simulate.report import (
 )
 from gpuweave.simulate.workload import Job, JobKind, WorkloadSettings, synthetic_jobs, trace_jobs
 from topology.errors import InvalidInputError
-from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
+from topology.fragmentation import FragmentModel, TargetWorkload, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0
 
@@ -57,6 +57,17 @@ def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentMode
     )
 
 
+def share_workload(jobs: list[Job]) -> TargetWorkload | None:
+    """The mix of fractional shares this workload asks for, as the extender's FGD placement expects
+    it (one GPU each, in the extender's compute units of 10 milli-GPU); None without shares."""
+    shapes = [
+        TaskShape(cpu_milli=0, gpu_milli=max(10, j.gpu_milli // 10 * 10), gpu_count=1)
+        for j in jobs
+        if j.kind is JobKind.SHARE
+    ]
+    return typical_workload(shapes, coverage=1.0) if shapes else None
+
+
 def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
     settings = WorkloadSettings(duration_s=options.duration_s, capacity_gpus=capacity, load=options.load)
     if options.trace is not None:
@@ -65,13 +76,19 @@ def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
 
 
 def _placer(
-    policy: str, *, main: bool, fleet: tuple[FleetNode, ...], model: FragmentModel, options: SimulateOptions
+    policy: str,
+    *,
+    main: bool,
+    fleet: tuple[FleetNode, ...],
+    model: FragmentModel,
+    shares: TargetWorkload | None,
+    options: SimulateOptions,
 ) -> Placer:
     """The real extender over HTTP for gpuweave's main run; in-process policies otherwise."""
     if policy == "gpuweave" and main and not options.in_process:
         from gpuweave.simulate.extender_client import ExtenderPlacer  # noqa: PLC0415 (HTTP server on demand)
 
-        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet))
+        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet), share_workload=shares)
     return make_placer(policy, gpuweave_model=model)
 
 
@@ -84,7 +101,9 @@ def _run_one(
     options: SimulateOptions,
     main: bool,
 ) -> RunResult:
-    placer = _placer(policy, main=main, fleet=fleet, model=models[1], options=options)
+    placer = _placer(
+        policy, main=main, fleet=fleet, model=models[1], shares=share_workload(jobs), options=options
+    )
     agents = _agents(fleet, options) if placer.transport != "in-process" and options.agents else None
     try:
         simulation = Simulation(
