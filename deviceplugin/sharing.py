@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topology.errors import InvalidInputError
 from topology.inventory import Gpu
+from topology.validation import first_problem
 
 COMPUTE_UNITS_PER_GPU = 100
 DEFAULT_REPLICAS = 4
@@ -87,6 +88,5 @@ def load_sharing_plan(path: Path) -> SharingPlan:
     try:
         return plan_from_model(SharingConfigModel.model_validate(raw or {}))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "value"
-        raise InvalidInputError(f"bad sharing config {path} at {where}: {first['msg']}") from exc
+        where, problem = first_problem(exc, whole="value")
+        raise InvalidInputError(f"bad sharing config {path} at {where}: {problem}") from exc

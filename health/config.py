@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from health.errors import HealthConfigError
 from health.policy import PolicySettings, Window
 from health.xid import Action, Cause, Severity, XidOverride
+from topology.validation import first_problem
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,5 @@ def load_health_settings(data: object) -> HealthSettings:
     try:
         return HealthConfig.model_validate(data or {}).to_settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "health"
-        raise HealthConfigError(f"bad health configuration at health.{where}: {first['msg']}") from exc
+        where, problem = first_problem(exc, whole="health")
+        raise HealthConfigError(f"bad health configuration at health.{where}: {problem}") from exc

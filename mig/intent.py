@@ -25,6 +25,7 @@ from mig.catalog import GpuModel
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
 from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
 from topology.errors import InvalidInputError
+from topology.validation import first_problem
 
 WHOLE_GPU = None  # the declared layout value that means "MIG off"
 
@@ -62,10 +63,9 @@ def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | N
     try:
         wire = _LayoutWire.model_validate_json(value)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "value"
+        where, problem = first_problem(exc, whole="value")
         raise InvalidInputError(
-            f"bad {MIG_LAYOUT_ANNOTATION} annotation at {where}: {first['msg']}; "
+            f"bad {MIG_LAYOUT_ANNOTATION} annotation at {where}: {problem}; "
             'expected {"gpus": {"3": ["3g.40gb", "3g.40gb"]}}'
         ) from exc
     return {
@@ -77,9 +77,7 @@ def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | N
 def mig_requests(resources: Mapping[str, int]) -> dict[str, int]:
     """``{"nvidia.com/mig-1g.10gb": 2, "cpu": 4}`` -> ``{"1g.10gb": 2}``."""
     found = {name: mig_profile_of_resource(name) for name in resources}
-    return {
-        profile: resources[name] for name, profile in found.items() if profile and resources[name] > 0
-    }
+    return {profile: resources[name] for name, profile in found.items() if profile and resources[name] > 0}
 
 
 @dataclass(frozen=True)

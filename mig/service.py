@@ -21,6 +21,7 @@ from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_ent
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigApplyError, MigReconciler, ReshapeResult
 from topology.errors import GpuweaveError, InvalidInputError
+from topology.validation import first_problem
 
 LOG = logging.getLogger(__name__)
 WITHHOLD_REASON = "MIG reshape: device about to be destroyed"
@@ -107,9 +108,8 @@ def _request(params: dict[str, Any]) -> ApplyRequest:
     try:
         return ApplyRequest.model_validate(params)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "params"
-        raise InvalidInputError(f"bad MIG request at {where}: {first['msg']}") from exc
+        where, problem = first_problem(exc, whole="params")
+        raise InvalidInputError(f"bad MIG request at {where}: {problem}") from exc
 
 
 def result_json(result: ReshapeResult) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topology.errors import InvalidInputError
+from topology.validation import first_problem
 
 ASSIGNMENT_VERSION = 1
 
@@ -68,9 +69,8 @@ class PodAssignment(BaseModel):
         try:
             return cls.model_validate_json(value)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "value"
-            message = f"bad gpuweave.io/assignment annotation at {where}: {first['msg']}"
+            where, problem = first_problem(exc, whole="value")
+            message = f"bad gpuweave.io/assignment annotation at {where}: {problem}"
             raise InvalidInputError(message) from exc
 
     def all_device_ids(self) -> set[str]:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
 from topology.errors import InvalidInputError
+from topology.validation import first_problem
 
 
 class InjectRequest(BaseModel):
@@ -60,9 +61,8 @@ def parse_request(params: dict[str, Any]) -> InjectRequest:
     try:
         return InjectRequest.model_validate(params)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "request"
-        raise InvalidInputError(f"bad sim.inject request at {where}: {first['msg']}") from exc
+        where, problem = first_problem(exc, whole="request")
+        raise InvalidInputError(f"bad sim.inject request at {where}: {problem}") from exc
 
 
 def apply_request(
