@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deviceplugin.agent import AgentConfig, NodeAgent
@@ -26,15 +26,39 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
+from hardware.mig_ops import MigOps
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.service import HealthService
+from mig.catalog import default_catalog
+from mig.journal import MigJournal
+from mig.planner import TargetEntry
+from mig.reconciler import GpuRef, MigReconciler
+from mig.service import AgentHooks, MigService
+from topology.contracts import mig_resource_name
 from topology.errors import GpuweaveError
+from topology.inventory import NodeInventory
 
 
 class AgentStartError(GpuweaveError):
     """A node agent did not register its resources with its kubelet in time."""
+
+
+def _mig_reconciler(node: _Node, *, state_dir: Path) -> MigReconciler:
+    """The node agent's MIG manager on the simulated NVML, as ``gpuweave node-agent`` wires it,
+    except that busy devices come from this node's simulated pod-resources view."""
+    nvml, resetter = node.backend.nvml, node.backend.node.mig
+    hooks = AgentHooks(node.agent, held_by_pods=node.held_devices)
+    reconciler = MigReconciler(
+        ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
+        journal=MigJournal(state_dir),
+        catalog=default_catalog(),
+        gpus=[GpuRef(g.index, g.uuid, g.product) for g in node.agent.inventory.gpus],
+        hooks=hooks,
+    )
+    MigService(reconciler, hooks=hooks).start()
+    return reconciler
 
 
 @dataclass
@@ -43,6 +67,12 @@ class _Node:
     kubelet: SimKubelet
     backend: SimulatedBackend
     health: HealthService | None
+    mig: MigReconciler | None = None
+    held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
+
+    def held_devices(self) -> frozenset[str]:
+        """What the kubelet's pod-resources API would list: devices of pods still running."""
+        return frozenset(d for ids in self.held.values() for d in ids)
 
 
 class NodeAgentPool:
@@ -52,6 +82,7 @@ class NodeAgentPool:
         self._nodes: list[_Node] = []
         self.admitted = 0
         self.admission_failures: list[str] = []
+        self.reshape_refusals: list[str] = []
         try:
             for index, node in enumerate(fleet):
                 self._nodes.append(self._start(index, node, shared=index in share_nodes))
@@ -85,12 +116,15 @@ class NodeAgentPool:
         health = start_node_health(
             agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=HealthSettings()
         )
-        return _Node(agent, kubelet, backend, health)
+        started = _Node(agent, kubelet, backend, health)
+        if node.mig_managed:
+            started.mig = _mig_reconciler(started, state_dir=state_dir)
+        return started
 
     def resources(self, node: int) -> dict[str, int]:
         return self._nodes[node].kubelet.resources()
 
-    def admit(self, node: int, devices: Mapping[str, Sequence[str]]) -> bool:
+    def admit(self, node: int, devices: Mapping[str, Sequence[str]], *, pod_id: str = "") -> bool:
         """The kubelet admits a pod's container with the devices the scheduler chose."""
         for resource, ids in devices.items():
             try:
@@ -99,6 +133,38 @@ class NodeAgentPool:
                 self.admission_failures.append(f"{self._fleet[node].name}: {exc}")
                 return False
         self.admitted += 1
+        if pod_id:
+            self._nodes[node].held[pod_id] = tuple(d for ids in devices.values() for d in ids)
+        return True
+
+    def release(self, node: int, pod_id: str) -> None:
+        """The pod ended: its devices leave the kubelet's pod-resources list."""
+        self._nodes[node].held.pop(pod_id, None)
+
+    def inventory(self, node: int) -> NodeInventory:
+        """What the node agent discovered last (MIG devices included): what it publishes."""
+        return self._nodes[node].agent.inventory
+
+    def reshape(self, node: int, gpu: int, target: Sequence[tuple[str, int]] | None) -> bool:
+        """Apply a MIG layout (profile, start) to one GPU through the node agent's MIG reconciler
+        (None: back to a whole GPU); the agent withholds and republishes its devices. False when
+        the agent refuses (busy instance, bad plan): the layout stays as it was."""
+        reconciler = self._nodes[node].mig
+        if reconciler is None:
+            return False
+        entries = None if target is None else [TargetEntry(profile, start) for profile, start in target]
+        try:
+            reconciler.apply(gpu, entries)
+        except GpuweaveError as exc:
+            self.reshape_refusals.append(f"{self._fleet[node].name} GPU {gpu}: {exc}")
+            return False
+        created: dict[str, list[str]] = {}
+        for device in self.inventory(node).mig_devices_of(gpu):
+            created.setdefault(mig_resource_name(device.profile), []).append(device.uuid)
+        if not self._nodes[node].kubelet.wait_listed(created):
+            self.reshape_refusals.append(
+                f"{self._fleet[node].name} GPU {gpu}: new MIG devices not listed in 20 s"
+            )
         return True
 
     def inject_xid(self, node: int, gpu: int, xid: int) -> float | None:

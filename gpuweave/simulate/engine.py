@@ -27,7 +27,7 @@ from gpuweave.simulate.faults import (
 )
 from gpuweave.simulate.fleet import FleetNode, share_pool
 from gpuweave.simulate.mig_manager import MigManager, Reshape
-from gpuweave.simulate.placers import Placer, PodPlacement
+from gpuweave.simulate.placers import MigPlacer, Placer, PodPlacement
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.workload import Job, JobKind
 from topology.errors import InvalidInputError
@@ -108,8 +108,10 @@ class Simulation:
         self._tick = tick_s
         self._rng = np.random.default_rng(seed)
         self._fault_plan = sorted(faults, key=lambda f: f.at_fraction)
-        self._mig = MigManager()
         self._agents = agents
+        # With node agents the extender places MIG pods on the MIG devices the agents publish
+        self._mig_placer = placer if agents is not None and isinstance(placer, MigPlacer) else None
+        self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
         self._queue: list[_Queued] = []
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
@@ -142,9 +144,19 @@ class Simulation:
         self.result.jobs_pending_at_end = len(self._queue)
         return self.result
 
+    def _apply_layout(self, node: int, gpu: int, layout: Sequence[tuple[str, int]] | None) -> bool:
+        """A reshape goes through the node agent's MIG reconciler; the extender gets its new devices."""
+        assert self._agents is not None and self._mig_placer is not None
+        if not self._agents.reshape(node, gpu, layout):
+            return False
+        self._mig_placer.publish_inventory(node, self._agents.inventory(node))
+        return True
+
     def _reconcile_mig(self, demand: Counter[str], now: float) -> None:
         before = [[m == GpuMode.MIG for m in node] for node in self.state.modes]
         self._mig.reconcile(self.state, demand, now=now)
+        if self._mig_placer is not None:
+            return  # the agents published the MIG devices themselves
         for node, modes in enumerate(self.state.modes):
             for gpu, mode in enumerate(modes):
                 if (mode == GpuMode.MIG) != before[node][gpu]:
@@ -209,8 +221,10 @@ class Simulation:
         self._queue = waiting
 
     def _stop(self, pod_id: str) -> None:
-        self.state.stop_pod(pod_id)
+        pod = self.state.stop_pod(pod_id)
         self._placer.forget(pod_id)
+        if self._agents is not None:
+            self._agents.release(pod.node, pod_id)
 
     def _node_index(self, name: str) -> int:
         return next(i for i, n in enumerate(self.state.fleet) if n.name == name)
@@ -261,7 +275,7 @@ class Simulation:
         if (
             self._agents is not None
             and placement.devices
-            and not self._agents.admit(placement.node, placement.devices)
+            and not self._agents.admit(placement.node, placement.devices, pod_id=pod.pod_id)
         ):
             self.result.admission_failures += 1
             self._stop(pod.pod_id)
@@ -274,13 +288,41 @@ class Simulation:
 
     def _start_mig(self, job: Job, now: float) -> bool:
         pod_id = f"{job.job_id}-0"
-        where = MigManager.take_instance(self.state, job.mig_profile, pod_id)
+        where = (
+            MigManager.take_instance(self.state, job.mig_profile, pod_id)
+            if self._mig_placer is None
+            else self._place_mig(job, pod_id)
+        )
         if where is None:
             return False
         node, gpu = where
         self.state.pods[pod_id] = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
         self._ends[pod_id] = now + job.duration_s
         return True
+
+    def _place_mig(self, job: Job, pod_id: str) -> tuple[int, int] | None:
+        """Through the extender (filter/prioritize/bind) and the node's kubelet; the device the
+        extender chose must be an idle instance of the simulated layout, or it is a disagreement."""
+        assert self._mig_placer is not None and self._agents is not None
+        allowed = np.asarray([n.mig_managed for n in self.state.fleet], dtype=bool)
+        placement = self._mig_placer.place_mig(job.mig_profile, allowed=allowed, rng=self._rng, pod_id=pod_id)
+        if placement is None:
+            return None
+        ids = {d for ids in placement.devices.values() for d in ids}
+        devices = [m for m in self._agents.inventory(placement.node).mig_devices if m.uuid in ids]
+        slots = self.state.mig_slots.get((placement.node, devices[0].parent_index), []) if devices else []
+        slot = next((s for s in slots if devices and s.start == devices[0].placement_start), None)
+        if slot is None or slot.pod is not None or slot.profile != job.mig_profile:
+            self.result.placement_mismatches += 1
+            self._placer.forget(pod_id)
+            return None
+        if not self._agents.admit(placement.node, placement.devices, pod_id=pod_id):
+            self.result.admission_failures += 1
+            self._placer.forget(pod_id)
+            return None
+        self.result.admissions += 1
+        slot.pod = pod_id
+        return placement.node, devices[0].parent_index
 
     def _topology_outcome(self, job: Job, placement: PodPlacement) -> TopologyOutcome | None:
         """The chosen set against the best set free on the node now (multi-GPU pods only)."""

@@ -29,9 +29,10 @@ from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.samples import pod_object
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from topology.assignment import PodAssignment, parent_gpu_of_share
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from topology.errors import GpuweaveError
 from topology.fragmentation import TargetWorkload
+from topology.inventory import NodeInventory
 
 _NAME = re.compile(r"[^a-z0-9.-]+")
 
@@ -73,6 +74,7 @@ class ExtenderPlacer:
         self._share_nodes = share_nodes
         self._faults: dict[int, dict[str, str]] = {}
         self._mig_mode: dict[int, dict[str, str]] = {}
+        self._published: dict[int, NodeInventory] = {}  # what node agents rediscovered (MIG devices)
         self._gpu_of: dict[str, tuple[int, int]] = {
             gpu.uuid: (i, gpu.index) for i, node in enumerate(fleet) for gpu in node.inventory.gpus
         }
@@ -90,10 +92,12 @@ class ExtenderPlacer:
         mode = SharingMode.FRACTIONAL if node in self._share_nodes else SharingMode.EXCLUSIVE
         return SharingPlan(default=GpuSharing(mode))
 
+    def _node_inventory(self, node: int) -> NodeInventory:
+        return self._published.get(node, self._fleet[node].inventory)
+
     def _inventory(self, node: int) -> dict[str, Any]:
-        fleet_node = self._fleet[node]
         return inventory_object(
-            fleet_node.inventory,
+            self._node_inventory(node),
             sharing=self._sharing(node),
             faults=self._faults.get(node, {}),
             withheld=self._mig_mode.get(node, {}),
@@ -132,7 +136,23 @@ class ExtenderPlacer:
         if not names:
             return None
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
-        pod = pod_object(uid, uid=uid, limits=self._limits(request))
+        return self._schedule(pod_object(uid, uid=uid, limits=self._limits(request)), uid, names, rng)
+
+    def place_mig(
+        self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str
+    ) -> PodPlacement | None:
+        """A pod asking for one ``nvidia.com/mig-<profile>`` device, among the allowed nodes."""
+        names = [self._fleet[i].name for i in np.flatnonzero(allowed)]
+        if not names:
+            return None
+        uid = _NAME.sub("-", pod_id.lower())
+        pod = pod_object(uid, uid=uid, limits={mig_resource_name(profile): 1})
+        return self._schedule(pod, uid, names, rng)
+
+    def _schedule(
+        self, pod: dict[str, Any], uid: str, names: list[str], rng: np.random.Generator
+    ) -> PodPlacement | None:
+        """filter, prioritize (highest score, ties at random), bind: as kube-scheduler calls them."""
         passed = self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names}).get("NodeNames") or []
         if not passed:
             return None
@@ -166,7 +186,8 @@ class ExtenderPlacer:
         for container in assignment.containers.values():
             for resource, ids in container.devices.items():
                 by_resource[resource] = by_resource.get(resource, ()) + tuple(ids)
-        uuids = {parent_gpu_of_share(d) or d for d in assignment.all_device_ids()}
+        mig_parent = {m.uuid: m.parent_uuid for m in self._node_inventory(node).mig_devices}
+        uuids = {mig_parent.get(d) or parent_gpu_of_share(d) or d for d in assignment.all_device_ids()}
         gpus = tuple(sorted(self._gpu_of[u][1] for u in uuids if u in self._gpu_of))
         return PodPlacement(node, gpus, by_resource)
 
@@ -183,6 +204,11 @@ class ExtenderPlacer:
     def gpu_restored(self, node: int, gpu: int) -> None:
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
         self._faults.get(node, {}).pop(uuid, None)
+        self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def publish_inventory(self, node: int, inventory: NodeInventory) -> None:
+        """The node agent republished its inventory (after a MIG reshape: the new MIG devices)."""
+        self._published[node] = inventory
         self._extender.cache.upsert_inventory(self._inventory(node))
 
     def gpu_mode_changed(self, node: int, gpu: int, *, mig: bool) -> None:

@@ -9,6 +9,7 @@ busy instances for ``idle_revert_s`` goes back to a whole GPU. Every non-empty p
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuweave.simulate.state import GpuMode, MigSlot, SimState
@@ -26,8 +27,14 @@ class Reshape:
     destroyed: tuple[str, ...]
 
 
+# Applies a GPU's new layout on its node ((profile, start) per instance; None: whole GPU again);
+# False when the node refused, so the simulated state keeps the old layout.
+LayoutApplier = Callable[[int, int, Sequence[tuple[str, int]] | None], bool]
+
+
 class MigManager:
-    def __init__(self, *, idle_revert_s: float = 1800.0) -> None:
+    def __init__(self, *, idle_revert_s: float = 1800.0, applier: LayoutApplier | None = None) -> None:
+        self._applier = applier
         self._catalog = default_catalog()
         self._idle_revert_s = idle_revert_s
         self._idle_since: dict[tuple[int, int], float] = {}
@@ -70,6 +77,9 @@ class MigManager:
         created = [
             MigSlot(c.profile, c.start, c.size, model.profile(c.profile).compute_slices) for c in plan.create
         ]
+        layout = [(s.profile, s.start) for s in kept + created]
+        if self._applier is not None and not self._applier(node, gpu, layout):
+            return False
         if state.modes[node][gpu] is GpuMode.NORMAL:
             state.set_mode(node, gpu, GpuMode.MIG)
         state.mig_slots[(node, gpu)] = kept + created
@@ -93,6 +103,8 @@ class MigManager:
                 continue
             since = self._idle_since.setdefault(key, now)
             if now - since >= self._idle_revert_s:
+                if self._applier is not None and not self._applier(node, gpu, None):
+                    continue
                 destroyed = tuple(s.profile for s in state.mig_slots.pop(key, []))
                 state.set_mode(node, gpu, GpuMode.NORMAL)
                 self.reshapes.append(Reshape(now, state.fleet[node].name, gpu, (), destroyed))

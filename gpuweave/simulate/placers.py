@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from gpuweave.simulate.state import SimState
 from topology.baselines import go_gpuallocator_like
 from topology.errors import InvalidInputError
 from topology.fragmentation import FragmentModel, IntArray
+from topology.inventory import NodeInventory
 from topology.search import best_set
 
 SIMULATE_POLICIES = ("gpuweave", "random", "best-fit", "go-gpuallocator-like")
@@ -40,6 +41,17 @@ class PodPlacement:
     node: int
     gpus: tuple[int, ...]
     devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> device IDs
+
+
+@runtime_checkable
+class MigPlacer(Protocol):
+    """A scheduler that also places MIG pods on the MIG devices node agents publish."""
+
+    def place_mig(
+        self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str
+    ) -> PodPlacement | None: ...
+
+    def publish_inventory(self, node: int, inventory: NodeInventory) -> None: ...
 
 
 class Placer(Protocol):
