@@ -6,8 +6,9 @@ text, whose node names and numbers would explode the label space.
 
 from __future__ import annotations
 
+import collections
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -74,14 +75,16 @@ class ExtenderMetrics:
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )
 
-    def decided(self, verb: str, *, passed: int, failed: Mapping[str, str]) -> None:
+    def decided(self, verb: str, *, passed: int, rejected: Sequence[Mapping[str, str]]) -> None:
         self.decisions.labels(verb, "passed").inc(passed)
+        failed = sum(map(len, rejected))
         if failed:
-            self.decisions.labels(verb, "failed").inc(len(failed))
+            self.decisions.labels(verb, "failed").inc(failed)
             counts: dict[str, int] = {}
-            for reason in failed.values():
-                label = reason_class(reason)
-                counts[label] = counts.get(label, 0) + 1
+            for reasons in rejected:  # count per distinct reason in C, classify each reason once
+                for reason, count in collections.Counter(reasons.values()).items():
+                    label = reason_class(reason)
+                    counts[label] = counts.get(label, 0) + count
             for label, count in counts.items():
                 self.rejections.labels(label).inc(count)
 

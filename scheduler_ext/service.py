@@ -7,7 +7,7 @@ this module decides nothing about HTTP and the core decides nothing about Kubern
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, not_
@@ -34,6 +34,25 @@ from topology.errors import GpuweaveError
 LOG = logging.getLogger(__name__)
 _FITS = attrgetter("fits")
 _PRIORITY = attrgetter("priority")
+_REASON = attrgetter("reason")
+_UNRESOLVABLE = attrgetter("unresolvable")
+
+
+def _rejections(
+    names: list[str], verdicts: list[Verdict], fits: list[bool]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(failed, unresolvable) name -> reason maps of the rejected nodes, built in C-level passes:
+    an 8-GPU pod is rejected by most of a large cluster, and a Python step per node would show."""
+    rejected = list(map(not_, fits))
+    names = list(compress(names, rejected))
+    verdicts = list(compress(verdicts, rejected))
+    hopeless_flags = list(map(_UNRESOLVABLE, verdicts))
+    failed_flags = list(map(not_, hopeless_flags))
+    return _reasons(names, verdicts, failed_flags), _reasons(names, verdicts, hopeless_flags)
+
+
+def _reasons(names: list[str], verdicts: list[Verdict], selected: list[bool]) -> dict[str, str]:
+    return dict(zip(compress(names, selected), map(_REASON, compress(verdicts, selected)), strict=False))
 
 
 class BindError(GpuweaveError):
@@ -49,7 +68,8 @@ class Binder(Protocol):
 class Observer(Protocol):
     """Where decisions are counted (metrics); a no-op is fine."""
 
-    def decided(self, verb: str, *, passed: int, failed: Mapping[str, str]) -> None: ...
+    def decided(self, verb: str, *, passed: int, rejected: Sequence[Mapping[str, str]]) -> None:
+        """``rejected``: maps of node name -> reason (failed and unresolvable, kept apart: no copy)."""
 
 
 @dataclass
@@ -68,17 +88,16 @@ class ExtenderService:
         try:
             request = pod_request(pod)
         except BadPodRequestError as exc:
-            self._observe("filter", 0, {n: str(exc) for n in names})
+            self._observe("filter", 0, dict.fromkeys(names, str(exc)))
             return self._filter_result(args, [], {}, {n: str(exc) for n in names})
         verdicts = self._verdicts(request, names)
         fits = list(map(_FITS, verdicts))
         passed = list(compress(names, fits))
         failed: dict[str, str] = {}
         hopeless: dict[str, str] = {}
-        if len(passed) < len(names):  # only rejected nodes cost a Python-level step
-            for name, verdict in compress(zip(names, verdicts, strict=True), map(not_, fits)):
-                (hopeless if verdict.unresolvable else failed)[name] = verdict.reason
-        self._observe("filter", len(passed), {**failed, **hopeless})
+        if len(passed) < len(names):
+            failed, hopeless = _rejections(names, verdicts, fits)
+        self._observe("filter", len(passed), failed, hopeless)
         return self._filter_result(args, passed, failed, hopeless)
 
     @staticmethod
@@ -115,9 +134,9 @@ class ExtenderService:
     def _verdicts(self, request: PodRequest, names: list[str]) -> list[Verdict]:
         return self.core.decide_many(request, names, self.cache.states(), self.cache.tokens())
 
-    def _observe(self, verb: str, passed: int, failed: Mapping[str, str]) -> None:
+    def _observe(self, verb: str, passed: int, *rejected: Mapping[str, str]) -> None:
         if self.observer is not None:
-            self.observer.decided(verb, passed=passed, failed=failed)
+            self.observer.decided(verb, passed=passed, rejected=rejected)
 
     # ---- bind -----------------------------------------------------------------------------------
     def bind(self, args: ExtenderBindingArgs) -> str:
