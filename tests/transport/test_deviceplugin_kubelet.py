@@ -114,6 +114,9 @@ class Node:
 def node(control_plane: ControlPlane) -> Iterator[Node]:
     running = Node(control_plane)
     try:
+        # The Node object outlives a test (one control plane per module): its allocatable may be a
+        # previous agent's, so wait for this agent's registration with this kubelet first.
+        wait("GPUs registered with this kubelet", lambda: running.registrations(RESOURCE_GPU) >= 1)
         wait("GPUs in node allocatable", lambda: running.capacity(RESOURCE_GPU) == "8", timeout=90)
         yield running
     finally:
