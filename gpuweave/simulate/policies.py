@@ -221,10 +221,14 @@ class GpuweavePolicy:
 
     name = "gpuweave"
 
-    def __init__(self, model: FragmentModel, *, tolerance_milli: float = 40.0) -> None:
+    def __init__(
+        self, model: FragmentModel, *, tolerance_milli: float = 40.0, reserve_weight: float = 0.5
+    ) -> None:
         self._cache = NodeFragmentCache(model)
         self._tolerance = tolerance_milli
         self._typed = _typed_part(model)
+        self._reserve_weight = reserve_weight
+        self._reserve: FloatArray | None = None
 
     def choose(
         self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
@@ -259,7 +263,11 @@ class GpuweavePolicy:
             )
             typed_delta = mass * np.where(finite, typed.delta, 0.0)
         rounded = np.round((delta - typed_delta) / self._tolerance) * self._tolerance
-        levels: FloatArray = np.where(finite, np.round(rounded + typed_delta, 6), np.inf)
+        if self._reserve is None:
+            self._reserve = typed_demand_share(self._cache.model.workload, cluster)
+        pressure = self._reserve_weight * typed_pressure(self._reserve, cluster)
+        reserve = pressure[cluster.model_index[candidates]] * request.total_gpu_milli
+        levels: FloatArray = np.where(finite, np.round(rounded + typed_delta + reserve[:, None], 6), np.inf)
         return levels, outcomes.idle_after
 
 
@@ -284,3 +292,41 @@ def _typed_part(model: FragmentModel) -> tuple[NodeFragmentCache, float] | None:
         tuple(m for _, _, m in typed) if workload.memory_aware else (),
     )
     return NodeFragmentCache(FragmentModel(subset, models=model.models, max_gpus=model.max_gpus)), mass
+
+
+def typed_demand_share(workload: TargetWorkload, cluster: ClusterState) -> FloatArray:
+    """Per GPU model, the share of all expected GPU demand that only constrained tasks bring to it.
+
+    Each GPU-type-constrained task's expected demand (probability x milli-GPU) is spread over the
+    models it allows in proportion to their capacity. Zero everywhere without type constraints.
+    """
+    capacity = np.bincount(cluster.model_index, weights=cluster.gpu_count, minlength=len(cluster.models))
+    demand = np.zeros(len(cluster.models))
+    total = 0.0
+    for shape, p in zip(workload.shapes, workload.probabilities, strict=True):
+        if shape.is_cpu_only:
+            continue
+        total += p * shape.total_gpu_milli
+        allowed = np.asarray([shape.allows_model(m) for m in cluster.models]) & (capacity > 0)
+        if shape.gpu_types and allowed.any():
+            demand += np.where(allowed, capacity, 0.0) / capacity[allowed].sum() * p * shape.total_gpu_milli
+    result: FloatArray = demand / total if total > 0 else demand
+    return result
+
+
+def typed_pressure(demand_share: FloatArray, cluster: ClusterState) -> FloatArray:
+    """Per GPU model, the expected part of one free milli-GPU that only constrained tasks could use.
+
+    Future arrivals fill the free GPUs with the workload's mix, so constrained tasks will ask model
+    t for about ``demand_share[t]`` of all free capacity; if t holds a smaller share of the free
+    GPUs than that, every free milli-GPU of t is needed by them (pressure 1), else the ratio. FGD's
+    per-node measure cannot see this (a scarce model's idle GPU counts like any other), so
+    spending a scarce model on an unconstrained task looked free until its constrained tasks failed.
+    """
+    free = np.bincount(
+        cluster.model_index, weights=cluster.gpu_free.sum(axis=1), minlength=len(cluster.models)
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pressure = demand_share * free.sum() / free
+    result: FloatArray = np.minimum(np.nan_to_num(pressure, nan=0.0, posinf=1.0), 1.0)
+    return result

@@ -16,6 +16,7 @@ from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.experiment import experiment_for, make_policy
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.packing import run_packing
+from gpuweave.simulate.policies import typed_demand_share, typed_pressure
 from gpuweave.simulate.trace import TracePod, inflate, load_pods
 from topology.errors import InvalidInputError
 
@@ -138,3 +139,22 @@ def test_gpuweave_spares_the_gpu_model_type_bound_tasks_need() -> None:
     for seed in range(5):
         placement = policy.choose(cluster, unconstrained, np.arange(2), np.random.default_rng(seed))
         assert placement.node == 1
+
+
+def test_typed_pressure_reserves_a_scarce_model_and_eases_as_its_free_share_grows() -> None:
+    nodes = (NodeSpec("t4", 64000, 262144, 2, "T4"), NodeSpec("g2", 64000, 262144, 6, "G2"))
+    pods = (
+        TracePod("bound", 4000, 8192, 1, 1000, "T4"),
+        *(TracePod(f"f{i}", 4000, 8192, 1, 1000) for i in range(3)),
+    )
+    experiment = experiment_for("t", nodes=nodes, pods=pods)
+    cluster = ClusterState(nodes, experiment.metric_model)
+    share = typed_demand_share(experiment.gpuweave_model.workload, cluster)
+    t4, g2 = cluster.models.index("T4"), cluster.models.index("G2")
+    assert share[t4] == pytest.approx(0.25) and share[g2] == 0.0
+    assert typed_pressure(share, cluster)[t4] == pytest.approx(0.25 / (2 / 8))  # all free: 1.0
+    for gpu in range(4):
+        cluster.place(1, (gpu,), Request(4000, 8192, 1, 1000))
+    assert typed_pressure(share, cluster)[t4] == pytest.approx(0.25 / (2 / 4))  # G2 filling: 0.5
+    untyped = experiment_for("u", nodes=nodes, pods=pods[1:])
+    assert not typed_demand_share(untyped.gpuweave_model.workload, cluster).any()
