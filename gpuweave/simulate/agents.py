@@ -30,6 +30,7 @@ from hardware.mig_ops import MigOps
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
+from health.policy import DeviceState
 from health.service import HealthService
 from mig.catalog import default_catalog
 from mig.journal import MigJournal
@@ -38,7 +39,7 @@ from mig.reconciler import GpuRef, MigReconciler
 from mig.service import AgentHooks, MigService
 from topology.contracts import mig_resource_name
 from topology.errors import GpuweaveError
-from topology.inventory import NodeInventory
+from topology.inventory import NicType, NodeInventory
 
 
 class AgentStartError(GpuweaveError):
@@ -75,9 +76,21 @@ class _Node:
         return frozenset(d for ids in self.held.values() for d in ids)
 
 
+# The agents' own round timer is set past any run: the simulation runs each health round itself
+# (``health_round``) at simulated times, so remediation and probation follow the simulated clock.
+DRIVEN_ROUND_INTERVAL_S = 86_400.0
+
+
 class NodeAgentPool:
-    def __init__(self, fleet: Sequence[FleetNode], *, share_nodes: frozenset[int]) -> None:
+    def __init__(
+        self,
+        fleet: Sequence[FleetNode],
+        *,
+        share_nodes: frozenset[int],
+        health: HealthSettings | None = None,
+    ) -> None:
         self._fleet = tuple(fleet)
+        self._health = health or HealthSettings(round_interval_s=DRIVEN_ROUND_INTERVAL_S)
         self._root = Path(tempfile.mkdtemp(prefix="gws", dir="/tmp"))
         self._nodes: list[_Node] = []
         self.admitted = 0
@@ -114,7 +127,7 @@ class NodeAgentPool:
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
         health = start_node_health(
-            agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=HealthSettings()
+            agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=self._health
         )
         started = _Node(agent, kubelet, backend, health)
         if node.mig_managed:
@@ -174,6 +187,36 @@ class NodeAgentPool:
         started = time.monotonic()
         self._nodes[node].backend.node.health.inject_xid(gpu, xid)
         return self._nodes[node].kubelet.wait_unhealthy(uuid, since=started)
+
+    def health_round(self, node: int) -> None:
+        """One health round of the node's agent: checks, remediation (a GPU reset), probation."""
+        health = self._nodes[node].health
+        if health is not None:
+            health.monitor.run_round()
+
+    def gpu_back(self, node: int, gpu: int) -> float | None:
+        """After a round: seconds until the kubelet lists the GPU Healthy again, once the agent's
+        health says it is (None: the agent still withholds it)."""
+        health = self._nodes[node].health
+        uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        if health is None or health.snapshot().state_of(uuid) is not DeviceState.HEALTHY:
+            return None
+        return self._nodes[node].kubelet.wait_healthy(uuid, since=time.monotonic())
+
+    def efa_adapter(self, node: int) -> str | None:
+        """The node's first EFA adapter (what an EFA link loss takes away), None without EFA."""
+        return next((n.name for n in self._fleet[node].inventory.nics if n.type is NicType.EFA), None)
+
+    def set_efa_present(self, node: int, adapter: str, *, present: bool) -> float | None:
+        """The adapter disappears (or comes back) in the node's simulated sysfs; one health round
+        runs; seconds until the kubelet sees it Unhealthy (or Healthy again), None if not in 5 s."""
+        started = time.monotonic()
+        self._nodes[node].backend.node.health.set_efa(adapter, present=present)
+        self.health_round(node)
+        kubelet = self._nodes[node].kubelet
+        if present:
+            return kubelet.wait_healthy(adapter, since=started)
+        return kubelet.wait_unhealthy(adapter, since=started, timeout=5.0)
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""

@@ -36,7 +36,6 @@ from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
-RECHECK_S = 600.0  # a GPU its node agent still reports unhealthy is looked at again this much later
 
 
 @dataclass
@@ -172,33 +171,58 @@ class Simulation:
         for due in [r for r in self._restores if r[0] <= now]:
             self._restores.remove(due)
             healed = due[1]
-            if healed.gpu is not None and self._agents is not None:
-                node = self._node_index(healed.node)
-                if not self._agents.gpu_healthy(node, healed.gpu):
-                    self._restores.append((now + RECHECK_S, healed))  # the node's health says not yet
-                    continue
+            if self._agents is not None and not self._back_on_node(healed):
+                self._restores.append((now + self._tick, healed))  # next simulated health round
+                continue
             restore(self.state, healed, now=now)
             if healed.gpu is not None:
                 self._placer.gpu_restored(self._node_index(healed.node), healed.gpu)
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
-            if spec.kind is FaultKind.EFA_LINK:
-                record = inject_efa_loss(self.state, now=now, evict=self._evict_job)
-            else:
-                record = inject_gpu_fault(
-                    self.state, spec, now=now, evict=self._evict_job, used=self._fault_nodes
-                )
+            record = self._inject(spec, now)
             if record is None:
                 continue
             self.result.faults.append(record)
-            if record.gpu is not None and record.gpus_withheld:
+            if spec.restore_after_s <= 0:
+                continue
+            # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
+            gpu_by_agent = self._agents is not None and record.gpu is not None
+            self._restores.append((now + (self._tick if gpu_by_agent else spec.restore_after_s), record))
+
+    def _inject(self, spec: FaultSpec, now: float) -> FaultRecord | None:
+        """The fault in the simulated state and, with agents, in the node's simulated hardware."""
+        if spec.kind is FaultKind.EFA_LINK:
+            record = inject_efa_loss(self.state, now=now, evict=self._evict_job)
+            if record is not None and self._agents is not None:
                 node = self._node_index(record.node)
-                self._placer.gpu_failed(node, record.gpu, record.kind)
-                if self._agents is not None:
-                    xid = 79 if spec.kind is FaultKind.XID_79 else 48
-                    record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
-            if spec.restore_after_s > 0:
-                self._restores.append((now + spec.restore_after_s, record))
+                record.efa_adapter = self._agents.efa_adapter(node)
+                if record.efa_adapter is not None:
+                    record.agent_to_kubelet_s = self._agents.set_efa_present(
+                        node, record.efa_adapter, present=False
+                    )
+            return record
+        record = inject_gpu_fault(self.state, spec, now=now, evict=self._evict_job, used=self._fault_nodes)
+        if record is not None and record.gpu is not None and record.gpus_withheld:
+            node = self._node_index(record.node)
+            self._placer.gpu_failed(node, record.gpu, record.kind)
+            if self._agents is not None:
+                xid = 79 if spec.kind is FaultKind.XID_79 else 48
+                record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
+        return record
+
+    def _back_on_node(self, record: FaultRecord) -> bool:
+        """One simulated health round on the node: whether the agent serves the device again."""
+        assert self._agents is not None
+        node = self._node_index(record.node)
+        if record.gpu is None:
+            if record.efa_adapter is not None:  # the link returns: the adapter is back in sysfs
+                record.agent_back_s = self._agents.set_efa_present(node, record.efa_adapter, present=True)
+                record.health_rounds += 1
+            return True
+        self._agents.health_round(node)
+        record.health_rounds += 1
+        record.agent_back_s = self._agents.gpu_back(node, record.gpu)
+        return record.agent_back_s is not None
 
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job and queue the job again; returns pods evicted."""

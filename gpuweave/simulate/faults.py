@@ -57,6 +57,9 @@ class FaultRecord:
     # measured with the node agents: Xid raised in the simulated NVML until the kubelet sees the GPU
     # Unhealthy (health monitor, Xid policy, agent, ListAndWatch); None without agents
     agent_to_kubelet_s: float | None = None
+    efa_adapter: str | None = None  # with agents: the adapter taken away in the node's sysfs
+    health_rounds: int = 0  # with agents: health rounds run until the device came back
+    agent_back_s: float | None = None  # with agents: last round until the kubelet lists it Healthy
     evicted_pods: list[str] = field(default_factory=list)
 
 

@@ -140,6 +140,18 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
                 self._lock.wait(left)
         return True
 
+    def wait_healthy(self, device_id: str, *, since: float, timeout: float = 5.0) -> float | None:
+        """Seconds from ``since`` (monotonic) until no plugin lists ``device_id`` (or a device on
+        that GPU) as not Healthy any more; None if that does not happen within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not self._healthy_locked(device_id):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return time.monotonic() - since
+
     def wait_unhealthy(self, device_id: str, *, since: float, timeout: float = 20.0) -> float | None:
         """Seconds from ``since`` (monotonic) until ``device_id`` (or any device on that GPU) is
         reported not Healthy; None if that does not happen within ``timeout``."""
@@ -159,12 +171,15 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
     def healthy(self, device_id: str) -> bool:
         """True unless some plugin lists ``device_id`` (or a device on that GPU) as not Healthy."""
         with self._lock:
-            return all(
-                health == HEALTHY
-                for plugin in self._plugins.values()
-                for device, health in plugin.health.items()
-                if device.startswith(device_id)
-            )
+            return self._healthy_locked(device_id)
+
+    def _healthy_locked(self, device_id: str) -> bool:
+        return all(
+            health == HEALTHY
+            for plugin in self._plugins.values()
+            for device, health in plugin.health.items()
+            if device.startswith(device_id)
+        )
 
     def admit(self, resource: str, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         """GetPreferredAllocation (when offered) then Allocate, for one container."""

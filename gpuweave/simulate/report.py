@@ -92,24 +92,43 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _measured(fault: dict[str, Any]) -> str:
+    seen = fault["agent_to_kubelet_s"]
+    if seen is None:
+        return ""
+    if fault.get("efa_adapter"):
+        return (
+            f" measured: EFA adapter {fault['efa_adapter']} gone from sysfs -> kubelet sees it Unhealthy"
+            f" {seen * 1000:.0f} ms later (next health round);"
+        )
+    return f" measured: Xid raised in NVML -> kubelet sees the GPU Unhealthy in {seen * 1000:.0f} ms;"
+
+
+def _restored(fault: dict[str, Any]) -> str:
+    if fault["restored_at_s"] is None:
+        return "stays out"
+    back = f"back at t={fault['restored_at_s'] / 60:.0f} min"
+    rounds, seen = fault.get("health_rounds", 0), fault.get("agent_back_s")
+    if fault["gpu"] is not None and rounds:
+        return f"{back} (agent: GPU reset + probation over {rounds} health rounds, one per simulated minute)"
+    if seen is not None:
+        return f"{back} (link back: kubelet sees the adapter Healthy {seen * 1000:.0f} ms after the round)"
+    return back
+
+
 def fault_table(summary: dict[str, Any]) -> str:
     lines = [f"faults ({summary['policy']} run): what failed, what it reached"]
     for f in summary["faults"]:
         where = f"{f['node']}" + (f" GPU {f['gpu']}" if f["gpu"] is not None else "")
-        seen = f["agent_to_kubelet_s"]
-        seen_text = (
-            f" measured: Xid raised in NVML -> kubelet sees the GPU Unhealthy in {seen * 1000:.0f} ms;"
-            if seen is not None
-            else ""
-        )
-        restored = (
-            f"back at {f['restored_at_s'] / 60:.0f} min" if f["restored_at_s"] is not None else "stays out"
+        withheld = f"{f['gpus_withheld']} GPU withheld" + (
+            ", 1 EFA adapter withheld" if f.get("efa_adapter") else ""
         )
         lines.append(
             f"  t={f['at_s'] / 60:5.0f} min  {f['kind']:<26} {where:<24} "
             f"nominal detection ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of "
-            f"{f['jobs_requeued']} jobs evicted and requeued, {f['gpus_withheld']} GPU withheld, "
-            f"{f['other_pods_on_node_kept']} other pods on the node kept running;{seen_text} {restored}"
+            f"{f['jobs_requeued']} jobs evicted and requeued, {withheld}, "
+            f"{f['other_pods_on_node_kept']} other pods on the node kept running;"
+            f"{_measured(f)} {_restored(f)}"
         )
     return "\n".join(lines)
 
