@@ -20,8 +20,9 @@ from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.agent import NodeAgent
 from deviceplugin.errors import DevicePluginError
-from deviceplugin.handoff import HandoffMatcher, PendingPod, PodView
+from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
 from deviceplugin.sharing import SharingPlan
 from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
@@ -139,6 +140,7 @@ def _upsert(view: PodView, pod: Any) -> None:
         phase=(pod.status.phase if pod.status else "") or "",
         annotation=annotations.get(ANNOTATION_ASSIGNMENT),
         created=pod.metadata.creation_timestamp.isoformat() if pod.metadata.creation_timestamp else "",
+        resource_version=pod.metadata.resource_version or "",
     )
 
 
@@ -192,6 +194,136 @@ class PodWatcher:
                 _upsert(self._view, pod)
 
 
+AUDIT_DELAYS_S = (0.5, 2.0, 5.0)  # after an Allocate: the kubelet lists a container's devices soon after
+
+
+def held_by_pod(devices: dict[str, PodRef]) -> Held:
+    """pod-resources' device -> pod map regrouped as (namespace, name) -> container -> resource -> IDs."""
+    grouped: dict[tuple[str, str], dict[str, dict[str, set[str]]]] = {}
+    for device_id, ref in devices.items():
+        containers = grouped.setdefault((ref.namespace, ref.name), {})
+        containers.setdefault(ref.container, {}).setdefault(ref.resource, set()).add(device_id)
+    return {
+        pod: {c: {r: frozenset(ids) for r, ids in res.items()} for c, res in containers.items()}
+        for pod, containers in grouped.items()
+    }
+
+
+class AssignmentAuditor:
+    """The handoff's backstop: after Allocate calls, compares each pod's ``gpuweave.io/assignment``
+    with what the kubelet really allocated (pod-resources). A mismatch is counted (handoff outcome
+    ``admitted_mismatch``) and reported as an Event on the pod; with ``correct`` the annotation is
+    patched to the kubelet's devices (resourceVersion precondition), so the extender's cache and
+    health eviction follow reality. Patching needs ``pods patch`` (rbac-node-agent-assignments.yaml)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        view: PodView,
+        kubelet_devices: Callable[[], dict[str, PodRef]],
+        metrics: AgentMetrics,
+        report: Callable[[PendingPod, str, str], None],
+        correct: bool,
+        delays_s: tuple[float, ...] = AUDIT_DELAYS_S,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._view = view
+        self._kubelet_devices = kubelet_devices
+        self._metrics = metrics
+        self._report = report
+        self._correct = correct
+        self._delays_s = delays_s
+        self._reported: set[tuple[str, str]] = set()  # (pod uid, annotation seen): count each once
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="assignment-audit", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def poke(self) -> None:
+        """An Allocate happened: audit a few times over the next seconds."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            for delay in self._delays_s:
+                if self._stop.wait(delay):
+                    return
+                try:
+                    self.audit_once()
+                except Exception:
+                    log.exception("assignment audit failed; the next Allocate retries it")
+                if self._wake.is_set():
+                    break  # a newer Allocate restarts the schedule
+
+    def audit_once(self) -> list[Correction]:
+        """One comparison round; returns the mismatches found (corrected ones included)."""
+        try:
+            held = held_by_pod(self._kubelet_devices())
+        except PodResourcesUnavailableError as exc:
+            log.warning("assignment audit skipped: %s", exc)
+            return []
+        found = corrections(self._view.assigned(), held)
+        live = {pod.uid for pod in self._view.assigned()}
+        self._reported = {key for key in self._reported if key[0] in live}
+        for correction in found:
+            self._handle(correction)
+        return found
+
+    def _handle(self, correction: Correction) -> None:
+        pod = correction.pod
+        key = (pod.uid, pod.assignment.to_annotation())
+        message = "kubelet allocated other devices than annotated: " + "; ".join(correction.changes)
+        if correction.devices_differ and key not in self._reported:
+            self._reported.add(key)
+            self._metrics.handoff.labels(_resources(correction), "admitted_mismatch").inc()
+            log.warning("pod %s/%s: %s", pod.namespace, pod.name, message)
+            try:
+                self._report(
+                    pod,
+                    "GpuAssignmentMismatch",
+                    message + (" (annotation corrected)" if self._correct else ""),
+                )
+            except Exception:
+                log.exception("cannot report the assignment mismatch of pod %s/%s", pod.namespace, pod.name)
+        if self._correct:
+            self._patch(correction)
+
+    def _patch(self, correction: Correction) -> None:
+        pod = correction.pod
+        metadata: dict[str, Any] = {
+            "uid": pod.uid,
+            "annotations": {ANNOTATION_ASSIGNMENT: correction.corrected.to_annotation()},
+        }
+        if pod.resource_version:
+            metadata["resourceVersion"] = pod.resource_version  # precondition: 409 if it changed
+        try:
+            self._core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": metadata})
+        except ApiException as exc:
+            log.warning(
+                "cannot correct the assignment of pod %s/%s (HTTP %s %s); the next audit retries",
+                pod.namespace,
+                pod.name,
+                exc.status,
+                exc.reason,
+            )
+            return
+        self._metrics.handoff.labels(_resources(correction), "corrected").inc()
+
+
+def _resources(correction: Correction) -> str:
+    return ",".join(sorted({change.split(" ")[1].rstrip(":") for change in correction.changes}))
+
+
 def _api_client(kubeconfig: Path | None) -> client.ApiClient:
     if kubeconfig is not None:
         loaded: client.ApiClient = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
@@ -217,18 +349,42 @@ class KubeParts:
         )
         self.pods = PodWatcher(self.api, node=node, view=self.view)
         self.publisher: Publisher | None = None
+        self.audit: AssignmentAuditor | None = None
+        self._metrics = metrics
+        self._node = node
 
-    def start(self, agent: NodeAgent) -> None:
-        """Publish the agent's inventory and health from now on, and start watching pods."""
+    def start(
+        self,
+        agent: NodeAgent,
+        *,
+        kubelet_devices: Callable[[], dict[str, PodRef]] | None = None,
+        correct_assignments: bool = False,
+    ) -> None:
+        """Publish the agent's inventory and health from now on, and start watching pods. With
+        ``kubelet_devices`` (pod-resources' ``list_devices``) audit annotations after Allocate calls,
+        and with ``correct_assignments`` patch them to the kubelet's allocation."""
         self.publisher = Publisher(
             self.api, snapshot=lambda: (agent.inventory, *agent.health_maps()), sharing=agent.config.sharing
         )
         agent.add_listener(self.publisher.changed)
         self.publisher.start()
         self.pods.start()
+        if kubelet_devices is not None:
+            self.audit = AssignmentAuditor(
+                self.api,
+                view=self.view,
+                kubelet_devices=kubelet_devices,
+                metrics=self._metrics,
+                report=EventReporter(self.api, node=self._node),
+                correct=correct_assignments,
+            )
+            self.handoff.add_allocation_listener(self.audit.poke)
+            self.audit.start()
 
     def stop(self) -> None:
         if self.publisher is not None:
             self.publisher.stop()
+        if self.audit is not None:
+            self.audit.stop()
         self.pods.stop()
         self.api.close()  # type: ignore[no-untyped-call]

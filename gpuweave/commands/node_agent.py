@@ -89,6 +89,12 @@ def register(subparsers: Any) -> None:
         help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests "
         "(needs --kubeconfig or --in-cluster; docs/mig.md)",
     )
+    add(
+        "--correct-assignments",
+        action="store_true",
+        help="patch a pod's gpuweave.io/assignment to the devices the kubelet really allocated when "
+        "they differ (needs pods patch: manifests/rbac-node-agent-assignments.yaml; docs/device-plugin.md)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -166,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
             "--mig-demand watches pending pods through the API server: "
             "give --kubeconfig too (or --in-cluster)"
         )
+    if args.correct_assignments and not with_kube:
+        raise GpuweaveError("--correct-assignments patches pods: give --kubeconfig too (or --in-cluster)")
     metrics = AgentMetrics()
     kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if with_kube else None
     backend = open_backend(args)
@@ -197,7 +205,11 @@ def run(args: argparse.Namespace) -> int:
         pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
     )
     if kube is not None:
-        kube.start(agent)
+        kube.start(
+            agent,
+            kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
+            correct_assignments=args.correct_assignments,
+        )
     stop_metrics = open_metrics(args.metrics_address, metrics) if args.metrics_address else None
     log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
     try:
