@@ -46,6 +46,14 @@ class AgentStartError(GpuweaveError):
     """A node agent did not register its resources with its kubelet in time."""
 
 
+def _first_round_done(health: HealthService, *, timeout_s: float = 20.0) -> None:
+    """Wait out the round the monitor runs as it starts, so rounds the simulation drives never
+    overlap it (an overlapping round finds its checks still pending and is not clean)."""
+    deadline = time.monotonic() + timeout_s
+    while health.monitor.rounds_completed < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def _mig_reconciler(node: _Node, *, state_dir: Path) -> MigReconciler:
     """The node agent's MIG manager on the simulated NVML, as ``gpuweave node-agent`` wires it,
     except that busy devices come from this node's simulated pod-resources view."""
@@ -129,6 +137,7 @@ class NodeAgentPool:
         health = start_node_health(
             agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=self._health
         )
+        _first_round_done(health)
         started = _Node(agent, kubelet, backend, health)
         if node.mig_managed:
             started.mig = _mig_reconciler(started, state_dir=state_dir)

@@ -71,6 +71,7 @@ class RunResult:
     faults: list[FaultRecord] = field(default_factory=list)
     reshapes: list[Reshape] = field(default_factory=list)
     jobs_started: int = 0
+    mig_pods_started: int = 0  # after the demand shift; through the extender when agents run
     jobs_pending_at_end: int = 0
     transport: str = "in-process"
     placement_mismatches: int = 0  # scheduler chose devices the node state could not give
@@ -320,6 +321,7 @@ class Simulation:
         if where is None:
             return False
         node, gpu = where
+        self.result.mig_pods_started += 1
         self.state.pods[pod_id] = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
         self._ends[pod_id] = now + job.duration_s
         return True

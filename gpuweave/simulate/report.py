@@ -59,6 +59,7 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         "faults": [{k: v for k, v in asdict(f).items() if k != "evicted_pods"} for f in result.faults],
         "pods_evicted_by_faults": sum(f.pods_evicted for f in result.faults),
         "mig_reshapes": len(result.reshapes),
+        "mig_pods_started": result.mig_pods_started,
     }
 
 
@@ -77,6 +78,7 @@ ROWS = (
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
     ("kubelet Allocate calls ok / refused", "kubelet_admissions", "{}"),
     ("MIG reshapes", "mig_reshapes", "{}"),
+    ("MIG pods started", "mig_pods_started", "{}"),
 )
 
 
