@@ -185,7 +185,7 @@ def test_efa_device_without_uverbs_is_rejected_alone() -> None:
         grant_for(RESOURCE_EFA, ["efa_x"], devices={"efa_x": device}, unhealthy={})
 
 
-def pending(view: PodView, uid: str, ids: list[str], *, node: str = "node-a", created: str = "") -> None:
+def pending(view: PodView, uid: str, ids: list[str], *, node: str = "node-a", bound: str = "") -> None:
     assignment = PodAssignment(
         node=node, containers={"main": ContainerAssignment(devices={RESOURCE_GPU: ids})}
     )
@@ -195,7 +195,7 @@ def pending(view: PodView, uid: str, ids: list[str], *, node: str = "node-a", cr
         name=uid,
         phase="Pending",
         annotation=assignment.to_annotation(),
-        created=created,
+        resource_version=bound,
     )
 
 
@@ -221,12 +221,12 @@ def test_handoff_burst_follows_admission_order_and_mismatches_are_reported() -> 
     view, metrics = PodView(), AgentMetrics()
     reports: list[str] = []
     matcher = HandoffMatcher(view, node="node-a", metrics=metrics, report=lambda p, r, m: reports.append(r))
-    pending(view, "p-late", [gpu_uuid(1)], created="2026-11-29T10:00:05+00:00")
-    pending(view, "p-early", [gpu_uuid(0)], created="2026-11-29T10:00:01+00:00")
-    pending(view, "p-early-2", [gpu_uuid(2)], created="2026-11-29T10:00:01+00:00")
+    pending(view, "p-late", [gpu_uuid(1)], bound="120")  # seen first (after a re-list), bound last
+    pending(view, "p-early", [gpu_uuid(0)], bound="101")
+    pending(view, "p-early-2", [gpu_uuid(2)], bound="105")
     request = PreferenceRequest(RESOURCE_GPU, tuple(gpu_uuid(i) for i in range(4)), (), 1)
-    assert matcher.hint(request, {}) == [gpu_uuid(0)]  # earliest created, first seen
-    assert matcher.hint(request, {}) == [gpu_uuid(2)]  # same second, seen later
+    assert matcher.hint(request, {}) == [gpu_uuid(0)]  # bound first
+    assert matcher.hint(request, {}) == [gpu_uuid(2)]  # bound second
     matcher.observe_allocation(RESOURCE_GPU, [gpu_uuid(3)])  # the kubelet took another device
     assert matcher.hint(request, {}) == [gpu_uuid(1)]
     view.replace_all([])
