@@ -30,7 +30,8 @@ class AgentMetrics:
         )
         self.handoff = Counter(
             "gpuweave_deviceplugin_handoff",
-            "GetPreferredAllocation handoff outcomes: followed, followed_earliest, mismatch, no_assignment",
+            "Handoff outcomes: at GetPreferredAllocation followed, followed_earliest, mismatch, "
+            "no_assignment, waited (for the pod watch); after admission admitted_mismatch, corrected",
             ["resource", "outcome"],
             registry=self.registry,
         )
