@@ -222,13 +222,17 @@ class GpuweavePolicy:
     name = "gpuweave"
 
     def __init__(
-        self, model: FragmentModel, *, tolerance_milli: float = 40.0, reserve_weight: float = 0.5
+        self,
+        model: FragmentModel,
+        *,
+        tolerance_milli: float = 40.0,
+        reserve_weight: float = 0.5,
     ) -> None:
         self._cache = NodeFragmentCache(model)
         self._tolerance = tolerance_milli
         self._typed = _typed_part(model)
         self._reserve_weight = reserve_weight
-        self._reserve: FloatArray | None = None
+        self._reserve: ReservedDemand | None = None
 
     def choose(
         self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
@@ -263,10 +267,10 @@ class GpuweavePolicy:
             )
             typed_delta = mass * np.where(finite, typed.delta, 0.0)
         rounded = np.round((delta - typed_delta) / self._tolerance) * self._tolerance
-        if self._reserve is None:
-            self._reserve = typed_demand_share(self._cache.model.workload, cluster)
-        pressure = self._reserve_weight * typed_pressure(self._reserve, cluster)
-        reserve = pressure[cluster.model_index[candidates]] * request.total_gpu_milli
+        if self._reserve is None or len(self._reserve.kind_of_node) != cluster.size:
+            self._reserve = ReservedDemand.of(self._cache.model.workload, cluster)
+        pressure = self._reserve_weight * self._reserve.pressure(cluster)
+        reserve = pressure[self._reserve.kind_of_node[candidates]] * request.total_gpu_milli
         levels: FloatArray = np.where(finite, np.round(rounded + typed_delta + reserve[:, None], 6), np.inf)
         return levels, outcomes.idle_after
 
@@ -294,39 +298,53 @@ def _typed_part(model: FragmentModel) -> tuple[NodeFragmentCache, float] | None:
     return NodeFragmentCache(FragmentModel(subset, models=model.models, max_gpus=model.max_gpus)), mass
 
 
-def typed_demand_share(workload: TargetWorkload, cluster: ClusterState) -> FloatArray:
-    """Per GPU model, the share of all expected GPU demand that only constrained tasks bring to it.
+@dataclass(frozen=True)
+class ReservedDemand:
+    """Expected GPU demand that only some node kinds can serve, per kind.
 
-    Each GPU-type-constrained task's expected demand (probability x milli-GPU) is spread over the
-    models it allows in proportion to their capacity. Zero everywhere without type constraints.
+    A node kind is (GPU model, GPU count, CPU, memory) as built. A task shape that fits only some
+    kinds even on an empty node (a GPU-type constraint, 8 GPUs, 120 cores, 700 GiB) brings its
+    expected demand (probability x milli-GPU) to those kinds, spread in proportion to their GPUs;
+    ``share`` is that per kind, as a share of all expected GPU demand. Shapes that fit every kind
+    reserve nothing, so a uniform cluster has no reservation.
     """
-    capacity = np.bincount(cluster.model_index, weights=cluster.gpu_count, minlength=len(cluster.models))
-    demand = np.zeros(len(cluster.models))
-    total = 0.0
-    for shape, p in zip(workload.shapes, workload.probabilities, strict=True):
-        if shape.is_cpu_only:
-            continue
-        total += p * shape.total_gpu_milli
-        allowed = np.asarray([shape.allows_model(m) for m in cluster.models]) & (capacity > 0)
-        if shape.gpu_types and allowed.any():
-            demand += np.where(allowed, capacity, 0.0) / capacity[allowed].sum() * p * shape.total_gpu_milli
-    result: FloatArray = demand / total if total > 0 else demand
-    return result
 
+    kind_of_node: IntArray
+    share: FloatArray
 
-def typed_pressure(demand_share: FloatArray, cluster: ClusterState) -> FloatArray:
-    """Per GPU model, the expected part of one free milli-GPU that only constrained tasks could use.
+    @classmethod
+    def of(cls, workload: TargetWorkload, cluster: ClusterState) -> ReservedDemand:
+        spec = np.column_stack(
+            (cluster.model_index, cluster.gpu_count, cluster.cpu_capacity, cluster.memory_capacity)
+        )
+        kinds, kind_of_node = np.unique(spec, axis=0, return_inverse=True)
+        capacity = np.bincount(kind_of_node.ravel(), weights=cluster.gpu_count, minlength=len(kinds))
+        memory = workload.memory_mib or (0,) * len(workload.shapes)
+        demand = np.zeros(len(kinds))
+        total = 0.0
+        for shape, p, mem in zip(workload.shapes, workload.probabilities, memory, strict=True):
+            if shape.is_cpu_only:
+                continue
+            total += p * shape.total_gpu_milli
+            fits = np.asarray([shape.allows_model(cluster.models[m]) for m in kinds[:, 0]]) & np.all(
+                kinds[:, 1:] >= (shape.gpu_count, shape.cpu_milli, mem), axis=1
+            )
+            if fits.any() and not np.all(fits | (capacity == 0)):
+                demand += np.where(fits, capacity, 0.0) / capacity[fits].sum() * p * shape.total_gpu_milli
+        return cls(kind_of_node.ravel().astype(np.int64), demand / total if total > 0 else demand)
 
-    Future arrivals fill the free GPUs with the workload's mix, so constrained tasks will ask model
-    t for about ``demand_share[t]`` of all free capacity; if t holds a smaller share of the free
-    GPUs than that, every free milli-GPU of t is needed by them (pressure 1), else the ratio. FGD's
-    per-node measure cannot see this (a scarce model's idle GPU counts like any other), so
-    spending a scarce model on an unconstrained task looked free until its constrained tasks failed.
-    """
-    free = np.bincount(
-        cluster.model_index, weights=cluster.gpu_free.sum(axis=1), minlength=len(cluster.models)
-    )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pressure = demand_share * free.sum() / free
-    result: FloatArray = np.minimum(np.nan_to_num(pressure, nan=0.0, posinf=1.0), 1.0)
-    return result
+    def pressure(self, cluster: ClusterState) -> FloatArray:
+        """Per kind, the expected part of one free milli-GPU that only its reserved tasks can use.
+
+        Future arrivals fill the free GPUs with the workload's mix, so the reserved tasks will ask
+        kind k for about ``share[k]`` of all free capacity: if k holds a smaller share of the free
+        GPUs than that, all of its free capacity is theirs (pressure 1), else the ratio. FGD's
+        per-node measure cannot see this (a scarce kind's idle GPU counts like any other), so
+        spending a scarce kind on a task that fits anywhere looked free until the tasks that need
+        it failed.
+        """
+        free = np.bincount(self.kind_of_node, weights=cluster.gpu_free.sum(axis=1), minlength=len(self.share))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = self.share * free.sum() / free
+        result: FloatArray = np.minimum(np.nan_to_num(ratio, nan=0.0, posinf=1.0), 1.0)
+        return result
