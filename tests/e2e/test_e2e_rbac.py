@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from tests.e2e.cluster import NAMESPACE, ControlPlane
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -128,3 +130,29 @@ def test_scheduler_identity_may_bind_and_annotate(
     binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": rbac_node}}
     core.create_namespaced_binding(workload_namespace, binding, _preload_content=False)
     assert plane.core.read_namespaced_pod(name, workload_namespace).spec.node_name == rbac_node
+
+
+def test_assignment_correction_rbac_grants_pod_patch_only_while_applied(
+    agent_api: client.ApiClient, plane: ControlPlane, workload_namespace: str
+) -> None:
+    """``--correct-assignments`` needs rbac-node-agent-assignments.yaml; the base role stays without it."""
+    core = client.CoreV1Api(agent_api)
+    name = "victim-correction"
+    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    patch = {"metadata": {"annotations": {"gpuweave.io/assignment": "{}"}}}
+    optional = Path(__file__).parents[2] / "manifests" / "rbac-node-agent-assignments.yaml"
+    plane.apply([doc for doc in yaml.safe_load_all(optional.read_text()) if doc])
+    try:
+        wait_until(
+            "the agent may patch pods",
+            lambda: _status_of(lambda: core.patch_namespaced_pod(name, workload_namespace, patch)) == 200,
+        )
+        assert _status_of(lambda: core.delete_namespaced_pod(name, workload_namespace)) == 403
+    finally:
+        client.RbacAuthorizationV1Api(plane.api).delete_cluster_role_binding(
+            "gpuweave-node-agent-assignments"
+        )
+    wait_until(
+        "the base role refuses pod patches again",
+        lambda: _status_of(lambda: core.patch_namespaced_pod(name, workload_namespace, patch)) == 403,
+    )
