@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+
+import pytest
 
 from deviceplugin.handoff import BUSY_WINDOW_S, HandoffMatcher, PodView, admission_ranks, corrections
 from deviceplugin.metrics import AgentMetrics
@@ -139,3 +142,14 @@ def test_terminal_pods_and_unlisted_containers_are_not_compared() -> None:
     bind(view, "waiting", [gpu_uuid(1)], rv="2")
     held = {("ml", "gone"): {"main": {RESOURCE_GPU: frozenset({gpu_uuid(3)})}}}
     assert corrections(view.assigned(), held) == []
+
+
+def test_correct_assignments_without_an_api_server_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuweave.cli import main  # noqa: PLC0415
+
+    argv = ["node-agent", "--kubelet-dir", str(tmp_path), "--simulate", "dgx-h100", "--correct-assignments"]
+    assert main([*argv, "--no-kube"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--correct-assignments patches pods" in err
