@@ -215,7 +215,12 @@ class GpuweavePolicy:
     2. Increases within ``tolerance_milli`` count as equal (noise in the measure is not signal),
        except the part owed to GPU-type-constrained tasks, which is compared exactly: spending a
        GPU model that type-bound tasks depend on is never a tie.
-    3. Among equals, pack: a share goes to the fullest GPU that fits, a pod to the node left
+    3. Reservation: a placement also costs, per milli-GPU it takes, its node kind's pressure
+       (``ReservedDemand``): the expected part of that capacity that tasks fitting only a few
+       kinds (a GPU-type constraint, or 8 GPUs with 120 cores) will need, times
+       ``reserve_weight`` (1 = the expected loss itself). Zero on a cluster of one kind or a
+       workload every shape of which fits every kind.
+    4. Among equals, pack: a share goes to the fullest GPU that fits, a pod to the node left
        with the least idle GPU, then the least free CPU; only then a random choice.
     """
 
@@ -226,7 +231,7 @@ class GpuweavePolicy:
         model: FragmentModel,
         *,
         tolerance_milli: float = 40.0,
-        reserve_weight: float = 0.5,
+        reserve_weight: float = 1.0,
     ) -> None:
         self._cache = NodeFragmentCache(model)
         self._tolerance = tolerance_milli
