@@ -3,10 +3,15 @@
 The extender runs in this process in snapshot mode on 127.0.0.1 port 0, fed the objects the node
 agents publish (``deviceplugin.published``: the GpuNodeInventory of each node, with device health)
 plus Node objects. This side plays kube-scheduler: it checks CPU and memory itself (NodeResourcesFit),
-then calls ``/filter``, ``/prioritize`` (highest score wins, ties at random) and ``/bind``, and reads
-the device choice back from the ``gpuweave.io/assignment`` annotation the bind recorded. It also
+then calls ``/filter``, ``/prioritize`` and ``/bind``, and reads the device choice
+back from the ``gpuweave.io/assignment`` annotation the bind recorded. It also
 plays the API server's watch: pod deletions and inventory changes (a failed GPU) reach the
 extender's cache the way its informers would deliver them.
+
+The winner of ``/prioritize`` is chosen as the gpuweave-scheduler profile would choose it: the
+extender's score times its weight plus NodeResourcesFit's MostAllocated score
+(``scheduler_profile``, weights from manifests/scheduler/scheduler-config.yaml), at random only
+among nodes tied on that total.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.placers import PodPlacement
+from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.samples import pod_object
@@ -69,8 +75,18 @@ class ExtenderPlacer:
         *,
         share_nodes: frozenset[int],
         share_workload: TargetWorkload | None = None,
+        scoring: ProfileScoring | None = None,
     ) -> None:
         self._fleet = tuple(fleet)
+        self._scoring = scoring or load_profile_scoring()
+        self._allocatable = [
+            {"cpu": n.cpu_milli, "memory": n.memory_mib, RESOURCE_GPU: n.gpus} for n in self._fleet
+        ]
+        self._node_of = {n.name: i for i, n in enumerate(self._fleet)}
+        # What kube-scheduler's NodeInfo.Requested holds: the requests of the pods bound per node
+        self._bound: dict[str, tuple[int, dict[str, int]]] = {}
+        self._requested: list[dict[str, int]] = [{} for _ in self._fleet]
+        self.tie_counts = {"prioritize": 0, "extender_tied": 0, "profile_tied": 0}
         self._share_nodes = share_nodes
         self._faults: dict[int, dict[str, str]] = {}
         self._mig_mode: dict[int, dict[str, str]] = {}
@@ -136,7 +152,8 @@ class ExtenderPlacer:
         if not names:
             return None
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
-        return self._schedule(pod_object(uid, uid=uid, limits=self._limits(request)), uid, names, rng)
+        pod = pod_object(uid, uid=uid, limits=self._limits(request))
+        return self._schedule(pod, uid, names, rng, requests=self._requests(request))
 
     def place_mig(
         self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str
@@ -147,24 +164,57 @@ class ExtenderPlacer:
             return None
         uid = _NAME.sub("-", pod_id.lower())
         pod = pod_object(uid, uid=uid, limits={mig_resource_name(profile): 1})
-        return self._schedule(pod, uid, names, rng)
+        return self._schedule(pod, uid, names, rng, requests={})
 
     def _schedule(
-        self, pod: dict[str, Any], uid: str, names: list[str], rng: np.random.Generator
+        self,
+        pod: dict[str, Any],
+        uid: str,
+        names: list[str],
+        rng: np.random.Generator,
+        *,
+        requests: dict[str, int],
     ) -> PodPlacement | None:
-        """filter, prioritize (highest score, ties at random), bind: as kube-scheduler calls them."""
+        """filter, prioritize, bind: as kube-scheduler calls them; the profile's total picks the host."""
         passed = self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names}).get("NodeNames") or []
         if not passed:
             return None
         scores = self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}) or []
-        top = max(s["Score"] for s in scores)
-        best = [s["Host"] for s in scores if s["Score"] == top]
-        host = best[int(rng.integers(len(best)))]
+        host = self._select_host({s["Host"]: int(s["Score"]) for s in scores}, requests, rng)
         binding = {"PodName": uid, "PodNamespace": "default", "PodUID": uid, "Node": host}
         error = self._post("bind", binding).get("Error")
         if error:
             return None
+        self._remember(uid, self._node_of[host], requests)
         return self._placement(uid, host)
+
+    def _select_host(
+        self, extender_scores: dict[str, int], requests: dict[str, int], rng: np.random.Generator
+    ) -> str:
+        """kube-scheduler's selectHost over extender x weight + NodeResourcesFit (MostAllocated)."""
+        totals = {
+            host: self._scoring.node_total(
+                extender_score=score,
+                fit_score=self._scoring.most_allocated(
+                    requested=self._requested[self._node_of[host]],
+                    allocatable=self._allocatable[self._node_of[host]],
+                    pod=requests,
+                ),
+            )
+            for host, score in extender_scores.items()
+        }
+        top_extender = max(extender_scores.values())
+        top = max(totals.values())
+        best = [host for host, total in totals.items() if total == top]
+        self.tie_counts["prioritize"] += 1
+        self.tie_counts["extender_tied"] += sum(s == top_extender for s in extender_scores.values()) > 1
+        self.tie_counts["profile_tied"] += len(best) > 1
+        return best[int(rng.integers(len(best)))]
+
+    def _remember(self, uid: str, node: int, requests: dict[str, int]) -> None:
+        self._bound[uid] = (node, requests)
+        for name, amount in requests.items():
+            self._requested[node][name] = self._requested[node].get(name, 0) + amount
 
     @staticmethod
     def _limits(request: Request) -> dict[str, int | str]:
@@ -175,10 +225,18 @@ class ExtenderPlacer:
             limits[RESOURCE_GPU] = request.gpu_count
         return limits
 
+    @staticmethod
+    def _requests(request: Request) -> dict[str, int]:
+        """The pod's requests as NodeResourcesFit counts them (cpu in milli, memory in MiB)."""
+        requests = {"cpu": request.cpu_milli, "memory": request.memory_mib}
+        if request.gpu_count and not request.is_share:
+            requests[RESOURCE_GPU] = request.gpu_count
+        return requests
+
     def _placement(self, uid: str, host: str) -> PodPlacement:
         bound = self._extender.cache.pod_object(uid=uid) or {}
         annotation = (bound.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_ASSIGNMENT)
-        node = next(i for i, n in enumerate(self._fleet) if n.name == host)
+        node = self._node_of[host]
         if not annotation:
             return PodPlacement(node, ())
         assignment = PodAssignment.from_annotation(annotation)
@@ -193,7 +251,11 @@ class ExtenderPlacer:
 
     def forget(self, pod_id: str) -> None:
         """The pod is gone (finished, evicted or rolled back): as the pod informer would say."""
-        self._extender.cache.delete_pod(_NAME.sub("-", pod_id.lower()))
+        uid = _NAME.sub("-", pod_id.lower())
+        self._extender.cache.delete_pod(uid)
+        node, requests = self._bound.pop(uid, (-1, {}))
+        for name, amount in requests.items():
+            self._requested[node][name] -= amount
 
     def gpu_failed(self, node: int, gpu: int, reason: str) -> None:
         """The node agent republishes its inventory with the GPU unhealthy."""
