@@ -54,6 +54,19 @@ def test_managed_resources_cover_our_names_and_ignore_only_the_shares() -> None:
     assert {mig_resource_name(p) for p in profiles} <= set(managed)
 
 
+def test_the_profile_packs_on_extender_ties_and_never_outweighs_one_extender_step() -> None:
+    """MostAllocated (not the default LeastAllocated, which spreads) with nvidia.com/gpu dominant."""
+    (profile,) = yaml.safe_load(CONFIG.read_text())["profiles"]
+    (fit,) = [p for p in profile["pluginConfig"] if p["name"] == "NodeResourcesFit"]
+    strategy = fit["args"]["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert weights[RESOURCE_GPU] > weights["cpu"] + weights["memory"]
+    assert not {RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY, RESOURCE_GPU_SHARED} & set(weights)
+    assert "plugins" not in profile  # NodeResourcesFit keeps weight 1: at most 100 per node
+    assert _extender()["weight"] * 10 > 100  # one extender score step is worth more
+
+
 MANIFESTS = Path(__file__).parents[2] / "manifests"
 GO_MOD = Path(__file__).parents[2] / "tests" / "e2e" / "harness" / "go.mod"
 
