@@ -45,6 +45,9 @@ class Sample:
     fragmentation: float  # FGD fragment, % of healthy GPU capacity
     pending: int
     running: int
+    # GPU capacity the waiting jobs ask for, % of healthy GPUs (MIG pods by compute slices): what
+    # allocation would gain if they all fit. Big when multi-node gangs wait for whole EFA nodes.
+    waiting_demand: float
     withheld_gpus: int
     mig_gpus: int
 
@@ -372,6 +375,15 @@ class Simulation:
             fragmentation=100.0 * float(self.state.cluster.node_fragment.sum()) / healthy,
             pending=len(self._queue),
             running=len(self.state.pods),
+            waiting_demand=100.0 * sum(_demand_milli(q.job) for q in self._queue) / healthy,
             withheld_gpus=sum(1 for m in modes if m == 2),
             mig_gpus=sum(1 for m in modes if m == 1),
         )
+
+
+def _demand_milli(job: Job) -> float:
+    """The milli-GPU a job asks for: all its pods, or a MIG slice's compute slices out of 7."""
+    if job.kind is JobKind.MIG:
+        slices = int(job.mig_profile.split("g.", 1)[0]) if "g." in job.mig_profile else 1
+        return slices * MILLI_PER_GPU / 7
+    return float(job.pods * job.gpus_per_pod * job.gpu_milli)

@@ -143,11 +143,12 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path:
-    figure, axes = plt.subplots(3, 1, figsize=(12, 11), sharex=True)
+    figure, axes = plt.subplots(4, 1, figsize=(12, 14), sharex=True)
     panels = (
         ("allocation", "GPU allocation (% of healthy GPUs)"),
         ("fragmentation", "GPU fragmentation (% of healthy GPUs)"),
         ("pending", "jobs waiting"),
+        ("waiting_demand", "GPUs asked for by waiting jobs\n(% of healthy GPUs)"),
     )
     for axis, (field_name, label) in zip(axes, panels, strict=True):
         for result in results:
@@ -181,6 +182,11 @@ def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path
             ha="right",
         )
     axes[0].legend(loc="lower right", fontsize=8)
+    axes[3].set_title(
+        "a dip in allocation with demand here is work that waits (e.g. a 2x8-GPU gang needs two whole"
+        " EFA nodes free at once), not idle capacity",
+        fontsize=8,
+    )
     axes[-1].set_xlabel("simulated time (hours)")
     figure.suptitle("gpuweave simulate: policies compared on the same workload (faults as dotted lines)")
     figure.tight_layout()
