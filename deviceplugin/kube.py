@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.agent import NodeAgent
 from deviceplugin.errors import DevicePluginError
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
+from deviceplugin.listwatch import WATCH_TIMEOUT_S, ListWatch
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
@@ -31,7 +32,6 @@ from topology.inventory import NodeInventory
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
-WATCH_TIMEOUT_S = 60
 
 
 class Publisher:
@@ -148,50 +148,34 @@ class PodWatcher:
     """Keeps a ``PodView`` of this node's pods by list + watch (field selector spec.nodeName)."""
 
     def __init__(self, api: client.ApiClient, *, node: str, view: PodView) -> None:
-        self._core = client.CoreV1Api(api)
-        self._selector = f"spec.nodeName={node}"
         self._view = view
-        self._stop = threading.Event()
-        self._watch: watch.Watch | None = None
-        self._thread = threading.Thread(target=self._run, name="pod-watcher", daemon=True)
+        self._watch = ListWatch(
+            client.CoreV1Api(api).list_pod_for_all_namespaces,
+            on_list=self._listed,
+            on_event=self._event,
+            what=f"pods on node {node}",
+            field_selector=f"spec.nodeName={node}",
+        )
+        self._thread = threading.Thread(target=self._watch.run, name="pod-watcher", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()  # type: ignore[no-untyped-call]
+        self._watch.stop()
         self._thread.join(timeout=WATCH_TIMEOUT_S)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._list_and_watch()
-            except Exception as exc:
-                log.warning("pod watch on this node failed (%s); re-listing in %.0f s", exc, RETRY_S)
-                self._stop.wait(RETRY_S)
-
-    def _list_and_watch(self) -> None:
-        listed = self._core.list_pod_for_all_namespaces(field_selector=self._selector)
+    def _listed(self, pods: Sequence[Any]) -> None:
         fresh = PodView()
-        for pod in listed.items:
+        for pod in pods:
             _upsert(fresh, pod)
         self._view.replace_all(fresh.pending())
-        self._watch = watch.Watch()  # type: ignore[no-untyped-call]
-        for event in self._watch.stream(  # type: ignore[no-untyped-call]
-            self._core.list_pod_for_all_namespaces,
-            field_selector=self._selector,
-            resource_version=listed.metadata.resource_version if listed.metadata else None,
-            timeout_seconds=WATCH_TIMEOUT_S,
-        ):
-            if self._stop.is_set():
-                return
-            pod = event["object"]
-            if event["type"] == "DELETED":
-                self._view.remove(pod.metadata.uid)
-            else:
-                _upsert(self._view, pod)
+
+    def _event(self, kind: str, pod: Any) -> None:
+        if kind == "DELETED":
+            self._view.remove(pod.metadata.uid)
+        else:
+            _upsert(self._view, pod)
 
 
 AUDIT_DELAYS_S = (0.5, 2.0, 5.0)  # after an Allocate: the kubelet lists a container's devices soon after

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuweave.node_mig import WATCH_TIMEOUT_S, ListWatch
+from deviceplugin.listwatch import WATCH_TIMEOUT_S, ListWatch
 from mig.demand import (
     CLAIM_ANNOTATION,
     CLAIM_TIME_ANNOTATION,

@@ -20,7 +20,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from gpuweave.node_mig import ListWatch, NodeWatch
+from deviceplugin.listwatch import ListWatch
+from gpuweave.node_mig import NodeWatch
 from gpuweave.node_mig_demand import PodCache
 from mig.service import LayoutFollower, MigService
 from tests.support.loopback_api import loopback_api
