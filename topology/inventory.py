@@ -109,6 +109,20 @@ class NvSwitchFabric:
 
 
 @dataclass(frozen=True)
+class LostGpu:
+    """A GPU the driver counts but cannot reach (off the bus): withheld, never offered.
+
+    ``uuid`` comes from an earlier inventory when one is known, else it is empty; ``pci_bus_id``
+    from the driver's last answer or the PCI tree, empty when neither names it.
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class NodeInventory:
     """Everything gpuweave knows about one node's accelerators and their interconnect."""
 
@@ -122,6 +136,7 @@ class NodeInventory:
     mig_devices: tuple[MigDevice, ...] = ()
     driver_version: str = ""
     cuda_driver_version: str = ""
+    lost_gpus: tuple[LostGpu, ...] = ()  # counted by the driver, unreachable; not in ``gpus``
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def gpu(self, index: int) -> Gpu:

@@ -88,6 +88,9 @@ class GpuSpec(_Model):
     mig_enabled: bool = False
     minor: int | None = Field(default=None, ge=0)
     pcie_root: str | None = Field(default=None, pattern=_NAME)
+    # Simulation only (never published): the GPU is off the bus from the start and answers every
+    # NVML call as such a GPU does, so the agent's lost-GPU path runs from a profile.
+    lost: bool | None = None
 
 
 class NvLinkSpec(_Model):
@@ -98,6 +101,9 @@ class NvLinkSpec(_Model):
 class NvSwitchSpec(_Model):
     gpus: tuple[int, ...] = Field(min_length=1)
     links_per_gpu: int = Field(ge=1)
+    # Simulation only (never published): the NVSwitch fabric's state as NVML reports it per GPU
+    # (Hopper+) or as the Fabric Manager service shows it (Ampere); omitted means completed.
+    fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
 
 
 class NicSpec(_Model):
