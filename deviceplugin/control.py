@@ -146,23 +146,79 @@ class ControlServer:
 def call_agent(
     state_dir: Path | str, method: str, params: Params | None = None, *, timeout: float = 30.0
 ) -> dict[str, Any]:
-    """Call a running agent's control method; return its result or raise ``ControlError``."""
+    """Call a running agent's control method; return its result or raise ``ControlError``.
+
+    Every way the agent can fail the caller is one ``ControlError`` with one line of text: not
+    listening (``unavailable``), gone before it answered, e.g. killed mid-reshape (``lost``), no
+    answer in ``timeout`` (``timeout``), or an answer that is not the protocol (``internal``).
+    """
     path = Path(state_dir) / CONTROL_SOCKET
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         try:
             conn.connect(str(path))
             conn.sendall(json.dumps({"method": method, "params": params or {}}).encode() + b"\n")
-            line = _read_line(conn)
         except OSError as exc:
             raise ControlError(
                 f"cannot reach the node agent at {path}: {exc}; is `gpuweave node-agent` running?",
                 code="unavailable",
             ) from exc
-    response = json.loads(line)
+        line = _answer(conn, method=method, path=path, timeout=timeout)
+    response = _decode_answer(line, method=method, path=path)
     if not response.get("ok"):
         raise ControlError(
             f"{method}: {response.get('error')}", code=str(response.get("code", "bad_request"))
         )
     result = response.get("result")
     return result if isinstance(result, dict) else {"value": result}
+
+
+def _answer(conn: socket.socket, *, method: str, path: Path, timeout: float) -> bytes:
+    """The agent's answer line; a connection closed or reset before it is a lost agent."""
+    lost = (
+        f"{method}: the node agent at {path} went away before answering (it exited or was killed "
+        "mid-request); what it finished is in its journal: check its log, restart it and retry"
+    )
+    try:
+        data = _read_until_newline(conn)
+    except TimeoutError as exc:
+        raise ControlError(
+            f"{method}: no answer from the node agent at {path} within {timeout:g} s; "
+            "it may still be working: check its log, or retry with a longer --timeout",
+            code="timeout",
+        ) from exc
+    except OSError as exc:  # reset by the peer: the agent's process ended
+        raise ControlError(lost, code="lost") from exc
+    if data is None:  # end of stream before a whole line: nothing, or half an answer
+        raise ControlError(lost, code="lost")
+    return data
+
+
+def _read_until_newline(conn: socket.socket) -> bytes | None:
+    """One answer line, or None when the stream ends before its newline."""
+    data = bytearray()
+    while b"\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ControlError(f"answer larger than {MAX_REQUEST_BYTES} bytes")
+    return bytes(data).split(b"\n", 1)[0]
+
+
+def _decode_answer(line: bytes, *, method: str, path: Path) -> dict[str, Any]:
+    try:
+        response = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ControlError(
+            f"{method}: the node agent at {path} sent an answer that is not JSON ({exc}); "
+            "is another program listening on its socket?",
+            code="internal",
+        ) from exc
+    if not isinstance(response, dict):
+        raise ControlError(
+            f"{method}: the node agent at {path} sent {type(response).__name__}, not an object",
+            code="internal",
+        )
+    return response
