@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from deviceplugin.allocation import ContainerGrant, grant_for
 from deviceplugin.control import ControlServer
-from deviceplugin.devices import PluginDevice, build_catalogue, unhealthy_reasons
+from deviceplugin.devices import PluginDevice, build_catalogue, lost_reasons, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import AllocationLog
@@ -110,6 +110,7 @@ class NodeAgent:
         self._resources: dict[str, _Resource] = {}
         self._faults: dict[str, str] = {}
         self._withheld: dict[str, str] = {}
+        self._lost: dict[str, str] = {}  # GPUs the driver counts but cannot reach: always Unhealthy
         self._listeners: list[Callable[[], None]] = []
         self._inventory: NodeInventory | None = None
         self._chooser: GpuSetChooser | None = None
@@ -168,6 +169,7 @@ class NodeAgent:
             changed = inventory != self._inventory
             if changed:
                 self._inventory = inventory
+                self._lost = lost_reasons(inventory)
                 self._chooser = self._chooser_for(inventory) if self._chooser_for else None
             for name in catalogue.keys() - self._resources.keys():
                 self._add_resource(name)
@@ -222,7 +224,8 @@ class NodeAgent:
                 devices = (
                     catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
                 )
-                reasons = unhealthy_reasons(devices, faults=self._faults, withheld=self._withheld)
+                faults = {**self._faults, **self._lost}
+                reasons = unhealthy_reasons(devices, faults=faults, withheld=self._withheld)
                 changed = resource.state.update(devices, reasons) or changed
                 self.metrics.unhealthy_devices.labels(name).set(len(reasons))
         return changed

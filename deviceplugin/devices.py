@@ -21,7 +21,7 @@ from topology.contracts import (
     RESOURCE_GPU_SHARED,
     mig_resource_name,
 )
-from topology.inventory import Gpu, NicType, NodeInventory
+from topology.inventory import Gpu, LostGpu, NicType, NodeInventory
 
 MIB_PER_GIB = 1024
 MAX_DEVICE_ID_LENGTH = 63
@@ -129,12 +129,40 @@ def _efa_devices(inventory: NodeInventory) -> list[PluginDevice]:
     ]
 
 
+def lost_device_id(lost: LostGpu) -> str:
+    """The ID a lost GPU is listed under: its UUID when known, else its bus id (or index) marked
+    unreachable, so the kubelet counts it in capacity but never allocates it."""
+    return lost.uuid or f"unreachable-{lost.pci_bus_id or f'index-{lost.index}'}"
+
+
+def _lost_devices(inventory: NodeInventory) -> list[PluginDevice]:
+    return [
+        PluginDevice(
+            id=lost_device_id(lost),
+            resource=RESOURCE_GPU,
+            kind=DeviceKind.GPU,
+            numa_node=None,
+            gpu_uuid=lost.uuid or None,
+        )
+        for lost in inventory.lost_gpus
+    ]
+
+
+def lost_reasons(inventory: NodeInventory) -> dict[str, str]:
+    """Device ID -> reason for every GPU the driver counts but cannot reach (always Unhealthy)."""
+    return {
+        lost_device_id(lost): f"GPU {lost.index} unreachable: {lost.reason}" for lost in inventory.lost_gpus
+    }
+
+
 def build_catalogue(inventory: NodeInventory, plan: SharingPlan) -> dict[str, tuple[PluginDevice, ...]]:
-    """Resource name -> devices, sorted by ID. ``nvidia.com/gpu`` is always present (maybe empty)."""
+    """Resource name -> devices, sorted by ID. ``nvidia.com/gpu`` is always present (maybe empty);
+    a GPU that does not answer is listed there (and reported Unhealthy: ``lost_reasons``)."""
     by_resource: dict[str, list[PluginDevice]] = {RESOURCE_GPU: []}
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
         for device in _devices_of_gpu(gpu, inventory, plan):
             by_resource.setdefault(device.resource, []).append(device)
+    by_resource[RESOURCE_GPU].extend(_lost_devices(inventory))
     for device in _efa_devices(inventory):
         by_resource.setdefault(device.resource, []).append(device)
     for resource, devices in by_resource.items():

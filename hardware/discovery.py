@@ -68,13 +68,14 @@ def assemble_inventory(
     switch_names: Mapping[str, str],
     driver_version: str,
     cuda_driver_version: str,
+    lost_gpus: tuple[inv.LostGpu, ...] = (),
 ) -> inv.NodeInventory:
     gpu_places = {g.index: _placement(sysfs.pci_device(sysfs_bdf(g.pci_bus_id)), g.numa_node) for g in gpus}
     nic_rows = _nics(sysfs)
     switches = _switches(sysfs, [*gpu_places.values(), *(p for _, p in nic_rows)], switch_names)
     names = {port: switch.name for port, switch in switches.items()}
     numa_nodes = max([len(sysfs.numa_nodes()), *(g.numa_node + 1 for g in gpus), 1])
-    nvlinks, fabric = _links(gpus)
+    nvlinks, fabric = _links(gpus, unreachable={g.pci_bus_id for g in lost_gpus})
     return inv.NodeInventory(
         name=node_name,
         numa_nodes=numa_nodes,
@@ -88,6 +89,7 @@ def assemble_inventory(
         mig_devices=tuple(_mig_devices(gpus)),
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
+        lost_gpus=lost_gpus,
     )
 
 
@@ -177,13 +179,18 @@ def _nic(row: _NicRow, place: _Placement, names: Mapping[str, str]) -> inv.Nic:
     )
 
 
-def _links(gpus: list[GpuFacts]) -> tuple[tuple[inv.NvLink, ...], inv.NvSwitchFabric | None]:
-    """GPU pairs from links whose remote is a GPU; every other remote is an NVSwitch."""
+def _links(
+    gpus: list[GpuFacts], *, unreachable: set[str]
+) -> tuple[tuple[inv.NvLink, ...], inv.NvSwitchFabric | None]:
+    """GPU pairs from links whose remote is a GPU; every other remote is an NVSwitch, except a GPU
+    that no longer answers (its links lead nowhere usable, and it is no switch)."""
     by_bus = {g.pci_bus_id: g.index for g in gpus}
     seen: Counter[tuple[int, int]] = Counter()
     switch_links: dict[int, int] = {}
     for gpu in gpus:
         for remote in gpu.link_remotes:
+            if remote in unreachable:
+                continue
             peer = by_bus.get(remote)
             if peer is None:
                 switch_links[gpu.index] = switch_links.get(gpu.index, 0) + 1

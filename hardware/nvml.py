@@ -14,8 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hardware.backend import DriverNotLoadedError, HardwareError, NotFoundError, NotSupportedError
+from hardware.backend import (
+    DriverNotLoadedError,
+    HardwareError,
+    HardwareTimeoutError,
+    NotFoundError,
+    NotSupportedError,
+)
 from hardware.discovery import GpuFacts, MigFacts, assemble_inventory
+from hardware.gpu_identity import GpuIdentities
 from hardware.nvml_call import DEFAULT_CALL_TIMEOUT_S, NvmlCaller, is_code
 from hardware.sysfs import SysfsReader, sysfs_bdf
 from topology.inventory import Architecture, NodeInventory
@@ -54,8 +61,10 @@ class NvmlBackend:
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         node_name: str | None = None,
         switch_names: Mapping[str, str] | None = None,
+        identity_file: Path | None = None,
     ) -> None:
         self.lib = lib if lib is not None else load_pynvml()
+        self.identities = GpuIdentities(identity_file)
         self.caller = NvmlCaller(self.lib, timeout_s=call_timeout_s)
         self.sysfs = SysfsReader(sysfs_root)
         self.node_name = node_name or platform.node() or "localhost"
@@ -65,11 +74,21 @@ class NvmlBackend:
     def discover(self) -> NodeInventory:
         self.ensure_initialized()
         count = int(self.caller.invoke("nvmlDeviceGetCount"))
-        gpus = [self._read_gpu(index) for index in range(count)]
-        self._read_nvlinks(gpus)
+        gpus: list[GpuFacts] = []
+        lost: list[tuple[int, str]] = []
+        for index in range(count):
+            try:
+                gpus.append(self._read_gpu_and_links(index))
+            except (HardwareTimeoutError, DriverNotLoadedError):
+                raise  # the driver as a whole, not one GPU: keep the lists we have
+            except HardwareError as exc:
+                LOG.warning("GPU %d does not answer (%s); serving the other GPUs without it", index, exc)
+                lost.append((index, str(exc)))
+        self.identities.remember(gpus)
         return assemble_inventory(
             node_name=self.node_name,
             gpus=gpus,
+            lost_gpus=self.identities.name_lost(lost, reached=gpus, sysfs=self.sysfs),
             sysfs=self.sysfs,
             switch_names=self._switch_names,
             driver_version=_text(self.caller.invoke("nvmlSystemGetDriverVersion")),
@@ -104,6 +123,12 @@ class NvmlBackend:
             return self._call(name, *args, index=index)
         except NotSupportedError:
             return None
+
+    def _read_gpu_and_links(self, index: int) -> GpuFacts:
+        """One GPU's facts and NVLink wiring; any error is this GPU's alone (the caller decides)."""
+        gpu = self._read_gpu(index)
+        self._read_nvlinks(gpu)
+        return gpu
 
     def _read_gpu(self, index: int) -> GpuFacts:
         handle = self.handle(index)
@@ -174,23 +199,22 @@ class NvmlBackend:
 
     # -- NVLink --------------------------------------------------------------------------------
 
-    def _read_nvlinks(self, gpus: list[GpuFacts]) -> None:
-        """Fill each GPU's active links: remote PCI bus id per active link."""
-        for gpu in gpus:
-            handle = self.handle(gpu.index)
-            for link in range(int(getattr(self.lib, "NVML_NVLINK_MAX_LINKS", 18))):
-                try:
-                    state = self._call("nvmlDeviceGetNvLinkState", handle, link, index=gpu.index)
-                except NotSupportedError:
-                    break  # no NVLink on this GPU
-                except HardwareError as exc:
-                    if is_code(exc, self.lib, "NVML_ERROR_INVALID_ARGUMENT"):
-                        break  # past the GPU's last link
-                    raise
-                if state != self.lib.NVML_FEATURE_ENABLED:
-                    continue
-                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, index=gpu.index)
-                gpu.link_remotes.append(normalize_bus_id(_text(remote.busId)))
+    def _read_nvlinks(self, gpu: GpuFacts) -> None:
+        """Fill the GPU's active links: remote PCI bus id per active link."""
+        handle = self.handle(gpu.index)
+        for link in range(int(getattr(self.lib, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = self._call("nvmlDeviceGetNvLinkState", handle, link, index=gpu.index)
+            except NotSupportedError:
+                break  # no NVLink on this GPU
+            except HardwareError as exc:
+                if is_code(exc, self.lib, "NVML_ERROR_INVALID_ARGUMENT"):
+                    break  # past the GPU's last link
+                raise
+            if state != self.lib.NVML_FEATURE_ENABLED:
+                continue
+            remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, index=gpu.index)
+            gpu.link_remotes.append(normalize_bus_id(_text(remote.busId)))
 
     def _cuda_version(self) -> str:
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 EFA_VENDOR = 0x1D0F
 EFA_DEVICE_IDS = frozenset({0xEFA0, 0xEFA1, 0xEFA2, 0xEFA3})
 NVIDIA_VENDOR = 0x10DE
+_DISPLAY_CLASS = 0x03  # VGA 0x0300, 3D controller 0x0302
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _NODE_DIR = re.compile(r"^node(\d+)$")
 
@@ -115,6 +116,18 @@ class SysfsReader:
     def pci_devices(self) -> tuple[str, ...]:
         directory = self._sys / "bus" / "pci" / "devices"
         return tuple(sorted(p.name for p in directory.iterdir())) if directory.is_dir() else ()
+
+    def nvidia_gpus(self) -> tuple[str, ...]:
+        """Bus ids (sysfs form) of NVIDIA display/3D functions, in bus order: the GPUs the PCI tree
+        holds whether or not the driver can still reach them (a GPU off the bus keeps its entry)."""
+        found = []
+        for bdf in self.pci_devices():
+            device = self.pci_device(bdf)
+            if device is None or device.vendor != NVIDIA_VENDOR:
+                continue
+            if device.pci_class >> 16 == _DISPLAY_CLASS:
+                found.append(bdf)
+        return tuple(found)
 
     # -- NUMA ----------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
 from hardware.backend import GpuBackend
+from hardware.gpu_identity import IDENTITY_FILE
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -105,11 +106,16 @@ def node_name(args: argparse.Namespace) -> str:
 def open_backend(args: argparse.Namespace) -> GpuBackend:
     """The hardware source: the node's GPUs through NVML and sysfs, or a simulated node profile read
     by the same NVML/sysfs code."""
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    identities = args.state_dir / IDENTITY_FILE  # names a GPU that stops answering, across restarts
     if args.simulate:
         return SimulatedBackend(
-            load_profile(args.simulate), node_name=node_name(args), kmsg_path=args.state_dir / SIM_KMSG_FILE
+            load_profile(args.simulate),
+            node_name=node_name(args),
+            kmsg_path=args.state_dir / SIM_KMSG_FILE,
+            identity_file=identities,
         )
-    return NvmlBackend(node_name=node_name(args))
+    return NvmlBackend(node_name=node_name(args), identity_file=identities)
 
 
 def open_kube(kubeconfig: Path | None, *, node: str, metrics: AgentMetrics) -> KubeParts:

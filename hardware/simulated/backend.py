@@ -49,6 +49,7 @@ class SimulatedBackend:
         node_name: str | None = None,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         kmsg_path: Path | None = None,
+        identity_file: Path | None = None,
     ) -> None:
         self._temporary = sysfs_root is None
         if sysfs_root is None:
@@ -59,6 +60,9 @@ class SimulatedBackend:
         else:
             inventory = profile.to_inventory(node_name=node_name)
             self.node = SimulatedNode(inventory, sysfs_root=self.sysfs_root, kmsg_path=kmsg_path)
+            for gpu in profile.spec.gpus:
+                if gpu.lost:
+                    self.node.set_gpu_lost(gpu.index)  # off the bus before the driver's first answer
         layout = write_fake_sysfs(self.sysfs_root, self.node)
         self.lib = SimulatedNvmlLib(self.node)
         self.nvml = NvmlBackend(
@@ -67,6 +71,7 @@ class SimulatedBackend:
             call_timeout_s=call_timeout_s,
             node_name=self.node.inventory.name,
             switch_names=layout.switch_names,
+            identity_file=identity_file,
         )
 
     @property

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hardware.backend import GpuLostError, HardwareTimeoutError
+from hardware.backend import HardwareTimeoutError
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -62,11 +62,13 @@ def test_mig_devices_of_a_partitioned_gpu_are_discovered_exactly(backend: Any) -
     ]
 
 
-def test_a_lost_gpu_fails_discovery_naming_the_gpu(backend: Any) -> None:
+def test_a_lost_gpu_is_left_out_of_discovery_and_named_as_lost(backend: Any) -> None:
     simulated = backend("p4d.24xlarge")
     simulated.node.set_gpu_lost(5)
-    with pytest.raises(GpuLostError, match="on GPU 5 failed: GPU is lost"):
-        simulated.discover()
+    inventory = simulated.discover()
+    assert [lost.index for lost in inventory.lost_gpus] == [5]
+    assert "on GPU 5 failed: GPU is lost" in inventory.lost_gpus[0].reason
+    assert 5 not in [g.index for g in inventory.gpus]
     simulated.node.set_gpu_lost(5, lost=False)
     assert simulated.discover() == simulated.inventory
 

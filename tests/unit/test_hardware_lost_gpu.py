@@ -1,0 +1,131 @@
+"""A GPU off the bus, through the production NVML and sysfs readers over the simulated node.
+
+The simulated GPU answers every NVML call (its handle included) with GPU_IS_LOST, as a GPU that
+fell off the bus does; discovery must keep the other GPUs and name the lost one from what it last
+answered, the PCI tree, or the identity file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
+from deviceplugin.sharing import SharingPlan
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from hardware.simulated.structs import NVMLError
+from topology.contracts import RESOURCE_GPU
+from topology.spec import NodeProfile
+
+
+def profile_with_lost(name: str, *indexes: int) -> NodeProfile:
+    document: dict[str, Any] = load_profile(name).to_wire()
+    for index in indexes:
+        document["spec"]["gpus"][index]["lost"] = True
+    return NodeProfile.parse(document)
+
+
+def test_a_lost_gpu_answers_its_handle_with_gpu_is_lost_and_still_counts() -> None:
+    backend = SimulatedBackend(profile_with_lost("p5.48xlarge", 3))
+    try:
+        lib = backend.lib
+        lib.nvmlInit()
+        assert lib.nvmlDeviceGetCount() == 8
+        with pytest.raises(NVMLError) as lost:
+            lib.nvmlDeviceGetHandleByIndex(3)
+        assert lost.value.value == lib.NVML_ERROR_GPU_IS_LOST
+        lib.nvmlShutdown()
+    finally:
+        backend.close()
+
+
+def test_discovery_keeps_the_seven_answering_gpus_and_names_the_lost_one_by_bus_id() -> None:
+    profile = profile_with_lost("p5.48xlarge", 3)
+    expected = profile.to_inventory()
+    backend = SimulatedBackend(profile)
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    assert [g.index for g in inventory.gpus] == [0, 1, 2, 4, 5, 6, 7]
+    assert [g.uuid for g in inventory.gpus] == [g.uuid for g in expected.gpus if g.index != 3]
+    (lost,) = inventory.lost_gpus
+    assert (lost.index, lost.uuid, lost.pci_bus_id) == (3, "", expected.gpu(3).pci_bus_id)
+    assert "GPU is lost" in lost.reason
+    assert inventory.nvswitch is not None and 3 not in inventory.nvswitch.gpus
+    assert inventory.nvswitch.links_per_gpu == expected.nvswitch.links_per_gpu  # type: ignore[union-attr]
+
+
+def test_direct_nvlinks_to_a_lost_gpu_train_down_and_are_not_taken_for_a_switch() -> None:
+    profile = profile_with_lost("dgx1-v100", 0)
+    backend = SimulatedBackend(profile)
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    assert inventory.nvswitch is None
+    assert all(0 not in (link.gpu_a, link.gpu_b) for link in inventory.nvlinks)
+    kept = {(nl.gpu_a, nl.gpu_b) for nl in profile.to_inventory().nvlinks if 0 not in (nl.gpu_a, nl.gpu_b)}
+    assert {(link.gpu_a, link.gpu_b) for link in inventory.nvlinks} == kept
+
+
+def test_a_gpu_lost_after_it_answered_keeps_its_uuid_in_the_same_process() -> None:
+    backend = SimulatedBackend(load_profile("dgx-h100"))
+    try:
+        before = backend.discover()
+        backend.node.set_gpu_lost(5)
+        after = backend.discover()
+    finally:
+        backend.close()
+    (lost,) = after.lost_gpus
+    assert (lost.uuid, lost.pci_bus_id) == (before.gpu(5).uuid, before.gpu(5).pci_bus_id)
+    assert len(after.gpus) == 7
+
+
+def test_the_identity_file_names_a_gpu_lost_before_a_restart(tmp_path: Path) -> None:
+    identities = tmp_path / "gpu-identities.json"
+    first = SimulatedBackend(load_profile("dgx-h100"), identity_file=identities)
+    try:
+        healthy = first.discover()
+    finally:
+        first.close()
+    stored = json.loads(identities.read_text())["uuidByBusId"]
+    assert stored == {g.pci_bus_id: g.uuid for g in healthy.gpus}
+    second = SimulatedBackend(profile_with_lost("dgx-h100", 6), identity_file=identities)
+    try:
+        inventory = second.discover()
+    finally:
+        second.close()
+    (lost,) = inventory.lost_gpus
+    assert lost.uuid == healthy.gpu(6).uuid
+
+
+def test_a_corrupt_identity_file_is_ignored_not_fatal(tmp_path: Path) -> None:
+    identities = tmp_path / "gpu-identities.json"
+    identities.write_text("{not json")
+    backend = SimulatedBackend(profile_with_lost("dgx-h100", 1), identity_file=identities)
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    assert [lost.index for lost in inventory.lost_gpus] == [1]
+    assert len(inventory.gpus) == 7
+
+
+def test_the_catalogue_lists_a_lost_gpu_under_nvidia_gpu_with_its_reason() -> None:
+    backend = SimulatedBackend(profile_with_lost("p5.48xlarge", 3))
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    devices = build_catalogue(inventory, SharingPlan())[RESOURCE_GPU]
+    (lost,) = inventory.lost_gpus
+    assert len(devices) == 8
+    assert lost_device_id(lost) == f"unreachable-{lost.pci_bus_id}"
+    assert lost_device_id(lost) in {d.id for d in devices}
+    assert set(lost_reasons(inventory)) == {lost_device_id(lost)}
+    assert "GPU 3 unreachable" in lost_reasons(inventory)[lost_device_id(lost)]
