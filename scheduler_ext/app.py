@@ -16,8 +16,8 @@ from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.server import ExtenderHTTPServer
 from scheduler_ext.service import Binder, ExtenderService
-from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD
 from scheduler_ext.snapshot import SnapshotBinder, load_snapshot
+from scheduler_ext.workload import WorkloadLearner
 from topology.fragmentation import TargetWorkload
 
 
@@ -67,13 +67,12 @@ class Extender:
         self.server = self.probe_server = None
 
 
-def build_core(
-    *, share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD
-) -> tuple[ClusterCache, DecisionCore]:
-    """The cache and the decision core over one layout registry; ``share_workload`` is the mix of
-    share requests FGD places against (a trace-derived one from ``typical_workload`` fits best)."""
+def build_core(*, share_workload: TargetWorkload | None = None) -> tuple[ClusterCache, DecisionCore]:
+    """The cache and the decision core over one layout registry. The core learns the workload
+    FGD scores against from the pods it sees; ``share_workload`` (``--workload FILE``) pins it."""
     registry = LayoutRegistry()
-    return ClusterCache(registry), DecisionCore(registry, share_workload=share_workload)
+    core = DecisionCore(registry, workload=WorkloadLearner(pinned=share_workload))
+    return ClusterCache(registry), core
 
 
 def assemble(
@@ -84,7 +83,7 @@ def assemble(
     return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
 
 
-def build_snapshot_extender(snapshot: Path) -> Extender:
-    cache, core = build_core()
+def build_snapshot_extender(snapshot: Path, *, workload: TargetWorkload | None = None) -> Extender:
+    cache, core = build_core(share_workload=workload)
     load_snapshot(snapshot, cache)
     return assemble(cache, core, SnapshotBinder(cache))

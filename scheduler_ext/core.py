@@ -22,9 +22,10 @@ from scheduler_ext.planners import Planner
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.requests import PodRequest
 from scheduler_ext.selector import SelectorCache, SelectorError
-from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD
+from scheduler_ext.shares import ModelFor, fragment_models
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import MAX_SCORE, PASS_THROUGH, PlanStep, Verdict, fail, unresolvable
+from scheduler_ext.workload import WorkloadLearner
 from topology.fragmentation import TargetWorkload
 
 MAX_MEMO_ENTRIES = 500_000
@@ -39,14 +40,18 @@ class DecisionCore:
         registry: LayoutRegistry,
         *,
         selectors: SelectorCache | None = None,
-        share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD,
+        share_workload: TargetWorkload | None = None,
+        workload: WorkloadLearner | None = None,
     ) -> None:
+        """``workload`` learns the mix FGD scores against; ``share_workload`` pins one instead."""
         self.registry = registry
         self.selectors = selectors or SelectorCache()
-        self.share_workload = share_workload  # FGD's expected mix of share requests
+        self.workload = workload or WorkloadLearner(pinned=share_workload)
         self._memo: dict[tuple[object, ...], dict[int, Verdict]] = {}
         self._size = 0
         self._lock = threading.Lock()
+        self._mix_version = self.workload.mix.version
+        self._models: ModelFor = fragment_models(self.workload.mix.workload)
 
     def decide(self, request: PodRequest, node: NodeState | None, *, name: str = "") -> Verdict:
         name = name or (node.name if node is not None else "")
@@ -68,6 +73,8 @@ class DecisionCore:
             return [PASS_THROUGH] * len(names)
         if all(c.is_empty for c in request.containers):
             return [NOTHING_ASKED] * len(names)
+        if self.workload.mix.version != self._mix_version:
+            self._follow_mix()
         memo = self._memo.get(request.signature)
         if memo is None:
             with self._lock:
@@ -93,6 +100,16 @@ class DecisionCore:
             verdict = self._decide_uncached(request, node)
             self._remember(memo, token, verdict)
         return verdict
+
+    def _follow_mix(self) -> None:
+        """The learned mix changed: score against it from now on (memoized verdicts are stale)."""
+        with self._lock:
+            mix = self.workload.mix
+            self._models = fragment_models(mix.workload)
+            for inner in self._memo.values():
+                inner.clear()
+            self._size = 0
+            self._mix_version = mix.version
 
     def _token(self, node: NodeState) -> int:
         return node.token if node.token >= 0 else self.registry.token(node.memo_key)
@@ -127,7 +144,7 @@ class DecisionCore:
             free=node.free,
             eligible=eligible,
             search=self.registry.search(node.layout_id),
-            share_workload=self.share_workload,
+            share_models=self._models,
         )
         steps: list[PlanStep] = []
         for stage in (planner.plan_gpus, planner.plan_migs, planner.plan_shares, planner.plan_nics):

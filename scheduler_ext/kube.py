@@ -26,6 +26,7 @@ from scheduler_ext.service import BindError
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from topology.errors import InvalidInputError
+from topology.fragmentation import TargetWorkload
 
 LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 240
@@ -267,9 +268,11 @@ def api_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def build_kube_extender(*, kubeconfig: str | None, watch_timeout_s: int = WATCH_TIMEOUT_S) -> Extender:
+def build_kube_extender(
+    *, kubeconfig: str | None, watch_timeout_s: int = WATCH_TIMEOUT_S, workload: TargetWorkload | None = None
+) -> Extender:
     api = api_client(kubeconfig)
-    cache, core = build_core()
+    cache, core = build_core(share_workload=workload)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s)
     feed.start()
     return assemble(cache, core, KubeBinder(api), stoppers=(feed,))

@@ -13,10 +13,9 @@ from scheduler_ext.layout import NodeLayout, ShareMode
 from scheduler_ext.nics import plan_nic_containers
 from scheduler_ext.requests import ContainerRequest, Placement, PodRequest
 from scheduler_ext.search import LayoutSearch, SetChoice
-from scheduler_ext.shares import DEFAULT_SHARE_WORKLOAD, plan_share_containers
+from scheduler_ext.shares import ModelFor, plan_share_containers
 from scheduler_ext.state import FreeState
 from scheduler_ext.verdict import MAX_SCORE, ContainerPlan, PlanStep, Verdict, fail, unresolvable
-from topology.fragmentation import TargetWorkload
 
 # Whole-GPU node score weights (docs/extender.md, "Decisions"). Multi-GPU requests mix in the
 # set's absolute quality so that hardware classes compare; single GPUs keep packing behaviour.
@@ -34,7 +33,7 @@ class Planner:
     free: FreeState
     eligible: frozenset[int]
     search: LayoutSearch
-    share_workload: TargetWorkload = DEFAULT_SHARE_WORKLOAD
+    share_models: ModelFor | None = None
     _gpus_chosen: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     # ---- whole GPUs -------------------------------------------------------------------------
@@ -204,7 +203,7 @@ class Planner:
             layout=self.layout,
             free=self.free,
             eligible=self.eligible,
-            workload=self.share_workload,
+            models=self.share_models,
         )
 
     def plan_nics(self) -> PlanStep | Verdict:
@@ -222,7 +221,7 @@ class Planner:
         quality = sum(qualities) / len(qualities) if qualities else 0.5
         score = max(0, min(MAX_SCORE, round(quality * MAX_SCORE)))
         ordered = tuple(plans[c.name] for c in self.request.containers if c.name in plans)
-        return Verdict(fits=True, score=score, plan=ordered)
+        return Verdict(fits=True, score=score, plan=ordered, quality=max(0.0, min(1.0, quality)))
 
 
 def _merge(base: ContainerPlan, part: ContainerPlan) -> ContainerPlan:

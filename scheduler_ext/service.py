@@ -17,6 +17,7 @@ from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
+from scheduler_ext.ranking import ranked_scores
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
@@ -28,12 +29,12 @@ from scheduler_ext.wire import (
     MetaPod,
     MetaVictims,
 )
+from scheduler_ext.workload import pod_shape
 from topology.assignment import PodAssignment
 from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 _FITS = attrgetter("fits")
-_PRIORITY = attrgetter("priority")
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")
 
@@ -90,6 +91,7 @@ class ExtenderService:
         except BadPodRequestError as exc:
             self._observe("filter", 0, dict.fromkeys(names, str(exc)))
             return self._filter_result(args, [], {}, {n: str(exc) for n in names})
+        self._learn(request, pod)
         verdicts = self._verdicts(request, names)
         fits = list(map(_FITS, verdicts))
         passed = list(compress(names, fits))
@@ -124,7 +126,14 @@ class ExtenderService:
             request = pod_request(pod)
         except BadPodRequestError:
             return names, [0] * len(names)
-        return names, list(map(_PRIORITY, self._verdicts(request, names)))
+        return names, ranked_scores(self._verdicts(request, names))
+
+    def _learn(self, request: PodRequest, pod: Mapping[str, Any]) -> None:
+        """Count the pod's shape in the workload the scorer places against (once per pod)."""
+        if request.interested:
+            shaped = pod_shape(request, pod)
+            if shaped is not None:
+                self.core.workload.observe(request.uid or request.key, *shaped)
 
     def _names(self, args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:

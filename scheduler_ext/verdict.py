@@ -44,10 +44,13 @@ class Verdict:
     unresolvable: bool = False
     score: int = 0
     plan: tuple[ContainerPlan, ...] = ()
-    priority: int = field(init=False)  # the prioritize answer: the score when it fits, else 0
+    quality: float = -1.0  # 0..1, what prioritize ranks fitting nodes by (``ranking``); -1: from score
+    priority: int = field(init=False)  # the node's own 0..10 score when it fits, else 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "priority", self.score if self.fits else 0)
+        if self.quality < 0:
+            object.__setattr__(self, "quality", self.score / MAX_SCORE if self.fits else -1.0)
 
 
 @dataclass(frozen=True)
