@@ -170,6 +170,9 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         elif path.endswith("/metrics"):
             self.server.metrics.cached_nodes.set(len(cache.node_names()))
             self._send(200, self.server.metrics.render(), "text/plain; version=0.0.4")
+        elif path.endswith("/workload"):  # read-only: the mix the scorer places against now
+            document = self.server.service.core.workload.document()
+            self._send(200, orjson.dumps(document), "application/json")
         else:
             self._send(404, b"not found\n", "text/plain")
 
