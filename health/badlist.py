@@ -3,6 +3,8 @@
 Kept in ``STATE_DIR/bad-hardware.json`` (written atomically) and mirrored to the cluster as one
 ``GpuBadHardware`` object per GPU, so a bad GPU moved into another node is refused there too.
 Strike counts live beside it (``health-strikes.json``) so a restart does not forgive failures.
+Both are written through a ``StateWriter``: on a full disk the list is kept (and acted on) in
+memory and written again every round.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from health.errors import HealthStateError
-from health.persist import read_json, write_json_atomic
+from health.persist import StateWriter, read_json
 
 BAD_HARDWARE_FILE = "bad-hardware.json"
 STRIKES_FILE = "health-strikes.json"
@@ -27,7 +29,8 @@ class BadGpu:
 
 
 class BadHardwareList:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, writer: StateWriter | None = None) -> None:
+        self._writer = writer or StateWriter()
         self._path = state_dir / BAD_HARDWARE_FILE
         self._strikes_path = state_dir / STRIKES_FILE
         raw = read_json(self._path) or {}
@@ -51,7 +54,7 @@ class BadHardwareList:
         if entry.uuid in self._entries:
             return False
         self._entries[entry.uuid] = entry
-        write_json_atomic(self._path, {u: asdict(e) for u, e in sorted(self._entries.items())})
+        self._writer.write(self._path, {u: asdict(e) for u, e in sorted(self._entries.items())})
         return True
 
     def merge(self, entries: dict[str, BadGpu]) -> list[str]:
@@ -64,4 +67,4 @@ class BadHardwareList:
     def save_strikes(self, strikes: dict[str, int]) -> None:
         if strikes != self._strikes:
             self._strikes = dict(strikes)
-            write_json_atomic(self._strikes_path, self._strikes)
+            self._writer.write(self._strikes_path, dict(self._strikes))

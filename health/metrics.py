@@ -62,6 +62,28 @@ class HealthMetrics:
         self.startup_pending = Gauge(
             "gpuweave_health_startup_pending", "1 until two clean check rounds have run", registry=r
         )
+        self.kernel_log_bad_lines = Counter(
+            "gpuweave_health_kernel_log_bad_lines",
+            "Kernel-log lines that looked like a record but could not be parsed or applied (skipped)",
+            registry=r,
+        )
+        self.loop_restarts = Counter(
+            "gpuweave_health_loop_restarts",
+            "Health loops (events, rounds, watchdog) found dead and started again",
+            ["loop"],
+            registry=r,
+        )
+        self.state_write_failures = Counter(
+            "gpuweave_health_state_write_failures",
+            "Failed writes of a health state file (kept in memory and retried every round)",
+            ["file"],
+            registry=r,
+        )
+        self.state_unsaved = Gauge(
+            "gpuweave_health_state_unsaved_files",
+            "Health state files whose newest contents are only in memory (a restart would lose them)",
+            registry=r,
+        )
         self._last_at: float | None = None
 
     def observe(self, snapshot: HealthSnapshot, *, now: float) -> None:

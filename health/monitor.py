@@ -7,11 +7,19 @@ Three threads feed one ``HealthEngine`` under one lock:
 - the **round loop** every ``round_interval_s`` reads the kernel log, reads each GPU's counters
   in parallel under ``check_timeout_s`` (a hung read fails that GPU closed: Suspect, "check timed
   out", while the others go on), checks EFA, runs remediation, and closes the round;
-- the **watchdog** restarts a loop whose heartbeat is older than ``stall_threshold_s`` and withholds
-  every GPU while the checks are not running, so checking never silently stops.
+- the **watchdog** supervises both: it restarts a loop that died and, while a loop is dead or its
+  heartbeat is older than ``stall_threshold_s``, withholds every GPU (their health is unknown
+  while events or checks are not read), so checking never silently stops. The round loop in
+  turn restarts a dead watchdog, and every watchdog pass runs under its own guard.
 
 After every change the devices whose health flipped are pushed to the ``HealthSink`` (the device
-plugin) and every ``on_change`` callback gets the new snapshot.
+plugin) and every ``on_change`` callback gets the new snapshot. A push the sink refuses is not
+remembered as pushed, so the next publish sends it again; no failure of a sink or listener
+reaches a loop.
+
+The kernel log is read line by line: a line that cannot be parsed or applied is counted
+(``gpuweave_health_kernel_log_bad_lines``) and skipped, the rest of the batch is still acted on,
+and the saved cursor moves only past lines handled.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from typing import Any, Protocol
 from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
 from health.checks import Finding, judge_efa, judge_failure, judge_readings, temperature_outliers
 from health.engine import Clock, HealthEngine
+from health.metrics import HealthMetrics
 from health.policy import Fault, Window, WindowCounter
 from health.scope import HealthSnapshot, NodeFaultKind
-from health.signals.kmsg import KernelLogTail
+from health.signals.kmsg import KernelLine, KernelLogTail, parse_line
 from health.xid import Severity
 from topology.inventory import NicType
 
@@ -129,8 +138,10 @@ class HealthMonitor:
         sink: HealthSink | None = None,
         kernel_log: KernelLogTail | None = None,
         round_hooks: tuple[RoundHook, ...] = (),
+        metrics: HealthMetrics | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics or HealthMetrics()
         self.settings = engine.settings
         self._probe = probe
         self._clock = clock
@@ -189,10 +200,18 @@ class HealthMonitor:
         def run() -> None:
             try:
                 target()
-            except Exception:
-                log.exception("health %s loop died; the watchdog restarts it", name)
+            except BaseException:  # whatever ends a loop, it is logged here and the loop restarted
+                log.exception("health %s loop died; it is restarted and the GPUs withheld meanwhile", name)
 
         return run
+
+    def _respawn(self, name: str, target: Callable[[], None]) -> None:
+        """Start a dead loop again (the watchdog does it for the loops, the round loop for the watchdog)."""
+        if self._stop.is_set() or self._threads[name].is_alive():
+            return
+        log.error("restarting the health %s loop", name)
+        self.metrics.loop_restarts.labels(name).inc()
+        self._spawn(name, target)
 
     # --- change push ----------------------------------------------------------------------------
 
@@ -204,7 +223,11 @@ class HealthMonitor:
             return self.engine.snapshot()
 
     def publish(self) -> None:
-        """Push devices whose health changed to the sink and the snapshot to every listener."""
+        """Push devices whose health changed to the sink and the snapshot to every listener.
+
+        Never raises: a push the sink refuses stays unpushed (sent again next time), a listener
+        that fails is logged, so a failing sink cannot stop the loop that called this.
+        """
         with self.lock:
             snap = self.engine.snapshot()
             changes = []
@@ -213,14 +236,26 @@ class HealthMonitor:
                 reason = self._reason(snap, device)
                 now = (snap.is_healthy(device), f"{state}: {reason}" if reason else str(state))
                 if self._pushed.get(device, (None, ""))[0] != now[0]:  # the kubelet only sees the flip
-                    self._pushed[device] = now
                     changes.append((device, *now))
         for device, healthy, reason in changes:
-            if self._sink is not None:
-                self._sink.set_device_health(device, healthy, "" if healthy else reason)
-            log.info("device %s %s", device, "healthy" if healthy else f"unhealthy ({reason})")
+            if self._push(device, healthy, reason):
+                with self.lock:
+                    self._pushed[device] = (healthy, reason)
         for listener in self._listeners:
-            listener(snap)
+            try:
+                listener(snap)
+            except Exception:
+                log.exception("health listener failed")
+
+    def _push(self, device: str, healthy: bool, reason: str) -> bool:
+        if self._sink is not None:
+            try:
+                self._sink.set_device_health(device, healthy, "" if healthy else reason)
+            except Exception:
+                log.exception("cannot push the health of %s to the device plugin; retrying", device)
+                return False
+        log.info("device %s %s", device, "healthy" if healthy else f"unhealthy ({reason})")
+        return True
 
     @staticmethod
     def _reason(snap: HealthSnapshot, device: str) -> str:
@@ -262,6 +297,8 @@ class HealthMonitor:
         while not self._stop.is_set():
             self._beats["rounds"] = self._clock()
             self.run_round()
+            if "watchdog" in self._threads:
+                self._respawn("watchdog", self._watchdog_loop)
             self._stop.wait(self.settings.round_interval_s)
 
     def run_round(self) -> None:
@@ -284,18 +321,32 @@ class HealthMonitor:
         self.publish()
 
     def _read_kernel_log(self) -> None:
+        """Act on new kernel-log lines one by one; the cursor moves past each line once handled."""
         if self._kernel_log is None:
             return
         at_boot = self._first_kernel_read and self._kernel_log.fresh_start
         self._first_kernel_read = False
         try:
-            records = self._kernel_log.read_new()
+            lines = self._kernel_log.read_new()
         except OSError as exc:
             log.warning("cannot read the kernel log: %s", exc)
             return
-        with self.lock:
-            for record in records:
-                self.engine.on_kernel_record(record, at_boot=at_boot)
+        for line in lines:
+            self._kernel_line(line, at_boot=at_boot)
+            self._kernel_log.handled(line)
+        if lines:
+            self._kernel_log.save()
+
+    def _kernel_line(self, line: KernelLine, *, at_boot: bool) -> None:
+        """Parse and apply one line; a line that fails is counted and skipped, never fatal."""
+        try:
+            record = parse_line(line.text)
+            if record is not None:
+                with self.lock:
+                    self.engine.on_kernel_record(record, at_boot=at_boot)
+        except Exception as exc:
+            self.metrics.kernel_log_bad_lines.inc()
+            log.warning("skipping kernel-log line %.160r: %s", line.text, str(exc)[:200])
 
     def _check_gpus(self) -> tuple[dict[str, list[Finding]], bool, dict[str, int]]:
         inventory = self.engine.inventory
@@ -359,19 +410,27 @@ class HealthMonitor:
     def _watchdog_loop(self) -> None:
         period = min(self.settings.round_interval_s, 1.0)
         while not self._stop.wait(period):
-            now = self._clock()
-            for name, target in (("events", self._event_loop), ("rounds", self._round_loop)):
-                stale = now - self._beats.get(name, now)
-                alive = self._threads[name].is_alive()
-                if alive and stale <= self.settings.stall_threshold_s:
-                    continue
-                self._stalled(name, stale)
-                if not alive:
-                    self._spawn(name, target)
+            self._beats["watchdog"] = self._clock()
+            try:
+                self._supervise()
+            except Exception:
+                log.exception("health watchdog pass failed; next pass in %.1f s", period)
 
-    def _stalled(self, name: str, stale: float) -> None:
-        log.error("health %s loop silent for %.1f s; withholding every GPU until it runs again", name, stale)
-        reason = f"health {name} loop stalled for {stale:.1f} s"
+    def _supervise(self) -> None:
+        """Withhold every GPU while a loop is dead or silent; restart the dead ones."""
+        now = self._clock()
+        for name, target in (("events", self._event_loop), ("rounds", self._round_loop)):
+            stale = now - self._beats.get(name, now)
+            alive = self._threads[name].is_alive()
+            if alive and stale <= self.settings.stall_threshold_s:
+                continue
+            self._stalled(name, stale if alive else None)
+            self._respawn(name, target)
+
+    def _stalled(self, name: str, stale: float | None) -> None:
+        what = "died" if stale is None else f"stalled for {stale:.1f} s"
+        log.error("health %s loop %s; withholding every GPU until it runs again", name, what)
+        reason = f"health {name} loop {what}: device health unknown"
         with self.lock:
             for uuid in self.engine.gpus:
                 self.engine.apply(uuid, Fault(self._clock(), "watchdog", Severity.SUSPECT, reason))

@@ -11,7 +11,9 @@ For each Failed device the ladder's next step decides what happens:
 - ``replace``: the GPU goes on the bad-hardware list.
 
 Node-level state is published every round: conditions, the node-fault taint (capped), the startup
-taint (removed once the startup gate opens) and the bad-hardware list.
+taint (removed once the startup gate opens) and the bad-hardware list. Health state files the
+disk refused are written again first; while any stays unsaved the node condition
+``GpuweaveHealthStateSaved`` is False and an Event names the files (another when they are saved).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hardware.health_probe import GpuInUseError
 from health.badlist import BadGpu, BadHardwareList
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor
+from health.persist import StateWriter
 from health.policy import DeviceRecord, DeviceState, RemediationFinished, RemediationStarted
 from health.scope import (
     TAINT_HEALTH_PENDING,
@@ -34,6 +37,7 @@ from health.scope import (
     NodeFault,
     NodeFaultKind,
     node_conditions,
+    state_condition,
     taint_decision,
 )
 from health.xid import Action, Cause
@@ -100,10 +104,12 @@ class Remediator:
     metrics: HealthMetrics | None = None
     pod_devices: PodDeviceLookup | None = None
     wall_clock: WallClock = field(default=lambda: datetime.datetime.now(datetime.UTC))
+    state: StateWriter | None = None  # the health state files; unsaved ones are retried every round
     _evicted: set[tuple[str, str]] = field(default_factory=set)
     _published: dict[str, object] = field(default_factory=dict)
 
     def __call__(self, monitor: HealthMonitor) -> None:
+        unsaved = self._retry_state()
         snap = monitor.snapshot()
         self._announce(snap.gpus)
         self._announce(snap.migs)
@@ -116,7 +122,7 @@ class Remediator:
         for device, record in failed:
             self._remediate(monitor, device, record)
         self._sync_bad_list(monitor)
-        self._publish_node(monitor)
+        self._publish_node(monitor, unsaved)
 
     # --- per device -----------------------------------------------------------------------------
 
@@ -245,12 +251,30 @@ class Remediator:
                 except Exception as exc:
                     log.warning("cannot publish bad GPU %s: %s; retrying next round", uuid, exc)
 
-    def _publish_node(self, monitor: HealthMonitor) -> None:
+    def _retry_state(self) -> dict[str, str]:
+        """Write unsaved state files again; an Event when the set of unsaved files changes."""
+        if self.state is None:
+            return {}
+        unsaved = self.state.retry()
+        before = self._published.get("unsaved", {})
+        if unsaved and unsaved != before:
+            files = ", ".join(f"{name} ({error})" for name, error in sorted(unsaved.items()))
+            self._event(
+                "GpuweaveHealthStateUnsaved",
+                f"cannot save {files}: kept in memory, checking goes on, retried every round; "
+                "free space or fix the state volume, a restart now would lose them",
+            )
+        elif before and not unsaved:
+            self._event("GpuweaveHealthStateSaved", "every health state file is saved again", warning=False)
+        self._published["unsaved"] = unsaved
+        return unsaved
+
+    def _publish_node(self, monitor: HealthMonitor, unsaved: Mapping[str, str]) -> None:
         if self.cluster is None:
             return
         snap = monitor.snapshot()
         try:
-            conditions = node_conditions(snap)
+            conditions = (*node_conditions(snap), state_condition(unsaved))
             if self._published.get("conditions") != conditions:
                 self.cluster.set_conditions(conditions)
                 self._published["conditions"] = conditions

@@ -21,6 +21,7 @@ NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 
 CONDITION_GPU = "GpuweaveGpuHealthy"
 CONDITION_EFA = "EfaHealthy"
+CONDITION_STATE_SAVED = "GpuweaveHealthStateSaved"
 TAINT_NODE_FAULT = "gpuweave.io/node-fault"
 TAINT_HEALTH_PENDING = "gpuweave.io/health-pending"
 
@@ -127,6 +128,20 @@ def node_conditions(snapshot: HealthSnapshot) -> tuple[NodeCondition, ...]:
         CONDITION_EFA, "False" if efa else "True", "EfaFault" if efa else "EfaHealthy", "; ".join(efa)
     )
     return gpu, efa_condition
+
+
+def state_condition(unsaved: Mapping[str, str]) -> NodeCondition:
+    """True while every health state file is on disk; False names each file held only in memory.
+
+    Not a node fault (no taint): health checking goes on from memory, only a restart would lose
+    the unsaved part, so the operator is told and nothing is withdrawn for it.
+    """
+    if not unsaved:
+        return NodeCondition(CONDITION_STATE_SAVED, "True", "StateSaved", "")
+    files = "; ".join(f"{name}: {error}" for name, error in sorted(unsaved.items()))
+    return NodeCondition(
+        CONDITION_STATE_SAVED, "False", "StateUnsaved", f"kept in memory, retried every round: {files}"
+    )
 
 
 @dataclass(frozen=True)

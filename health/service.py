@@ -3,8 +3,11 @@
 ``HealthService`` is what the node agent's composition root creates: it loads the bad-hardware
 list (local file, merged with the cluster's ``GpuBadHardware`` objects), withholds listed GPUs and
 restores strike counts *before* the monitor's first push, then starts the monitor whose rounds end
-with remediation and node publishing. Health is pushed to the agent through ``HealthSink``
-(``set_device_health``), so this package never imports the device plugin.
+with remediation and node publishing. Every state file (bad-hardware list, strikes, kernel-log
+cursor) goes through one ``StateWriter``: a write the disk refuses is counted
+(``gpuweave_health_state_write_failures``), kept in memory and retried every round. Health is
+pushed to the agent through ``HealthSink`` (``set_device_health``), so this package never imports
+the device plugin.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor, HealthProbe, HealthSink
+from health.persist import StateWriter
 from health.policy import Fault
 from health.remediation import ClusterActions, DeviceOps, MigRecreate, PodDeviceLookup, Remediator
 from health.scope import HealthSnapshot
@@ -50,9 +54,10 @@ class HealthParts:
 class HealthService:
     def __init__(self, parts: HealthParts) -> None:
         self.parts = parts
-        self.badlist = BadHardwareList(parts.state_dir)
-        self.engine = HealthEngine(parts.inventory, parts.settings, clock=parts.clock)
         self.metrics = parts.metrics or HealthMetrics()
+        self.state = StateWriter(on_result=self._count_write)
+        self.badlist = BadHardwareList(parts.state_dir, writer=self.state)
+        self.engine = HealthEngine(parts.inventory, parts.settings, clock=parts.clock)
         self.remediator = Remediator(
             node_name=parts.node_name,
             device_ops=parts.device_ops,
@@ -61,10 +66,13 @@ class HealthService:
             recreate_mig=parts.recreate_mig,
             metrics=self.metrics,
             pod_devices=parts.pod_devices,
+            state=self.state,
         )
         tail = None
         if parts.kernel_log is not None:
-            tail = KernelLogTail(parts.kernel_log, cursor_file=parts.state_dir / KMSG_CURSOR_FILE)
+            tail = KernelLogTail(
+                parts.kernel_log, cursor_file=parts.state_dir / KMSG_CURSOR_FILE, writer=self.state
+            )
         self.monitor = HealthMonitor(
             self.engine,
             parts.probe,
@@ -72,6 +80,7 @@ class HealthService:
             sink=parts.sink,
             kernel_log=tail,
             round_hooks=(self.remediator,),
+            metrics=self.metrics,
         )
         self.engine.fault_observers.append(self._count_fault)
         self.monitor.add_listener(self._observe)
@@ -109,6 +118,11 @@ class HealthService:
                 if uuid in self.engine.gpus:
                     log.warning("GPU %s is on the bad-hardware list (%s); refusing it", uuid, entry.reason)
                     self.engine.mark_bad(uuid, f"bad-hardware list: {entry.reason}")
+
+    def _count_write(self, path: Path, error: OSError | None) -> None:
+        if error is not None:
+            self.metrics.state_write_failures.labels(path.name).inc()
+        self.metrics.state_unsaved.set(len(self.state.unsaved()))
 
     def _count_fault(self, device: str, fault: Fault) -> None:
         self.metrics.faults.labels(fault.signal, fault.severity.value, fault.cause.value).inc()

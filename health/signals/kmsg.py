@@ -1,9 +1,12 @@
 """Kernel-log signals: NVRM Xid lines, fallen-off-the-bus lines and NVSwitch SXid lines.
 
 The kernel log is the fallback when NVML events are missed and the only record of what happened
-before the agent registered for events (NVML does not replay older events). ``parse_line`` is pure;
-``KernelLogTail`` reads new lines from a file (simulation, a captured log) or from ``/dev/kmsg``
-and persists its position, so a restarted agent reads only what it has not seen.
+before the agent registered for events (NVML does not replay older events). ``parse_line`` is pure
+and raises ``ValueError`` for a line that looks like a record but cannot be one (an Xid number of
+5,000 digits, a bad PCI address). ``KernelLogTail`` hands out new lines one by one with the
+position after each; the reader marks each line handled once it acted on it (or counted and
+skipped it), and only handled lines move the saved cursor, so a restarted agent reads again
+exactly what it had not finished.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from health.persist import read_json, write_json_atomic
+from health.persist import StateWriter, read_json
 
 PciKey = tuple[int, int, int]  # (domain, bus, device): Xid lines carry no function number
 
@@ -36,6 +39,7 @@ _FATAL_TOKEN = re.compile(r"\b(Fatal|Nonfatal)\b")
 _RECOVERY = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x(?P<action>[0-9a-fA-F]+)")
 
 FALLEN_OFF_BUS_XID = 79
+MAX_XID_DIGITS = 6  # Xids are below 1,000 today; a longer number is a corrupt line, not a new Xid
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -74,6 +78,8 @@ def parse_line(line: str) -> KernelRecord | None:
     """One kernel-log line (plain, ``dmesg`` or ``/dev/kmsg`` framing) as a record, or None."""
     text = _PREFIX.sub("", line.strip(), count=1)
     if (match := _XID.search(text)) is not None:
+        if len(match["xid"]) > MAX_XID_DIGITS:
+            raise ValueError(f"Xid number of {len(match['xid'])} digits (at most {MAX_XID_DIGITS})")
         token = _FATAL_TOKEN.search(match["rest"])
         recovery = _RECOVERY.search(match["rest"])
         return KernelXid(
@@ -92,18 +98,37 @@ def parse_line(line: str) -> KernelRecord | None:
     return None
 
 
+@dataclass(frozen=True)
+class KernelLine:
+    """One kernel-log line and the cursor just past it (byte offset in a file, or kmsg sequence)."""
+
+    text: str
+    offset: int
+    seq: int
+
+
 class KernelLogTail:
-    """New kernel-log records since the last call, from a file or ``/dev/kmsg``, with a saved cursor.
+    """New kernel-log lines since the last handled one, from a file or ``/dev/kmsg``, with a cursor.
 
     For a file the cursor is a byte offset (a file shorter than the cursor was rotated: start over);
-    for ``/dev/kmsg`` it is the last sequence number seen. The cursor is kept with the boot ID and
-    dropped after a reboot. ``fresh_start`` is True when no cursor applied, i.e. what the first read
-    returns happened before the agent ran on this boot (boot history).
+    for ``/dev/kmsg`` it is the last sequence number handled. ``read_new`` starts at the cursor;
+    ``handled(line)`` moves it past one line; ``save()`` persists it (through a ``StateWriter``: a
+    failed write keeps it in memory and is retried). The cursor is kept with the boot ID and
+    dropped after a reboot. ``fresh_start`` is True when no cursor applied, i.e. what the first
+    read returns happened before the agent ran on this boot (boot history).
     """
 
-    def __init__(self, path: Path, *, cursor_file: Path, boot_id_file: Path = BOOT_ID_FILE) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        cursor_file: Path,
+        boot_id_file: Path = BOOT_ID_FILE,
+        writer: StateWriter | None = None,
+    ) -> None:
         self._path = path
         self._cursor_file = cursor_file
+        self._writer = writer or StateWriter()
         self._boot_id = _read_text(boot_id_file)
         saved = read_json(cursor_file)
         if isinstance(saved, dict) and saved.get("boot") != self._boot_id:
@@ -112,31 +137,38 @@ class KernelLogTail:
         self._offset = int(saved.get("offset", 0)) if isinstance(saved, dict) else 0
         self._seq = int(saved.get("seq", -1)) if isinstance(saved, dict) else -1
 
-    def read_new(self) -> list[KernelRecord]:
-        """Parse and return records appended since the previous call; a missing log yields nothing."""
+    def read_new(self) -> list[KernelLine]:
+        """Complete lines after the cursor (the cursor does not move); a missing log yields nothing."""
         try:
             mode = os.stat(self._path).st_mode
         except FileNotFoundError:
             return []
-        lines = self._read_kmsg() if stat.S_ISCHR(mode) else self._read_file()
-        write_json_atomic(
-            self._cursor_file, {"offset": self._offset, "seq": self._seq, "boot": self._boot_id}
-        )
-        return [record for line in lines if (record := parse_line(line)) is not None]
+        return self._read_kmsg() if stat.S_ISCHR(mode) else self._read_file()
 
-    def _read_file(self) -> list[str]:
+    def handled(self, line: KernelLine) -> None:
+        """The reader is done with ``line`` (acted on, or counted and skipped): move the cursor past it."""
+        self._offset, self._seq = line.offset, line.seq
+
+    def save(self) -> bool:
+        """Persist the cursor; False when the disk refused (kept in memory, retried by the writer)."""
+        cursor = {"offset": self._offset, "seq": self._seq, "boot": self._boot_id}
+        return self._writer.write(self._cursor_file, cursor)
+
+    def _read_file(self) -> list[KernelLine]:
         with self._path.open("rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             if size < self._offset:
                 self._offset = 0
             handle.seek(self._offset)
             data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        return complete.decode("utf-8", errors="replace").splitlines()
+        lines, offset = [], self._offset
+        for raw in data[: data.rfind(b"\n") + 1].splitlines(keepends=True):
+            offset += len(raw)
+            lines.append(KernelLine(raw.decode("utf-8", errors="replace").rstrip("\r\n"), offset, self._seq))
+        return lines
 
-    def _read_kmsg(self) -> list[str]:
-        lines: list[str] = []
+    def _read_kmsg(self) -> list[KernelLine]:
+        lines: list[KernelLine] = []
         fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             while True:
@@ -148,13 +180,20 @@ class KernelLogTail:
                     if exc.errno == errno.EAGAIN:
                         break
                     raise
-                seq = int(record.split(",", 2)[1]) if record.count(",") >= 2 else self._seq + 1
+                seq = _kmsg_seq(record, after=lines[-1].seq if lines else self._seq)
                 if seq > self._seq:
-                    self._seq = seq
-                    lines.append(record)
+                    lines.append(KernelLine(record, self._offset, seq))
         finally:
             os.close(fd)
         return lines
+
+
+def _kmsg_seq(record: str, *, after: int) -> int:
+    """The sequence number of a ``/dev/kmsg`` record (``PRI,SEQ,TIME,FLAGS;text``)."""
+    fields = record.split(",", 2)
+    if len(fields) == 3 and fields[1].isascii() and fields[1].isdigit() and len(fields[1]) <= 20:
+        return int(fields[1])
+    return after + 1
 
 
 def _read_text(path: Path) -> str:

@@ -102,20 +102,31 @@ def test_xid_line_round_trips() -> None:
     assert (record.pci, record.xid, record.gpu_instance, record.compute_instance) == ((0, 0x53, 0), 31, 3, 0)
 
 
+def xids(tail: KernelLogTail) -> list[int]:
+    """Read new lines, mark each handled, save the cursor: the Xids seen (as the monitor reads)."""
+    found = []
+    for line in tail.read_new():
+        if isinstance(record := parse_line(line.text), KernelXid):
+            found.append(record.xid)
+        tail.handled(line)
+    tail.save()
+    return found
+
+
 def test_tail_reads_only_new_complete_lines_and_survives_restart(tmp_path: Path) -> None:
     log, cursor = tmp_path / "kmsg", tmp_path / "cursor.json"
     log.write_text(xid_line("0000:05:00", 79, "off the bus") + "\n")
     tail = KernelLogTail(log, cursor_file=cursor)
     assert tail.fresh_start
-    assert [r.xid for r in tail.read_new() if isinstance(r, KernelXid)] == [79]
+    assert xids(tail) == [79]
     with log.open("a") as handle:
         handle.write(xid_line("0000:05:00", 48, "DBE") + "\n" + "NVRM: Xid (PCI:0000:05:00): 4")
-    assert [r.xid for r in tail.read_new() if isinstance(r, KernelXid)] == [48]
+    assert xids(tail) == [48]
     restarted = KernelLogTail(log, cursor_file=cursor)
     assert not restarted.fresh_start
     with log.open("a") as handle:
         handle.write("3, pid=1, partial line completed\n")
-    assert [r.xid for r in restarted.read_new() if isinstance(r, KernelXid)] == [43]
+    assert xids(restarted) == [43]
 
 
 def test_tail_starts_over_after_rotation_and_tolerates_missing_log(tmp_path: Path) -> None:
@@ -123,21 +134,39 @@ def test_tail_starts_over_after_rotation_and_tolerates_missing_log(tmp_path: Pat
     tail = KernelLogTail(log, cursor_file=cursor)
     assert tail.read_new() == []
     log.write_text("filler line that is long enough\n" * 4)
-    tail.read_new()
+    xids(tail)
     log.write_text(xid_line("0000:07:00", 95, "uncontained") + "\n")
-    assert [r.xid for r in tail.read_new() if isinstance(r, KernelXid)] == [95]
+    assert xids(tail) == [95]
 
 
 def test_cursor_is_dropped_after_a_reboot(tmp_path: Path) -> None:
     log, cursor, boot = tmp_path / "kmsg", tmp_path / "cursor.json", tmp_path / "boot_id"
     boot.write_text("boot-1\n")
     log.write_text(xid_line("0000:05:00", 79, "off the bus") + "\n")
-    KernelLogTail(log, cursor_file=cursor, boot_id_file=boot).read_new()
+    xids(KernelLogTail(log, cursor_file=cursor, boot_id_file=boot))
     assert not KernelLogTail(log, cursor_file=cursor, boot_id_file=boot).fresh_start
     boot.write_text("boot-2\n")
     after_reboot = KernelLogTail(log, cursor_file=cursor, boot_id_file=boot)
     assert after_reboot.fresh_start
-    assert [r.xid for r in after_reboot.read_new() if isinstance(r, KernelXid)] == [79]
+    assert xids(after_reboot) == [79]
+
+
+def test_cursor_moves_only_past_handled_lines(tmp_path: Path) -> None:
+    log, cursor = tmp_path / "kmsg", tmp_path / "cursor.json"
+    lines = [xid_line("0000:05:00", x, "fault") for x in (13, 48, 79)]
+    log.write_text("\n".join(lines) + "\n")
+    tail = KernelLogTail(log, cursor_file=cursor)
+    first, *_ = tail.read_new()
+    tail.handled(first)  # the reader stopped after one line (it died)
+    tail.save()
+    assert [parse_line(line.text).xid for line in tail.read_new()] == [48, 79]  # type: ignore[union-attr]
+    restarted = KernelLogTail(log, cursor_file=cursor)
+    assert [parse_line(line.text).xid for line in restarted.read_new()] == [48, 79]  # type: ignore[union-attr]
+
+
+def test_an_xid_number_of_5000_digits_is_a_bad_line() -> None:
+    with pytest.raises(ValueError, match="Xid number of 5000 digits"):
+        parse_line("NVRM: Xid (PCI:0000:05:00): " + "9" * 5000 + ", pid=1, junk")
 
 
 def test_xid_154_carries_the_recovery_action() -> None:

@@ -1,0 +1,177 @@
+"""Health keeps checking through its own faults: a full state disk, a bad kernel-log line, a failing
+sink, a dead loop. The monitor runs over the simulated NVML health surface; the full disk is a real
+tmpfs (``tests/support/small_fs.py``), so writes fail with the kernel's own ENOSPC.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hardware.health_probe import NvmlHealthProbe
+from hardware.simulated.health_calls import SimHealthState
+from health.badlist import BadGpu, BadHardwareList
+from health.config import HealthSettings
+from health.engine import HealthEngine
+from health.errors import HealthStateError
+from health.metrics import HealthMetrics
+from health.monitor import HealthMonitor
+from health.persist import StateWriter, require_writable_dir
+from health.policy import DeviceState
+from health.signals.kmsg import KernelLogTail
+from tests.support.small_fs import fill, free, remount_read_only, small_tmpfs
+from tests.support.small_inventory import gpu_uuid, small_inventory
+from tests.support.waiting import poll_until
+from tests.unit.test_health_monitor import FakeClock, SimLib, Sink, efa_sysfs
+
+INVENTORY = small_inventory(gpus=8)
+SETTINGS = HealthSettings(round_interval_s=0.05, check_timeout_s=0.3, event_wait_ms=20)
+
+
+class Node:
+    """A monitor whose state (kernel-log cursor) lives in ``state_dir``, over simulated GPUs."""
+
+    def __init__(self, tmp_path: Path, state_dir: Path, *, sink: Sink | None = None) -> None:
+        sysfs = efa_sysfs(tmp_path / "sys", [n.name for n in INVENTORY.nics])
+        gpus = [(g.uuid, g.pci_bus_id, 12) for g in INVENTORY.gpus]
+        self.gpus = SimHealthState(gpus, kmsg_path=tmp_path / "kmsg", sysfs_root=sysfs)
+        self.metrics = HealthMetrics()
+        self.state = StateWriter()
+        self.sink = sink or Sink()
+        self.tail = KernelLogTail(tmp_path / "kmsg", cursor_file=state_dir / "cursor.json", writer=self.state)
+        probe = NvmlHealthProbe(SimLib(self.gpus), sysfs_root=sysfs, reset=lambda uuid: None)
+        engine = HealthEngine(INVENTORY, SETTINGS, clock=FakeClock())
+        self.monitor = HealthMonitor(
+            engine, probe, clock=FakeClock(), sink=self.sink, kernel_log=self.tail, metrics=self.metrics
+        )
+
+    def state_of(self, index: int) -> DeviceState:
+        return self.monitor.snapshot().gpus[gpu_uuid(index)].state
+
+    def bad_lines(self) -> float:
+        return self.metrics.registry.get_sample_value("gpuweave_health_kernel_log_bad_lines_total") or 0.0
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path, tmp_path / "state")
+    yield node
+    node.monitor.stop()
+
+
+def test_a_bad_kernel_line_is_counted_and_skipped_and_the_batch_still_acts(node: Node) -> None:
+    node.gpus.write_kernel_log("NVRM: Xid (PCI:0000:12:00): " + "7" * 5000 + ", pid=1, corrupt")  # GPU 2
+    node.gpus.write_kernel_log("NVRM: Xid (PCI:0000:13:00): 48, pid=1, DBE")  # GPU 3, same batch
+    node.monitor.run_round()
+    assert node.state_of(3) is DeviceState.FAILED
+    assert node.state_of(2) is DeviceState.HEALTHY
+    assert node.bad_lines() == 1
+    node.monitor.run_round()  # the cursor moved past both lines: nothing is read twice
+    assert node.bad_lines() == 1
+    assert node.monitor.snapshot().gpus[gpu_uuid(3)].strikes == 1
+
+
+def test_on_a_full_state_disk_checking_goes_on_and_the_cursor_is_saved_once_space_returns(
+    tmp_path: Path,
+) -> None:
+    with small_tmpfs(tmp_path / "state", size_kib=64) as state_dir:
+        node = Node(tmp_path, state_dir)
+        fill(state_dir)
+        node.gpus.write_kernel_log("NVRM: Xid (PCI:0000:13:00): 48, pid=1, DBE")
+        node.gpus.set_nvlink_down(5, 2)
+        node.monitor.run_round()
+        node.monitor.run_round()
+        assert node.state_of(3) is DeviceState.FAILED  # acted on, though its cursor is not saved
+        assert "NVLink" in node.monitor.snapshot().gpus[gpu_uuid(5)].reason
+        assert node.state.unsaved() == {"cursor.json": "ENOSPC: No space left on device"}
+        free(state_dir)
+        assert node.state.retry() == {}
+        assert KernelLogTail(tmp_path / "kmsg", cursor_file=state_dir / "cursor.json").read_new() == []
+        node.monitor.stop()
+
+
+def test_the_bad_list_is_kept_in_memory_and_written_when_the_disk_allows(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "state", size_kib=64) as state_dir:
+        results: list[str] = []
+        writer = StateWriter(on_result=lambda path, exc: results.append("failed" if exc else "saved"))
+        badlist = BadHardwareList(state_dir, writer=writer)
+        fill(state_dir)
+        assert badlist.add(BadGpu(gpu_uuid(1), "Xid 79 three times", "node-a", "2026-01-01T00:00:00Z", 3))
+        assert gpu_uuid(1) in badlist
+        assert results == ["failed"]
+        assert writer.retry() == {"bad-hardware.json": "ENOSPC: No space left on device"}
+        free(state_dir)
+        assert writer.retry() == {}
+        assert gpu_uuid(1) in BadHardwareList(state_dir)
+
+
+def test_a_read_only_state_dir_is_one_error_naming_it(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "state", size_kib=64) as state_dir:
+        remount_read_only(state_dir)
+        with pytest.raises(HealthStateError) as error:
+            require_writable_dir(state_dir / "agent")
+    message = str(error.value)
+    assert message.count("\n") == 0
+    assert f"{state_dir / 'agent'} is not writable (Read-only file system)" in message
+
+
+class RefusingSink(Sink):
+    """A device plugin whose pushes fail (its own state write failed) until ``working`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.working = False
+
+    def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        if not self.working:
+            raise OSError(28, "No space left on device")
+        super().set_device_health(device_id, healthy, reason)
+
+
+def test_a_push_the_sink_refuses_is_sent_again_and_the_loop_lives(tmp_path: Path) -> None:
+    sink = RefusingSink()
+    node = Node(tmp_path, tmp_path / "state", sink=sink)
+    node.gpus.set_nvlink_down(4, 1)
+    node.monitor.run_round()  # would raise out of the round loop if a push could
+    assert sink.health == {}
+    sink.working = True
+    node.monitor.publish()
+    assert sink.health[gpu_uuid(4)] is False
+    assert sink.health[gpu_uuid(0)] is True
+
+
+class CrashOnce:
+    """A round hook that ends the round loop's thread once (not an Exception: no hook guard stops it)."""
+
+    def __init__(self) -> None:
+        self.crashed = threading.Event()
+
+    def __call__(self, monitor: HealthMonitor) -> None:
+        if not self.crashed.is_set():
+            self.crashed.set()
+            raise SystemExit("the round loop dies here")
+
+
+def test_dead_loops_are_restarted_and_gpus_withheld_meanwhile(tmp_path: Path) -> None:
+    node = Node(tmp_path, tmp_path / "state")
+    settings = HealthSettings(round_interval_s=0.05, check_timeout_s=0.3, event_wait_ms=20, stall_after_s=5)
+    monitor = HealthMonitor(
+        HealthEngine(INVENTORY, settings, clock=time.monotonic),
+        node.monitor._probe,
+        clock=time.monotonic,
+        sink=node.sink,
+        metrics=node.metrics,
+    )
+    monitor._round_hooks = (CrashOnce(),)
+    monitor.start()
+    try:
+        restarts = node.metrics.loop_restarts.labels("rounds")
+        assert poll_until(lambda: restarts._value.get() == 1, timeout=10, every=0.02)
+        assert "rounds loop died" in monitor.snapshot().gpus[gpu_uuid(0)].reason
+        assert poll_until(lambda: all(node.sink.health[g.uuid] for g in INVENTORY.gpus), timeout=10)
+    finally:
+        monitor.stop()
