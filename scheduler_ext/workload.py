@@ -264,5 +264,9 @@ class WorkloadLearner:
         """The current mix as a ``--workload`` document, plus how it was obtained."""
         mix = self._mix
         return workload_document(mix.workload) | {
-            "status": {"version": mix.version, "podsSeen": mix.pods_seen, "pinned": mix.pinned}
+            "status": {
+                "version": mix.version,
+                "podsSeen": mix.pods_seen + self._pending,
+                "pinned": mix.pinned,
+            }
         }

@@ -11,6 +11,7 @@ from typing import Any
 
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.workload import load_workload_file
 from topology.errors import GpuweaveError, InvalidInputError
 
 
@@ -20,8 +21,9 @@ def register(subparsers: Any) -> None:
         help="run the kube-scheduler extender",
         description=(
             "Serve the kube-scheduler extender protocol (POST /filter, /prioritize, /bind, /preempt; "
-            "GET /healthz, /readyz, /metrics) over a cache of nodes, GpuNodeInventory objects and pods, "
-            "fed by watches (--kubeconfig) or loaded from a Kubernetes List file (--snapshot)."
+            "GET /healthz, /readyz, /metrics, /workload) over a cache of nodes, GpuNodeInventory "
+            "objects and pods, fed by watches (--kubeconfig) or loaded from a Kubernetes List file "
+            "(--snapshot)."
         ),
     )
     parser.add_argument(
@@ -42,6 +44,15 @@ def register(subparsers: Any) -> None:
     source.add_argument("--kubeconfig", metavar="FILE", help="watch the cluster this kubeconfig names")
     source.add_argument("--in-cluster", action="store_true", help="watch the cluster the pod runs in")
     source.add_argument("--snapshot", metavar="FILE", help="serve a Kubernetes List (YAML or JSON) offline")
+    parser.add_argument(
+        "--workload",
+        metavar="FILE",
+        help=(
+            "pin the workload the scorer places against (YAML or JSON, kind Workload: shapes with "
+            "gpuMilli, gpuCount, gpuTypes, cpuMilli, memoryMiB, weight); without it the extender "
+            "learns the mix from the pods it sees (GET /workload shows it)"
+        ),
+    )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
@@ -55,10 +66,11 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
 
 
 def _build(args: argparse.Namespace) -> Extender:
+    workload = load_workload_file(Path(args.workload)) if args.workload else None
     if args.snapshot:
-        return build_snapshot_extender(Path(args.snapshot))
+        return build_snapshot_extender(Path(args.snapshot), workload=workload)
     if args.kubeconfig or args.in_cluster:
-        return build_kube_extender(kubeconfig=args.kubeconfig)
+        return build_kube_extender(kubeconfig=args.kubeconfig, workload=workload)
     raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
 
 

@@ -128,6 +128,16 @@ def test_prioritize_scores_are_within_0_and_10(client: Client) -> None:
     assert {s["Host"]: s["Score"] for s in scores}["cpu-only"] == 0
 
 
+def test_the_learned_workload_is_readable_and_counts_each_pod_once(client: Client) -> None:
+    for name in ("w1", "w2", "w1"):  # w1 filtered twice, as a retried pod is
+        client.post("filter", _args(pod_object(name, limits={RESOURCE_GPU: 1})))
+    status, body = client.get("/workload")
+    document = json.loads(body)
+    assert status == 200 and document["kind"] == "Workload"
+    assert document["status"] == {"version": 0, "podsSeen": 2, "pinned": False}
+    assert {s["gpuCount"] for s in document["shapes"]} >= {1, 8}  # the cold-start prior, until refresh
+
+
 def test_assignment_annotation_round_trips(extender: tuple[Extender, str], client: Client) -> None:
     built, _ = extender
     pod = pod_object("quad", limits={RESOURCE_GPU: 4})

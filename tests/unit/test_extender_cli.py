@@ -18,6 +18,10 @@ from gpuweave.cli import main
         (["extender", "--snapshot", "/no/such/file.yaml"], "cannot read snapshot /no/such/file.yaml"),
         (["extender", "--kubeconfig", "/no/such/kubeconfig"], "cannot load Kubernetes credentials"),
         (["extender", "--probe-listen", "nowhere", "--snapshot", "x"], "--probe-listen 'nowhere' is not"),
+        (
+            ["extender", "--snapshot", "x", "--workload", "/no/such/w.yaml"],
+            "cannot read --workload /no/such/w.yaml",
+        ),
     ],
 )
 def test_bad_arguments_print_one_line(
@@ -56,8 +60,16 @@ def test_in_cluster_outside_a_pod_is_one_line(
     assert main(["extender", "--in-cluster"]) == 2
     err = capsys.readouterr().err
     assert "cannot load Kubernetes credentials from the in-cluster service account" in err
-    argv = ["node-agent", "--in-cluster", "--kubelet-dir", str(tmp_path), "--state-dir", str(tmp_path / "s"),
-            "--simulate", "dgx1-v100"]
+    argv = [
+        "node-agent",
+        "--in-cluster",
+        "--kubelet-dir",
+        str(tmp_path),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--simulate",
+        "dgx1-v100",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpuweave node-agent: cannot load the in-cluster service account")
