@@ -361,9 +361,18 @@ class NodeAgent:
                 log.exception("agent change listener failed")
 
     def _write_agent_file(self) -> None:
+        """Write the status file for tools; a failed write (full disk) is logged, never raised:
+        it must not stop a health push or a registration, and the next change writes it again."""
         with self._file_lock:
-            if self.config.state_dir.exists():
-                write_json_atomically(self.config.state_dir / AGENT_FILE, self.status())
+            try:
+                if self.config.state_dir.exists():
+                    write_json_atomically(self.config.state_dir / AGENT_FILE, self.status())
+            except OSError as exc:
+                log.warning(
+                    "cannot write %s: %s; tools read a stale status until it is written again",
+                    self.config.state_dir / AGENT_FILE,
+                    exc,
+                )
 
     def _add_builtin_routes(self) -> None:
         self.control.add_route("agent.status", lambda params: self.status())

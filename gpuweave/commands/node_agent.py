@@ -30,6 +30,7 @@ from hardware.gpu_identity import IDENTITY_FILE
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from health.persist import require_writable_dir
 from topology.errors import GpuweaveError
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ def build_agent(
 def run(args: argparse.Namespace) -> int:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
+    require_writable_dir(args.state_dir)  # a read-only or uncreatable state dir: one line, not a traceback
     with_kube = bool(args.kubeconfig or args.in_cluster)
     if args.mig_demand and not with_kube:
         raise GpuweaveError(

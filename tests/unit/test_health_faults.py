@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuweave.cli import main
 from hardware.health_probe import NvmlHealthProbe
 from hardware.simulated.health_calls import SimHealthState
 from health.badlist import BadGpu, BadHardwareList
@@ -175,3 +176,16 @@ def test_dead_loops_are_restarted_and_gpus_withheld_meanwhile(tmp_path: Path) ->
         assert poll_until(lambda: all(node.sink.health[g.uuid] for g in INVENTORY.gpus), timeout=10)
     finally:
         monitor.stop()
+
+
+def test_node_agent_on_a_read_only_state_dir_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "k").mkdir()
+    with small_tmpfs(tmp_path / "ro", size_kib=64) as read_only:
+        remount_read_only(read_only)
+        argv = ["node-agent", "--kubelet-dir", str(tmp_path / "k"), "--state-dir", str(read_only / "s")]
+        assert main([*argv, "--simulate", "dgx-h100", "--no-kube"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"gpuweave node-agent: state directory {read_only / 's'} is not writable" in err
