@@ -160,4 +160,5 @@ def status(service: HealthService) -> dict[str, Any]:
         "startupPending": snap.startup_pending,
         "rounds": service.monitor.rounds_completed,
         "badHardware": sorted(service.badlist.entries()),
+        "unsavedState": service.state.unsaved(),
     }
