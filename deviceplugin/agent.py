@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -111,6 +111,7 @@ class NodeAgent:
         self._faults: dict[str, str] = {}
         self._withheld: dict[str, str] = {}
         self._lost: dict[str, str] = {}  # GPUs the driver counts but cannot reach: always Unhealthy
+        self._gates: dict[str, dict[str, str]] = {}  # node-level conditions (gate -> ID -> reason)
         self._listeners: list[Callable[[], None]] = []
         self._inventory: NodeInventory | None = None
         self._chooser: GpuSetChooser | None = None
@@ -225,7 +226,8 @@ class NodeAgent:
                     catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
                 )
                 faults = {**self._faults, **self._lost}
-                reasons = unhealthy_reasons(devices, faults=faults, withheld=self._withheld)
+                withheld = {k: v for gate in self._gates.values() for k, v in gate.items()} | self._withheld
+                reasons = unhealthy_reasons(devices, faults=faults, withheld=withheld)
                 changed = resource.state.update(devices, reasons) or changed
                 self.metrics.unhealthy_devices.labels(name).set(len(reasons))
         return changed
@@ -252,6 +254,17 @@ class NodeAgent:
         with self._lock:
             for device_id in device_ids:
                 self._withheld.pop(device_id, None)
+            self._apply()
+        self._changed()
+
+    def set_gate(self, name: str, reasons: Mapping[str, str]) -> None:
+        """Withhold exactly ``reasons`` (device ID or GPU UUID -> reason) for one named node-level
+        condition, such as the NVSwitch fabric; kept apart from ``withhold`` so that a MIG
+        reshape's ``release`` of a GPU never lifts a gate on it."""
+        with self._lock:
+            if self._gates.get(name, {}) == dict(reasons):
+                return
+            self._gates[name] = dict(reasons)
             self._apply()
         self._changed()
 

@@ -23,6 +23,7 @@ from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
+from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
 from hardware.backend import GpuBackend
@@ -31,6 +32,7 @@ from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.persist import require_writable_dir
+from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
 from topology.errors import GpuweaveError
 
 if TYPE_CHECKING:
@@ -64,6 +66,12 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         default=None,
         help="serve Prometheus /metrics (default: off)",
+    )
+    add(
+        "--fabric-check-interval",
+        type=float,
+        default=DEFAULT_FABRIC_INTERVAL_S,
+        help="seconds between NVSwitch fabric checks; GPUs wait for the fabric (docs/deploy.md)",
     )
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
@@ -190,15 +198,15 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     pod_resources = open_pod_resources(args)
+    inventory = backend.discover()
     mig = build_mig_service(
-        agent,
-        backend=backend,
-        state_dir=args.state_dir,
-        inventory=backend.discover(),
-        pod_resources=pod_resources,
+        agent, backend=backend, state_dir=args.state_dir, inventory=inventory, pod_resources=pod_resources
     )
     mig.start()  # converge journalled MIG layouts before the first device list is served
+    fabric = fabric_gate(agent, backend, interval_s=args.fabric_check_interval)
+    fabric.check(inventory)  # GPUs on an untrained NVSwitch fabric are withheld from the first list
     agent.start()
+    fabric.start(lambda: agent.inventory)
     register_mig_routes(agent, mig)
     layout = start_mig_kube(kube.api, node_name(args), mig, demand=args.mig_demand) if kube else None
     health = start_node_health(
@@ -228,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         if layout is not None:
             layout.stop()
         health.stop()
+        fabric.stop()
         if kube is not None:
             kube.stop()
         agent.stop()

@@ -50,6 +50,11 @@ def register(subparsers: Any) -> None:
     add("--nvml-hang", type=float, metavar="SECONDS", help="NVML calls hang (on --gpu, or every call)")
     add("--temperature", type=int, metavar="CELSIUS", help="set --gpu's temperature")
     add(
+        "--fabric-state",
+        choices=("not-started", "in-progress", "completed", "failed"),
+        help="the NVSwitch fabric's state (NVML on Hopper+, the Fabric Manager service on Ampere)",
+    )
+    add(
         "--busy",
         metavar="PID[,PID...]",
         help="processes on --gpu, or on its MIG device with --mig-instance ('' frees it); remediation waits",
@@ -77,6 +82,7 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
         "nvml_hang",
         "temperature",
         "recovery_action",
+        "fabric_state",
     )
     params: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.busy is not None:

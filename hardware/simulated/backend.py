@@ -63,6 +63,8 @@ class SimulatedBackend:
             for gpu in profile.spec.gpus:
                 if gpu.lost:
                     self.node.set_gpu_lost(gpu.index)  # off the bus before the driver's first answer
+            if profile.spec.nvswitch is not None and profile.spec.nvswitch.fabric_state is not None:
+                self.node.health.fabric_state = profile.spec.nvswitch.fabric_state
         layout = write_fake_sysfs(self.sysfs_root, self.node)
         self.lib = SimulatedNvmlLib(self.node)
         self.nvml = NvmlBackend(

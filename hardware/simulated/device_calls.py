@@ -15,7 +15,14 @@ from typing import Any
 from hardware.simulated.health_calls import SimNvmlCallError
 from hardware.simulated.mig_state import SimComputeInstance, SimGpuInstance, SimNvmlError
 from hardware.simulated.node import SimulatedNode
-from hardware.simulated.structs import DeviceAttributes, Memory, NvmlConstants, NVMLError, PciInfo
+from hardware.simulated.structs import (
+    DeviceAttributes,
+    Memory,
+    NvmlConstants,
+    NVMLError,
+    PciInfo,
+    c_nvmlGpuFabricInfoV_t,
+)
 from topology.inventory import Architecture, Gpu
 from topology.spec_checks import MAX_NVLINKS
 
@@ -32,6 +39,9 @@ _ARCH_CODES = {
     Architecture.HOPPER: NvmlConstants.NVML_DEVICE_ARCH_HOPPER,
     Architecture.BLACKWELL: NvmlConstants.NVML_DEVICE_ARCH_BLACKWELL,
 }
+_FABRIC_ARCHITECTURES = (Architecture.HOPPER, Architecture.BLACKWELL)  # Ampere: Fabric Manager only
+_FABRIC_STATES = {"not-started": 1, "in-progress": 2, "completed": 3, "failed": 3}
+_FABRIC_HEALTHY_MASK = (2 << 4) | (1 << 8)  # route unhealthy: false; incorrect configuration: none
 _MigTarget = tuple[int, SimGpuInstance, SimComputeInstance | None]
 
 
@@ -39,6 +49,7 @@ class SimulatedLibBase(NvmlConstants):
     """Plumbing every call mixin shares: the node, init state, gates, handle resolution."""
 
     NVMLError = NVMLError
+    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t  # noqa: N815 (pynvml's name)
     node: SimulatedNode
     _init_count: int = 0
 
@@ -198,6 +209,22 @@ class DeviceCalls(SimulatedLibBase):
 
     def nvmlDeviceGetAttributes_v2(self, device: Any) -> DeviceAttributes:
         return self.nvmlDeviceGetAttributes(device)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        """Fills the struct behind ``ctypes.byref`` as NVML does; NOT_SUPPORTED before Hopper."""
+        gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", device)
+        if gpu.architecture not in _FABRIC_ARCHITECTURES:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        fabric = self.node.inventory.nvswitch
+        if fabric is None or gpu.index not in fabric.gpus:
+            info.state, info.status = self.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, self.NVML_SUCCESS
+            return self.NVML_SUCCESS
+        state = self.node.health.fabric_state
+        info.state = _FABRIC_STATES[state]
+        info.status = self.NVML_ERROR_UNKNOWN if state == "failed" else self.NVML_SUCCESS
+        info.healthMask = _FABRIC_HEALTHY_MASK if state == "completed" else 0
+        return self.NVML_SUCCESS
 
 
 class NvLinkCalls(SimulatedLibBase):

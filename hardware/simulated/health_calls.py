@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hardware.fabric import FM_PID_FILE, FM_PROCESS
 from topology.errors import GpuweaveError
 
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -29,6 +30,8 @@ NVML_ERROR_IN_USE = 19
 EVENT_XID, EVENT_DBE, EVENT_RECOVERY = 0x8, 0x2, 0x8000
 _RECOVERY_NAMES = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
 NO_INSTANCE = 0xFFFFFFFF
+FABRIC_STATES = ("not-started", "in-progress", "completed", "failed")
+SIM_FABRIC_MANAGER_PID = 4242
 _XID_MESSAGES = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error was detected."}
 
 
@@ -97,8 +100,11 @@ class SimHealthState:
         *,
         kmsg_path: Path | None = None,
         sysfs_root: Path | None = None,
+        nvswitch: bool = False,
     ) -> None:
         self.gpus = [SimGpuHealth(uuid, bus, links) for uuid, bus, links in gpus]
+        self.nvswitch = nvswitch
+        self.fabric_state = "completed"  # as NVML (Hopper+) and the Fabric Manager (Ampere) report it
         self.kmsg_path = kmsg_path
         self.sysfs_root = sysfs_root
         self.global_hang_until = 0.0
@@ -209,6 +215,16 @@ class SimHealthState:
             for operstate in states:
                 operstate.write_text("up\n" if link_up else "down\n")
 
+    def set_fabric_state(self, state: str) -> None:
+        """The NVSwitch fabric's state; on the host, the Fabric Manager runs unless not started or failed."""
+        if state not in FABRIC_STATES:
+            raise SimHealthError(f"fabric state {state!r} is not one of {', '.join(FABRIC_STATES)}")
+        if not self.nvswitch:
+            raise SimHealthError("the simulated node has no NVSwitch fabric (its profile has no nvswitch)")
+        self.fabric_state = state
+        if self.sysfs_root is not None:
+            write_fabric_manager(self.sysfs_root.parent, running=state not in ("not-started", "failed"))
+
     def clear(self, index: int | None = None) -> None:
         """Undo every injected fault (of one GPU, or of the node including EFA and hangs)."""
         targets = self.gpus if index is None else [self.gpu(index)]
@@ -218,6 +234,8 @@ class SimHealthState:
                 gpu.__dict__.update(fresh.__dict__)
             if index is None:
                 self.global_hang_until = 0.0
+        if index is None and self.nvswitch and self.fabric_state != "completed":
+            self.set_fabric_state("completed")
         if index is None and self.sysfs_root is not None:
             base = self.sysfs_root / "class" / "infiniband"
             stash = self.sysfs_root / ".missing-efa"
@@ -309,6 +327,20 @@ class SimHealthState:
         with self._cond:
             self._queues.pop(set_id, None)
             self._masks.pop(set_id, None)
+
+
+def write_fabric_manager(root: Path, *, running: bool) -> None:
+    """The Fabric Manager's host files below ``root``: its pid file and ``proc/<pid>/comm`` while it
+    runs, neither when it does not (what ``hardware.fabric`` reads on Ampere boards)."""
+    pid_file = root / FM_PID_FILE
+    comm = root / "proc" / str(SIM_FABRIC_MANAGER_PID) / "comm"
+    if not running:
+        pid_file.unlink(missing_ok=True)
+        comm.unlink(missing_ok=True)
+        return
+    for path, text in ((comm, FM_PROCESS), (pid_file, str(SIM_FABRIC_MANAGER_PID))):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{text}\n", encoding="utf-8")
 
 
 def xid_kernel_line(

@@ -8,7 +8,7 @@ the NVML event and writes the kernel-log line as the driver would.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,6 +32,7 @@ class InjectRequest(BaseModel):
     temperature: int | None = Field(None, ge=0, le=200)
     recovery_action: int | None = Field(None, ge=0, le=7)  # nvmlDeviceGpuRecoveryAction_t
     busy: list[int] | None = None  # pids using the GPU (a reset waits for them); [] frees it
+    fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
     clear: bool = False
 
     @model_validator(mode="after")
@@ -51,7 +52,8 @@ class InjectRequest(BaseModel):
         if self.mig_instance is not None and self.xid is None and self.busy is None:
             raise ValueError("--mig-instance only qualifies --xid and --busy")
         if not self.clear and all(
-            v is None for v in [*gpu_faults, self.efa_down, self.efa_missing, self.nvml_hang]
+            v is None
+            for v in [*gpu_faults, self.efa_down, self.efa_missing, self.nvml_hang, self.fabric_state]
         ):
             raise ValueError("nothing to inject: pass a fault option or --clear")
         return self
@@ -101,6 +103,9 @@ def apply_request(
         if request.efa_missing is not None:
             state.set_efa(request.efa_missing, present=False)
             done.append(f"EFA {request.efa_missing}: missing")
+        if request.fabric_state is not None:
+            state.set_fabric_state(request.fabric_state)
+            done.append(f"NVSwitch fabric: {request.fabric_state}")
         if request.nvml_hang is not None:
             state.hang(request.nvml_hang, gpu)
             done.append(f"NVML hangs {request.nvml_hang:g} s" + ("" if gpu is None else f" on GPU {gpu}"))

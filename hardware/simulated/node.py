@@ -62,8 +62,10 @@ class SimulatedNode:
             [(g.uuid, g.pci_bus_id, len(self.link_remotes[g.index])) for g in inventory.gpus],
             kmsg_path=kmsg_path,
             sysfs_root=sysfs_root / "sys" if sysfs_root is not None else None,
+            nvswitch=inventory.nvswitch is not None,
         )
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}
+
         self._lock = threading.Lock()
         self._hangs: list[Hang] = []
 

@@ -8,6 +8,7 @@ returns them.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 
@@ -59,6 +60,18 @@ class NvmlConstants:
     NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
     NVML_DEVICE_MIG_DISABLE = 0
     NVML_DEVICE_MIG_ENABLE = 1
+
+    NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+    NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+    NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+    NVML_GPU_FABRIC_STATE_COMPLETED = 3
+    NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY = 4
+    NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY = 0x3
+    NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE = 1
+    NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_FALSE = 2
+    NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION = 8
+    NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_INCORRECT_CONFIGURATION = 0xF
+    NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE = 1
 
 
 _ERROR_TEXT = {
@@ -134,3 +147,25 @@ class DeviceAttributes:
     gpuInstanceSliceCount: int
     computeInstanceSliceCount: int
     memorySizeMB: int
+
+
+nvmlGpuFabricInfo_v2 = 0x02000024  # noqa: N816 (pynvml's name): the struct's version word
+
+
+class c_nvmlGpuFabricInfo_v2_t(ctypes.Structure):  # noqa: N801 (pynvml's name)
+    """``nvmlGpuFabricInfo_v2_t``, filled through a pointer as NVML fills it (``ctypes.byref``)."""
+
+    _fields_ = (
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint32),
+    )
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v2)
+
+
+c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t  # noqa: N816 (pynvml's alias)

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hardware.simulated.health_calls import write_fabric_manager
 from hardware.simulated.node import SimulatedNode
 from hardware.sysfs import EFA_VENDOR, NVIDIA_VENDOR, sysfs_bdf
 from topology.inventory import Nic, NicType
@@ -88,6 +89,8 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
         bdf = sysfs_bdf(nic.pci_bus_id)
         device_dir = tree.device(parent, bdf, ids=ids, pci_class=pci_class, numa=nic.numa_node)
         _write_nic_classes(files, sys_dir, nic, device_dir)
+    if inventory.nvswitch is not None:
+        write_fabric_manager(Path(root), running=node.health.fabric_state not in ("not-started", "failed"))
     for numa in range(inventory.numa_nodes):
         first = numa * CPUS_PER_NUMA_NODE
         cpulist = sys_dir / "devices" / "system" / "node" / f"node{numa}" / "cpulist"
