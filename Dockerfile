@@ -1,6 +1,10 @@
 # gpuweave: node agent, scheduler extender and CLI in one image (manifests/ runs it with
-# different arguments). The node agent loads libnvidia-ml.so from the host's driver, which the
-# NVIDIA container toolkit mounts into privileged GPU pods.
+# different arguments). The image carries no NVIDIA library: the node agent uses the host driver's
+# libnvidia-ml.so.1 and nvidia-smi, which the NVIDIA container runtime injects only into a
+# container that asks for them (manifests/node-agent-daemonset.yaml: runtimeClassName nvidia,
+# NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=utility). The image itself sets neither
+# variable, so where nvidia is the default runtime the extender's pods still see no GPU.
+# `gpuweave node-agent` checks all of it at start and names what is missing in one line.
 FROM python:3.11-slim
 
 WORKDIR /src

@@ -28,6 +28,7 @@ from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, st
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
+from hardware.host_check import run_self_check
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -124,6 +125,11 @@ def open_backend(args: argparse.Namespace) -> GpuBackend:
             kmsg_path=args.state_dir / SIM_KMSG_FILE,
             identity_file=identities,
         )
+    check = run_self_check()  # before the driver: name every missing prerequisite in one line
+    if check.fatal:
+        raise GpuweaveError(check.line())
+    if check.missing:
+        log.warning("%s", check.line())
     return NvmlBackend(node_name=node_name(args), identity_file=identities)
 
 
@@ -218,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         kube_api=kube.api if kube else None,
         metrics=metrics,
         recreate_mig=mig_recreator(mig, agent),
+        gpu_owners=mig.reconciler.owners,
         pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
     )
     if kube is not None:

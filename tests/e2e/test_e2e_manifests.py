@@ -38,9 +38,11 @@ def test_workloads_were_stored_as_written(plane: ControlPlane) -> None:
     pod = daemonset.spec.template.spec
     assert pod.priority_class_name == "system-node-critical"
     assert pod.service_account_name == "gpuweave-node-agent"
+    assert (pod.runtime_class_name, pod.host_pid, pod.host_network) == ("nvidia", True, True)
     host_paths = sorted(v.host_path.path for v in pod.volumes if v.host_path)
     assert host_paths == [
         "/dev",
+        "/run/nvidia-fabricmanager",  # the Fabric Manager's pid file: can an Ampere NVSwitch fabric train
         "/var/lib/gpuweave",  # the agent's own state: bad-GPU list, strikes, kernel-log cursor
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
