@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.coexistence import refuse_if_served_by_another
+from deviceplugin.devices import build_catalogue
 from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
@@ -205,6 +207,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     pod_resources = open_pod_resources(args)
     inventory = backend.discover()
+    try:  # before any socket or registration of ours
+        served = build_catalogue(inventory, agent.config.sharing)
+        refuse_if_served_by_another(args.kubelet_dir, resources=served)
+    except GpuweaveError:
+        backend.close()
+        raise
     mig = build_mig_service(
         agent, backend=backend, state_dir=args.state_dir, inventory=inventory, pod_resources=pod_resources
     )
