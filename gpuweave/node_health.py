@@ -25,9 +25,10 @@ from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
 from health.metrics import HealthMetrics
-from health.remediation import MigRecreate, PodDeviceLookup
+from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
 from health.service import HealthParts, HealthService
-from mig.planner import MigPlanError, TargetEntry
+from mig.owners import GpuOwners
+from mig.planner import MigPlanError
 from mig.service import MigService
 from topology.errors import GpuweaveError
 
@@ -63,11 +64,14 @@ def start_node_health(
     metrics: AgentMetrics | None = None,
     recreate_mig: MigRecreate | None = None,
     pod_devices: PodDeviceLookup | None = None,
+    gpu_owners: GpuOwners | None = None,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
     ``pod_devices`` (the kubelet's pod-resources API, e.g. ``PodResourcesClient.pod_devices``)
-    joins the extender's assignment annotations when finding the pods on a failed device."""
+    joins the extender's assignment annotations when finding the pods on a failed device.
+    ``gpu_owners`` (the MIG reconciler's ``owners``) makes each GPU reset own its GPU, so a
+    reset never runs inside a MIG reshape of that GPU."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
@@ -81,7 +85,7 @@ def start_node_health(
         HealthParts(
             inventory=agent.inventory,
             probe=probe,
-            device_ops=probe,
+            device_ops=probe if gpu_owners is None else OwnedResets(probe, gpu_owners),
             sink=agent,
             state_dir=state_dir,
             settings=settings,
@@ -111,26 +115,38 @@ def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
 
 
 def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:
-    """Recreate one failed MIG instance through the MIG manager: destroy it, then put it back.
+    """Recreate one failed MIG device through the MIG manager (``MigReconciler.recreate``).
 
-    Both steps are reshapes of that GPU only (its other instances stay). A plan the MIG manager
-    refuses (the instance is still busy) is "in use": remediation waits and tries again.
+    The reconciler owns the GPU from its check to the end and puts back the layout NVML shows
+    then, so a reshape the operator ran after the fault stands; a device that reshape destroyed
+    is not recreated (False). A busy instance is "in use": remediation waits and tries again.
     """
 
-    def recreate(gpu_uuid: str, gpu_instance: int, compute_instance: int) -> None:
+    def recreate(gpu_uuid: str, mig_uuid: str) -> bool:
         index = agent.inventory.gpu_by_uuid(gpu_uuid).index
-        current = mig.reconciler.current(index)
-        layout = [TargetEntry(i.profile, i.start) for i in current]
-        without = [TargetEntry(i.profile, i.start) for i in current if i.key != str(gpu_instance)]
         try:
-            mig.reconciler.apply(index, without)
+            return mig.reconciler.recreate(index, mig_uuid) is not None
         except MigPlanError as exc:
             raise GpuInUseError(
-                f"MIG instance {gpu_instance} on GPU {index} cannot be destroyed yet: {exc}"
+                f"MIG device {mig_uuid} on GPU {index} cannot be recreated yet: {exc}"
             ) from exc
-        mig.reconciler.apply(index, layout)
 
     return recreate
+
+
+class OwnedResets:
+    """Device operations whose GPU reset owns the GPU (``GpuOwners``) while it runs."""
+
+    def __init__(self, ops: DeviceOps, owners: GpuOwners) -> None:
+        self._ops = ops
+        self._owners = owners
+
+    def gpu_busy(self, uuid: str) -> bool:
+        return self._ops.gpu_busy(uuid)
+
+    def reset_gpu(self, uuid: str) -> None:
+        with self._owners.hold(uuid, who="health: GPU reset"):
+            self._ops.reset_gpu(uuid)
 
 
 def _follow_inventory(service: HealthService, agent: NodeAgent) -> None:

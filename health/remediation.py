@@ -5,7 +5,11 @@ For each Failed device the ladder's next step decides what happens:
 - ``reset-gpu`` / ``recreate-mig``: evict the pods on that device only (Eviction API, grace period
   for checkpointing, PDB refusals retried next round, opted-out pods left alone), wait until the
   device runs nothing, then reset the GPU (or recreate the MIG instance); success puts the device
-  on probation, failure moves it one step up the ladder;
+  on probation, failure moves it one step up the ladder. The reset or recreate runs on its own
+  thread: a round waits for it at most ``check_timeout_s`` and later rounds collect the result,
+  so a remediation stuck behind a MIG reshape of its GPU (they share one owner per GPU, wired by
+  the node agent) keeps only that device withheld while every other GPU is checked as usual. A
+  recreate of a MIG device a reshape has since destroyed is done: there is nothing to put back;
 - ``reboot-node``: the device stays withheld and the node gets a reboot-required fault (condition
   and, under the cluster-wide disruption cap, a taint);
 - ``replace``: the GPU goes on the bad-hardware list.
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -90,7 +96,9 @@ class DeviceOps(Protocol):
     def reset_gpu(self, uuid: str) -> None: ...
 
 
-MigRecreate = Callable[[str, int, int], None]  # parent GPU UUID, GPU instance id, compute instance id
+# (parent GPU UUID, MIG device UUID) -> True when recreated, False when no instance serves it any
+# more (a reshape replaced it); raises ``GpuInUseError`` while the instance is busy.
+MigRecreate = Callable[[str, str], bool]
 WallClock = Callable[[], datetime.datetime]
 
 
@@ -107,9 +115,11 @@ class Remediator:
     state: StateWriter | None = None  # the health state files; unsaved ones are retried every round
     _evicted: set[tuple[str, str]] = field(default_factory=set)
     _published: dict[str, object] = field(default_factory=dict)
+    _jobs: dict[str, _Job] = field(default_factory=dict)
 
     def __call__(self, monitor: HealthMonitor) -> None:
         unsaved = self._retry_state()
+        self._collect(monitor)
         snap = monitor.snapshot()
         self._announce(snap.gpus)
         self._announce(snap.migs)
@@ -151,9 +161,31 @@ class Remediator:
         with monitor.lock:
             engine.apply(device, RemediationStarted(monitor.now(), action))
         monitor.publish()
-        finished = self._attempt(monitor, device, gpu, action)
+        job = _Job(action)
+        job.thread = threading.Thread(
+            target=lambda: job.result.append(self._attempt(monitor, device, gpu, action)),
+            name=f"remediate-{device[:20]}",
+            daemon=True,
+        )
+        self._jobs[device] = job
+        job.thread.start()
+        job.thread.join(monitor.settings.check_timeout_s)  # a quick step finishes in this round
+        self._collect(monitor)
+
+    def _collect(self, monitor: HealthMonitor) -> None:
+        """Apply the results of finished remediation steps; a step still running keeps its device."""
+        for device, job in list(self._jobs.items()):
+            if not job.result:
+                log.info("remediation of %s (%s) still running for %.0f s", device, job.action, job.age())
+                continue
+            del self._jobs[device]
+            self._finished(monitor, device, job.action, job.result[0])
+
+    def _finished(
+        self, monitor: HealthMonitor, device: str, action: Action, finished: RemediationFinished
+    ) -> None:
         with monitor.lock:
-            engine.apply(device, finished)
+            monitor.engine.apply(device, finished)
         monitor.publish()
         if finished.retry:
             return
@@ -166,10 +198,11 @@ class Remediator:
         """Run one remediation step; a GPU still in use is a retry, not a failed attempt."""
         try:
             if action is Action.RECREATE_MIG:
-                placement = monitor.engine.mig_placement(device)
-                if self.recreate_mig is None or placement is None:
-                    raise RuntimeError(f"MIG device {device} is no longer in the inventory")
-                self.recreate_mig(*placement)
+                if self.recreate_mig is None:
+                    raise RuntimeError(f"no MIG manager to recreate {device}")
+                if not self.recreate_mig(gpu, device):
+                    gone = "nothing to recreate: a MIG reshape of its GPU has since replaced the device"
+                    return RemediationFinished(monitor.now(), True, gone)
             else:
                 self.device_ops.reset_gpu(gpu)
         except GpuInUseError as exc:
@@ -336,6 +369,19 @@ class Remediator:
             self.cluster.post_event(reason=reason, message=message, warning=warning)
         except Exception as exc:
             log.warning("cannot post event %s: %s", reason, exc)
+
+
+@dataclass
+class _Job:
+    """One remediation step running on its own thread; ``result`` gets its outcome."""
+
+    action: Action
+    thread: threading.Thread | None = None
+    result: list[RemediationFinished] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def age(self) -> float:
+        return time.monotonic() - self.started
 
 
 def _holds(devices: frozenset[str], ids: frozenset[str]) -> bool:

@@ -14,6 +14,10 @@ start re-applies every journalled layout.
 
 The node agent composes this with hooks (``MigHooks``): which devices pods hold, withholding
 devices about to go, and a refresh once a GPU changed. ``mig/`` never imports the agent.
+
+Each apply owns its GPU (``GpuOwners``) for its whole run, then takes the node-wide reshape lock
+(one reshape at a time): health remediation of the same GPU (a reset, a recreated instance) waits
+for it and it waits for them, while other GPUs go on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 from hardware.mig_ops import NVML_ERROR_IN_USE, GpuInstanceRecord, MigNvmlError, MigOps
 from mig.catalog import GpuModel, MigCatalog
 from mig.journal import GpuRecord, MigJournal, Step
+from mig.owners import GpuOwners
 from mig.planner import Instance, MigPlanError, Plan, PlannedInstance, TargetEntry, plan_layout
 from topology.errors import GpuweaveError
 
@@ -145,6 +150,7 @@ class MigReconciler:
         hooks: MigHooks | None = None,
         clock: Callable[[], float] = time.time,
         fault: FaultHook | None = None,
+        owners: GpuOwners | None = None,
     ) -> None:
         self._ops = ops
         self._journal = journal
@@ -154,6 +160,7 @@ class MigReconciler:
         self._clock = clock
         self._fault = fault or (lambda point: None)
         self._lock = threading.Lock()
+        self.owners = owners or GpuOwners()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -208,8 +215,28 @@ class MigReconciler:
 
     def apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
         """Reshape one GPU to ``target`` (None: whole GPU, MIG off) and verify it."""
-        with self._lock:
+        with self.owners.hold(self.gpu(index).uuid, who="MIG reshape"), self._lock:
             return self._apply(index, target)
+
+    def recreate(self, index: int, mig_uuid: str) -> ReshapeResult | None:
+        """Destroy the instance serving ``mig_uuid`` and create it again at the same placement.
+
+        One owner of the GPU from the check to the end: the layout put back is the one NVML shows
+        now, so a reshape that ran after the fault is kept, never reverted. None when no instance
+        serves ``mig_uuid`` any more (a reshape destroyed it): nothing to recreate. A busy
+        instance raises ``MigPlanError`` before anything changes.
+        """
+        with self.owners.hold(self.gpu(index).uuid, who="health: recreate MIG instance"), self._lock:
+            snap = self.snapshot(index)
+            record = next((r for r in snap.records if any(c.mig_uuid == mig_uuid for c in r.computes)), None)
+            if record is None:
+                return None
+            current = self._instances(index, snap)
+            layout = [TargetEntry(i.profile, i.start) for i in current]
+            self._apply(
+                index, [TargetEntry(i.profile, i.start) for i in current if i.key != str(record.gi_id)]
+            )
+            return self._apply(index, layout)
 
     def recover(self) -> list[ReshapeResult]:
         """At start: converge every journalled GPU (finish a crashed reshape, re-apply after reboot).

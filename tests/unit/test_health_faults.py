@@ -23,7 +23,9 @@ from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor
 from health.persist import StateWriter, require_writable_dir
 from health.policy import DeviceState
+from health.service import HealthParts, HealthService
 from health.signals.kmsg import KernelLogTail
+from mig.owners import GpuOwners
 from tests.support.small_fs import fill, free, remount_read_only, small_tmpfs
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
@@ -189,3 +191,43 @@ def test_node_agent_on_a_read_only_state_dir_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"gpuweave node-agent: state directory {read_only / 's'} is not writable" in err
+
+
+def test_a_stuck_remediation_withholds_only_its_device(tmp_path: Path) -> None:
+    inventory = small_inventory(gpus=8, mig_on=(6,))
+    sysfs = efa_sysfs(tmp_path / "sys", [n.name for n in inventory.nics])
+    gpus = SimHealthState([(g.uuid, g.pci_bus_id, 12) for g in inventory.gpus], sysfs_root=sysfs)
+    probe = NvmlHealthProbe(SimLib(gpus), sysfs_root=sysfs, reset=lambda uuid: None)
+    owners, sink = GpuOwners(), Sink()
+    settings = HealthSettings(round_interval_s=0.05, check_timeout_s=0.2, event_wait_ms=20, stall_after_s=0.5)
+    parts = HealthParts(
+        inventory, probe, probe, sink, tmp_path / "state", settings, "node-a", clock=time.monotonic
+    )
+    health = HealthService(parts)
+
+    def recreate(gpu: str, mig: str) -> bool:
+        with owners.hold(gpu, who="health: recreate MIG instance"):  # waits behind the reshape
+            return True
+
+    health.remediator.recreate_mig = recreate
+    failed = inventory.mig_devices_of(6)[0]
+    health.start()
+    try:
+        with owners.hold(gpu_uuid(6), who="MIG reshape"):  # a reshape of GPU 6 is in flight
+            assert poll_until(lambda: health.monitor.rounds_completed >= 2, timeout=10)
+            gpus.inject_xid(6, 95, gpu_instance=failed.gpu_instance_id, compute_instance=0)
+            assert poll_until(lambda: state_of(health, failed.uuid) is DeviceState.REMEDIATING, timeout=10)
+            rounds = health.monitor.rounds_completed
+            assert poll_until(lambda: health.monitor.rounds_completed >= rounds + 20, timeout=30)  # > 0.5 s
+            assert all(sink.health[g.uuid] for g in inventory.gpus)  # no GPU withheld for it, not even GPU 6
+            assert sink.health[failed.uuid] is False
+            assert state_of(health, failed.uuid) is DeviceState.REMEDIATING
+        assert poll_until(lambda: sink.health[failed.uuid], timeout=10)  # recreated, probation passed
+        assert health.snapshot().migs[failed.uuid].strikes == 1
+    finally:
+        health.stop()
+
+
+def state_of(health: HealthService, device: str) -> DeviceState:
+    snap = health.snapshot()
+    return (snap.migs.get(device) or snap.gpus[device]).state

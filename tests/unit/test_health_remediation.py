@@ -202,13 +202,13 @@ def test_gpu_listed_by_another_node_is_refused(tmp_path: Path) -> None:
 
 
 def test_mig_fault_recreates_that_instance(tmp_path: Path) -> None:
-    calls: list[tuple[str, int, int]] = []
+    calls: list[tuple[str, str]] = []
     health, state, _ = service(tmp_path, None)
-    health.remediator.recreate_mig = lambda gpu, gi, ci: calls.append((gpu, gi, ci))
+    health.remediator.recreate_mig = lambda gpu, mig: calls.append((gpu, mig)) is None
     mig = INVENTORY.mig_devices_of(6)[1]
     state.inject_xid(6, 95, gpu_instance=mig.gpu_instance_id, compute_instance=0)
     health.monitor.run_round()
-    assert calls == [(gpu_uuid(6), mig.gpu_instance_id, 0)]
+    assert calls == [(gpu_uuid(6), mig.uuid)]
     assert health.snapshot().migs[mig.uuid].state is DeviceState.PROBATION
     assert state.gpus[6].resets == 0
 
