@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hardware.sysfs import read_hw_counters
 from topology.errors import GpuweaveError
 
 EFA_VENDOR = "0x1d0f"
@@ -83,6 +84,9 @@ class EfaAdapter:
     name: str
     netdev: str | None
     operstate: str | None  # "up", "down", "unknown"; None for an EFA-only interface (no netdev)
+    # Hardware counters (port and device level, ``hardware.sysfs.read_hw_counters``): the only view
+    # of an EFA link, whose verbs port always reads ACTIVE; empty where the kernel has none.
+    counters: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 class NvmlHealthProbe:
@@ -251,7 +255,8 @@ class NvmlHealthProbe:
             raise ResetRefusedError(f"reset of GPU {uuid} failed: {exc}") from exc
 
     def read_efa(self) -> tuple[EfaAdapter, ...]:
-        """EFA adapters found by PCI vendor/device (never by name) with their netdev link state."""
+        """EFA adapters found by PCI vendor/device (never by name) with their netdev link state and
+        hardware counters."""
         return read_efa_adapters(self._sysfs_root)
 
 
@@ -267,7 +272,7 @@ def read_efa_adapters(sysfs_root: Path) -> tuple[EfaAdapter, ...]:
         netdevs = sorted(p.name for p in net.iterdir()) if net.is_dir() else []
         netdev = netdevs[0] if netdevs else None
         operstate = _read(net / netdev / "operstate") if netdev else None
-        found.append(EfaAdapter(dev.name, netdev, operstate))
+        found.append(EfaAdapter(dev.name, netdev, operstate, read_hw_counters(dev)))
     return tuple(found)
 
 

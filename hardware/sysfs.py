@@ -223,3 +223,17 @@ class SysfsReader:
             return int(text) if text else default
         except ValueError:
             return default
+
+
+def read_hw_counters(ibdev_dir: Path) -> dict[str, int]:
+    """An RDMA adapter's hardware counters: port 1's (``ports/1/hw_counters``: traffic, RDMA and SRD
+    errors) and the device's (``hw_counters``: admin queue, keep-alives), by file name; unreadable
+    or non-numeric files are left out (counters differ by kernel and Nitro version)."""
+    found: dict[str, int] = {}
+    for directory in (ibdev_dir / "ports" / "1" / "hw_counters", ibdev_dir / "hw_counters"):
+        for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
+            try:
+                found[entry.name] = int(entry.read_text(encoding="utf-8").strip())
+            except (OSError, ValueError):
+                continue
+    return found

@@ -79,12 +79,19 @@ def temperature_outliers(temperatures: Mapping[str, int], *, gap_c: float) -> di
 
 
 def judge_efa(
-    adapters: Sequence[EfaAdapter], *, expected: Sequence[str], expected_count: int
+    adapters: Sequence[EfaAdapter],
+    *,
+    expected: Sequence[str],
+    expected_count: int,
+    counter_down: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, bool], frozenset[NodeFault]]:
-    """Per-adapter link state and node faults: fewer adapters than expected, or a netdev link down."""
+    """Per-adapter link state and node faults: fewer adapters than expected, a netdev link down, or
+    an adapter its hardware counters show down (``counter_down``: adapter -> reason)."""
+    counter_down = counter_down or {}
     present = {a.name: a for a in adapters}
     up = {name: name in present and present[name].operstate in (None, "up", "unknown") for name in expected}
-    up.update({a.name: a.operstate in (None, "up", "unknown") for a in adapters})
+    for adapter in adapters:
+        up[adapter.name] = adapter.operstate in (None, "up", "unknown") and adapter.name not in counter_down
     faults: set[NodeFault] = set()
     if len(adapters) < expected_count:
         missing = sorted(set(expected) - set(present)) or ["(renamed)"]
@@ -92,6 +99,7 @@ def judge_efa(
         faults.update(NodeFault(NodeFaultKind.EFA_MISSING, name, detail) for name in missing)
     for adapter in adapters:
         if not up[adapter.name]:
-            detail = f"netdev {adapter.netdev} operstate {adapter.operstate}"
+            netdev = f"netdev {adapter.netdev} operstate {adapter.operstate}"
+            detail = counter_down.get(adapter.name) or netdev
             faults.add(NodeFault(NodeFaultKind.EFA_LINK_DOWN, adapter.name, detail))
     return up, frozenset(faults)

@@ -36,6 +36,7 @@ from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
 from health.policy import Fault, Window, WindowCounter
 from health.scope import HealthSnapshot, NodeFaultKind
+from health.signals.efa_counters import EfaCounterWatch
 from health.signals.kmsg import KernelLine, KernelLogTail, parse_line
 from health.xid import Severity
 from topology.inventory import NicType
@@ -156,6 +157,7 @@ class HealthMonitor:
         self._threads: dict[str, threading.Thread] = {}
         self._beats: dict[str, float] = {}
         self._temperature: dict[str, WindowCounter] = {}
+        self._efa_counters = EfaCounterWatch()
         self.rounds_completed = 0
         self._first_kernel_read = True
 
@@ -397,7 +399,10 @@ class HealthMonitor:
             log.warning("EFA check did not complete: %s %s", status, value)
             return False
         count = self.settings.expected_efa if self.settings.expected_efa is not None else len(expected)
-        up, faults = judge_efa(value, expected=expected, expected_count=count)
+        counters = self._efa_counters.observe(value, at=self._clock())
+        for reason in counters.degraded.values():
+            log.warning("%s", reason)
+        up, faults = judge_efa(value, expected=expected, expected_count=count, counter_down=counters.down)
         with self.lock:
             self.engine.efa_up = up
             self.engine.set_checked_node_faults(

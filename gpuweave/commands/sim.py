@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
     add("--nvlink-down", type=int, metavar="LINK", help="take NVLink link LINK of --gpu down")
     add("--efa-down", metavar="NAME", help="take EFA adapter NAME's netdev link down")
     add("--efa-missing", metavar="NAME", help="remove EFA adapter NAME from the node")
+    add("--efa-stalled", metavar="NAME", help="EFA adapter NAME stops completing commands (counters)")
     add("--nvml-hang", type=float, metavar="SECONDS", help="NVML calls hang (on --gpu, or every call)")
     add("--temperature", type=int, metavar="CELSIUS", help="set --gpu's temperature")
     add(
@@ -79,6 +80,7 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
         "nvlink_down",
         "efa_down",
         "efa_missing",
+        "efa_stalled",
         "nvml_hang",
         "temperature",
         "recovery_action",

@@ -225,6 +225,19 @@ class SimHealthState:
         if self.sysfs_root is not None:
             write_fabric_manager(self.sysfs_root.parent, running=state not in ("not-started", "failed"))
 
+    def stall_efa(self, name: str) -> None:
+        """The adapter stops completing admin commands, as a failed EFA device does: its
+        ``no_completion_cmds`` and ``cmds_err`` counters rise (its verbs port still reads ACTIVE)."""
+        if self.sysfs_root is None:
+            raise SimHealthError("the simulated node has no sysfs tree; EFA faults need one")
+        counters = self.sysfs_root / "class" / "infiniband" / name / "hw_counters"
+        if not counters.is_dir():
+            where = counters.parent.parent
+            raise SimHealthError(f"no EFA adapter {name!r} with hardware counters under {where}")
+        for counter in ("no_completion_cmds", "cmds_err"):
+            path = counters / counter
+            path.write_text(f"{int(path.read_text()) + 1}\n")
+
     def clear(self, index: int | None = None) -> None:
         """Undo every injected fault (of one GPU, or of the node including EFA and hangs)."""
         targets = self.gpus if index is None else [self.gpu(index)]

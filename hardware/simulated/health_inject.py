@@ -28,6 +28,7 @@ class InjectRequest(BaseModel):
     nvlink_down: int | None = Field(None, ge=0)
     efa_down: str | None = None
     efa_missing: str | None = None
+    efa_stalled: str | None = None
     nvml_hang: float | None = Field(None, gt=0, le=3600)
     temperature: int | None = Field(None, ge=0, le=200)
     recovery_action: int | None = Field(None, ge=0, le=7)  # nvmlDeviceGpuRecoveryAction_t
@@ -53,7 +54,10 @@ class InjectRequest(BaseModel):
             raise ValueError("--mig-instance only qualifies --xid and --busy")
         if not self.clear and all(
             v is None
-            for v in [*gpu_faults, self.efa_down, self.efa_missing, self.nvml_hang, self.fabric_state]
+            for v in [
+                *gpu_faults,
+                *(self.efa_down, self.efa_missing, self.efa_stalled, self.nvml_hang, self.fabric_state),
+            ]
         ):
             raise ValueError("nothing to inject: pass a fault option or --clear")
         return self
@@ -100,6 +104,9 @@ def apply_request(
         if request.efa_down is not None:
             state.set_efa(request.efa_down, link_up=False)
             done.append(f"EFA {request.efa_down}: link down")
+        if request.efa_stalled is not None:
+            state.stall_efa(request.efa_stalled)
+            done.append(f"EFA {request.efa_stalled}: admin commands no longer complete")
         if request.efa_missing is not None:
             state.set_efa(request.efa_missing, present=False)
             done.append(f"EFA {request.efa_missing}: missing")

@@ -143,6 +143,8 @@ def _write_nic_classes(files: _Files, sys_dir: Path, nic: Nic, device_dir: Path)
         files.link(ib_dir / "device", device_dir)
         link_layer = {NicType.INFINIBAND: "InfiniBand", NicType.EFA: "Unspecified"}.get(nic.type, "Ethernet")
         files.write(ib_dir / "ports" / "1" / "link_layer", link_layer)
+        if nic.type is NicType.EFA:
+            _write_efa_counters(files, ib_dir)
     if rdma and nic.uverbs_device is not None:
         number = int(nic.uverbs_device.removeprefix("/dev/infiniband/uverbs"))
         verbs_dir = sys_dir / "class" / "infiniband_verbs" / f"uverbs{number}"
@@ -152,6 +154,27 @@ def _write_nic_classes(files: _Files, sys_dir: Path, nic: Nic, device_dir: Path)
         net_dir = device_dir / "net" / nic.netdev
         files.write(net_dir / "operstate", "up")
         files.link(sys_dir / "class" / "net" / nic.netdev, net_dir)
+
+
+EFA_PORT_COUNTERS = (
+    "tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops", "send_bytes", "send_wrs", "recv_bytes",
+    "recv_wrs", "rdma_read_wrs", "rdma_read_bytes", "rdma_read_wr_err", "rdma_read_resp_bytes",
+    "rdma_write_wrs", "rdma_write_bytes", "rdma_write_wr_err", "rdma_write_recv_bytes", "retrans_bytes",
+    "retrans_pkts", "retrans_timeout_events", "unresponsive_remote_events", "impaired_remote_conn_events",
+)
+EFA_DEVICE_COUNTERS = (
+    "submitted_cmds", "completed_cmds", "cmds_err", "no_completion_cmds", "keep_alive_rcvd", "alloc_pd_err",
+    "create_qp_err", "create_cq_err", "reg_mr_err", "alloc_ucontext_err", "create_ah_err", "mmap_err",
+    "lifespan",
+)
+
+
+def _write_efa_counters(files: _Files, ib_dir: Path) -> None:
+    """The efa driver's counter files (Linux ``efa_verbs.c``), all zero on a fresh adapter."""
+    for name in EFA_PORT_COUNTERS:
+        files.write(ib_dir / "ports" / "1" / "hw_counters" / name, "0")
+    for name in EFA_DEVICE_COUNTERS:
+        files.write(ib_dir / "hw_counters" / name, "0")
 
 
 class _Files:
