@@ -183,6 +183,18 @@ class MigReconciler:
         """(current, pending) MIG mode of a GPU; None when it does not support MIG."""
         return self._ops.mig_mode(index)
 
+    def gpu_by_uuid(self, uuid: str) -> GpuRef | None:
+        return next((g for g in self._gpus.values() if g.uuid == uuid), None)
+
+    @property
+    def journal(self) -> MigJournal:
+        return self._journal
+
+    def records(self, index: int) -> tuple[GpuInstanceRecord, ...]:
+        """The GPU's instances as NVML reports them (none while MIG mode is off)."""
+        mode = self._ops.mig_mode(index)
+        return self._ops.instances(index) if mode is not None and mode[0] else ()
+
     def model(self, index: int) -> GpuModel:
         return self._catalog.for_product(self.gpu(index).product)
 

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mig.demand import demand_covered
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
-from mig.reconciler import MigApplyError, MigReconciler, ReshapeResult
+from mig.reconciler import MigApplyError, MigReconciler, NoHooks, ReshapeResult
+from mig.restore import Restorer
 from topology.errors import GpuweaveError, InvalidInputError
 from topology.validation import first_problem
 
@@ -147,9 +148,22 @@ class MigService:
     def __init__(self, reconciler: MigReconciler, *, hooks: AgentHooks | None = None) -> None:
         self.reconciler = reconciler
         self._hooks = hooks
+        self.restorer = Restorer(reconciler, hooks or NoHooks())
+
+    def begin_restore(self) -> list[int]:
+        """Before the agent serves: withhold every GPU whose journalled layout NVML does not show
+        (crash mid-reshape, reboot); the rest are served at once. Returns the GPUs withheld."""
+        if self._hooks is not None:
+            self._hooks.attach()
+        return self.restorer.withhold()
+
+    def restore_in_background(self) -> None:
+        """After the agent serves: restore the withheld GPUs one by one, releasing each when done."""
+        self.restorer.start()
 
     def start(self) -> list[ReshapeResult]:
-        """Converge journalled GPUs (crash or reboot), then let reshapes reach the agent."""
+        """Converge journalled GPUs (crash or reboot) before returning, then let reshapes reach the
+        agent (tools and tests; the node agent uses ``begin_restore`` and ``restore_in_background``)."""
         try:
             results = self.reconciler.recover()
         finally:
@@ -202,7 +216,7 @@ class MigService:
             gpus[str(index)] = [
                 {"profile": i.profile, "start": i.start, "size": i.size, "busy": i.busy} for i in current
             ]
-        return {"gpus": gpus}
+        return {"gpus": gpus, "restoring": self.restorer.restoring()}
 
     def demand_states(self) -> list[GpuMigState]:
         """The MIG-enabled GPUs as demand planning sees them (busy instances included)."""

@@ -216,10 +216,11 @@ def run(args: argparse.Namespace) -> int:
     mig = build_mig_service(
         agent, backend=backend, state_dir=args.state_dir, inventory=inventory, pod_resources=pod_resources
     )
-    mig.start()  # converge journalled MIG layouts before the first device list is served
+    mig.begin_restore()  # GPUs whose journalled MIG layout NVML does not show: withheld from the first list
     fabric = fabric_gate(agent, backend, interval_s=args.fabric_check_interval)
     fabric.check(inventory)  # GPUs on an untrained NVSwitch fabric are withheld from the first list
     agent.start()
+    mig.restore_in_background()  # the other GPUs serve while those are restored, one by one
     fabric.start(lambda: agent.inventory)
     register_mig_routes(agent, mig)
     layout = start_mig_kube(kube.api, node_name(args), mig, demand=args.mig_demand) if kube else None
