@@ -242,12 +242,8 @@ class NvLinkCalls(SimulatedLibBase):
 
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
         gpu, remote = self._link("nvmlDeviceGetNvLinkState", device, link)
-        down = link in self.node.health.gpu(gpu.index).nvlinks_down or self._peer_lost(remote)
+        down = link in self.node.health.gpu(gpu.index).nvlinks_down
         return self.NVML_FEATURE_ENABLED if remote is not None and not down else self.NVML_FEATURE_DISABLED
-
-    def _peer_lost(self, remote: str | None) -> bool:
-        """A link to a GPU off the bus trains down, as the far end stops answering."""
-        return any(g.pci_bus_id == remote and g.lost for g in self.node.health.gpus)
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> PciInfo:
         _, remote = self._link("nvmlDeviceGetNvLinkRemotePciInfo", device, link)

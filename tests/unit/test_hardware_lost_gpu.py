@@ -60,7 +60,7 @@ def test_discovery_keeps_the_seven_answering_gpus_and_names_the_lost_one_by_bus_
     assert inventory.nvswitch.links_per_gpu == expected.nvswitch.links_per_gpu  # type: ignore[union-attr]
 
 
-def test_direct_nvlinks_to_a_lost_gpu_train_down_and_are_not_taken_for_a_switch() -> None:
+def test_links_to_a_lost_gpu_are_dropped_and_not_taken_for_an_nvswitch() -> None:
     profile = profile_with_lost("dgx1-v100", 0)
     backend = SimulatedBackend(profile)
     try:
