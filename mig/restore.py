@@ -5,9 +5,9 @@ layout NVML already shows (and with no reshape in flight) is known: it is served
 that must be restored is withheld before the agent's first device list (its whole-GPU ID and any
 MIG devices it has now: what the kubelet would see of it is about to change), restored on a
 background thread one GPU at a time, and released as soon as its own restore ends. So a slow
-restore of GPU 3 (a slow driver makes it take tens of seconds) keeps only GPU 3 out of service. A restore that fails (a process holds an instance, NVML errors) is logged and the GPU is
-released as NVML has it, as a failed ``mig apply`` would; the journal keeps the target for the
-next apply.
+restore of GPU 3 (a slow driver makes it take tens of seconds) keeps only GPU 3 out of service.
+A restore that fails (a process holds an instance, NVML errors) is logged and the GPU is released
+as NVML has it, as a failed ``mig apply`` would; the journal keeps the target for the next apply.
 """
 
 from __future__ import annotations
