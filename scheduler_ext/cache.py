@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_ext.host import host_allocatable
 from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.state import NodeState
@@ -52,6 +53,9 @@ class ClusterCache:
         self._by_node: dict[str, set[str]] = {}  # node -> UIDs holding devices there
         self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # UID -> last seen pod object
         self._pod_uids: dict[str, str] = {}  # namespace/name -> UID
+        self._allocatable: dict[str, tuple[int, int]] = {}  # node -> host (CPU milli, memory MiB)
+        self._host_use: dict[str, PodRecord] = {}  # pod UID -> its host requests, bound pods only
+        self._host_by_node: dict[str, set[str]] = {}
         self._node_locks: dict[str, threading.RLock] = {}
         self._meta_lock = threading.Lock()  # guards the lock table and pod bookkeeping only
         self.synced = threading.Event()
@@ -99,10 +103,14 @@ class ClusterCache:
         name = str((obj.get("metadata") or {}).get("name") or "")
         if name:
             self._known_nodes.add(name)
+            allocatable = host_allocatable(obj)
+            if allocatable is not None:
+                self._allocatable[name] = allocatable
             self._rebuild(name)
 
     def delete_node(self, name: str) -> None:
         self._known_nodes.discard(name)
+        self._allocatable.pop(name, None)
         self._rebuild(name)
 
     def upsert_inventory(self, obj: Mapping[str, Any]) -> None:
@@ -143,6 +151,7 @@ class ClusterCache:
             self.remember_pod(obj)  # pending: a bind may name it next
         else:
             self._drop_object(record.uid)  # bound: the API (or the snapshot) holds it, not us
+            self._set_host_use(record.uid, record)
         previous = self._holdings.get(record.uid)
         if not record.devices and (previous is None or previous.assumed):
             return  # an assumed bind stays until the annotation (or the pod's end) arrives
@@ -150,7 +159,23 @@ class ClusterCache:
 
     def delete_pod(self, uid: str) -> None:
         self._drop_object(uid)
+        self._set_host_use(uid, None)
         self._set_holding(uid, None)
+
+    def _set_host_use(self, uid: str, record: PodRecord | None) -> None:
+        """Count a bound pod's CPU and memory on its node (any pod: kube-scheduler binds most)."""
+        previous = self._host_use.get(uid)
+        if previous == record:
+            return
+        with self._meta_lock:
+            if previous is not None:
+                self._host_use.pop(uid, None)
+                self._host_by_node.get(previous.node or "", set()).discard(uid)
+            if record is not None and record.node and (record.cpu_milli or record.memory_mib):
+                self._host_use[uid] = record
+                self._host_by_node.setdefault(record.node, set()).add(uid)
+        for node in {r.node for r in (previous, record) if r is not None and r.node}:
+            self._rebuild(node)
 
     def _drop_object(self, uid: str) -> None:
         with self._meta_lock:
@@ -171,12 +196,14 @@ class ClusterCache:
                     "that other pods hold; kube-scheduler will retry the pod"
                 )
             self._put_holding(record.uid, Holding(record, assumed=True))
+            self._set_host_use(record.uid, record)
             self._rebuild_locked(record.node)
 
     def forget(self, uid: str) -> None:
         """Drop an assumed holding whose bind failed."""
         holding = self._holdings.get(uid)
         if holding is not None and holding.assumed:
+            self._set_host_use(uid, None)
             self._set_holding(uid, None)
 
     def _set_holding(self, uid: str, holding: Holding | None) -> None:
@@ -210,9 +237,18 @@ class ClusterCache:
         if base is None:
             state = self.registry.tokenized(NodeState(name=name, holders=holders))
         else:
-            state = self.registry.tokenized(base.with_holders(holders))
+            state = self.registry.tokenized(base.with_holders(holders).with_host_free(self._host_free(name)))
         self._states[name] = state
         self._tokens[name] = state.token
+
+    def _host_free(self, name: str) -> tuple[int, int] | None:
+        allocatable = self._allocatable.get(name)
+        if allocatable is None:
+            return None
+        users = [self._host_use.get(uid) for uid in list(self._host_by_node.get(name, ()))]
+        cpu = sum(r.cpu_milli for r in users if r is not None)
+        memory = sum(r.memory_mib for r in users if r is not None)
+        return allocatable[0] - cpu, allocatable[1] - memory
 
 
 def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:

@@ -17,12 +17,13 @@ from collections.abc import Mapping, Sequence
 from itertools import compress
 from operator import not_
 
+from scheduler_ext.host import NO_HOST, HostRequest
 from scheduler_ext.layout import NodeLayout
 from scheduler_ext.planners import Planner
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.requests import PodRequest
 from scheduler_ext.selector import SelectorCache, SelectorError
-from scheduler_ext.shares import ModelFor, fragment_models
+from scheduler_ext.shares import UNLIMITED, ModelFor, fragment_models, host_only_quality
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import MAX_SCORE, PASS_THROUGH, PlanStep, Verdict, fail, unresolvable
 from scheduler_ext.workload import WorkloadLearner
@@ -53,9 +54,11 @@ class DecisionCore:
         self._mix_version = self.workload.mix.version
         self._models: ModelFor = fragment_models(self.workload.mix.workload)
 
-    def decide(self, request: PodRequest, node: NodeState | None, *, name: str = "") -> Verdict:
+    def decide(
+        self, request: PodRequest, node: NodeState | None, *, name: str = "", host: HostRequest = NO_HOST
+    ) -> Verdict:
         name = name or (node.name if node is not None else "")
-        return self.decide_many(request, [name], {name: node} if node is not None else {})[0]
+        return self.decide_many(request, [name], {name: node} if node is not None else {}, host=host)[0]
 
     def decide_many(
         self,
@@ -63,8 +66,13 @@ class DecisionCore:
         names: Sequence[str],
         states: Mapping[str, NodeState],
         tokens: Mapping[str, int] | None = None,
+        *,
+        host: HostRequest = NO_HOST,
     ) -> list[Verdict]:
         """One verdict per name; a name missing from ``states`` is a node the cache does not know.
+
+        ``host`` is the pod's (CPU milli, memory MiB) request: the scorer weighs what a node's
+        host resources leave usable, so decisions are memoized per (request, host request).
 
         The hot path of filter and prioritize. With ``tokens`` (name -> state token, kept by the
         cache) the memo hits are two ``map`` passes in C; only misses run Python code.
@@ -75,10 +83,11 @@ class DecisionCore:
             return [NOTHING_ASKED] * len(names)
         if self.workload.mix.version != self._mix_version:
             self._follow_mix()
-        memo = self._memo.get(request.signature)
+        key = (request.signature, host)
+        memo = self._memo.get(key)
         if memo is None:
             with self._lock:
-                memo = self._memo.setdefault(request.signature, {})
+                memo = self._memo.setdefault(key, {})
         if tokens is None:
             tokens = {n: self._token(s) for n, s in states.items()}
         verdicts: list[Verdict | None] = list(map(memo.get, map(tokens.get, names)))  # type: ignore[arg-type]
@@ -86,20 +95,56 @@ class DecisionCore:
         # would call the dataclass ``__eq__`` per element, a Python loop would cost a step per node).
         if not all(verdicts):
             for index in compress(range(len(names)), map(not_, verdicts)):
-                verdicts[index] = self._miss(request, names[index], states.get(names[index]), memo)
+                verdicts[index] = self._miss(request, names[index], states.get(names[index]), memo, host)
         return verdicts  # type: ignore[return-value]
 
     def _miss(
-        self, request: PodRequest, name: str, node: NodeState | None, memo: dict[int, Verdict]
+        self,
+        request: PodRequest,
+        name: str,
+        node: NodeState | None,
+        memo: dict[int, Verdict],
+        host: HostRequest,
     ) -> Verdict:
         if node is None:
             return fail(f"node {name} is not (yet) in the gpuweave extender's cache")
         token = self._token(node)
         verdict = memo.get(token)  # an identical node earlier in this same call may have filled it
         if verdict is None:
-            verdict = self._decide_uncached(request, node)
+            verdict = self._decide_uncached(request, node, host)
             self._remember(memo, token, verdict)
         return verdict
+
+    def decide_host_only(
+        self, names: Sequence[str], states: Mapping[str, NodeState], *, host: HostRequest
+    ) -> list[Verdict]:
+        """Verdicts for a pod that asks for no device (kube-scheduler filters it alone): every
+        node fits; quality is what its CPU and memory cost the node's idle GPUs (``shares``)."""
+        if self.workload.mix.version != self._mix_version:
+            self._follow_mix()
+        memo = self._memo.get(("host-only", host))
+        if memo is None:
+            with self._lock:
+                memo = self._memo.setdefault(("host-only", host), {})
+        verdicts = []
+        for name in names:
+            node = states.get(name)
+            if node is None:
+                verdicts.append(Verdict(fits=True, quality=0.0))
+                continue
+            token = self._token(node)
+            verdict = memo.get(token)
+            if verdict is None:
+                verdict = self._host_only(node, host)
+                self._remember(memo, token, verdict)
+            verdicts.append(verdict)
+        return verdicts
+
+    def _host_only(self, node: NodeState, host: HostRequest) -> Verdict:
+        before = node.host_free or (UNLIMITED, UNLIMITED)
+        hosts = (before, (before[0] - host[0], before[1] - host[1]))
+        quality = host_only_quality(node.layout, node.free, model_for=self._models, hosts=hosts)
+        return Verdict(fits=True, score=round(quality * MAX_SCORE), quality=quality)
 
     def _follow_mix(self) -> None:
         """The learned mix changed: score against it from now on (memoized verdicts are stale)."""
@@ -123,7 +168,7 @@ class DecisionCore:
             memo[token] = verdict
             self._size += 1
 
-    def _decide_uncached(self, request: PodRequest, node: NodeState) -> Verdict:
+    def _decide_uncached(self, request: PodRequest, node: NodeState, host: HostRequest) -> Verdict:
         if node.layout is None:
             return unresolvable(
                 f"node {node.name} publishes no GpuNodeInventory; run the gpuweave node agent there "
@@ -145,6 +190,8 @@ class DecisionCore:
             eligible=eligible,
             search=self.registry.search(node.layout_id),
             share_models=self._models,
+            host=host,
+            host_free=node.host_free,
         )
         steps: list[PlanStep] = []
         for stage in (planner.plan_gpus, planner.plan_migs, planner.plan_shares, planner.plan_nics):

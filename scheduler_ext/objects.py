@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_ext.host import host_requests
 from scheduler_ext.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT
@@ -44,6 +45,8 @@ class PodRecord:
     devices: frozenset[str]
     priority: int
     terminated: bool
+    cpu_milli: int = 0  # host requests, as NodeResourcesFit counts them (``host``)
+    memory_mib: int = 0
 
     @property
     def key(self) -> str:
@@ -115,6 +118,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         except InvalidInputError as exc:
             LOG.warning("pod %s/%s: %s", metadata.get("namespace"), metadata.get("name"), exc)
     priority = spec.get("priority")
+    cpu, memory = host_requests(obj)
     return PodRecord(
         uid=str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}"),
         namespace=str(metadata.get("namespace") or "default"),
@@ -123,4 +127,6 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         devices=devices,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         terminated=str(status.get("phase") or "") in TERMINAL_PHASES,  # terminating pods still hold
+        cpu_milli=cpu,
+        memory_mib=memory,
     )

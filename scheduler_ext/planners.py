@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from scheduler_ext.host import NO_HOST, HostRequest
 from scheduler_ext.layout import NodeLayout, ShareMode
 from scheduler_ext.nics import plan_nic_containers
 from scheduler_ext.requests import ContainerRequest, Placement, PodRequest
@@ -34,6 +35,8 @@ class Planner:
     eligible: frozenset[int]
     search: LayoutSearch
     share_models: ModelFor | None = None
+    host: HostRequest = NO_HOST  # the pod's CPU and memory request
+    host_free: HostRequest | None = None  # the node's CPU and memory left; None: not known
     _gpus_chosen: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     # ---- whole GPUs -------------------------------------------------------------------------
@@ -204,6 +207,8 @@ class Planner:
             free=self.free,
             eligible=self.eligible,
             models=self.share_models,
+            host=self.host,
+            host_free=self.host_free,
         )
 
     def plan_nics(self) -> PlanStep | Verdict:

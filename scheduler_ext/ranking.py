@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from scheduler_ext.verdict import MAX_SCORE, Verdict
 
-SAME = 1e-9  # qualities closer than this are the same (float noise of equal computations)
+SAME = 1e-12  # qualities closer than this are the same (float noise of equal computations)
 
 
 def ranked_scores(verdicts: Sequence[Verdict]) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
+from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores
@@ -92,7 +93,7 @@ class ExtenderService:
             self._observe("filter", 0, dict.fromkeys(names, str(exc)))
             return self._filter_result(args, [], {}, {n: str(exc) for n in names})
         self._learn(request, pod)
-        verdicts = self._verdicts(request, names)
+        verdicts = self._verdicts(request, names, host_requests(pod))
         fits = list(map(_FITS, verdicts))
         passed = list(compress(names, fits))
         failed: dict[str, str] = {}
@@ -121,12 +122,20 @@ class ExtenderService:
         """Hosts and their scores 0..10, as two lists (the hot path builds no object per node)."""
         names = self._names(args)
         if not pod_is_ours(pod):
-            return names, [0] * len(names)
+            return names, self._host_only_scores(pod, names)
         try:
             request = pod_request(pod)
         except BadPodRequestError:
             return names, [0] * len(names)
-        return names, ranked_scores(self._verdicts(request, names))
+        return names, ranked_scores(self._verdicts(request, names, host_requests(pod)))
+
+    def _host_only_scores(self, pod: Mapping[str, Any], names: list[str]) -> list[int]:
+        """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and
+        memory away from GPUs they would strand. No host request: no opinion (all 0)."""
+        host = host_requests(pod)
+        if host == NO_HOST:
+            return [0] * len(names)
+        return ranked_scores(self.core.decide_host_only(names, self.cache.states(), host=host))
 
     def _learn(self, request: PodRequest, pod: Mapping[str, Any]) -> None:
         """Count the pod's shape in the workload the scorer places against (once per pod)."""
@@ -140,8 +149,8 @@ class ExtenderService:
             return list(args.NodeNames)
         return [n.metadata.name for n in (args.Nodes.items or [] if args.Nodes else [])]
 
-    def _verdicts(self, request: PodRequest, names: list[str]) -> list[Verdict]:
-        return self.core.decide_many(request, names, self.cache.states(), self.cache.tokens())
+    def _verdicts(self, request: PodRequest, names: list[str], host: HostRequest) -> list[Verdict]:
+        return self.core.decide_many(request, names, self.cache.states(), self.cache.tokens(), host=host)
 
     def _observe(self, verb: str, passed: int, *rejected: Mapping[str, str]) -> None:
         if self.observer is not None:
@@ -171,7 +180,7 @@ class ExtenderService:
                 f"pod {key} already holds devices on node {held.record.node}; not binding it to {args.Node}"
             )
         try:
-            record = self._assume(request, args.Node)
+            record = self._assume(request, args.Node, host_requests(pod))
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
         try:
@@ -181,10 +190,12 @@ class ExtenderService:
             return str(exc)
         return ""
 
-    def _assume(self, request: PodRequest, node_name: str) -> tuple[PodRecord, PodAssignment]:
+    def _assume(
+        self, request: PodRequest, node_name: str, host: HostRequest
+    ) -> tuple[PodRecord, PodAssignment]:
         with self.cache.node_lock(node_name):
             node = self.cache.node(node_name)
-            verdict = self.core.decide(request, node, name=node_name)
+            verdict = self.core.decide(request, node, name=node_name, host=host)
             if not verdict.fits or node is None:
                 raise BindError(f"pod {request.key} no longer fits node {node_name}: {verdict.reason}")
             assignment = materialize(verdict.plan, node)
@@ -196,6 +207,8 @@ class ExtenderService:
                 devices=frozenset(assignment.all_device_ids()),
                 priority=request.priority,
                 terminated=False,
+                cpu_milli=host[0],
+                memory_mib=host[1],
             )
             self.cache.assume(record)  # re-checks for double booking (re-entrant node lock)
         return record, assignment

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from scheduler_ext.host import NO_HOST, HostRequest
 from scheduler_ext.layout import COMPUTE_UNITS_PER_GPU, NodeLayout, ShareMode
 from scheduler_ext.requests import ContainerRequest, PodRequest
 from scheduler_ext.state import FreeState, ShareUse, share_capacity
@@ -25,7 +26,7 @@ from topology.fragmentation import MILLI_PER_GPU, FragmentModel, TargetWorkload,
 # Fragment increases closer than this (milli-GPU) are ties: the measure's noise is not signal.
 # Chosen on seeds 42..51 of the default trace for the simulator policy this scorer replaced.
 TOLERANCE_MILLI = 40.0
-UNLIMITED_CPU = 1 << 40  # the extender does not track host CPU; CPU never limits a shape here
+UNLIMITED = 1 << 40  # host CPU or memory of a node that publishes no allocatable: never limits
 ModelFor = Callable[[str], FragmentModel]
 
 # Expected mix of share requests (milli-GPU) for callers that give no workload.
@@ -36,14 +37,20 @@ DEFAULT_SHARE_WORKLOAD = TargetWorkload(
 
 
 def fragment_models(workload: TargetWorkload) -> ModelFor:
-    """A memo of the workload's fragment model per GPU product (type constraints are per product)."""
-    blind = TargetWorkload(workload.shapes, workload.probabilities)  # host memory is not tracked here
+    """A memo of the workload's fragment model per GPU product (type constraints are per product).
+
+    Memory-aware: a shape fits a node only with its typical host memory free as well (FGD's
+    measure ignores memory; GPUs stranded by spent host memory are fragment all the same).
+    """
+    aware = TargetWorkload(
+        workload.shapes, workload.probabilities, workload.memory_mib or (0,) * len(workload.shapes)
+    )
     models: dict[str, FragmentModel] = {}
 
     def model_for(product: str) -> FragmentModel:
         model = models.get(product)
         if model is None:
-            model = models[product] = FragmentModel(blind, models=(product,), max_gpus=64)
+            model = models[product] = FragmentModel(aware, models=(product,), max_gpus=64)
         return model
 
     return model_for
@@ -56,12 +63,16 @@ def plan_share_containers(
     free: FreeState,
     eligible: frozenset[int],
     models: ModelFor | None = None,
+    host: HostRequest = NO_HOST,
+    host_free: HostRequest | None = None,
 ) -> PlanStep | Verdict:
     wanting = [c for c in request.containers if c.wants_share]
     if not wanting:
         return PlanStep()
     use = dict(free.share_use)
     model_for = models or fragment_models(DEFAULT_SHARE_WORKLOAD)
+    before = host_free or (UNLIMITED, UNLIMITED)
+    hosts = (before, (before[0] - host[0], before[1] - host[1]))  # the node's host left, then after
     plans: dict[str, ContainerPlan] = {}
     qualities: list[float] = []
     fractional = False
@@ -82,7 +93,7 @@ def plan_share_containers(
                 (use[chosen].replicas + container.shared) / share_capacity(layout, chosen).replicas
             )
         else:
-            chosen = _fgd_choice(container, roomy, use, layout=layout, model_for=model_for)
+            chosen = _fgd_choice(container, roomy, use, layout=layout, model_for=model_for, host=hosts[1])
             fractional = True
         use[chosen] = ShareUse(
             use[chosen].compute + container.compute,
@@ -97,7 +108,7 @@ def plan_share_containers(
             replicas=container.shared,
         )
     if fractional:
-        qualities.append(_fgd_quality(layout, free, use, model_for=model_for))
+        qualities.append(_fgd_quality(layout, free, use, model_for=model_for, hosts=hosts))
     return PlanStep(plans=plans, quality=sum(qualities) / len(qualities))
 
 
@@ -145,12 +156,11 @@ def _product(layout: NodeLayout) -> str:
     return layout.gpus[0].attributes.product_name if layout.gpus else ""
 
 
-def _fragments(model: FragmentModel, rows: list[list[int]]) -> np.ndarray:
+def _fragments(model: FragmentModel, rows: list[list[int]], hosts: list[HostRequest]) -> np.ndarray:
+    """F per node state: GPU frees in ``rows``, host (CPU, memory) left in ``hosts``."""
     gpu_free = np.asarray(rows, dtype=np.int64).reshape(len(rows), -1)
-    count = len(rows)
-    return model.fragment(
-        np.full(count, UNLIMITED_CPU, dtype=np.int64), gpu_free, np.zeros(count, dtype=np.int64)
-    )
+    host = np.asarray(hosts, dtype=np.int64).reshape(len(rows), 2)
+    return model.fragment(host[:, 0], gpu_free, np.zeros(len(rows), dtype=np.int64), host[:, 1])
 
 
 def _fgd_choice(
@@ -160,6 +170,7 @@ def _fgd_choice(
     *,
     layout: NodeLayout,
     model_for: ModelFor,
+    host: HostRequest,
 ) -> int:
     """The GPU where the node's fragment grows least; ties: tightest fit, then lowest index."""
     frees = _frees(layout, use)
@@ -169,7 +180,7 @@ def _fgd_choice(
         after = dict(frees)
         after[index] -= _milli(container.compute)
         rows.append([after[i] for i in order])
-    fragments = _fragments(model_for(_product(layout)), rows)
+    fragments = _fragments(model_for(_product(layout)), rows, [host] * len(rows))
     best = min(
         range(len(roomy)),
         key=lambda k: (round(float(fragments[k]), 6), frees[roomy[k]], roomy[k]),
@@ -178,14 +189,44 @@ def _fgd_choice(
 
 
 def _fgd_quality(
-    layout: NodeLayout, free: FreeState, use: dict[int, ShareUse], *, model_for: ModelFor
+    layout: NodeLayout,
+    free: FreeState,
+    use: dict[int, ShareUse],
+    *,
+    model_for: ModelFor,
+    hosts: tuple[HostRequest, HostRequest],
+) -> float:
+    """The quality of a share placement: the node's fragment before and after it."""
+    before = _frees(layout, dict(free.share_use))
+    return _quality(model_for(_product(layout)), before, _frees(layout, use), hosts)
+
+
+def host_only_quality(
+    layout: NodeLayout | None, free: FreeState, *, model_for: ModelFor, hosts: tuple[HostRequest, HostRequest]
+) -> float:
+    """The quality of placing a pod that asks for no device: what its CPU and memory take from
+    the tasks the node's idle GPUs (shares and whole) could still serve. A node without GPUs
+    loses nothing, so it ranks best: CPU pods stay off GPU nodes when they can."""
+    if layout is None or not layout.gpus:
+        return _quality(None, {}, {}, hosts)
+    frees = _frees(layout, dict(free.share_use)) | dict.fromkeys(free.free_gpus, MILLI_PER_GPU)
+    return _quality(model_for(_product(layout)), frees, frees, hosts)
+
+
+def _quality(
+    model: FragmentModel | None,
+    before: dict[int, int],
+    after: dict[int, int],
+    hosts: tuple[HostRequest, HostRequest],
 ) -> float:
     """0..1, higher for a smaller fragment increase (FGD's sigmoid), then for less idle GPU left
     (packing among equals: a tiny term, below the gap between two fragment levels)."""
-    before = _frees(layout, dict(free.share_use))
-    after = _frees(layout, use)
-    order = sorted(before)
-    values = _fragments(model_for(_product(layout)), [[before[i] for i in order], [after[i] for i in order]])
-    level = round(float(values[1] - values[0]) / TOLERANCE_MILLI) * TOLERANCE_MILLI
+    delta = 0.0
+    if model is not None and before:
+        order = sorted(before)
+        rows = [[before[i] for i in order], [after[i] for i in order]]
+        values = _fragments(model, rows, list(hosts))
+        delta = float(values[1] - values[0])
+    level = round(delta / TOLERANCE_MILLI) * TOLERANCE_MILLI
     idle = sum(after.values()) / (MILLI_PER_GPU * 64)  # below 1: never outweighs one level step
-    return 1.0 / (1.0 + math.exp(level / MILLI_PER_GPU)) - 1e-6 * idle
+    return 1.0 / (1.0 + math.exp(level / MILLI_PER_GPU)) - 1e-7 * idle

@@ -67,13 +67,17 @@ class NodeState:
     unhealthy: frozenset[str] = frozenset()
     holders: Mapping[str, str] = field(default_factory=dict)  # device ID -> pod UID
     token: int = -1  # interned (layout, free state); equal tokens decide alike
+    host_free: tuple[int, int] | None = None  # (CPU milli, memory MiB) left; None: not known
 
     @property
     def memo_key(self) -> tuple[object, ...]:
-        return (self.layout_id, self.free.key)
+        return (self.layout_id, self.free.key, self.host_free)
 
     def with_holders(self, holders: Mapping[str, str]) -> NodeState:
         return replace(self, holders=holders, token=-1)
+
+    def with_host_free(self, host_free: tuple[int, int] | None) -> NodeState:
+        return replace(self, host_free=host_free, token=-1)
 
     @cached_property
     def free(self) -> FreeState:

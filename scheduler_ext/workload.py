@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scheduler_ext.host import host_requests
 from scheduler_ext.layout import COMPUTE_UNITS_PER_GPU, DEFAULT_REPLICAS
 from scheduler_ext.requests import PodRequest
 from topology.errors import InvalidInputError
@@ -45,15 +46,6 @@ COLD_START_PRIOR = TargetWorkload(
     ),
     probabilities=(0.5, 0.2, 0.2, 0.05, 0.05),
 )
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m)?$")
-_SCALE = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18} | {
-    "Ki": 2.0**10,
-    "Mi": 2.0**20,
-    "Gi": 2.0**30,
-    "Ti": 2.0**40,
-    "Pi": 2.0**50,
-    "Ei": 2.0**60,
-}
 _PRODUCT = re.compile(r'productName\s*(?:==\s*"([^"]+)"|in\s*\[([^\]]*)\])')
 
 
@@ -150,7 +142,7 @@ def pod_shape(request: PodRequest, pod: Mapping[str, Any]) -> tuple[TaskShape, i
     if any(c.mig for c in app):
         return None
     types = _gpu_types(request.selector)
-    cpu, memory = _host_requests(pod)
+    cpu, memory = host_requests(pod)
     whole = sum(c.gpus for c in app)
     sharing = [c for c in app if c.wants_share]
     if whole:
@@ -175,26 +167,6 @@ def _gpu_types(selector: str | None) -> str:
     if match.group(1):
         return match.group(1)
     return "|".join(sorted(part.strip().strip("\"'") for part in match.group(2).split(",") if part.strip()))
-
-
-def _host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """The pod's app containers' CPU (milli) and memory (MiB) requests; unparsable values count 0."""
-    cpu = memory = 0.0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
-        values = dict(resources.get("limits") or {}) | dict(resources.get("requests") or {})
-        cpu += _amount(values.get("cpu")) * 1000
-        memory += _amount(values.get("memory")) / 2**20
-    return int(cpu), int(memory)
-
-
-def _amount(value: object) -> float:
-    """A Kubernetes quantity in base units (cores, bytes); 0 when absent or unreadable."""
-    match = _QUANTITY.match(str(value).strip()) if value is not None else None
-    if match is None:
-        return 0.0
-    number, suffix = float(match.group(1)), match.group(2) or ""
-    return number * _SCALE.get(suffix, 1.0)
 
 
 class WorkloadLearner:

@@ -88,11 +88,18 @@ def test_filter_passes_fitting_nodes_and_marks_hopeless_ones_unresolvable(client
     assert result["Error"] == ""
 
 
-def test_pass_through_pod_gets_every_node_and_neutral_scores(client: Client) -> None:
+def test_pass_through_pod_gets_every_node_and_is_steered_off_idle_gpus(client: Client) -> None:
+    """A pod asking for no device passes every node; if a profile sends it to prioritize, the node
+    without GPUs ranks best (its CPU strands no GPU there) and a pod asking nothing gets no opinion."""
     pod = pod_object("web", limits={"cpu": "2"})
     status, result = client.post("filter", _args(pod))
     assert status == 200 and result["NodeNames"] == NODES and not result["FailedNodes"]
     status, scores = client.post("prioritize", _args(pod))
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert status == 200 and by_host["cpu-only"] == 10 and max(by_host.values()) == 10
+    empty = pod_object("sleeper")
+    empty["spec"]["containers"][0]["resources"] = {}
+    status, scores = client.post("prioritize", _args(empty))
     assert status == 200 and {s["Score"] for s in scores} == {0}
 
 
