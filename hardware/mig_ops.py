@@ -8,6 +8,11 @@ are passed as ctypes objects exactly as pynvml expects them.
 GPU instances are listed per profile ID and described by placement; GI ids are only used to find
 an instance again, because the driver reuses them. Profile IDs are read from NVML per GPU (index ->
 ``info.id``), never assumed.
+
+A MIG device's identity (its ``MIG-`` UUID) comes from NVML's MIG-device handles
+(``nvmlDeviceGetMigDeviceHandleByIndex``), matched to a compute instance by its GPU-instance and
+compute-instance IDs. The ``device`` field of ``nvmlComputeInstanceGetInfo`` is the *parent* GPU
+(nvml.h: "Parent device"); reading a UUID through it would name the whole GPU for every instance.
 """
 
 from __future__ import annotations
@@ -157,16 +162,30 @@ class MigOps:
         mode = self.mig_mode(index)
         if mode is None or not mode[0]:
             return busy
-        for position in range(int(self._nvml("nvmlDeviceGetMaxMigDeviceCount", handle))):
-            try:
-                mig = self._nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, position)
-            except MigNvmlError as exc:
-                if exc.code == NVML_ERROR_NOT_FOUND:
-                    continue
-                raise
+        for mig in self._mig_device_handles(handle):
             if self._nvml("nvmlDeviceGetComputeRunningProcesses", mig):
                 busy.add(self._text(self._nvml("nvmlDeviceGetUUID", mig)))
         return busy
+
+    def _mig_device_handles(self, handle: Any) -> list[Any]:
+        """The GPU's MIG-device handles; empty slots (NOT_FOUND) are skipped."""
+        found: list[Any] = []
+        for position in range(int(self._nvml("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                found.append(self._nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, position))
+            except MigNvmlError as exc:
+                if exc.code != NVML_ERROR_NOT_FOUND:
+                    raise
+        return found
+
+    def mig_uuids(self, index: int) -> dict[tuple[int, int], str]:
+        """(GI id, CI id) -> MIG UUID of every MIG device on the GPU, from its MIG-device handles."""
+        uuids: dict[tuple[int, int], str] = {}
+        for mig in self._mig_device_handles(self.handle(index)):
+            gi_id = int(self._nvml("nvmlDeviceGetGpuInstanceId", mig))
+            ci_id = int(self._nvml("nvmlDeviceGetComputeInstanceId", mig))
+            uuids[(gi_id, ci_id)] = self._text(self._nvml("nvmlDeviceGetUUID", mig))
+        return uuids
 
     @staticmethod
     def _text(value: Any) -> str:
@@ -198,6 +217,7 @@ class MigOps:
     def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
         """Every GPU instance with its compute instances, including ones left without any."""
         handle = self.handle(index)
+        uuids = self.mig_uuids(index) if self._profiles(index) else {}
         records: list[GpuInstanceRecord] = []
         for profile_index, (profile_id, capacity) in self._profiles(index).items():
             array = (self._lib.c_nvmlGpuInstance_t * capacity)()
@@ -212,7 +232,9 @@ class MigOps:
                         profile_id=profile_id,
                         start=int(gi_info.placement.start),
                         size=int(gi_info.placement.size),
-                        computes=self._computes(gi, profile_id),
+                        computes=self._computes(
+                            gi, index=index, gi_id=int(gi_info.id), gi_profile_id=profile_id, uuids=uuids
+                        ),
                     )
                 )
         return tuple(sorted(records, key=lambda r: r.start))
@@ -252,23 +274,36 @@ class MigOps:
             COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
         )
 
-    def _mig_uuid(self, ci: Any) -> str:
-        return self._text(
-            self._nvml("nvmlDeviceGetUUID", self._nvml("nvmlComputeInstanceGetInfo", ci).device)
-        )
+    def _created_uuid(self, index: int, *, gi: Any, ci: Any) -> str:
+        """The MIG UUID of a compute instance just created (its MIG device, found by GI/CI id)."""
+        gi_id = int(self._nvml("nvmlGpuInstanceGetInfo", gi).id)
+        ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
+        return self._uuid_of(self.mig_uuids(index), index=index, gi_id=gi_id, ci_id=ci_id)
 
-    def _computes(self, gi: Any, gi_profile_id: int) -> tuple[ComputeRecord, ...]:
-        found = [
-            ComputeRecord(int(self._nvml("nvmlComputeInstanceGetInfo", ci).id), self._mig_uuid(ci))
-            for ci in self._compute_handles(gi, gi_profile_id)
-        ]
+    @staticmethod
+    def _uuid_of(uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
+        uuid = uuids.get((gi_id, ci_id))
+        if uuid is None:
+            raise MigNvmlError(
+                f"GPU {index}: compute instance {ci_id} of GPU instance {gi_id} has no MIG device among "
+                f"the {len(uuids)} NVML lists (nvmlDeviceGetMigDeviceHandleByIndex); check nvidia-smi -L"
+            )
+        return uuid
+
+    def _computes(
+        self, gi: Any, *, index: int, gi_id: int, gi_profile_id: int, uuids: dict[tuple[int, int], str]
+    ) -> tuple[ComputeRecord, ...]:
+        found: list[ComputeRecord] = []
+        for ci in self._compute_handles(gi, gi_profile_id):
+            ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
+            found.append(ComputeRecord(ci_id, self._uuid_of(uuids, index=index, gi_id=gi_id, ci_id=ci_id)))
         return tuple(sorted(found, key=lambda c: c.ci_id))
 
     def create(self, index: int, *, profile_id: int, start: int, size: int, ci_profile_index: int) -> str:
         """Create a GPU instance at ``start`` and one compute instance in it; returns the MIG UUID."""
         gi = self._create_gpu_instance(index, profile_id=profile_id, start=start, size=size)
         ci = self._nvml("nvmlGpuInstanceCreateComputeInstance", gi, self._ci_profile(gi, ci_profile_index).id)
-        return self._mig_uuid(ci)
+        return self._created_uuid(index, gi=gi, ci=ci)
 
     def create_gpu_instance_only(self, index: int, *, profile_id: int, start: int, size: int) -> int:
         """Create just the GPU instance (the first half of ``create``); returns its GI id."""
@@ -290,7 +325,7 @@ class MigOps:
         """Add the compute instance a GPU instance lacks (after a crash between the two creates)."""
         gi = self._nvml("nvmlDeviceGetGpuInstanceById", self.handle(index), gi_id)
         ci = self._nvml("nvmlGpuInstanceCreateComputeInstance", gi, self._ci_profile(gi, ci_profile_index).id)
-        return self._mig_uuid(ci)
+        return self._created_uuid(index, gi=gi, ci=ci)
 
     def destroy(self, index: int, *, gi_id: int) -> None:
         """Destroy a GPU instance and its compute instances; already gone is fine."""

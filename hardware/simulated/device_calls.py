@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hardware.simulated.health_calls import SimNvmlCallError
-from hardware.simulated.mig_state import SimComputeInstance, SimGpuInstance, SimNvmlError
+from hardware.simulated.mig_state import SimComputeInstance, SimGpuInstance
 from hardware.simulated.node import SimulatedNode
 from hardware.simulated.structs import (
     DeviceAttributes,
@@ -76,11 +76,10 @@ class SimulatedLibBase(NvmlConstants):
         """A GPU handle, or a MIG-device handle with its parent GPU."""
         if self.node.index_of(handle) is not None:
             return self._gpu(call, handle), None
-        try:
-            index, _, gi, ci = self.node.mig.lookup(handle)
-        except SimNvmlError:
+        if self.node.mig.kind(handle) != "mig_device":  # a GI or CI handle is no device, as in NVML
             self._enter(call)
-            raise NVMLError(self.NVML_ERROR_INVALID_ARGUMENT) from None
+            raise NVMLError(self.NVML_ERROR_INVALID_ARGUMENT)
+        index, _, gi, ci = self.node.mig.lookup(handle)
         self._enter(call, index)
         return self.node.inventory.gpu(index), (index, gi, ci)
 
@@ -137,7 +136,7 @@ class DeviceCalls(SimulatedLibBase):
             for _, ci in mig_gpu.mig_devices():
                 if ci.mig_uuid == wanted:
                     self._enter("nvmlDeviceGetHandleByUUID", index)
-                    return ci.handle
+                    return ci.device_handle
         self._enter("nvmlDeviceGetHandleByUUID")
         raise NVMLError(self.NVML_ERROR_NOT_FOUND)
 

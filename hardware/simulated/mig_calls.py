@@ -5,7 +5,11 @@ Same names, arguments and results as ``pynvml``: ``nvmlDeviceGetMigMode`` return
 ``[current, pending]``, ``nvmlDeviceSetMigMode`` returns the activation status, array calls fill a
 caller-allocated ctypes array and a ``byref`` count, errors raise the library's ``NVMLError(code)``.
 GPU-instance, compute-instance and MIG-device handles are opaque integers (``c_void_p`` values),
-so ctypes arrays of handles work exactly as with the real library.
+so ctypes arrays of handles work exactly as with the real library. They are three kinds, as in
+NVML: each call accepts only its own kind and answers INVALID_ARGUMENT to another, and the
+``device`` field of ``nvmlGpuInstanceGetInfo`` / ``nvmlComputeInstanceGetInfo`` is the parent
+GPU's handle (nvml.h: "Parent device"), never a MIG device: a MIG device is found only through
+``nvmlDeviceGetMigDeviceHandleByIndex`` (or by UUID).
 
 The host library provides ``NVMLError`` and ``nvmlDeviceGetIndex(handle)`` (the GPU's index) and
 sets ``mig_node`` to a ``SimMigNode``; GPUs without MIG state answer NOT_SUPPORTED, as non-MIG
@@ -18,7 +22,7 @@ import ctypes
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from hardware.simulated.mig_state import (
     NVML_ERROR_INVALID_ARGUMENT,
@@ -34,6 +38,7 @@ from topology.inventory import NodeInventory
 from topology.mig_catalog import MigCatalog, default_catalog
 
 T = TypeVar("T")
+HandleKind = Literal["gpu_instance", "compute_instance", "mig_device"]
 
 
 class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
@@ -138,11 +143,19 @@ class SimMigNode:
         raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, f"unknown MIG handle {value!r}")
 
     def is_mig_handle(self, handle: object) -> bool:
+        """Whether the handle names a GPU instance, compute instance or MIG device of this node."""
+        return self.kind(handle) is not None
+
+    def kind(self, handle: object) -> HandleKind | None:
+        """Which MIG object a handle names; None when it names none."""
         try:
-            self.lookup(handle)
+            _, _, _, ci = self.lookup(handle)
         except SimNvmlError:
-            return False
-        return True
+            return None
+        value = handle.value if isinstance(handle, ctypes.c_void_p) else handle
+        if ci is None:
+            return "gpu_instance"
+        return "mig_device" if value == ci.device_handle else "compute_instance"
 
 
 def _fill(array: Any, count_ref: Any, values: Iterable[int]) -> None:
@@ -194,10 +207,23 @@ class MigCallsMixin:
             raise SimNvmlError(NVML_ERROR_NOT_SUPPORTED, "GPU is not MIG capable")
         return gpu
 
-    def _mig_lookup(self, handle: Any) -> tuple[int, SimMigGpu, SimGpuInstance, SimComputeInstance | None]:
-        if self.mig_node is None:
-            raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, "no MIG handles")
+    def _mig_lookup(
+        self, handle: Any, kind: HandleKind = "gpu_instance"
+    ) -> tuple[int, SimMigGpu, SimGpuInstance, SimComputeInstance | None]:
+        """Resolve a handle of ``kind``; any other handle is INVALID_ARGUMENT, as in NVML."""
+        if self.mig_node is None or self.mig_node.kind(handle) != kind:
+            raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, f"not a {kind.replace('_', ' ')} handle")
         return self.mig_node.lookup(handle)
+
+    def _compute_instance(self, handle: Any) -> tuple[int, SimMigGpu, SimGpuInstance, SimComputeInstance]:
+        index, gpu, gi, ci = self._mig_lookup(handle, "compute_instance")
+        assert ci is not None  # a compute-instance handle always resolves to its instance
+        return index, gpu, gi, ci
+
+    def _mig_device(self, handle: Any) -> tuple[int, SimGpuInstance, SimComputeInstance]:
+        index, _, gi, ci = self._mig_lookup(handle, "mig_device")
+        assert ci is not None  # a MIG-device handle always resolves to its compute instance
+        return index, gi, ci
 
     # -- mode ----------------------------------------------------------------------------------
 
@@ -270,7 +296,7 @@ class MigCallsMixin:
         def info() -> _GpuInstanceInfo:
             index, _, gi, _ = self._mig_lookup(gpuInstance)
             placement = c_nvmlGpuInstancePlacement_t(gi.start, gi.profile.memory_slices)
-            return _GpuInstanceInfo(index, gi.id, gi.profile.profile_id, placement)
+            return _GpuInstanceInfo(self._mig_parent_handle(index), gi.id, gi.profile.profile_id, placement)
 
         return self._mig_call(info)
 
@@ -319,11 +345,10 @@ class MigCallsMixin:
 
     def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> _ComputeInstanceInfo:
         def info() -> _ComputeInstanceInfo:
-            _, _, gi, ci = self._mig_lookup(computeInstance)
-            if ci is None:
-                raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, "not a compute instance handle")
+            index, _, gi, ci = self._compute_instance(computeInstance)
             placement = c_nvmlGpuInstancePlacement_t(0, ci.slices)
-            return _ComputeInstanceInfo(ci.handle, gi.handle, ci.id, ci.slices, placement)
+            parent = self._mig_parent_handle(index)  # nvml.h: "Parent device", not the MIG device
+            return _ComputeInstanceInfo(parent, gi.handle, ci.id, ci.slices, placement)
 
         return self._mig_call(info)
 
@@ -331,9 +356,7 @@ class MigCallsMixin:
 
     def nvmlComputeInstanceDestroy(self, computeInstance: Any) -> int:
         def destroy() -> int:
-            _, gpu, gi, ci = self._mig_lookup(computeInstance)
-            if ci is None:
-                raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, "not a compute instance handle")
+            _, gpu, gi, ci = self._compute_instance(computeInstance)
             gpu.destroy_compute_instance(gi.id, ci.id)
             return 0
 
@@ -356,20 +379,17 @@ class MigCallsMixin:
             devices = self._mig_gpu(device).mig_devices()
             if not 0 <= index < len(devices):
                 raise SimNvmlError(NVML_ERROR_NOT_FOUND, f"no MIG device at index {index}")
-            return devices[index][1].handle
+            return devices[index][1].device_handle
 
         return self._mig_call(handle)
 
     def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> ctypes.c_uint:
         node = self.mig_node
-        return ctypes.c_uint(1 if node is not None and node.is_mig_handle(device) else 0)
+        return ctypes.c_uint(1 if node is not None and node.kind(device) == "mig_device" else 0)
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
         def parent() -> Any:
-            index, _, _, ci = self._mig_lookup(migDevice)
-            if ci is None:
-                raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, "not a MIG device handle")
-            return self._mig_parent_handle(index)
+            return self._mig_parent_handle(self._mig_device(migDevice)[0])
 
         return self._mig_call(parent)
 
@@ -378,33 +398,25 @@ class MigCallsMixin:
         return getter(index) if getter is not None else index
 
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
-        return self._mig_call(lambda: self._mig_lookup(device)[2].id)
+        return self._mig_call(lambda: self._mig_device(device)[1].id)
 
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
-        def ci_id() -> int:
-            ci = self._mig_lookup(device)[3]
-            if ci is None:
-                raise SimNvmlError(NVML_ERROR_INVALID_ARGUMENT, "not a MIG device handle")
-            return ci.id
-
-        return self._mig_call(ci_id)
+        return self._mig_call(lambda: self._mig_device(device)[2].id)
 
     # -- device calls that also take MIG-device handles ------------------------------------------
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         node = self.mig_node
         if node is not None and node.is_mig_handle(handle):
-            ci = node.lookup(handle)[3]
-            if ci is not None:
-                return ci.mig_uuid
+            return self._mig_call(lambda: self._mig_device(handle)[2].mig_uuid)
         return str(getattr(super(), "nvmlDeviceGetUUID")(handle))  # noqa: B009 - the host's answer
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """On a MIG-device handle: one process while the device is marked busy."""
         node = self.mig_node
         if node is not None and node.is_mig_handle(handle):
-            _, _, gi, ci = node.lookup(handle)
-            if ci is None or not ci.busy:
+            _, gi, ci = self._mig_call(lambda: self._mig_device(handle))
+            if not ci.busy:
                 return []
             return [_Process(10_000 + gi.id * 10 + ci.id, 1 << 30, gi.id, ci.id)]
         host = getattr(super(), "nvmlDeviceGetComputeRunningProcesses", None)

@@ -7,7 +7,10 @@
 - GPU instances are created at an explicit placement in memory-slot units; an occupied slot, the
   profile's max count or the compute slices exhausted give INSUFFICIENT_RESOURCES, an invalid
   placement INVALID_ARGUMENT. Destroy gives IN_USE while compute instances or processes remain.
-- Each compute instance is a MIG device with a fresh ``MIG-<uuid>`` (re-creation changes it).
+- Each compute instance is a MIG device with a fresh ``MIG-<uuid>`` (re-creation changes it). As in
+  NVML, the compute-instance handle and the MIG-device handle are different objects: the first
+  is for compute-instance calls, the second (from ``nvmlDeviceGetMigDeviceHandleByIndex``) for
+  device calls such as ``nvmlDeviceGetUUID``.
 - GI IDs are the smallest free ones, so they are reused as on real drivers.
 
 Errors are ``SimNvmlError(code)`` with NVML's numeric codes; the pynvml-shaped lib turns them into
@@ -51,8 +54,9 @@ class SimNvmlError(Exception):
 class SimComputeInstance:
     id: int
     slices: int
-    handle: int
+    handle: int  # the nvmlComputeInstance_t
     mig_uuid: str
+    device_handle: int  # the MIG device's nvmlDevice_t
     busy: bool = False
 
 
@@ -253,7 +257,7 @@ class SimMigGpu:
             ci_id = next(i for i in itertools.count(0) if i not in gi.computes)
             key = f"{self.gpu_uuid}/{gi_id}/{ci_id}/{next(self._serial)}"
             mig_uuid = f"MIG-{uuid.uuid5(_MIG_UUID_NAMESPACE, key)}"
-            ci = SimComputeInstance(ci_id, slices, self._handles.new(), mig_uuid)
+            ci = SimComputeInstance(ci_id, slices, self._handles.new(), mig_uuid, self._handles.new())
             gi.computes[ci_id] = ci
             return ci
 
@@ -278,7 +282,11 @@ class SimMigGpu:
                 )
                 self._instances[gi.id] = gi
             ci = SimComputeInstance(
-                device.compute_instance_id, profile.compute_slices, self._handles.new(), device.uuid
+                device.compute_instance_id,
+                profile.compute_slices,
+                self._handles.new(),
+                device.uuid,
+                self._handles.new(),
             )
             gi.computes[ci.id] = ci
             self._current = self._pending = NVML_DEVICE_MIG_ENABLE
@@ -306,13 +314,13 @@ class SimMigGpu:
         raise KeyError(f"GPU {self.gpu_uuid} has no MIG device {mig_uuid}")
 
     def find_handle(self, value: int) -> tuple[SimGpuInstance, SimComputeInstance | None] | None:
-        """The GPU instance (and compute instance) a handle names on this GPU, if any."""
+        """The GPU instance (and compute instance) a GI, CI or MIG-device handle names here, if any."""
         with self._lock:
             for gi in self._instances.values():
                 if gi.handle == value:
                     return gi, None
                 for ci in gi.computes.values():
-                    if ci.handle == value:
+                    if value in (ci.handle, ci.device_handle):
                         return gi, ci
         return None
 

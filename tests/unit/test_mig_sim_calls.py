@@ -58,8 +58,11 @@ def test_instances_compute_instances_and_mig_devices(lib):
     assert (gi_info.profileId, gi_info.placement.start, gi_info.placement.size) == (9, 4, 4)
     ci_profile = lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 2, 0)
     ci = lib.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
-    mig = lib.nvmlComputeInstanceGetInfo(ci).device
-    mig_uuid = lib.nvmlDeviceGetUUID(mig)
+    ci_info = lib.nvmlComputeInstanceGetInfo(ci)
+    assert lib.nvmlDeviceGetUUID(ci_info.device) == lib.nvmlDeviceGetUUID(dev)  # the parent, as in NVML
+    assert lib.nvmlDeviceGetUUID(lib.nvmlGpuInstanceGetInfo(gi).device) == lib.nvmlDeviceGetUUID(dev)
+    assert nvml_code(lambda: lib.nvmlDeviceGetUUID(ci)) == lib.NVML_ERROR_INVALID_ARGUMENT
+    mig_uuid = lib.nvmlDeviceGetUUID(lib.nvmlDeviceGetMigDeviceHandleByIndex(dev, 0))
     assert mig_uuid.startswith("MIG-")
 
     handles = (lib.c_nvmlGpuInstance_t * 2)()
