@@ -22,12 +22,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from deviceplugin.allocation import ContainerGrant, grant_for
+from deviceplugin.allocation import ContainerGrant, MpsPipeLookup, grant_for
 from deviceplugin.control import ControlServer
 from deviceplugin.devices import PluginDevice, build_catalogue, lost_reasons, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
@@ -115,6 +115,7 @@ class NodeAgent:
         self._listeners: list[Callable[[], None]] = []
         self._inventory: NodeInventory | None = None
         self._chooser: GpuSetChooser | None = None
+        self._mps_pipes: MpsPipeLookup | None = None
         self._watcher = KubeletWatcher(
             config.kubelet_dir,
             servers=self._servers,
@@ -180,6 +181,16 @@ class NodeAgent:
         if changed:
             self._changed()
         return {name: len(devices) for name, devices in catalogue.items()}
+
+    def set_sharing(self, plan: SharingPlan) -> dict[str, int]:
+        """Offer the GPUs under a new sharing plan (each resource's list updated in place)."""
+        with self._lock:
+            self.config = replace(self.config, sharing=plan)
+        return self.refresh_inventory()
+
+    def use_mps_pipes(self, lookup: MpsPipeLookup) -> None:
+        """Grant each share its own GPU's MPS pipe directory (``deviceplugin.mps``), not one for all."""
+        self._mps_pipes = lookup
 
     def _prepare_chooser(self) -> None:
         """Prepare the topology chooser once registration is done, so neither start-up nor the
@@ -306,7 +317,7 @@ class NodeAgent:
                 device_ids,
                 devices=resource.state.devices(),
                 unhealthy=resource.state.unhealthy(),
-                mps_pipe_dir=self.config.sharing.mps_pipe_directory,
+                mps_pipe_dir=self._mps_pipes or self.config.sharing.mps_pipe_directory,
             )
         except AllocationRejectedError:
             self.metrics.allocations.labels(resource_name, "rejected").inc()

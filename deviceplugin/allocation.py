@@ -7,7 +7,7 @@ layer maps it to INVALID_ARGUMENT. A failure concerns only the IDs asked for, ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deviceplugin.devices import DeviceKind, PluginDevice
@@ -16,6 +16,10 @@ from deviceplugin.errors import AllocationRejectedError
 CDI_KIND_GPU = "nvidia.com/gpu"
 ANNOTATION_DEVICES = "gpuweave.io/devices"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+
+# GPU UUID -> the pipe directory of that GPU's live MPS daemon (None: no MPS for it); raises
+# AllocationRejectedError when the GPU's daemon is down, so no share is granted without one.
+MpsPipeLookup = Callable[[str], str | None]
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,12 @@ def _efa_grant(resource: str, chosen: Sequence[PluginDevice]) -> ContainerGrant:
 
 
 def _share_grant(
-    resource: str, chosen: Sequence[PluginDevice], *, mps_pipe_dir: str | None
+    resource: str, chosen: Sequence[PluginDevice], *, mps_pipe_dir: str | MpsPipeLookup | None
 ) -> ContainerGrant:
     gpu_uuid = _single_gpu(resource, chosen)
     kind = chosen[0].kind
+    if callable(mps_pipe_dir) and kind is not DeviceKind.REPLICA:
+        mps_pipe_dir = mps_pipe_dir(gpu_uuid)  # this GPU's own daemon, or a rejection
     envs = {"NVIDIA_VISIBLE_DEVICES": gpu_uuid}
     mounts: tuple[HostMount, ...] = ()
     if kind is DeviceKind.COMPUTE:
@@ -117,7 +123,7 @@ def _share_grant(
     elif kind is DeviceKind.MEMORY:
         # One GPU is visible in the container, so it is CUDA device ordinal 0 for the MPS client.
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={len(chosen)}G"
-    if mps_pipe_dir and kind is not DeviceKind.REPLICA:
+    if isinstance(mps_pipe_dir, str) and mps_pipe_dir and kind is not DeviceKind.REPLICA:
         envs[MPS_PIPE_ENV] = mps_pipe_dir
         mounts = (HostMount(mps_pipe_dir, mps_pipe_dir),)
     return ContainerGrant(
@@ -143,9 +149,11 @@ def grant_for(
     *,
     devices: Mapping[str, PluginDevice],
     unhealthy: Mapping[str, str],
-    mps_pipe_dir: str | None = None,
+    mps_pipe_dir: str | MpsPipeLookup | None = None,
 ) -> ContainerGrant:
-    """Validate one container's request and build its grant."""
+    """Validate one container's request and build its grant.
+
+    ``mps_pipe_dir`` is one directory for every GPU, or a lookup of each GPU's own daemon."""
     chosen = validate_request(resource, device_ids, devices=devices, unhealthy=unhealthy)
     kinds = {d.kind for d in chosen}
     if len(kinds) != 1:
