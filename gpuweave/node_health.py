@@ -11,6 +11,7 @@ socket gets the ``sim.inject`` command.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +20,14 @@ import yaml
 from deviceplugin.agent import NodeAgent
 from deviceplugin.metrics import AgentMetrics
 from hardware.backend import GpuBackend
-from hardware.health_probe import GpuInUseError, NvmlHealthProbe, nvidia_smi_reset
+from hardware.gpu_reset import GpuInUseError
+from hardware.health_probe import NvmlHealthProbe, nvidia_smi_reset
 from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
 from health.metrics import HealthMetrics
+from health.monitor import RoundHook
 from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
 from health.service import HealthParts, HealthService
 from mig.owners import GpuOwners
@@ -65,16 +68,22 @@ def start_node_health(
     recreate_mig: MigRecreate | None = None,
     pod_devices: PodDeviceLookup | None = None,
     gpu_owners: GpuOwners | None = None,
+    round_hooks: tuple[RoundHook, ...] = (),
+    kill_mps: Callable[[int], str] | None = None,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
     ``pod_devices`` (the kubelet's pod-resources API, e.g. ``PodResourcesClient.pod_devices``)
     joins the extender's assignment annotations when finding the pods on a failed device.
     ``gpu_owners`` (the MIG reconciler's ``owners``) makes each GPU reset own its GPU, so a
-    reset never runs inside a MIG reshape of that GPU."""
+    reset never runs inside a MIG reshape of that GPU. ``round_hooks`` run each round before
+    remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
-        probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=sim.reset_uuid)
+        root = backend.sysfs_root
+        probe = NvmlHealthProbe(
+            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
+        )
         kernel_log = state_dir / SIM_KMSG_FILE
     elif isinstance(backend, NvmlBackend):
         probe = NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
@@ -95,10 +104,12 @@ def start_node_health(
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
             recreate_mig=recreate_mig,
             pod_devices=pod_devices,
+            round_hooks=round_hooks,
         )
     )
     if isinstance(backend, SimulatedBackend):
-        agent.control.add_route(SIM_INJECT_METHOD, inject_route(backend.node.health, mig=backend.node.mig))
+        inject = inject_route(backend.node.health, mig=backend.node.mig, kill_mps=kill_mps)
+        agent.control.add_route(SIM_INJECT_METHOD, inject)
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     service.start()

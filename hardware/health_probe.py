@@ -9,16 +9,30 @@ not judge health (``health/`` does). Calls may hang: callers run them under thei
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hardware.gpu_reset import (
+    GpuInUseError,
+    Holder,
+    RebootRequiredError,
+    ResetRefusedError,
+    device_holders,
+    in_use_message,
+)
 from hardware.sysfs import read_hw_counters
 from topology.errors import GpuweaveError
 
+LOG = logging.getLogger(__name__)
 EFA_VENDOR = "0x1d0f"
 EFA_DEVICE_PREFIX = "0xefa"
 NO_INSTANCE = 0xFFFFFFFF
@@ -26,6 +40,7 @@ NO_INSTANCE = 0xFFFFFFFF
 # NVML constants (nvml.h); read from the library when it defines them.
 _XID_EVENT, _DBE_EVENT, _RECOVERY_EVENT = 0x8, 0x2, 0x8000
 _ERROR_NOT_SUPPORTED, _ERROR_TIMEOUT, _ERROR_GPU_IS_LOST, _ERROR_IN_USE = 3, 10, 15, 19
+_ERROR_RESET_REQUIRED = 16
 _MEMORY_ERROR_UNCORRECTED, _MEMORY_ERROR_CORRECTED, _VOLATILE_ECC = 1, 0, 0
 _TEMPERATURE_GPU = 0
 
@@ -36,14 +51,6 @@ class ProbeError(GpuweaveError):
     def __init__(self, message: str, *, kind: str = "error") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-class ResetRefusedError(GpuweaveError):
-    """A GPU reset failed (the tool failed or the GPU did not come back)."""
-
-
-class GpuInUseError(ResetRefusedError):
-    """A GPU reset was refused because something still uses the GPU: retry once it is idle."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +100,24 @@ class NvmlHealthProbe:
     """Health reads through a pynvml-shaped library (``lib``) and an EFA sysfs root."""
 
     def __init__(
-        self, lib: Any, *, sysfs_root: Path = Path("/sys"), reset: Callable[[str], None] | None = None
+        self,
+        lib: Any,
+        *,
+        sysfs_root: Path = Path("/sys"),
+        reset: Callable[[str], None] | None = None,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self._lib = lib
         self._sysfs_root = sysfs_root
+        self._proc_root = proc_root
         self._reset = reset or nvidia_smi_reset
         self._event_set: Any = None
         self._uuid_by_handle: dict[Any, str] = {}
+        self._registered: list[str] = []  # GPUs whose events we asked for (renewed after a reset)
+        self._events_lock = threading.Lock()  # one event-set user at a time: wait, free, re-create
+        self._session = threading.Condition()  # readers in flight vs. a reset closing our session
+        self._readers = 0
+        self._resetting = False
 
     def _const(self, name: str, default: int) -> int:
         return int(getattr(self._lib, name, default))
@@ -115,6 +133,9 @@ class NvmlHealthProbe:
                 raise ProbeError(f"{what}: not supported", kind="unsupported") from exc
             if value == self._const("NVML_ERROR_TIMEOUT", _ERROR_TIMEOUT):
                 raise ProbeError(f"{what}: timed out", kind="timeout") from exc
+            if value == self._const("NVML_ERROR_RESET_REQUIRED", _ERROR_RESET_REQUIRED):
+                reboot = f"{what}: the GPU requires a reboot of the node (or VM)"
+                raise ProbeError(reboot, kind="reboot") from exc
             raise ProbeError(f"{what}: NVML error {exc}", kind="error") from exc
 
     def _optional(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -132,6 +153,11 @@ class NvmlHealthProbe:
 
     def register_events(self, gpu_uuids: Iterable[str]) -> list[str]:
         """Register Xid and DBE events for the GPUs; returns the UUIDs that could not be registered."""
+        self._registered = list(gpu_uuids)
+        with self._events_lock:
+            return self._create_event_set(self._registered)
+
+    def _create_event_set(self, gpu_uuids: list[str]) -> list[str]:
         lib = self._lib
         self._event_set = self._call("nvmlEventSetCreate", lib.nvmlEventSetCreate)
         wanted = (
@@ -162,16 +188,22 @@ class NvmlHealthProbe:
         return default if supported is None else int(supported)
 
     def wait_event(self, timeout_ms: int) -> XidEvent | None:
-        """The next event, or None when none arrived within ``timeout_ms``."""
+        """The next event, or None when none arrived within ``timeout_ms`` (or while a reset has
+        released the event set)."""
         lib = self._lib
-        try:
-            data = self._call(
-                "nvmlEventSetWait", lambda: lib.nvmlEventSetWait_v2(self._event_set, timeout_ms)
-            )
-        except ProbeError as exc:
-            if exc.kind == "timeout":
-                return None
-            raise
+        with self._events_lock:
+            event_set = self._event_set
+            try:
+                data = None if event_set is None else self._call(
+                    "nvmlEventSetWait", lambda: lib.nvmlEventSetWait_v2(event_set, timeout_ms)
+                )
+            except ProbeError as exc:
+                if exc.kind == "timeout":
+                    return None
+                raise
+        if data is None:
+            time.sleep(timeout_ms / 1000)
+            return None
         uuid = self._uuid_by_handle.get(_handle_key(data.device))  # a lost GPU cannot name itself
         if uuid is None:
             uuid = self._call("event device UUID", lambda: _text(lib.nvmlDeviceGetUUID(data.device)))
@@ -187,6 +219,11 @@ class NvmlHealthProbe:
     # --- periodic reads -----------------------------------------------------------------------
 
     def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings:
+        """Every health counter of one GPU (waits while a reset has our NVML session closed)."""
+        with self._session_in_use():
+            return self._read_gpu(uuid, expected_nvlinks=expected_nvlinks)
+
+    def _read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings:
         """Read every health counter of one GPU; raises ``ProbeError`` (kind ``lost``) for a lost GPU."""
         lib, h = self._lib, self._handle(uuid)
         unc, cor, vol = (
@@ -228,7 +265,8 @@ class NvmlHealthProbe:
     def gpu_busy(self, uuid: str) -> bool:
         """Whether compute processes still run on the GPU (a reset must wait); a lost GPU runs nothing."""
         try:
-            return self._processes(uuid)
+            with self._session_in_use():
+                return self._processes(uuid)
         except ProbeError as exc:
             if exc.kind == "lost":
                 return False
@@ -240,10 +278,36 @@ class NvmlHealthProbe:
         )
         return bool(procs)
 
+    def holders(self, uuid: str) -> tuple[Holder, ...]:
+        """Other processes with the GPU's device file open (persistenced, DCGM, ...); needs the
+        host's /proc (hostPID) to see beyond this pod."""
+        query = getattr(self._lib, "nvmlDeviceGetMinorNumber", None)
+        if query is None:
+            return ()
+        try:
+            with self._session_in_use():
+                handle = self._handle(uuid)
+                minor = self._call(f"GPU {uuid} minor", partial(query, handle))
+        except ProbeError as exc:
+            if exc.kind == "lost":
+                return ()  # a GPU off the bus names no device file; the reset itself will tell
+            raise
+        return device_holders(self._proc_root, f"/dev/nvidia{int(minor)}", exclude_pid=os.getpid())
+
     def reset_gpu(self, uuid: str) -> None:
-        """Reset one GPU; ``GpuInUseError`` when processes still hold it (not a failed reset)."""
+        """Reset one GPU: ``GpuInUseError`` while compute processes or other clients hold it (not a
+        failed reset), ``RebootRequiredError`` when only a reboot can reset it. Our own NVML session
+        and event set would hold it too, so they are released around the reset and renewed after
+        it, events re-registered for every GPU (a reset invalidates the GPU's registrations)."""
         if self.gpu_busy(uuid):
             raise GpuInUseError(f"GPU {uuid} still runs compute processes; reset after they exit")
+        holders = self.holders(uuid)
+        if holders:
+            raise GpuInUseError(in_use_message(uuid, holders))
+        with self._released():
+            self._reset_now(uuid)
+
+    def _reset_now(self, uuid: str) -> None:
         try:
             self._reset(uuid)
         except ResetRefusedError:
@@ -252,7 +316,62 @@ class NvmlHealthProbe:
             code = getattr(exc, "code", getattr(exc, "value", None))
             if code == _ERROR_IN_USE:
                 raise GpuInUseError(f"GPU {uuid} is in use: {exc}; reset after its users exit") from exc
+            if code == self._const("NVML_ERROR_RESET_REQUIRED", _ERROR_RESET_REQUIRED):
+                message = f"GPU {uuid} cannot be reset in place ({exc}): reboot the node"
+                raise RebootRequiredError(message) from exc
             raise ResetRefusedError(f"reset of GPU {uuid} failed: {exc}") from exc
+
+    @contextmanager
+    def _session_in_use(self) -> Iterator[None]:
+        with self._session:
+            self._session.wait_for(lambda: not self._resetting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._session:
+                self._readers -= 1
+                self._session.notify_all()
+
+    @contextmanager
+    def _released(self) -> Iterator[None]:
+        """Free our event set and close our NVML session for the duration (our reads wait for it);
+        then re-open both. NVML users outside this probe see UNINITIALIZED meanwhile and fail closed."""
+        with self._session:
+            self._session.wait_for(lambda: self._readers == 0 and not self._resetting)
+            self._resetting = True
+        try:
+            with self._closed_session():
+                yield
+        finally:
+            with self._session:
+                self._resetting = False
+                self._session.notify_all()
+
+    @contextmanager
+    def _closed_session(self) -> Iterator[None]:
+        with self._events_lock:
+            if self._event_set is not None:
+                self._optional_free(self._event_set)
+                self._event_set = None
+            shutdown, init = (getattr(self._lib, name, None) for name in ("nvmlShutdown", "nvmlInit"))
+            if shutdown is not None:
+                shutdown()
+            try:
+                yield
+            finally:
+                if init is not None:
+                    init()
+                self._uuid_by_handle.clear()
+                failed = self._create_event_set(self._registered) if self._registered else []
+                if failed:
+                    LOG.warning("after the reset, NVML events could not be renewed on %s", ", ".join(failed))
+
+    def _optional_free(self, event_set: Any) -> None:
+        try:
+            self._call("nvmlEventSetFree", lambda: self._lib.nvmlEventSetFree(event_set))
+        except ProbeError as exc:
+            LOG.warning("cannot free the NVML event set before a reset: %s", exc)
 
     def read_efa(self) -> tuple[EfaAdapter, ...]:
         """EFA adapters found by PCI vendor/device (never by name) with their netdev link state and

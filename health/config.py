@@ -33,6 +33,7 @@ class HealthSettings:
     disruption_cap_fraction: float = 0.1  # share of cluster nodes our node taint may cover
     cordon_node_faults: bool = False
     expected_efa: int | None = None  # None: the inventory's count
+    reset_in_use_rounds: int = 60  # rounds a reset may wait for a GPU's users before a reboot is asked for
 
     @property
     def stall_threshold_s(self) -> float:
@@ -74,6 +75,7 @@ class HealthConfig(BaseModel):
     disruption_cap_fraction: float = Field(0.1, gt=0, le=1)
     cordon_node_faults: bool = False
     expected_efa: int | None = Field(None, ge=0)
+    reset_in_use_rounds: int = Field(60, ge=1)
 
     def to_settings(self) -> HealthSettings:
         return HealthSettings(
@@ -93,6 +95,7 @@ class HealthConfig(BaseModel):
             disruption_cap_fraction=self.disruption_cap_fraction,
             cordon_node_faults=self.cordon_node_faults,
             expected_efa=self.expected_efa,
+            reset_in_use_rounds=self.reset_in_use_rounds,
         )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hardware.health_probe import GpuInUseError
+from hardware.gpu_reset import GpuInUseError, RebootRequiredError
 from health.badlist import BadGpu, BadHardwareList
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor
@@ -116,6 +116,8 @@ class Remediator:
     _evicted: set[tuple[str, str]] = field(default_factory=set)
     _published: dict[str, object] = field(default_factory=dict)
     _jobs: dict[str, _Job] = field(default_factory=dict)
+    _in_use: dict[str, int] = field(default_factory=dict)  # device -> rounds its reset waited for users
+    _reboot: dict[str, str] = field(default_factory=dict)  # device -> why only a reboot can reset it
 
     def __call__(self, monitor: HealthMonitor) -> None:
         unsaved = self._retry_state()
@@ -129,6 +131,9 @@ class Remediator:
             for d, r in book.items()
             if r.state is DeviceState.FAILED
         ]
+        for gone in (self._in_use.keys() | self._reboot.keys()) - {d for d, _ in failed}:
+            self._in_use.pop(gone, None)
+            self._reboot.pop(gone, None)
         for device, record in failed:
             self._remediate(monitor, device, record)
         self._sync_bad_list(monitor)
@@ -153,7 +158,11 @@ class Remediator:
     def _run(self, monitor: HealthMonitor, device: str, action: Action) -> None:
         engine = monitor.engine
         gpu = engine.mig_parent.get(device, device)
+        if device in self._reboot:
+            self._need_reboot(monitor, device, self._reboot[device])  # kept until the node reboots
+            return
         if action is Action.RESET_GPU and self.device_ops.gpu_busy(gpu):
+            self._waited(monitor, device, "compute processes still run on it")
             return  # still in use: wait for the processes to end
         if action is Action.RECREATE_MIG and self.recreate_mig is None:
             log.warning("MIG device %s failed; no MIG manager can recreate it: it stays withheld", device)
@@ -187,7 +196,11 @@ class Remediator:
         with monitor.lock:
             monitor.engine.apply(device, finished)
         monitor.publish()
+        if device in self._reboot:
+            self._need_reboot(monitor, device, self._reboot[device])
+            return
         if finished.retry:
+            self._waited(monitor, device, finished.detail)
             return
         if self.metrics is not None:
             self.metrics.remediations.labels(action.value, "ok" if finished.ok else "failed").inc()
@@ -205,12 +218,34 @@ class Remediator:
                     return RemediationFinished(monitor.now(), True, gone)
             else:
                 self.device_ops.reset_gpu(gpu)
+        except RebootRequiredError as exc:
+            self._reboot[device] = str(exc)  # applied by the round thread (``_finished``)
+            return RemediationFinished(monitor.now(), False, f"{action} impossible: {exc}", retry=True)
         except GpuInUseError as exc:
             return RemediationFinished(monitor.now(), False, f"{action} waits: {exc}", retry=True)
         except Exception as exc:
             log.warning("remediation of %s: %s failed: %s", device, action, exc)
             return RemediationFinished(monitor.now(), False, f"{action} failed: {exc}")
         return RemediationFinished(monitor.now(), True)
+
+    def _waited(self, monitor: HealthMonitor, device: str, detail: str) -> None:
+        """One more round the device's reset waited for its users; past ``reset_in_use_rounds`` a
+        reboot is asked for (it frees every holder) instead of waiting for ever."""
+        rounds = self._in_use.get(device, 0) + 1
+        self._in_use[device] = rounds
+        if rounds >= monitor.settings.reset_in_use_rounds:
+            reason = f"reset still refused after {rounds} rounds in use ({detail}); a reboot frees the GPU"
+            self._need_reboot(monitor, device, reason)
+
+    def _need_reboot(self, monitor: HealthMonitor, device: str, reason: str) -> None:
+        """The device stays withheld; the node gets a reboot-required fault (condition, capped taint)."""
+        first = device not in self._reboot
+        self._reboot[device] = reason
+        with monitor.lock:
+            monitor.engine.node_faults.add(NodeFault(NodeFaultKind.REBOOT_REQUIRED, device, reason))
+        if first:
+            log.error("%s: %s", device, reason)
+            self._event("GpuweaveRebootRequired", f"{device}: {reason}", warning=True)
 
     def _drained(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> bool:
         """Evict pods on the device (once each); True when none remain.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_IN_USE = 19
 EVENT_XID, EVENT_DBE, EVENT_RECOVERY = 0x8, 0x2, 0x8000
 _RECOVERY_NAMES = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
@@ -69,6 +71,7 @@ class SimGpuHealth:
     processes: tuple[int, ...] = ()
     resets: int = 0
     recovery_action: int = 0
+    reset_required: bool = False  # a pass-through VM's GPU: only a reboot resets it
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class SimHealthState:
     ) -> None:
         self.gpus = [SimGpuHealth(uuid, bus, links) for uuid, bus, links in gpus]
         self.nvswitch = nvswitch
+        # Open NVML sessions of the process that owns the library (set by it): like any client,
+        # they hold every GPU open, and a reset refuses a GPU anyone holds.
+        self.nvml_sessions: Callable[[], int] = lambda: 0
         self.fabric_state = "completed"  # as NVML (Hopper+) and the Fabric Manager (Ampere) report it
         self.kmsg_path = kmsg_path
         self.sysfs_root = sysfs_root
@@ -266,6 +272,12 @@ class SimHealthState:
                 raise SimNvmlCallError(
                     NVML_ERROR_IN_USE, f"GPU {index} is in use by pids {list(gpu.processes)}"
                 )
+            if self.nvml_sessions() > 0 or any(masks.get(index) for masks in self._masks.values()):
+                raise SimNvmlCallError(
+                    NVML_ERROR_IN_USE, f"GPU {index} is in use by another client (NVML session or event set)"
+                )
+            if gpu.reset_required:
+                raise SimNvmlCallError(NVML_ERROR_RESET_REQUIRED, f"GPU {index} requires a reboot")
             gpu.dbe = gpu.sbe = 0
             gpu.remap_pending = False
             gpu.lost = False

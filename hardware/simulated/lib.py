@@ -37,6 +37,7 @@ class SimulatedNvmlLib(MigCallsMixin, NvLinkCalls, HealthCallsMixin, DeviceCalls
         self.mig_node = node.mig
         self.health = node.health
         self._init_count = 0
+        node.health.nvml_sessions = lambda: self._init_count  # our session holds every GPU, as NVML's does
 
     # -- hooks the mixins ask for --------------------------------------------------------------
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hardware.health_probe import GpuInUseError, NvmlHealthProbe, ProbeError
+from hardware.gpu_reset import GpuInUseError
+from hardware.health_probe import NvmlHealthProbe, ProbeError
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_calls import SimHealthError
