@@ -45,6 +45,7 @@ from gpuweave.simulate.experiment import (
 from gpuweave.simulate.packing import PackingCurves, run_packing
 from gpuweave.simulate.policies import PlacementPolicy
 from gpuweave.simulate.trace import DEFAULT_TRACE_DIR
+from scheduler_ext.workload import workload_document
 from topology.errors import GpuweaveError
 from topology.fragmentation import FragmentModel, IntArray
 
@@ -94,13 +95,13 @@ def run_variant(
         )
         for name in policies:
             started = time.perf_counter()
-            curves = run_packing(
-                nodes=experiment.nodes,
-                pods=run.pods,
-                fragment_model=metric,
-                policy=_policy(name, experiment, rank=run.node_rank, fgd_model=fgd_model),
-                seed=seed,
-            )
+            policy = _policy(name, experiment, rank=run.node_rank, fgd_model=fgd_model)
+            try:
+                curves = run_packing(
+                    nodes=experiment.nodes, pods=run.pods, fragment_model=metric, policy=policy, seed=seed
+                )
+            finally:
+                getattr(policy, "close", lambda: None)()  # gpuweave: the extender's service objects
             per_policy[name].append(curves)
             print(
                 f"  {experiment.variant:<12} seed {seed} {name:<12} "
@@ -205,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for variant in variants:
             print(f"{variant}: {len(seeds)} seed(s) x {len(policies)} policies", flush=True)
             experiment = build_experiment(args.data_dir, variant)
+            _write_workload(experiment, args.out)
             ours = run_variant(experiment, policies=policies, seeds=seeds)
             report["variants"][variant] = {
                 "ours": ours,
@@ -218,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _write(report, args.out, plots=not args.no_plots)
     return 0
+
+
+def _write_workload(experiment: TraceExperiment, out: Path) -> None:
+    """The mix the gpuweave row's extender is pinned to, as a ``gpuweave extender --workload`` file."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"workload-{experiment.variant}.json"
+    path.write_text(json.dumps(workload_document(experiment.gpuweave_model.workload), indent=1))
 
 
 def _published_of(published: PublishedCurves | None, variant: str) -> dict[str, Any]:

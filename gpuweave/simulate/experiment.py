@@ -2,7 +2,8 @@
 
 One place builds what the placement benchmark and ``gpuweave simulate --trace`` share: node specs
 from the node list, the pods of a variant, the target workload (the paper's measure, used for the
-reported fragmentation and by FGD) and gpuweave's memory-aware variant of it.
+reported fragmentation and by FGD) and the memory-aware variant the extender is pinned to
+(``gpuweave extender --workload FILE`` with ``scheduler_ext.workload.workload_document`` of it).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from gpuweave.simulate.policies import (
     BestFitPolicy,
     DotProductPolicy,
     FgdPolicy,
-    GpuweavePolicy,
     PlacementPolicy,
     RandomPolicy,
 )
+from gpuweave.simulate.product_policy import ProductPolicy
 from gpuweave.simulate.trace import GPU_NODE_LIST, TracePod, load_nodes, load_pods, pod_list_path
 from topology.errors import InvalidInputError
 from topology.fragmentation import FragmentModel, TargetWorkload, typical_workload, with_memory
@@ -104,6 +105,6 @@ def make_policy(name: str, experiment: TraceExperiment) -> PlacementPolicy:
         return DotProductPolicy()
     if name == "fgd":
         return FgdPolicy()
-    if name == "gpuweave":
-        return GpuweavePolicy(experiment.gpuweave_model)
+    if name == "gpuweave":  # the extender's service objects, its workload pinned to the trace's mix
+        return ProductPolicy(experiment.nodes, workload=experiment.gpuweave_model.workload)
     raise InvalidInputError(f"unknown placement policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

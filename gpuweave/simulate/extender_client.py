@@ -34,6 +34,7 @@ from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.samples import pod_object
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from topology.assignment import PodAssignment, parent_gpu_of_share
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from topology.errors import GpuweaveError
@@ -76,7 +77,10 @@ class ExtenderPlacer:
         share_nodes: frozenset[int],
         share_workload: TargetWorkload | None = None,
         scoring: ProfileScoring | None = None,
+        transport: str = "http",
     ) -> None:
+        """``share_workload`` pins the scorer's mix (else it learns from the pods it sees);
+        ``transport="in-process"`` calls the same service objects without HTTP."""
         self._fleet = tuple(fleet)
         self._scoring = scoring or load_profile_scoring()
         self._allocatable = [
@@ -94,15 +98,18 @@ class ExtenderPlacer:
         self._gpu_of: dict[str, tuple[int, int]] = {
             gpu.uuid: (i, gpu.index) for i, node in enumerate(fleet) for gpu in node.inventory.gpus
         }
-        # FGD scores a share against the mix of shares expected next: this workload's, when known
-        cache, core = build_core(share_workload=share_workload) if share_workload else build_core()
+        cache, core = build_core(share_workload=share_workload)
         apply_objects(iter(self._objects()), cache)
         self._extender: Extender = assemble(cache, core, SnapshotBinder(cache))
+        self._connection: http.client.HTTPConnection | None = None
+        self.calls = 0
+        if transport == "in-process":
+            self.transport = "extender in-process"
+            return
         self.url = self._extender.serve(host="127.0.0.1", port=0)
         assert self._extender.server is not None
         host, port = self._extender.server.server_address[:2]
         self._connection = http.client.HTTPConnection(str(host), int(port), timeout=30)
-        self.calls = 0
 
     def _sharing(self, node: int) -> SharingPlan:
         mode = SharingMode.FRACTIONAL if node in self._share_nodes else SharingMode.EXCLUSIVE
@@ -127,6 +134,8 @@ class ExtenderPlacer:
 
     def _post(self, verb: str, body: Mapping[str, Any]) -> Any:
         self.calls += 1
+        if self._connection is None:
+            return self._call(verb, body)
         payload = json.dumps(body).encode()
         self._connection.request(
             "POST", f"/{verb}", body=payload, headers={"Content-Type": "application/json"}
@@ -136,6 +145,17 @@ class ExtenderPlacer:
         if response.status != 200:
             raise ExtenderCallError(f"extender /{verb} answered HTTP {response.status}: {data[:200]!r}")
         return json.loads(data)
+
+    def _call(self, verb: str, body: Mapping[str, Any]) -> Any:
+        """The verb on the service objects, with the JSON shapes the HTTP adapter would return."""
+        service = self._extender.service
+        if verb == "bind":
+            return {"Error": service.bind(parse(ExtenderBindingArgs, body))}
+        args = parse(ExtenderArgs, body)
+        if verb == "filter":
+            return service.filter(args, body["Pod"]).model_dump()
+        hosts, scores = service.prioritize(args, body["Pod"])
+        return [{"Host": h, "Score": s} for h, s in zip(hosts, scores, strict=True)]
 
     def place(
         self,
@@ -287,5 +307,6 @@ class ExtenderPlacer:
         self._extender.cache.upsert_inventory(self._inventory(node))
 
     def close(self) -> None:
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
         self._extender.close()

@@ -1,7 +1,7 @@
 """Schedulers the simulation can drive: node choice plus the GPU set on the chosen node.
 
-``gpuweave`` scores nodes with its fragmentation-aware policy and takes multi-GPU sets from the
-topology search (``topology.search.best_set``); ``go-gpuallocator-like`` is what a cluster gets
+``gpuweave`` is the real extender (``extender_client.ExtenderPlacer``, built by the runner), not
+a placer here; ``go-gpuallocator-like`` is what a cluster gets
 with kube-scheduler's default spreading and NVIDIA's best-effort allocator; ``random`` and
 ``best-fit`` take the lowest-indexed free GPUs.
 """
@@ -18,7 +18,6 @@ from gpuweave.simulate.cluster import ClusterState, Request
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.policies import (
     BestFitPolicy,
-    GpuweavePolicy,
     Placement,
     PlacementPolicy,
     RandomPolicy,
@@ -28,9 +27,8 @@ from gpuweave.simulate.policies import (
 from gpuweave.simulate.state import SimState
 from topology.baselines import go_gpuallocator_like
 from topology.errors import InvalidInputError
-from topology.fragmentation import FragmentModel, IntArray
+from topology.fragmentation import IntArray
 from topology.inventory import NodeInventory
-from topology.search import best_set
 
 SIMULATE_POLICIES = ("gpuweave", "random", "best-fit", "go-gpuallocator-like")
 GpuChooser = Callable[[FleetNode, frozenset[int], int], tuple[int, ...]]
@@ -103,11 +101,6 @@ def lowest_index(_: FleetNode, available: frozenset[int], size: int) -> tuple[in
     return tuple(sorted(available)[:size])
 
 
-def topology_best(node: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
-    selection = best_set(node.graph, available=available, size=size)
-    return selection.gpus if selection is not None else lowest_index(node, available, size)
-
-
 def go_allocator(node: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
     chosen = go_gpuallocator_like(node.graph, available=available, size=size)
     return chosen if chosen is not None else lowest_index(node, available, size)
@@ -159,13 +152,13 @@ class InProcessPlacer:
         return PodPlacement(choice.node, gpus)
 
 
-def make_placer(name: str, *, gpuweave_model: FragmentModel) -> InProcessPlacer:
-    if name == "gpuweave":
-        return InProcessPlacer(name, GpuweavePolicy(gpuweave_model), topology_best)
+def make_placer(name: str) -> InProcessPlacer:
+    """A baseline scheduler (gpuweave itself runs through the extender: ``ExtenderPlacer``)."""
     if name == "random":
         return InProcessPlacer(name, RandomPolicy(), lowest_index)
     if name == "best-fit":
         return InProcessPlacer(name, BestFitPolicy(), lowest_index)
     if name == "go-gpuallocator-like":
         return InProcessPlacer(name, LeastAllocatedPolicy(), go_allocator)
-    raise InvalidInputError(f"unknown --policy {name!r}; choose from {', '.join(SIMULATE_POLICIES)}")
+    baselines = ", ".join(p for p in SIMULATE_POLICIES if p != "gpuweave")
+    raise InvalidInputError(f"no in-process placer {name!r}; choose from {baselines}")

@@ -23,7 +23,7 @@ from gpuweave.simulate.report import (
 )
 from gpuweave.simulate.workload import Job, JobKind, WorkloadSettings, synthetic_jobs, trace_jobs
 from topology.errors import InvalidInputError
-from topology.fragmentation import FragmentModel, TargetWorkload, TaskShape, typical_workload, with_memory
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0
 
@@ -40,7 +40,7 @@ class SimulateOptions:
     out: Path
     compare: bool = True
     progress: bool = True
-    in_process: bool = False  # gpuweave's main run without the extender over HTTP
+    in_process: bool = False  # gpuweave's extender called in-process instead of over HTTP
     agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
 
 
@@ -57,17 +57,6 @@ def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentMode
     )
 
 
-def share_workload(jobs: list[Job]) -> TargetWorkload | None:
-    """The mix of fractional shares this workload asks for, as the extender's FGD placement expects
-    it (one GPU each, in the extender's compute units of 10 milli-GPU); None without shares."""
-    shapes = [
-        TaskShape(cpu_milli=0, gpu_milli=max(10, j.gpu_milli // 10 * 10), gpu_count=1)
-        for j in jobs
-        if j.kind is JobKind.SHARE
-    ]
-    return typical_workload(shapes, coverage=1.0) if shapes else None
-
-
 def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
     settings = WorkloadSettings(duration_s=options.duration_s, capacity_gpus=capacity, load=options.load)
     if options.trace is not None:
@@ -75,21 +64,15 @@ def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
     return synthetic_jobs(settings, seed=options.seed)
 
 
-def _placer(
-    policy: str,
-    *,
-    main: bool,
-    fleet: tuple[FleetNode, ...],
-    model: FragmentModel,
-    shares: TargetWorkload | None,
-    options: SimulateOptions,
-) -> Placer:
-    """The real extender over HTTP for gpuweave's main run; in-process policies otherwise."""
-    if policy == "gpuweave" and main and not options.in_process:
+def _placer(policy: str, *, fleet: tuple[FleetNode, ...], options: SimulateOptions) -> Placer:
+    """gpuweave is always the real extender (over HTTP, or its service objects called in-process
+    with --in-process), learning the workload from the pods it sees; baselines are in-process."""
+    if policy == "gpuweave":
         from gpuweave.simulate.extender_client import ExtenderPlacer  # noqa: PLC0415 (HTTP server on demand)
 
-        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet), share_workload=shares)
-    return make_placer(policy, gpuweave_model=model)
+        transport = "in-process" if options.in_process else "http"
+        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet), transport=transport)
+    return make_placer(policy)
 
 
 def _run_one(
@@ -99,12 +82,9 @@ def _run_one(
     jobs: list[Job],
     models: tuple[FragmentModel, FragmentModel],
     options: SimulateOptions,
-    main: bool,
 ) -> RunResult:
-    placer = _placer(
-        policy, main=main, fleet=fleet, model=models[1], shares=share_workload(jobs), options=options
-    )
-    agents = _agents(fleet, options) if placer.transport != "in-process" and options.agents else None
+    placer = _placer(policy, fleet=fleet, options=options)
+    agents = _agents(fleet, options) if policy == "gpuweave" and options.agents else None
     try:
         simulation = Simulation(
             fleet=fleet,
@@ -151,10 +131,7 @@ def run_simulation(options: SimulateOptions) -> int:
     policies = [options.policy] + (
         [p for p in SIMULATE_POLICIES if p != options.policy] if options.compare else []
     )
-    results = [
-        _run_one(p, fleet=fleet, jobs=jobs, models=models, options=options, main=i == 0)
-        for i, p in enumerate(policies)
-    ]
+    results = [_run_one(p, fleet=fleet, jobs=jobs, models=models, options=options) for p in policies]
     summaries = [summarize(r) for r in results]
     print()
     print(summary_table(summaries))

@@ -1,4 +1,4 @@
-"""The extender places fractional shares against the simulated workload's own mix of shares."""
+"""The simulation's extender places fractional shares against the mix it is given or learns."""
 
 from __future__ import annotations
 
@@ -7,24 +7,8 @@ import numpy as np
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
-from gpuweave.simulate.runner import share_workload
 from gpuweave.simulate.state import SimState
-from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel, TargetWorkload, TaskShape, typical_workload
-
-
-def _job(job_id: str, kind: JobKind, milli: int) -> Job:
-    return Job(job_id, kind, 0.0, 600.0, 1, 1, milli, 4000, 16_384)
-
-
-def test_the_share_mix_comes_from_the_fractional_pods_only() -> None:
-    jobs = [_job("a", JobKind.SHARE, 810), _job("b", JobKind.SHARE, 810), _job("c", JobKind.SHARE, 475)]
-    jobs += [_job("d", JobKind.SINGLE, 1000), _job("e", JobKind.MIG, 0)]
-    mix = share_workload(jobs)
-    assert mix is not None
-    weights = dict(zip(mix.shapes, mix.probabilities, strict=True))
-    assert weights == {TaskShape(0, 810, 1): 2 / 3, TaskShape(0, 470, 1): 1 / 3}
-    assert share_workload([_job("d", JobKind.SINGLE, 1000)]) is None
 
 
 def _second_share_gpu(mix: TargetWorkload) -> tuple[int, int]:
