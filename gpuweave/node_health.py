@@ -112,6 +112,8 @@ def start_node_health(
         agent.control.add_route(SIM_INJECT_METHOD, inject)
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
+    modes = _mig_modes(agent)
+    agent.add_listener(lambda: _renew_events_on_mode_change(probe, agent, modes))
     service.start()
     return service
 
@@ -158,6 +160,21 @@ class OwnedResets:
     def reset_gpu(self, uuid: str) -> None:
         with self._owners.hold(uuid, who="health: GPU reset"):
             self._ops.reset_gpu(uuid)
+
+
+def _mig_modes(agent: NodeAgent) -> dict[str, bool]:
+    return {g.uuid: g.mig_enabled for g in agent.inventory.gpus}
+
+
+def _renew_events_on_mode_change(probe: NvmlHealthProbe, agent: NodeAgent, modes: dict[str, bool]) -> None:
+    """Register NVML events afresh when a GPU's MIG mode changed (its registrations went with it)."""
+    now = _mig_modes(agent)
+    if now != modes:
+        modes.clear()
+        modes.update(now)
+        failed = probe.renew_events()
+        if failed:
+            log.warning("NVML events not renewed after a MIG mode change on %s", ", ".join(failed))
 
 
 def _follow_inventory(service: HealthService, agent: NodeAgent) -> None:

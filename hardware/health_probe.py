@@ -179,6 +179,16 @@ class NvmlHealthProbe:
                 failed.append(uuid)
         return failed
 
+    def renew_events(self) -> list[str]:
+        """A fresh event set for the same GPUs: after a MIG mode change (which may unbind and
+        re-create the device) the old registrations no longer deliver that GPU's Xids."""
+        with self._events_lock:
+            if self._event_set is not None:
+                self._optional_free(self._event_set)
+                self._event_set = None
+            self._uuid_by_handle.clear()
+            return self._create_event_set(self._registered) if self._registered else []
+
     def _supported_events(self, handle: Any, *, default: int) -> int:
         """The event types the GPU supports (older drivers lack the recovery-action event)."""
         query = getattr(self._lib, "nvmlDeviceGetSupportedEventTypes", None)

@@ -110,3 +110,16 @@ def test_reset_required_asks_for_a_reboot_without_retiring_the_gpu(tmp_path: Pat
     assert cluster.bad == {}  # not sent to the bad-hardware list: the GPU is not known to be broken
     record = health.snapshot().gpus[gpu_uuid(5)]
     assert record.next_action() is Action.RESET_GPU and state_of(health, 5).value == "Failed"
+
+
+def test_renewed_events_replace_the_old_set_and_still_deliver(
+    h100: tuple[SimulatedBackend, NvmlHealthProbe],
+) -> None:
+    backend, probe = h100
+    uuids = [g.uuid for g in backend.inventory.gpus]
+    probe.register_events(uuids)
+    assert probe.renew_events() == []
+    assert len(backend.node.health._masks) == 1  # the old set was freed, not leaked
+    backend.node.health.inject_xid(1, 31)
+    event = probe.wait_event(200)
+    assert event is not None and event.gpu_uuid == uuids[1]
