@@ -5,6 +5,11 @@ the same GPU out twice: ``exclusive`` (``nvidia.com/gpu``), ``fractional``
 (``gpuweave.io/gpu-compute`` in 1% units plus ``gpuweave.io/gpu-memory`` in 1 GiB units) or
 ``time-sliced`` (``gpuweave.io/gpu-shared`` with a per-GPU replica count). The configuration is a
 YAML file read at the edge with pydantic and turned into a frozen ``SharingPlan``.
+
+A fractional GPU's limits are enforced by its own MPS control daemon (``deviceplugin.mps``):
+``mpsPipeDirectory`` is the base path under which each such GPU gets ``<uuid>/pipe`` and
+``<uuid>/log``, and a GPU's ``mps`` entry sets the defaults its daemon gives a client that sets
+no limit of its own.
 """
 
 from __future__ import annotations
@@ -31,11 +36,23 @@ class SharingMode(StrEnum):
     TIME_SLICED = "time-sliced"
 
 
+class MpsModel(BaseModel):
+    """A fractional GPU's MPS daemon defaults (its control commands), for clients that set none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    default_active_thread_percentage: int | None = Field(
+        default=None, ge=1, le=100, alias="defaultActiveThreadPercentage"
+    )
+    default_pinned_memory_mib: int | None = Field(default=None, ge=1, alias="defaultPinnedMemoryMiB")
+
+
 class GpuSharingModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     mode: SharingMode = SharingMode.EXCLUSIVE
     replicas: int = Field(default=DEFAULT_REPLICAS, ge=1, le=64)
+    mps: MpsModel = MpsModel()
 
 
 class SharingConfigModel(BaseModel):
@@ -51,9 +68,16 @@ class SharingConfigModel(BaseModel):
 
 
 @dataclass(frozen=True)
+class MpsDefaults:
+    thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuSharing:
     mode: SharingMode
     replicas: int = DEFAULT_REPLICAS
+    mps: MpsDefaults = MpsDefaults()
 
 
 @dataclass(frozen=True)
@@ -70,7 +94,8 @@ class SharingPlan:
 
 def plan_from_model(model: SharingConfigModel) -> SharingPlan:
     def convert(entry: GpuSharingModel) -> GpuSharing:
-        return GpuSharing(entry.mode, entry.replicas)
+        mps = MpsDefaults(entry.mps.default_active_thread_percentage, entry.mps.default_pinned_memory_mib)
+        return GpuSharing(entry.mode, entry.replicas, mps)
 
     return SharingPlan(
         default=convert(model.default),

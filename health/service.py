@@ -22,7 +22,7 @@ from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
-from health.monitor import HealthMonitor, HealthProbe, HealthSink
+from health.monitor import HealthMonitor, HealthProbe, HealthSink, RoundHook
 from health.persist import StateWriter
 from health.policy import Fault
 from health.remediation import ClusterActions, DeviceOps, MigRecreate, PodDeviceLookup, Remediator
@@ -49,6 +49,7 @@ class HealthParts:
     metrics: HealthMetrics | None = None
     clock: Clock = time.monotonic
     pod_devices: PodDeviceLookup | None = None  # the kubelet's view of pod devices (pod-resources API)
+    round_hooks: tuple[RoundHook, ...] = ()  # run each round before remediation (MPS supervision)
 
 
 class HealthService:
@@ -79,7 +80,7 @@ class HealthService:
             clock=parts.clock,
             sink=parts.sink,
             kernel_log=tail,
-            round_hooks=(self.remediator,),
+            round_hooks=(*parts.round_hooks, self.remediator),
             metrics=self.metrics,
         )
         self.engine.fault_observers.append(self._count_fault)

@@ -28,15 +28,18 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
+from gpuweave.node_mps import MpsRoundHook, NodeMps, control_command, mps_base_dir, start_node_mps
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
 from hardware.host_check import run_self_check
+from hardware.mps import ProcessMpsDaemons
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
 from topology.errors import GpuweaveError
+from topology.inventory import NodeInventory
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts
@@ -78,6 +81,13 @@ def register(subparsers: Any) -> None:
     )
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
+    add(
+        "--mps-control",
+        metavar="PATH",
+        default=None,
+        help="the MPS control program run per fractional GPU (default: nvidia-cuda-mps-control; "
+        "with --simulate the simulated one; docs/device-plugin.md)",
+    )
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
@@ -186,7 +196,21 @@ def build_agent(
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def open_mps(args: argparse.Namespace, agent: NodeAgent, inventory: NodeInventory) -> NodeMps:
+    """One MPS control daemon per fractional GPU, started before the first device list (a GPU
+    without a live daemon is withheld from it)."""
+    simulated = bool(args.simulate)
+    return start_node_mps(
+        agent,
+        daemons=ProcessMpsDaemons(control_command(args.mps_control, simulated=simulated)),
+        inventory=inventory,
+        base_dir=mps_base_dir(agent.config.sharing, state_dir=args.state_dir, simulated=simulated),
+        sharing_config=args.sharing_config,
+    )
+
+
+def check_args(args: argparse.Namespace) -> bool:
+    """Refuse a bad command line in one line before anything starts; True when an API server is used."""
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
     require_writable_dir(args.state_dir)  # a read-only or uncreatable state dir: one line, not a traceback
@@ -198,6 +222,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.correct_assignments and not with_kube:
         raise GpuweaveError("--correct-assignments patches pods: give --kubeconfig too (or --in-cluster)")
+    return with_kube
+
+
+def run(args: argparse.Namespace) -> int:
+    with_kube = check_args(args)
     metrics = AgentMetrics()
     kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if with_kube else None
     backend = open_backend(args)
@@ -210,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # before any socket or registration of ours
         served = build_catalogue(inventory, agent.config.sharing)
         refuse_if_served_by_another(args.kubelet_dir, resources=served)
+        mps = open_mps(args, agent, inventory)
     except GpuweaveError:
         backend.close()
         raise
@@ -235,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         recreate_mig=mig_recreator(mig, agent),
         gpu_owners=mig.reconciler.owners,
         pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
+        round_hooks=(MpsRoundHook(mps),),
+        kill_mps=mps.kill,
     )
     if kube is not None:
         kube.start(
@@ -252,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         if layout is not None:
             layout.stop()
         health.stop()
+        mps.stop()
         fabric.stop()
         if kube is not None:
             kube.stop()

@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
         metavar="PID[,PID...]",
         help="processes on --gpu, or on its MIG device with --mig-instance ('' frees it); remediation waits",
     )
+    add(
+        "--kill-mps-daemon",
+        action="store_true",
+        help="SIGKILL --gpu's MPS control daemon (a fractional GPU): its shares are withheld until restarted",
+    )
     add("--clear", action="store_true", help="undo injected faults (on --gpu, or everything)")
     add("--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)")
     inject.set_defaults(handler=run_inject)
@@ -94,6 +99,8 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
             raise GpuweaveError(f"--busy takes comma-separated process ids, got {args.busy!r}") from exc
     if args.clear:
         params["clear"] = True
+    if args.kill_mps_daemon:
+        params["kill_mps_daemon"] = True
     return params
 
 

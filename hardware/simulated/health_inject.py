@@ -34,6 +34,7 @@ class InjectRequest(BaseModel):
     recovery_action: int | None = Field(None, ge=0, le=7)  # nvmlDeviceGpuRecoveryAction_t
     busy: list[int] | None = None  # pids using the GPU (a reset waits for them); [] frees it
     fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
+    kill_mps_daemon: bool = False  # SIGKILL the GPU's MPS control daemon, as a crash would
     clear: bool = False
 
     @model_validator(mode="after")
@@ -45,10 +46,12 @@ class InjectRequest(BaseModel):
             self.temperature,
             self.busy,
             self.recovery_action,
+            self.kill_mps_daemon or None,
         ]
         if any(v is not None for v in gpu_faults) and self.gpu is None:
             raise ValueError(
-                "--xid, --ecc-dbe, --nvlink-down, --temperature, --busy, --recovery-action need --gpu INDEX"
+                "--xid, --ecc-dbe, --nvlink-down, --temperature, --busy, --recovery-action, "
+                "--kill-mps-daemon need --gpu INDEX"
             )
         if self.mig_instance is not None and self.xid is None and self.busy is None:
             raise ValueError("--mig-instance only qualifies --xid and --busy")
@@ -72,7 +75,11 @@ def parse_request(params: dict[str, Any]) -> InjectRequest:
 
 
 def apply_request(
-    state: SimHealthState, request: InjectRequest, *, mig: SimMigNode | None = None
+    state: SimHealthState,
+    request: InjectRequest,
+    *,
+    mig: SimMigNode | None = None,
+    kill_mps: Callable[[int], str] | None = None,
 ) -> dict[str, Any]:
     """Apply one request; returns what was done (for the CLI to print)."""
     done: list[str] = []
@@ -113,6 +120,8 @@ def apply_request(
         if request.fabric_state is not None:
             state.set_fabric_state(request.fabric_state)
             done.append(f"NVSwitch fabric: {request.fabric_state}")
+        if request.kill_mps_daemon and gpu is not None:
+            done.append(_kill_mps(kill_mps, gpu))
         if request.nvml_hang is not None:
             state.hang(request.nvml_hang, gpu)
             done.append(f"NVML hangs {request.nvml_hang:g} s" + ("" if gpu is None else f" on GPU {gpu}"))
@@ -122,10 +131,19 @@ def apply_request(
 
 
 def inject_route(
-    state: SimHealthState, *, mig: SimMigNode | None = None
+    state: SimHealthState,
+    *,
+    mig: SimMigNode | None = None,
+    kill_mps: Callable[[int], str] | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The handler the agent registers as ``sim.inject``."""
-    return lambda params: apply_request(state, parse_request(params), mig=mig)
+    """The handler the agent registers as ``sim.inject``; ``kill_mps`` kills GPU N's MPS daemon."""
+    return lambda params: apply_request(state, parse_request(params), mig=mig, kill_mps=kill_mps)
+
+
+def _kill_mps(kill_mps: Callable[[int], str] | None, gpu: int) -> str:
+    if kill_mps is None:
+        raise SimHealthError("this node agent supervises no MPS daemons (no fractional GPU)")
+    return kill_mps(gpu)
 
 
 def _mig_busy(mig: SimMigNode | None, gpu: int, instance: str, *, busy: bool) -> str:
