@@ -143,7 +143,7 @@ class Remediator:
 
     def _remediate(self, monitor: HealthMonitor, device: str, record: DeviceRecord) -> None:
         action = record.next_action()
-        if action is None:
+        if action is None or device in self._jobs:  # one step per device at a time
             return
         if action is Action.REPLACE:
             self._retire(monitor, device, f"needs replacement: {record.reason}")

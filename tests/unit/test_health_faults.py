@@ -30,6 +30,8 @@ from tests.support.small_fs import fill, free, remount_read_only, small_tmpfs
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
 from tests.unit.test_health_monitor import FakeClock, SimLib, Sink, efa_sysfs
+from tests.unit.test_health_remediation import RecordingCluster
+from tests.unit.test_health_remediation import service as remediation_service
 
 INVENTORY = small_inventory(gpus=8)
 SETTINGS = HealthSettings(round_interval_s=0.05, check_timeout_s=0.3, event_wait_ms=20)
@@ -231,3 +233,26 @@ def test_a_stuck_remediation_withholds_only_its_device(tmp_path: Path) -> None:
 def state_of(health: HealthService, device: str) -> DeviceState:
     snap = health.snapshot()
     return (snap.migs.get(device) or snap.gpus[device]).state
+
+
+def test_unsaved_state_is_an_event_and_a_node_condition_until_saved(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "state", size_kib=64) as state_dir:
+        cluster = RecordingCluster([])
+        health, gpus, _ = remediation_service(tmp_path, cluster)
+        fill(state_dir)
+        gpus.inject_xid(2, 79)  # a strike to save
+        health.monitor.run_round()
+        health.monitor.run_round()
+        saved = next(c for c in cluster.conditions if c.type == "GpuweaveHealthStateSaved")
+        assert (saved.status, saved.reason) == ("False", "StateUnsaved")
+        assert "health-strikes.json: ENOSPC" in saved.message
+        assert ("GpuweaveHealthStateUnsaved", "node") in cluster.events
+        assert set(health.state.unsaved()) == {"health-strikes.json", "kmsg-cursor.json"}
+        assert health.metrics.registry.get_sample_value("gpuweave_health_state_unsaved_files") == 2
+        free(state_dir)
+        health.monitor.run_round()
+        saved = next(c for c in cluster.conditions if c.type == "GpuweaveHealthStateSaved")
+        assert saved.status == "True"
+        assert ("GpuweaveHealthStateSaved", "node") in cluster.events
+        assert health.metrics.registry.get_sample_value("gpuweave_health_state_unsaved_files") == 0
+        assert BadHardwareList(state_dir).strikes() == {gpu_uuid(2): 1}
