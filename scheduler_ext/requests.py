@@ -25,9 +25,12 @@ from topology.contracts import (
     RESOURCE_MIG_PREFIX,
     mig_profile_of_resource,
 )
+from scheduler_ext.quantity import MAX_STORED, QuantityError, whole_units
 from topology.errors import InvalidInputError
 
-OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, "gpuweave.io/")
+GPUWEAVE_PREFIX = "gpuweave.io/"
+OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, GPUWEAVE_PREFIX)
+GPUWEAVE_RESOURCES = frozenset({RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY, RESOURCE_GPU_SHARED})
 
 
 class Placement(StrEnum):
@@ -105,31 +108,55 @@ class PodRequest:
 
 
 def parse_count(value: object, *, resource: str, container: str) -> int:
-    """A whole-number quantity ("2", 2, "2000m") as Kubernetes accepts for extended resources."""
-    if isinstance(value, bool):
+    """A whole-number quantity ("2", 2, "2000m", "2e0") as the API server accepts it for an
+    extended resource: a Kubernetes quantity (``quantity``), integral and not negative."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise BadPodRequestError(f"container {container!r}: {resource} must be a whole number, got {value!r}")
     if isinstance(value, int):
-        number = value
-    elif isinstance(value, str):
-        number = _parse_quantity_string(value.strip(), resource=resource, container=container)
-    else:
-        raise BadPodRequestError(f"container {container!r}: {resource} must be a whole number, got {value!r}")
-    if number < 0:
-        raise BadPodRequestError(f"container {container!r}: {resource} must not be negative, got {value!r}")
-    return number
+        if 0 <= value <= MAX_STORED:
+            return value
+        raise BadPodRequestError(
+            f"container {container!r}: {resource} must be a whole number from 0 to 2^63-1"
+        )
+    text = repr(value) if isinstance(value, float) else str(value)
+    try:
+        return whole_units(text)
+    except QuantityError as exc:
+        raise BadPodRequestError(f"container {container!r}: {resource}={value!r}: {exc}") from None
 
 
-def _parse_quantity_string(text: str, *, resource: str, container: str) -> int:
-    if text.endswith("m") and text[:-1].isdigit():
-        milli = int(text[:-1])
-        if milli % 1000 == 0:
-            return milli // 1000
-    elif text.isdigit():
-        return int(text)
-    raise BadPodRequestError(
-        f"container {container!r}: {resource}={text!r} is not a whole number; "
-        "extended resources are requested in whole units"
-    )
+def _our_resources(values: object, *, section: str, container: str) -> dict[str, int]:
+    """The gpuweave-managed entries of one ``resources.requests``/``limits`` map, as counts."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise BadPodRequestError(f"container {container!r}: resources.{section} must be an object")
+    counts: dict[str, int] = {}
+    for key, value in values.items():
+        name = str(key)
+        if not name.startswith(OUR_PREFIXES):
+            continue
+        if name.startswith(GPUWEAVE_PREFIX) and name not in GPUWEAVE_RESOURCES:
+            known = ", ".join(sorted(GPUWEAVE_RESOURCES))
+            raise BadPodRequestError(
+                f"container {container!r}: unknown resource {name!r}; gpuweave serves {known}"
+            )
+        counts[name] = parse_count(value, resource=name, container=container)
+    return counts
+
+
+def _container_counts(resources: Mapping[str, Any], *, container: str) -> dict[str, int]:
+    """Limits are authoritative, as the API server makes them for extended resources: a request
+    must equal its limit (a request alone stands for both, as a limit alone does)."""
+    requests = _our_resources(resources.get("requests"), section="requests", container=container)
+    limits = _our_resources(resources.get("limits"), section="limits", container=container)
+    for name, count in requests.items():
+        if name in limits and limits[name] != count:
+            raise BadPodRequestError(
+                f"container {container!r}: {name} request {count} differs from its limit {limits[name]}; "
+                "extended resources cannot be overcommitted, set both to the same count"
+            )
+    return {**requests, **limits}
 
 
 def _container_request(container: Mapping[str, Any], *, init: bool) -> ContainerRequest:
@@ -137,13 +164,7 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
         raise BadPodRequestError(f"container {name!r}: resources must be an object")
-    merged: dict[str, object] = {}
-    for section in ("requests", "limits"):  # limits win: kubelet requires request == limit
-        values = resources.get(section) or {}
-        if not isinstance(values, Mapping):
-            raise BadPodRequestError(f"container {name!r}: resources.{section} must be an object")
-        merged.update({str(k): v for k, v in values.items() if str(k).startswith(OUR_PREFIXES)})
-    counts = {k: parse_count(v, resource=k, container=name) for k, v in merged.items()}
+    counts = _container_counts(resources, container=name)
     mig = tuple(
         sorted(
             (profile, n)
@@ -174,6 +195,19 @@ def _validate_container(request: ContainerRequest) -> None:
             f"container {request.name!r} mixes time-sliced replicas (gpuweave.io/gpu-shared) with "
             "MPS shares (gpu-compute/gpu-memory); choose one"
         )
+
+
+def _check_unique_names(containers: list[ContainerRequest]) -> None:
+    """The API server refuses a pod whose containers (init ones included) share a name; devices
+    are recorded per container name, so two of them would share one container's assignment."""
+    seen: set[str] = set()
+    for request in containers:
+        if request.name in seen:
+            raise BadPodRequestError(
+                f"pod has two containers named {request.name!r}; container names must be unique "
+                "(init containers included)"
+            )
+        seen.add(request.name)
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -209,6 +243,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         containers.extend(_container_request(c, init=init) for c in items)
     for request in containers:
         _validate_container(request)
+    _check_unique_names(containers)
     annotations = _annotations(pod)
     selector = annotations.get(ANNOTATION_GPU_SELECTOR)
     priority = spec.get("priority")
