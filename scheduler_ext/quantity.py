@@ -68,7 +68,9 @@ def whole_units(text: str) -> int:
     """A quantity that must be a whole non-negative number (an extended resource's count)."""
     value = parse_quantity(text)
     if value.denominator != 1:
-        raise QuantityError(f"{text!r} is not a whole number; extended resources are requested in whole units")
+        raise QuantityError(
+            f"{text!r} is not a whole number; extended resources are requested in whole units"
+        )
     if value < 0:
         raise QuantityError(f"{text!r} is negative")
     return int(value)

@@ -14,6 +14,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
+from scheduler_ext.quantity import MAX_STORED, QuantityError, whole_units
 from topology.contracts import (
     ANNOTATION_GPU_SELECTOR,
     ANNOTATION_PLACEMENT,
@@ -25,7 +26,6 @@ from topology.contracts import (
     RESOURCE_MIG_PREFIX,
     mig_profile_of_resource,
 )
-from scheduler_ext.quantity import MAX_STORED, QuantityError, whole_units
 from topology.errors import InvalidInputError
 
 GPUWEAVE_PREFIX = "gpuweave.io/"
