@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topology.errors import InvalidInputError
+from topology.gpu_keys import gpu_key
 from topology.inventory import Gpu
+from topology.spec_derive import normalize_bus_id
 from topology.validation import first_problem
 
 COMPUTE_UNITS_PER_GPU = 100
@@ -56,7 +58,8 @@ class GpuSharingModel(BaseModel):
 
 
 class SharingConfigModel(BaseModel):
-    """The file format: ``gpus`` keys are GPU indexes (``"0"``) or UUIDs (``GPU-...``)."""
+    """The file format: ``gpus`` keys are GPU UUIDs (``GPU-...``), PCI bus ids (``0000:53:00.0``) or
+    indexes (``"0"``; an index moves when a GPU is missing at boot, the other two do not)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -65,6 +68,17 @@ class SharingConfigModel(BaseModel):
     default: GpuSharingModel = GpuSharingModel()
     gpus: dict[str, GpuSharingModel] = Field(default_factory=dict)
     mps_pipe_directory: str | None = Field(default=None, alias="mpsPipeDirectory")
+
+    @field_validator("gpus")
+    @classmethod
+    def _keys_name_gpus(cls, gpus: dict[str, GpuSharingModel]) -> dict[str, GpuSharingModel]:
+        canonical: dict[str, GpuSharingModel] = {}
+        for key, entry in gpus.items():
+            try:
+                canonical[gpu_key(key)] = entry
+            except InvalidInputError as exc:
+                raise ValueError(str(exc)) from None
+        return canonical
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,11 @@ class SharingPlan:
     mps_pipe_directory: str | None = None
 
     def for_gpu(self, gpu: Gpu) -> GpuSharing:
-        return self.per_gpu.get(gpu.uuid) or self.per_gpu.get(str(gpu.index)) or self.default
+        """By UUID, then PCI bus id, then index (keys in ``topology.gpu_keys`` canonical form)."""
+        for key in (gpu.uuid, normalize_bus_id(gpu.pci_bus_id), str(gpu.index)):
+            if key in self.per_gpu:
+                return self.per_gpu[key]
+        return self.default
 
 
 def plan_from_model(model: SharingConfigModel) -> SharingPlan:

@@ -56,7 +56,7 @@ def build_mig_service(
         ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
         journal=MigJournal(state_dir),
         catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in inventory.gpus],
+        gpus=[GpuRef(g.index, g.uuid, g.product, g.pci_bus_id) for g in inventory.gpus],
         hooks=hooks,
     )
     return MigService(reconciler, hooks=hooks)

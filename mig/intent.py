@@ -1,9 +1,10 @@
 """Where MIG targets come from: a declared per-node layout, or the demand of pending pods.
 
-Declared: the node annotation ``gpuweave.io/mig-layout`` holds JSON keyed by GPU index::
+Declared: the node annotation ``gpuweave.io/mig-layout`` holds JSON keyed by GPU UUID, PCI bus id
+or index (``topology.gpu_keys``; an index moves when a GPU is missing at boot, the others do not)::
 
-    {"gpus": {"3": ["3g.40gb", "3g.40gb"],          # profiles; the planner places them
-              "4": ["4g.40gb@0", "1g.10gb@6"],      # profile@start pins a placement
+    {"gpus": {"GPU-5e1c...": ["3g.40gb", "3g.40gb"],  # profiles; the planner places them
+              "0000:53:00.0": ["4g.40gb@0", "1g.10gb@6"],  # profile@start pins a placement
               "5": [],                              # MIG on, no instances
               "6": null}}                           # whole GPU, MIG off
 
@@ -16,7 +17,7 @@ GPU in index order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -25,6 +26,7 @@ from mig.catalog import GpuModel
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
 from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
 from topology.errors import InvalidInputError
+from topology.gpu_keys import gpu_key, is_index_key
 from topology.validation import first_problem
 
 WHOLE_GPU = None  # the declared layout value that means "MIG off"
@@ -36,11 +38,14 @@ class _LayoutWire(BaseModel):
 
     @field_validator("gpus")
     @classmethod
-    def _indices_are_numbers(cls, gpus: dict[str, list[str] | None]) -> dict[str, list[str] | None]:
-        for key in gpus:
-            if not key.isdigit():
-                raise ValueError(f"GPU key {key!r} is not a GPU index")
-        return gpus
+    def _keys_name_gpus(cls, gpus: dict[str, list[str] | None]) -> dict[str, list[str] | None]:
+        canonical: dict[str, list[str] | None] = {}
+        for key, entries in gpus.items():
+            try:
+                canonical[gpu_key(key)] = entries
+            except InvalidInputError as exc:
+                raise ValueError(str(exc)) from None
+        return canonical
 
 
 def parse_entry(text: str) -> TargetEntry:
@@ -58,8 +63,12 @@ def parse_profile_list(text: str) -> tuple[TargetEntry, ...]:
     return tuple(parse_entry(part) for part in text.split(",") if part.strip())
 
 
-def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | None]:
-    """The declared layout per GPU index; ``None`` means whole GPU (MIG off)."""
+def parse_layout_annotation(
+    value: str, *, resolve: Callable[[str], int] | None = None
+) -> dict[int, tuple[TargetEntry, ...] | None]:
+    """The declared layout per GPU index; ``None`` means whole GPU (MIG off). ``resolve`` turns a
+    UUID or bus-id key into the GPU's index (and raises ``InvalidInputError`` for one naming no GPU);
+    without it only index keys are accepted."""
     try:
         wire = _LayoutWire.model_validate_json(value)
     except ValidationError as exc:
@@ -68,10 +77,19 @@ def parse_layout_annotation(value: str) -> dict[int, tuple[TargetEntry, ...] | N
             f"bad {MIG_LAYOUT_ANNOTATION} annotation at {where}: {problem}; "
             'expected {"gpus": {"3": ["3g.40gb", "3g.40gb"]}}'
         ) from exc
-    return {
-        int(index): None if entries is None else tuple(parse_entry(e) for e in entries)
-        for index, entries in sorted(wire.gpus.items(), key=lambda kv: int(kv[0]))
+    layout = {
+        _index_of(key, resolve): None if entries is None else tuple(parse_entry(e) for e in entries)
+        for key, entries in wire.gpus.items()
     }
+    return dict(sorted(layout.items()))
+
+
+def _index_of(key: str, resolve: Callable[[str], int] | None) -> int:
+    if is_index_key(key):
+        return int(key)
+    if resolve is None:
+        raise InvalidInputError(f"{MIG_LAYOUT_ANNOTATION}: GPU key {key!r} needs the node's GPUs to resolve")
+    return resolve(key)
 
 
 def mig_requests(resources: Mapping[str, int]) -> dict[str, int]:

@@ -35,6 +35,7 @@ from mig.journal import GpuRecord, MigJournal, Step
 from mig.owners import GpuOwners
 from mig.planner import Instance, MigPlanError, Plan, PlannedInstance, TargetEntry, plan_layout
 from topology.errors import GpuweaveError
+from topology.gpu_keys import find_gpu
 
 LOG = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class GpuRef:
     index: int
     uuid: str
     product: str
+    pci_bus_id: str = ""  # lets a declared layout name the GPU by bus id (indexes move after a reboot)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,10 @@ class MigReconciler:
 
     def gpu_by_uuid(self, uuid: str) -> GpuRef | None:
         return next((g for g in self._gpus.values() if g.uuid == uuid), None)
+
+    def gpu_by_key(self, key: str) -> GpuRef | None:
+        """The GPU a canonical key (``topology.gpu_keys``: UUID, bus id or index) names."""
+        return find_gpu(key, self._gpus.values())
 
     @property
     def journal(self) -> MigJournal:

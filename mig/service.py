@@ -21,6 +21,7 @@ from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_ent
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigApplyError, MigReconciler, NoHooks, ReshapeResult
 from mig.restore import Restorer
+from topology.contracts import MIG_LAYOUT_ANNOTATION
 from topology.errors import GpuweaveError, InvalidInputError
 from topology.validation import first_problem
 
@@ -249,10 +250,16 @@ class MigService:
             results.append(self.reconciler.apply(index, target))
         return results
 
+    def _index_of(self, key: str) -> int:
+        gpu = self.reconciler.gpu_by_key(key)
+        if gpu is None:
+            raise InvalidInputError(f"{MIG_LAYOUT_ANNOTATION}: GPU {key} is not on this node")
+        return gpu.index
+
     def apply_declared(self, annotation: str) -> list[ReshapeResult]:
         """Apply a ``gpuweave.io/mig-layout`` annotation value, GPU by GPU (unlisted GPUs untouched)."""
         results: list[ReshapeResult] = []
-        for index, entries in parse_layout_annotation(annotation).items():
+        for index, entries in parse_layout_annotation(annotation, resolve=self._index_of).items():
             results.append(self.reconciler.apply(index, None if entries is None else list(entries)))
         return results
 

@@ -35,7 +35,7 @@ def test_annotation_with_profiles_pins_empty_and_whole():
     ("value", "reason"),
     [
         ("not json", "bad gpuweave.io/mig-layout annotation"),
-        ('{"gpus": {"x": []}}', "not a GPU index"),
+        ('{"gpus": {"x": []}}', "is not a GPU UUID"),
         ('{"gpus": {"1": "3g.40gb"}}', "at gpus.1"),
         ('{"gpu": {}}', "bad gpuweave.io/mig-layout annotation"),
         ('{"gpus": {"1": ["3g.40gb@x"]}}', "PROFILE@START"),
