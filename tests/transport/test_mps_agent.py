@@ -14,8 +14,9 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -32,6 +33,7 @@ from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_
 from topology.spec import NodeProfile
 
 ROUND_S = 0.3
+Listed = Callable[[dict[str, str]], bool]  # a test on one device list (ID -> health)
 HEALTHY = "Healthy"
 
 
@@ -48,7 +50,7 @@ class Watch:
     def __init__(self, node: AgentNode, resource: str) -> None:
         self.lists: list[dict[str, str]] = []
         self._cond = threading.Condition()
-        self._stream = node.kubelet.stub(resource).ListAndWatch(api_pb2.Empty())
+        self._stream: Any = node.kubelet.stub(resource).ListAndWatch(api_pb2.Empty())
         self._thread = threading.Thread(target=self._consume, daemon=True)
         self._thread.start()
 
@@ -61,13 +63,13 @@ class Watch:
         except grpc.RpcError:
             pass
 
-    def wait(self, predicate: object, *, start: int = 0, timeout: float = 20.0) -> int:
+    def wait(self, predicate: Listed, *, start: int = 0, timeout: float = 20.0) -> int:
         """The index of the first list from ``start`` on that satisfies ``predicate``; -1 if none."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 for index in range(start, len(self.lists)):
-                    if predicate(self.lists[index]):  # type: ignore[operator]
+                    if predicate(self.lists[index]):
                         return index
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -125,7 +127,7 @@ class MpsNode(AgentNode):
                     os.kill(pid, signal.SIGKILL)
 
 
-def _all_healthy(gpu: int) -> object:
+def _all_healthy(gpu: int) -> Listed:
     prefix = gpu_uuid(gpu)
     return lambda devices: (
         any(i.startswith(prefix) for i in devices)
@@ -133,7 +135,7 @@ def _all_healthy(gpu: int) -> object:
     )
 
 
-def _none_healthy(gpu: int) -> object:
+def _none_healthy(gpu: int) -> Listed:
     prefix = gpu_uuid(gpu)
     return lambda devices: (
         any(i.startswith(prefix) for i in devices)
@@ -190,10 +192,10 @@ def test_mps_killed_daemon_withholds_only_its_gpu_then_the_restart_brings_it_bac
         assert done.returncode == 0, done.stderr
         withheld = watch.wait(_none_healthy(0), start=first)
         assert withheld >= 0, watch.lists[-1]
-        assert _all_healthy(1)(watch.lists[withheld])  # type: ignore[operator]
+        assert _all_healthy(1)(watch.lists[withheld])
         back = watch.wait(_all_healthy(0), start=withheld)
         assert back > withheld
-        assert all(_all_healthy(1)(devices) for devices in watch.lists[first:])  # type: ignore[operator]
+        assert all(_all_healthy(1)(devices) for devices in watch.lists[first:])
         assert read_pid(node.pipe_dir(0)) not in (None, old_pid)
         assert node.mps_status()[gpu_uuid(0)]["restarts"] == 1
     finally:

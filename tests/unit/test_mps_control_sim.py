@@ -1,0 +1,82 @@
+"""The simulated nvidia-cuda-mps-control as a program: -d, the control client, files (pytest -k mps)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.sharing import SharingMode, load_sharing_plan
+from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
+from hardware.simulated import mps_control
+from tests.support.agent_process import remove_tree, short_temp_dir
+from topology.errors import InvalidInputError
+
+
+@pytest.fixture
+def spec() -> Iterator[MpsDaemonSpec]:
+    root = short_temp_dir()
+    made = MpsDaemonSpec("GPU-1", root / "pipe", root / "log", thread_percentage=25, pinned_memory_mib=512)
+    yield made
+    pid = read_pid(made.pipe_dir)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    remove_tree(root)
+
+
+def test_mps_simulated_daemon_answers_the_documented_commands(spec: MpsDaemonSpec) -> None:
+    daemons = ProcessMpsDaemons(simulated_command())
+    daemons.start(spec)
+    assert (spec.pipe_dir / mps_control.SOCKET_NAME).exists() and read_pid(spec.pipe_dir) is not None
+    assert daemons.query(spec) == ()
+    assert daemons.control(spec, "get_default_active_thread_percentage") == "25.0"
+    assert daemons.control(spec, "get_default_device_pinned_mem_limit 0") == "512M"
+    assert daemons.control(spec, "start_server -uid 1000") == ""
+    assert len(daemons.query(spec)) == 1
+    assert daemons.control(spec, "frobnicate").startswith("Unrecognized command")
+    daemons.start(spec)  # a second -d on a served pipe directory: the running daemon is kept
+    log = (spec.log_dir / mps_control.CONTROL_LOG).read_text()
+    assert "already running" in log and "Command: get_server_list" in log
+    daemons.stop(spec)
+    assert read_pid(spec.pipe_dir) is None
+    with pytest.raises(MpsControlError, match="Cannot find MPS control daemon"):
+        daemons.query(spec)
+
+
+def test_mps_killed_daemon_leaves_stale_files_and_a_new_one_takes_them_over(spec: MpsDaemonSpec) -> None:
+    daemons = ProcessMpsDaemons(simulated_command())
+    daemons.start(spec)
+    first = read_pid(spec.pipe_dir)
+    assert "killed" in daemons.kill(spec)
+    with pytest.raises(MpsControlError):
+        daemons.query(spec)
+    daemons.start(spec)
+    assert read_pid(spec.pipe_dir) not in (None, first)
+    assert daemons.query(spec) == ()
+
+
+def test_mps_missing_control_program_is_one_error_naming_the_gpu(spec: MpsDaemonSpec) -> None:
+    with pytest.raises(MpsControlError, match="GPU-1"):
+        ProcessMpsDaemons(["/nonexistent/nvidia-cuda-mps-control"]).start(spec)
+
+
+def test_mps_sharing_config_reads_per_gpu_mps_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "sharing.yaml"
+    path.write_text(
+        "mpsPipeDirectory: /run/mps\n"
+        "gpus:\n  '0': {mode: fractional,\n"
+        "         mps: {defaultActiveThreadPercentage: 30, defaultPinnedMemoryMiB: 1024}}\n"
+    )
+    plan = load_sharing_plan(path)
+    assert plan.mps_pipe_directory == "/run/mps"
+    entry = plan.per_gpu["0"]
+    assert entry.mode is SharingMode.FRACTIONAL
+    assert (entry.mps.thread_percentage, entry.mps.pinned_memory_mib) == (30, 1024)
+    path.write_text("gpus:\n  '0': {mode: fractional, mps: {defaultActiveThreadPercentage: 150}}\n")
+    with pytest.raises(InvalidInputError, match="defaultActiveThreadPercentage"):
+        load_sharing_plan(path)
