@@ -173,9 +173,11 @@ def test_profile_file_with_mig_and_a_sharing_config(tmp_path: Path) -> None:
         _, replica = node.kubelet.allocate(RESOURCE_GPU_SHARED, 1)
         assert replica.envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid(2)
         _, compute = node.kubelet.allocate(RESOURCE_GPU_COMPUTE, 40)
+        pipe = str(node.state_dir / "mps" / gpu_uuid(3) / "pipe")  # GPU 3's own MPS daemon
         assert compute.envs == {
             "NVIDIA_VISIBLE_DEVICES": gpu_uuid(3),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+            "CUDA_MPS_PIPE_DIRECTORY": pipe,
         }
     finally:
         node.close()
