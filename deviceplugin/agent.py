@@ -27,7 +27,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from deviceplugin.allocation import ContainerGrant, MpsPipeLookup, grant_for
+from deviceplugin.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
+from deviceplugin.cdi import CdiPublisher
 from deviceplugin.control import ControlServer
 from deviceplugin.devices import PluginDevice, build_catalogue, lost_reasons, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
@@ -74,6 +75,7 @@ class AgentConfig:
     sharing: SharingPlan = field(default_factory=SharingPlan)
     poll_interval: float = 0.1
     rediscover_interval: float = 0.0  # seconds between periodic re-discoveries; 0: only on request
+    device_listing: DeviceListing = field(default_factory=DeviceListing)  # how Allocate names devices
 
 
 @dataclass
@@ -93,6 +95,7 @@ class NodeAgent:
         metrics: AgentMetrics | None = None,
         siblings: SiblingGrants | None = None,
         allocations: AllocationLog | None = None,
+        cdi: CdiPublisher | None = None,
     ) -> None:
         self.config = config
         self.allocations = allocations or AllocationLog()
@@ -101,6 +104,7 @@ class NodeAgent:
         self._discover = discover
         self._chooser_for = chooser_for
         self._handoff = handoff
+        self._cdi = cdi  # CDI specs follow every change of the device lists (deviceplugin.cdi)
         self._lock = threading.RLock()
         self._file_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -173,11 +177,15 @@ class NodeAgent:
                 self._inventory = inventory
                 self._lost = lost_reasons(inventory)
                 self._chooser = self._chooser_for(inventory) if self._chooser_for else None
+            if self._cdi is not None:  # defined before any list can offer a new device
+                self._cdi.prepare(inventory, [d for devices in catalogue.values() for d in devices])
             for name in catalogue.keys() - self._resources.keys():
                 self._add_resource(name)
             for name in self._resources.keys() - catalogue.keys():
                 catalogue[name] = ()
             changed = self._apply(catalogue) or changed
+            if self._cdi is not None:  # removed devices leave the specs once no list offers them
+                self._cdi.commit()
         if changed:
             self._changed()
         return {name: len(devices) for name, devices in catalogue.items()}
@@ -318,6 +326,7 @@ class NodeAgent:
                 devices=resource.state.devices(),
                 unhealthy=resource.state.unhealthy(),
                 mps_pipe_dir=self._mps_pipes or self.config.sharing.mps_pipe_directory,
+                listing=self.config.device_listing,
             )
         except AllocationRejectedError:
             self.metrics.allocations.labels(resource_name, "rejected").inc()

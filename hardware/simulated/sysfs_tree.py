@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hardware.simulated.dev_tree import write_fake_dev
 from hardware.simulated.health_calls import write_fabric_manager
 from hardware.simulated.node import SimulatedNode
 from hardware.sysfs import EFA_VENDOR, NVIDIA_VENDOR, sysfs_bdf
@@ -95,6 +96,7 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
         first = numa * CPUS_PER_NUMA_NODE
         cpulist = sys_dir / "devices" / "system" / "node" / f"node{numa}" / "cpulist"
         files.write(cpulist, f"{first}-{first + CPUS_PER_NUMA_NODE - 1}")
+    write_fake_dev(Path(root), inventory)  # device nodes and their numbers (hardware.device_nodes)
     return layout
 
 
