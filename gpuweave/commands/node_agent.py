@@ -25,6 +25,7 @@ from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
+from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, device_listing
 from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
@@ -88,6 +89,7 @@ def register(subparsers: Any) -> None:
         help="the MPS control program run per fractional GPU (default: nvidia-cuda-mps-control; "
         "with --simulate the simulated one; docs/device-plugin.md)",
     )
+    add_cdi_arguments(parser)
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
@@ -186,6 +188,7 @@ def build_agent(
         state_dir=args.state_dir,
         sharing=sharing,
         rediscover_interval=args.rediscover_interval,
+        device_listing=device_listing(args, backend),
     )
     return NodeAgent(
         config,
@@ -193,6 +196,7 @@ def build_agent(
         chooser_for=gpu_chooser_for,
         handoff=kube.handoff if kube else None,
         metrics=metrics,
+        cdi=cdi_publisher(args, backend),
     )
 
 
