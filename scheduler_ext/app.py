@@ -14,6 +14,7 @@ from scheduler_ext.core import DecisionCore
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
+from scheduler_ext.selector import SelectorCache
 from scheduler_ext.server import ExtenderHTTPServer
 from scheduler_ext.service import Binder, ExtenderService
 from scheduler_ext.snapshot import SnapshotBinder, load_snapshot
@@ -65,13 +66,17 @@ class Extender:
                 server.shutdown()
                 server.server_close()
         self.server = self.probe_server = None
+        self.core.selectors.close()
 
 
-def build_core(*, share_workload: TargetWorkload | None = None) -> tuple[ClusterCache, DecisionCore]:
+def build_core(
+    *, share_workload: TargetWorkload | None = None, selectors: SelectorCache | None = None
+) -> tuple[ClusterCache, DecisionCore]:
     """The cache and the decision core over one layout registry. The core learns the workload
-    FGD scores against from the pods it sees; ``share_workload`` (``--workload FILE``) pins it."""
+    FGD scores against from the pods it sees; ``share_workload`` (``--workload FILE``) pins it.
+    ``selectors``: the gpu-selector cache with its budget and sandbox (default: Kubernetes' limits)."""
     registry = LayoutRegistry()
-    core = DecisionCore(registry, workload=WorkloadLearner(pinned=share_workload))
+    core = DecisionCore(registry, selectors=selectors, workload=WorkloadLearner(pinned=share_workload))
     return ClusterCache(registry), core
 
 
@@ -83,7 +88,9 @@ def assemble(
     return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
 
 
-def build_snapshot_extender(snapshot: Path, *, workload: TargetWorkload | None = None) -> Extender:
-    cache, core = build_core(share_workload=workload)
+def build_snapshot_extender(
+    snapshot: Path, *, workload: TargetWorkload | None = None, selectors: SelectorCache | None = None
+) -> Extender:
+    cache, core = build_core(share_workload=workload, selectors=selectors)
     load_snapshot(snapshot, cache)
     return assemble(cache, core, SnapshotBinder(cache))

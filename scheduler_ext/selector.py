@@ -18,12 +18,19 @@ Versions are encoded as one comparable integer (major*10^6 + minor*10^3 + patch)
 ``isLessThan`` are provided too. Quantities are integer bytes; ``quantity("40Gi")`` converts.
 
 Expressions compile once (``common-expression-language``, Rust-backed); results are cached per
-(expression, distinct attribute set), so a cluster of identical GPUs evaluates each expression once.
+(expression, distinct attribute set), failures included, so a cluster of identical GPUs evaluates
+each expression once.
+
+Bounded: a selector is refused when it is first seen if its static cost estimate
+(``selector_cost``) passes Kubernetes' limit of 1,000,000. Only a selector that is cheap by that
+estimate and loops over nothing runs in the request thread; any other runs in the sandbox
+(``selector_sandbox``), a worker process killed at a 0.25 s deadline, so no selector can hold the
+GIL against other requests. A selector that misses the deadline is refused from then on.
 """
 
 from __future__ import annotations
 
-import re
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,15 +38,16 @@ from typing import Any
 
 import cel
 
+from scheduler_ext.quantity import parse_quantity
+from scheduler_ext.selector_cost import COST_LIMIT, estimate
+from scheduler_ext.selector_sandbox import EvaluationTimeoutError, SandboxError, SelectorSandbox
 from topology.contracts import ATTRIBUTE_DOMAIN
 from topology.errors import InvalidInputError
 
 MAX_EXPRESSION_CHARS = 10 * 1024  # DRA's limit
 MAX_CACHED = 50_000  # programs and verdicts kept; past this the caches start over
+IN_PROCESS_COST = 10_000  # a loop-free selector under this estimate runs in the request thread
 STANDARD_DOMAIN = "resource.kubernetes.io"
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i|[kMGTPE]|m)?$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 1}
 
 
 class SelectorError(InvalidInputError):
@@ -49,19 +57,14 @@ class SelectorError(InvalidInputError):
 def semver(text: object) -> int:
     """``"8.6"`` / ``"8.6.0"`` / ``"v535.104.05"`` -> one comparable integer."""
     parts = str(text).strip().lstrip("v").split(".")
-    numbers = [int(p) if p.isdigit() else 0 for p in [*parts, "0", "0"][:3]]
+    numbers = [int(p) if p.isascii() and p.isdigit() and len(p) < 10 else 0 for p in [*parts, "0", "0"][:3]]
     return numbers[0] * 1_000_000 + numbers[1] * 1_000 + numbers[2]
 
 
 def quantity(text: object) -> int:
-    """A Kubernetes quantity string (``"40Gi"``, ``"80G"``, ``"1024"``) in whole units (bytes)."""
-    match = _QUANTITY.match(str(text).strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
-    number, suffix = float(match.group(1)), match.group(2) or ""
-    if suffix == "m":
-        return int(number / 1000)
-    return int(number * (_BINARY.get(suffix) or _DECIMAL.get(suffix) or 1))
+    """A Kubernetes quantity string (``"40Gi"``, ``"80G"``, ``"1024"``) in whole units (bytes),
+    rounded up as Kubernetes' ``Quantity.Value()`` rounds."""
+    return math.ceil(parse_quantity(str(text)))
 
 
 def _compare_to(left: object, right: object) -> int:
@@ -112,11 +115,23 @@ class DeviceAttributes:
         }
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """A compiled selector and where it may run (``in_process``: cheap and loop-free)."""
+
+    program: Any
+    in_process: bool
+
+
 class SelectorCache:
     """Compiles each distinct expression once and caches verdicts per attribute set (thread-safe)."""
 
-    def __init__(self) -> None:
-        self._programs: dict[str, Any] = {}
+    def __init__(self, *, sandbox: SelectorSandbox | None = None, cost_limit: int = COST_LIMIT) -> None:
+        """``cost_limit``: the static estimate a selector may reach (tests raise it to reach the
+        sandbox's deadline with a selector the estimate would refuse)."""
+        self.sandbox = sandbox or SelectorSandbox()
+        self.cost_limit = cost_limit
+        self._programs: dict[str, _Compiled] = {}
         self._compile_errors: dict[str, str] = {}
         self._verdicts: dict[tuple[str, DeviceAttributes], bool | str] = {}
         self._lock = threading.Lock()
@@ -125,8 +140,12 @@ class SelectorCache:
         """(compiled programs in total, cached verdicts for ``expression``): for tests and metrics."""
         return len(self._programs), sum(1 for key in list(self._verdicts) if key[0] == expression)
 
+    def close(self) -> None:
+        """Stop the sandbox's worker processes."""
+        self.sandbox.close()
+
     def check(self, expression: str) -> None:
-        """Raise ``SelectorError`` if the expression does not compile."""
+        """Raise ``SelectorError`` if the expression does not compile or is over its budget."""
         self._program(expression)
 
     def matches(self, expression: str, attributes: DeviceAttributes) -> bool:
@@ -135,50 +154,92 @@ class SelectorCache:
         return verdict is True
 
     def verdict(self, expression: str, attributes: DeviceAttributes) -> bool | str:
-        """True/False, or the evaluation error text (a device lacking an attribute, a type error)."""
+        """True/False, or the evaluation error text (a device lacking an attribute, a type error,
+        division by zero, overflow). Raises ``SelectorError`` when the selector is over budget."""
         key = (expression, attributes)
         cached = self._verdicts.get(key)
         if cached is not None:
             return cached
-        program = self._program(expression)
-        result: bool | str
-        try:
-            value = program.execute(
-                cel.Context(variables={"device": attributes.as_cel()}, functions=FUNCTIONS)
-            )
-            result = (
-                value if isinstance(value, bool) else f"selector returned {type(value).__name__}, not bool"
-            )
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            result = f"selector failed on {attributes.product_name}: {exc}"
+        compiled = self._program(expression)
+        if compiled.in_process:
+            result = _run(compiled.program, attributes)
+        else:
+            result = self._run_sandboxed(expression, attributes)
         with self._lock:
             if len(self._verdicts) >= MAX_CACHED:
                 self._verdicts.clear()
             self._verdicts[key] = result
         return result
 
-    def _program(self, expression: str) -> Any:
-        program = self._programs.get(expression)
-        if program is not None:
-            return program
+    def _run_sandboxed(self, expression: str, attributes: DeviceAttributes) -> bool | str:
+        try:
+            result = self.sandbox.evaluate(expression, attributes.as_cel())
+        except EvaluationTimeoutError as exc:
+            reason = (
+                f"gpu-selector refused: {exc} (the deadline stands in for Kubernetes' runtime limit "
+                f"of {COST_LIMIT:,} CEL cost units); iterate over fewer elements"
+            )
+            self._remember_error(expression, reason)
+            raise SelectorError(reason) from None
+        except SandboxError as exc:
+            raise SelectorError(f"gpu-selector could not be evaluated now: {exc}") from None
+        if isinstance(result, bool):
+            return result
+        return f"selector failed on {attributes.product_name}: {result}"
+
+    def _program(self, expression: str) -> _Compiled:
+        compiled = self._programs.get(expression)
+        if compiled is not None:
+            return compiled
         error = self._compile_errors.get(expression)
         if error is not None:
             raise SelectorError(error)
-        if len(expression) > MAX_EXPRESSION_CHARS:
-            error = f"gpu-selector is {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}"
-        else:
-            try:
-                program = cel.compile(expression)
-            except (ValueError, RuntimeError, TypeError) as exc:
-                error = f"gpu-selector does not compile: {exc}"
+        compiled_or_error = _compile(expression, cost_limit=self.cost_limit)
+        if isinstance(compiled_or_error, str):
+            self._remember_error(expression, compiled_or_error)
+            raise SelectorError(compiled_or_error)
         with self._lock:
-            if len(self._programs) + len(self._compile_errors) >= MAX_CACHED:
-                self._programs.clear()
-                self._compile_errors.clear()
-            if error is not None:
-                self._compile_errors[expression] = error
-            else:
-                self._programs[expression] = program
-        if error is not None:
-            raise SelectorError(error)
-        return program
+            self._make_room()
+            self._programs[expression] = compiled_or_error
+        return compiled_or_error
+
+    def _remember_error(self, expression: str, error: str) -> None:
+        with self._lock:
+            self._make_room()
+            self._programs.pop(expression, None)
+            self._compile_errors[expression] = error
+
+    def _make_room(self) -> None:
+        if len(self._programs) + len(self._compile_errors) >= MAX_CACHED:
+            self._programs.clear()
+            self._compile_errors.clear()
+
+
+def _compile(expression: str, *, cost_limit: int) -> _Compiled | str:
+    """The compiled selector, or why it is refused (length, syntax, estimated cost)."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"gpu-selector is {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}"
+    try:
+        program = cel.compile(expression)
+    except Exception as exc:  # the library raises several types; every one is the selector's fault
+        return f"gpu-selector does not compile: {exc}"
+    cost = estimate(expression)
+    if cost is not None and cost.cost > cost_limit:
+        return (
+            f"gpu-selector's estimated cost is {cost.cost:,}; the limit is {cost_limit:,} "
+            "(Kubernetes' CEL cost limit for device selectors): iterate over fewer elements "
+            "or nest fewer comprehensions"
+        )
+    in_process = cost is not None and cost.comprehensions == 0 and cost.cost <= IN_PROCESS_COST
+    return _Compiled(program=program, in_process=in_process)
+
+
+def _run(program: Any, attributes: DeviceAttributes) -> bool | str:
+    """Evaluate in this thread (only cheap, loop-free selectors get here)."""
+    try:
+        value = program.execute(cel.Context(variables={"device": attributes.as_cel()}, functions=FUNCTIONS))
+    except Exception as exc:  # 1/0, overflow, a missing attribute: the selector's answer, never a 5xx
+        return f"selector failed on {attributes.product_name}: {type(exc).__name__}: {exc}"
+    if isinstance(value, bool):
+        return value
+    return f"selector returned {type(value).__name__}, not bool"
