@@ -2,7 +2,9 @@
 // project's own library: it loads every spec in one directory, reports each spec's errors, and
 // injects each container's devices into an empty OCI spec.
 //
-// Input (stdin, JSON): {"specDir": DIR, "containers": [["nvidia.com/gpu=GPU-...", ...], ...]}.
+// Input (stdin, JSON): {"specDir": DIR, "containers": [{"devices": ["nvidia.com/gpu=GPU-...", ...],
+// "annotations": {"cdi.k8s.io/...": "..."}}, ...]}: the names a container gets through the CRI's
+// CDI device list and through CDI annotations (parsed with the library's ParseAnnotations).
 // Output (stdout, JSON): the devices the specs define, spec errors, and per container the device
 // nodes, env and mounts injected or the names that did not resolve. Exit status 1 when any spec
 // has an error or any name is unresolved, 2 on bad input.
@@ -19,9 +21,14 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
+type container struct {
+	Devices     []string          `json:"devices"`
+	Annotations map[string]string `json:"annotations"`
+}
+
 type request struct {
-	SpecDir    string     `json:"specDir"`
-	Containers [][]string `json:"containers"`
+	SpecDir    string      `json:"specDir"`
+	Containers []container `json:"containers"`
 }
 
 type node struct {
@@ -54,9 +61,15 @@ type report struct {
 	Containers []injected             `json:"containers"`
 }
 
-func inject(cache *cdi.Cache, names []string) injected {
+func inject(cache *cdi.Cache, request container) injected {
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	out := injected{DeviceNodes: []node{}, Env: []string{}, Mounts: []string{}}
+	_, annotated, err := cdi.ParseAnnotations(request.Annotations)
+	if err != nil {
+		out.Error = err.Error()
+		return out
+	}
+	names := append(append([]string{}, request.Devices...), annotated...)
 	unresolved, err := cache.InjectDevices(spec, names...)
 	out.Unresolved = unresolved
 	if err != nil {
@@ -107,9 +120,12 @@ func run() (int, error) {
 		}
 		status = 1
 	}
+	if rep.Devices == nil {
+		rep.Devices = []string{}
+	}
 	sort.Strings(rep.Devices)
-	for _, names := range req.Containers {
-		result := inject(cache, names)
+	for _, c := range req.Containers {
+		result := inject(cache, c)
 		if result.Error != "" {
 			status = 1
 		}
