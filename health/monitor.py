@@ -151,6 +151,7 @@ class HealthMonitor:
         self._round_hooks = round_hooks
         self._listeners: list[Callable[[HealthSnapshot], None]] = []
         self.lock = threading.RLock()
+        self._publishing = threading.RLock()  # re-entered when a push makes the agent call back
         self._pushed: dict[str, tuple[bool, str]] = {}
         self._stop = threading.Event()
         self._runner = TimeoutRunner()
@@ -228,8 +229,14 @@ class HealthMonitor:
         """Push devices whose health changed to the sink and the snapshot to every listener.
 
         Never raises: a push the sink refuses stays unpushed (sent again next time), a listener
-        that fails is logged, so a failing sink cannot stop the loop that called this.
+        that fails is logged, so a failing sink cannot stop the loop that called this. Publishes
+        are serialised (the event and round loops both publish), so an older state is never
+        pushed after a newer one; the engine lock is only taken inside, never held around this.
         """
+        with self._publishing:
+            self._publish()
+
+    def _publish(self) -> None:
         with self.lock:
             snap = self.engine.snapshot()
             changes = []
