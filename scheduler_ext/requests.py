@@ -122,7 +122,9 @@ def parse_count(value: object, *, resource: str, container: str) -> int:
     try:
         return whole_units(text)
     except QuantityError as exc:
-        raise BadPodRequestError(f"container {container!r}: {resource}={value!r}: {exc}") from None
+        raise BadPodRequestError(
+            f"container {container!r}: {resource} must be a whole number, got {value!r}: {exc}"
+        ) from None
 
 
 def _our_resources(values: object, *, section: str, container: str) -> dict[str, int]:

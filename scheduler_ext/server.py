@@ -42,11 +42,20 @@ MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read and discard up to this much of an ove
 JSON = "application/json"
 
 
+LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (capped by net.core.somaxconn)
+
+
 class ExtenderHTTPServer(ThreadingHTTPServer):
-    """One thread per connection; holds the service and metrics the handler uses."""
+    """One thread per connection; holds the service and metrics the handler uses.
+
+    The listen backlog is ``LISTEN_BACKLOG``, not socketserver's 5: kube-scheduler binds in
+    parallel goroutines (one per pod in its binding cycle) and opens a connection per call when
+    its pool runs dry; with a backlog of 5, 200 simultaneous binds lost most of their connections.
+    """
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self, address: tuple[str, int], *, service: ExtenderService, metrics: ExtenderMetrics

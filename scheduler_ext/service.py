@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter, not_
 from typing import Any, Protocol
 
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
+from scheduler_ext.flights import FlightTimeoutError, SingleFlight
 from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
@@ -35,6 +36,7 @@ from topology.assignment import PodAssignment
 from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
+BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the same pod
 _FITS = attrgetter("fits")
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")
@@ -80,6 +82,7 @@ class ExtenderService:
     core: DecisionCore
     binder: Binder
     observer: Observer | None = None
+    binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
 
     # ---- filter / prioritize --------------------------------------------------------------------
     def filter(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> ExtenderFilterResult:
@@ -127,7 +130,23 @@ class ExtenderService:
             request = pod_request(pod)
         except BadPodRequestError:
             return names, [0] * len(names)
-        return names, ranked_scores(self._verdicts(request, names, host_requests(pod)))
+        verdicts = self._verdicts(request, names, host_requests(pod))
+        return names, ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+
+    def _reservation_costs(
+        self, request: PodRequest, pod: Mapping[str, Any], names: list[str]
+    ) -> list[float] | None:
+        """Per node, what the pod's GPUs cost the tasks only that node's kind can serve (milli-GPU)."""
+        shaped = pod_shape(request, pod)
+        if shaped is None or shaped[0].total_gpu_milli == 0:
+            return None
+        kinds = self.cache.kinds
+        pressure = self.core.reserved(kinds).pressure(kinds.free)
+        if not pressure:
+            return None
+        per_gpu = {kind: p * shaped[0].total_gpu_milli for kind, p in pressure.items()}
+        kind_of = kinds.kind_of
+        return [per_gpu[kind] if (kind := kind_of.get(name)) in per_gpu else 0.0 for name in names]
 
     def _host_only_scores(self, pod: Mapping[str, Any], names: list[str]) -> list[int]:
         """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and
@@ -158,7 +177,22 @@ class ExtenderService:
 
     # ---- bind -----------------------------------------------------------------------------------
     def bind(self, args: ExtenderBindingArgs) -> str:
-        """Returns "" on success, else the error text for ``ExtenderBindingResult.Error``."""
+        """Returns "" on success, else the error text for ``ExtenderBindingResult.Error``.
+
+        One bind per pod at a time: a retry that arrives while the first call is still writing
+        gets that call's result (``flights``), never a success of its own before the first ends.
+        """
+        pod = args.PodUID or f"{args.PodNamespace}/{args.PodName}"
+        for _ in range(2):  # a follower asking for another node runs its own bind once the first ends
+            try:
+                error, node = self.binds.run(pod, lambda: self._bind_once(args), tag=args.Node)
+            except FlightTimeoutError as exc:
+                return f"pod {pod}: an earlier bind of it is still in flight ({exc}); retry later"
+            if node == args.Node:
+                return error
+        return f"pod {pod} is being bound to node {node} by another call; not binding it to {args.Node}"
+
+    def _bind_once(self, args: ExtenderBindingArgs) -> str:
         key = f"{args.PodNamespace}/{args.PodName}"
         pod = self.cache.pod_object(uid=args.PodUID) if args.PodUID else self.cache.pod_object(key=key)
         if pod is None:
