@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from deviceplugin.mps import HOST_BASE_DIR
 from deviceplugin.sharing import SharingMode, load_sharing_plan
 from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
 from hardware.simulated import mps_control
@@ -80,3 +82,14 @@ def test_mps_sharing_config_reads_per_gpu_mps_defaults(tmp_path: Path) -> None:
     path.write_text("gpus:\n  '0': {mode: fractional, mps: {defaultActiveThreadPercentage: 150}}\n")
     with pytest.raises(InvalidInputError, match="defaultActiveThreadPercentage"):
         load_sharing_plan(path)
+
+
+def test_mps_daemonset_mounts_the_mps_base_directory_at_its_host_path() -> None:
+    manifest = Path(__file__).resolve().parents[2] / "manifests" / "node-agent-daemonset.yaml"
+    pod = yaml.safe_load(manifest.read_text())["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert mounts["mps"] == volumes["mps"] == HOST_BASE_DIR
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")  # the MPS programs come with it
