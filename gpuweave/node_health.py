@@ -20,8 +20,8 @@ import yaml
 from deviceplugin.agent import NodeAgent
 from deviceplugin.metrics import AgentMetrics
 from hardware.backend import GpuBackend
-from hardware.gpu_reset import GpuInUseError
-from hardware.health_probe import NvmlHealthProbe, nvidia_smi_reset
+from hardware.gpu_reset import GpuInUseError, nvidia_smi_reset
+from hardware.health_probe import NvmlHealthProbe
 from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route

@@ -11,6 +11,10 @@ every process in ``/proc``. That is the host's ``/proc`` only when the agent run
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +84,56 @@ def _comm(process_dir: Path) -> str:
         return (process_dir / "comm").read_text(encoding="utf-8").strip() or "?"
     except OSError:
         return "?"
+
+
+class SessionGate:
+    """Readers of our NVML session against a reset that closes it: readers wait while it is closed,
+    and the reset waits for the readers in flight."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._closed = False
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def closed(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: self._readers == 0 and not self._closed)
+            self._closed = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._closed = False
+                self._cond.notify_all()
+
+
+def nvidia_smi_reset(uuid: str, *, timeout_s: float = 120.0) -> None:
+    """Reset one GPU with ``nvidia-smi -r -i <uuid>`` (NVML has no public reset call)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "-r", "-i", uuid], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        message = f"nvidia-smi -r -i {uuid} failed: {exc}; a node reboot may be needed"
+        raise ResetRefusedError(message) from exc
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr).strip()
+        last = (output.splitlines() or ["no output"])[-1]
+        if "in use" in output.lower():
+            raise GpuInUseError(f"nvidia-smi -r -i {uuid}: {last}")
+        if "requires restart" in output.lower() or "reboot" in output.lower():
+            raise RebootRequiredError(f"nvidia-smi -r -i {uuid}: {last}; reboot the node")
+        raise ResetRefusedError(f"nvidia-smi -r -i {uuid} exited {done.returncode}: {last}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,8 +25,10 @@ from hardware.gpu_reset import (
     Holder,
     RebootRequiredError,
     ResetRefusedError,
+    SessionGate,
     device_holders,
     in_use_message,
+    nvidia_smi_reset,
 )
 from hardware.sysfs import read_hw_counters
 from topology.errors import GpuweaveError
@@ -115,9 +116,7 @@ class NvmlHealthProbe:
         self._uuid_by_handle: dict[Any, str] = {}
         self._registered: list[str] = []  # GPUs whose events we asked for (renewed after a reset)
         self._events_lock = threading.Lock()  # one event-set user at a time: wait, free, re-create
-        self._session = threading.Condition()  # readers in flight vs. a reset closing our session
-        self._readers = 0
-        self._resetting = False
+        self._session = SessionGate()  # our reads vs. a reset that closes our NVML session
 
     def _const(self, name: str, default: int) -> int:
         return int(getattr(self._lib, name, default))
@@ -230,7 +229,7 @@ class NvmlHealthProbe:
 
     def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings:
         """Every health counter of one GPU (waits while a reset has our NVML session closed)."""
-        with self._session_in_use():
+        with self._session.reading():
             return self._read_gpu(uuid, expected_nvlinks=expected_nvlinks)
 
     def _read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings:
@@ -275,7 +274,7 @@ class NvmlHealthProbe:
     def gpu_busy(self, uuid: str) -> bool:
         """Whether compute processes still run on the GPU (a reset must wait); a lost GPU runs nothing."""
         try:
-            with self._session_in_use():
+            with self._session.reading():
                 return self._processes(uuid)
         except ProbeError as exc:
             if exc.kind == "lost":
@@ -295,7 +294,7 @@ class NvmlHealthProbe:
         if query is None:
             return ()
         try:
-            with self._session_in_use():
+            with self._session.reading():
                 handle = self._handle(uuid)
                 minor = self._call(f"GPU {uuid} minor", partial(query, handle))
         except ProbeError as exc:
@@ -332,31 +331,11 @@ class NvmlHealthProbe:
             raise ResetRefusedError(f"reset of GPU {uuid} failed: {exc}") from exc
 
     @contextmanager
-    def _session_in_use(self) -> Iterator[None]:
-        with self._session:
-            self._session.wait_for(lambda: not self._resetting)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._session:
-                self._readers -= 1
-                self._session.notify_all()
-
-    @contextmanager
     def _released(self) -> Iterator[None]:
         """Free our event set and close our NVML session for the duration (our reads wait for it);
         then re-open both. NVML users outside this probe see UNINITIALIZED meanwhile and fail closed."""
-        with self._session:
-            self._session.wait_for(lambda: self._readers == 0 and not self._resetting)
-            self._resetting = True
-        try:
-            with self._closed_session():
-                yield
-        finally:
-            with self._session:
-                self._resetting = False
-                self._session.notify_all()
+        with self._session.closed(), self._closed_session():
+            yield
 
     @contextmanager
     def _closed_session(self) -> Iterator[None]:
@@ -403,24 +382,6 @@ def read_efa_adapters(sysfs_root: Path) -> tuple[EfaAdapter, ...]:
         operstate = _read(net / netdev / "operstate") if netdev else None
         found.append(EfaAdapter(dev.name, netdev, operstate, read_hw_counters(dev)))
     return tuple(found)
-
-
-def nvidia_smi_reset(uuid: str, *, timeout_s: float = 120.0) -> None:
-    """Reset one GPU with ``nvidia-smi -r -i <uuid>`` (NVML has no public reset call)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "-r", "-i", uuid], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ResetRefusedError(
-            f"nvidia-smi -r -i {uuid} failed: {exc}; a node reboot may be needed"
-        ) from exc
-    if done.returncode != 0:
-        output = (done.stdout + done.stderr).strip()
-        last = (output.splitlines() or ["no output"])[-1]
-        if "in use" in output.lower():
-            raise GpuInUseError(f"nvidia-smi -r -i {uuid}: {last}")
-        raise ResetRefusedError(f"nvidia-smi -r -i {uuid} exited {done.returncode}: {last}")
 
 
 def _read(path: Path) -> str | None:
