@@ -79,9 +79,13 @@ class _Worker:
         until = time.monotonic() + deadline_s
         while not answer.endswith(b"\n"):
             left = until - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            try:
+                ready = left > 0 and select.select([fd], [], [], left)[0]
+                chunk = os.read(fd, _MAX_ANSWER_BYTES) if ready else None
+            except OSError as exc:
+                raise SandboxError(f"selector worker {self.process.pid} is gone: {exc}") from None
+            if chunk is None:
                 raise EvaluationTimeoutError(f"selector ran past the {deadline_s:g} s deadline")
-            chunk = os.read(fd, _MAX_ANSWER_BYTES)
             if not chunk or len(answer) > _MAX_ANSWER_BYTES:
                 raise SandboxError(f"selector worker {self.process.pid} ended without an answer")
             answer += chunk
@@ -95,6 +99,11 @@ class _Worker:
 
     def stop(self) -> None:
         _stop(self.process)
+
+    def kill(self) -> None:
+        """End the process but leave its pipes to the thread reading them (it sees EOF)."""
+        if self.process.poll() is None:
+            self.process.kill()
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -146,11 +155,22 @@ class SelectorSandbox:
         verdict = answer.get("verdict")
         return verdict if isinstance(verdict, bool) else str(answer.get("error", "no verdict"))
 
-    def close(self) -> None:
-        """Stop every worker (the pool starts new ones if used again)."""
+    def busy(self) -> int:
+        """Evaluations running now (for tests and metrics)."""
         with self._lock:
-            self._idle.clear()
-            _stop_all(self._all)
+            return len(self._all) - len(self._idle)
+
+    def close(self) -> None:
+        """Stop every worker; one in use is killed and its caller gets ``SandboxError`` (the pool
+        starts new workers if used again)."""
+        with self._lock:
+            idle, self._idle[:] = list(self._idle), []
+            busy = [w for w in self._all if w not in idle]
+            self._all[:] = busy
+        for worker in idle:
+            worker.stop()
+        for worker in busy:
+            worker.kill()
 
     @staticmethod
     def _line(expression: str, device: dict[str, Any]) -> bytes:
@@ -166,6 +186,9 @@ class SelectorSandbox:
             return worker
 
     def _give_back(self, worker: _Worker) -> None:
+        if worker.process.poll() is not None:  # killed by ``close`` just after it answered
+            self._discard(worker)
+            return
         with self._lock:
             self._idle.append(worker)
 
