@@ -148,7 +148,7 @@ def test_cdi_dgx_h100_every_name_resolves_before_and_after_a_mig_reshape(start_n
     reshape = call_agent(
         node.state_dir, "mig.apply", {"gpu": 3, "profiles": ["3g.40gb", "3g.40gb"]}, timeout=60
     )
-    migs = [c["uuid"] for c in reshape["created"]]  # type: ignore[union-attr]
+    migs = [c["uuid"] for c in reshape["created"]]
     # As soon as the kubelet sees the new devices, a runtime resolves them (the spec came first).
     assert kubelet.wait_for(lambda: len(kubelet.healthy(MIG_3G)) == 2)
     containers = node.allocate(MIG_3G, [[uuid] for uuid in migs])
