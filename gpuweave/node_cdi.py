@@ -55,20 +55,25 @@ def spec_dir(args: argparse.Namespace) -> Path | None:
     return args.state_dir / SIMULATED_SPEC_SUBDIR if args.simulate else DEFAULT_CDI_SPEC_DIR
 
 
-def device_listing(args: argparse.Namespace, backend: GpuBackend) -> DeviceListing:
-    """The strategies named by the flag; CDI names need specs, so a CDI strategy with
-    ``--cdi-spec-dir none`` is refused in one line."""
+def check_cdi_arguments(args: argparse.Namespace) -> frozenset[DeviceListStrategy]:
+    """The strategies named by the flag, checked before anything starts: CDI names need specs, so a
+    CDI strategy with ``--cdi-spec-dir none`` is refused in one line."""
     try:
         strategies = parse_strategies(args.device_list_strategy)
     except ValueError as exc:
         raise GpuweaveError(f"--device-list-strategy: {exc}") from None
-    listing = DeviceListing(strategies=strategies)
-    if listing.uses_cdi and spec_dir(args) is None:
-        cdi = sorted(s.value for s in strategies if s is not DeviceListStrategy.ENVVAR)
+    if DeviceListing(strategies=strategies).uses_cdi and spec_dir(args) is None:
+        cdi = sorted(s.value for s in strategies if s.value.startswith("cdi-"))
         raise GpuweaveError(
             f"--device-list-strategy {','.join(cdi)} names CDI devices but --cdi-spec-dir is none: "
             "give a spec directory or use envvar / volume-mounts only"
         )
+    return strategies
+
+
+def device_listing(args: argparse.Namespace, backend: GpuBackend) -> DeviceListing:
+    """The checked strategies and, for EFA grants, the host's ``rdma_cm`` node where it has one."""
+    strategies = check_cdi_arguments(args)
     rdma_cm = read_host_device_nodes(host_root(backend)).rdma_cm
     return DeviceListing(strategies=strategies, rdma_cm=rdma_cm.path if rdma_cm else None)
 

@@ -25,7 +25,7 @@ from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, device_listing
+from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
 from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
@@ -218,6 +218,7 @@ def check_args(args: argparse.Namespace) -> bool:
     if not args.kubelet_dir.is_dir():
         raise GpuweaveError(f"kubelet device-plugin directory {args.kubelet_dir} does not exist")
     require_writable_dir(args.state_dir)  # a read-only or uncreatable state dir: one line, not a traceback
+    check_cdi_arguments(args)  # a bad --device-list-strategy: one line, before any hardware is opened
     with_kube = bool(args.kubeconfig or args.in_cluster)
     if args.mig_demand and not with_kube:
         raise GpuweaveError(

@@ -6,6 +6,7 @@ production reader, so the numbers checked here are the ones a real driver publis
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from deviceplugin.allocation import (
 from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs
 from deviceplugin.devices import PluginDevice, build_catalogue
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from gpuweave.cli import main
+from gpuweave.node_cdi import add_cdi_arguments, spec_dir
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.simulated.dev_tree import write_fake_dev
 from tests.support.small_inventory import gpu_uuid, small_inventory
@@ -207,3 +210,42 @@ def test_cdi_strategy_names_are_parsed_with_a_specific_error() -> None:
         parse_strategies("envvar,cdi")
     with pytest.raises(ValueError, match=r"unknown \(empty\)"):
         parse_strategies(" , ")
+
+
+def node_agent_argv(tmp_path: Path, *extra: str) -> list[str]:
+    (tmp_path / "kubelet").mkdir(exist_ok=True)
+    return ["node-agent", "--kubelet-dir", str(tmp_path / "kubelet"), "--state-dir", str(tmp_path / "state"),
+            "--simulate", "dgx-h100", "--no-kube", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--device-list-strategy", "envvar,cdi"],
+            "--device-list-strategy: device-list strategy 'envvar,cdi': ",
+        ),
+        (
+            ["--cdi-spec-dir", "none"],
+            "--device-list-strategy cdi-cri names CDI devices but --cdi-spec-dir is none",
+        ),
+    ],
+)
+def test_cdi_node_agent_flags_refuse_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main(node_agent_argv(tmp_path, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_cdi_spec_dir_defaults_to_the_runtime_directory_or_the_simulated_state_dir(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_cdi_arguments(parser)
+    real = parser.parse_args([])
+    real.simulate, real.state_dir = None, tmp_path
+    assert spec_dir(real) == Path("/var/run/cdi")
+    real.simulate = "dgx-h100"
+    assert spec_dir(real) == tmp_path / "cdi"
+    real.cdi_spec_dir = "/etc/cdi"
+    assert spec_dir(real) == Path("/etc/cdi")
