@@ -102,6 +102,12 @@ class SystemCalls(SimulatedLibBase):
         self._enter("nvmlSystemGetDriverVersion")
         return self.node.inventory.driver_version
 
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        """NVML's own version: the CUDA major version, then the driver's (``12.535.104.05``)."""
+        self._enter("nvmlSystemGetNVMLVersion")
+        major = self.node.inventory.cuda_driver_version.partition(".")[0] or "12"
+        return f"{major}.{self.node.inventory.driver_version}"
+
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._enter("nvmlSystemGetCudaDriverVersion")
         version = self.node.inventory.cuda_driver_version
@@ -182,6 +188,19 @@ class DeviceCalls(SimulatedLibBase):
         gpu = self._gpu("nvmlDeviceGetCudaComputeCapability", handle)
         major, _, minor = gpu.compute_capability.partition(".")
         return int(major), int(minor)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+        """The PCIe level two GPUs meet at (NVML ignores NVLink here), as ``nvidia-smi topo -m``."""
+        a = self._gpu("nvmlDeviceGetTopologyCommonAncestor", device1)
+        b = self._gpu("nvmlDeviceGetTopologyCommonAncestor", device2)
+        if a.index == b.index:
+            return self.NVML_TOPOLOGY_INTERNAL
+        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+            return self.NVML_TOPOLOGY_SINGLE
+        if a.pcie_root == b.pcie_root:
+            on_switches = a.pcie_switch is not None and b.pcie_switch is not None
+            return self.NVML_TOPOLOGY_MULTIPLE if on_switches else self.NVML_TOPOLOGY_HOSTBRIDGE
+        return self.NVML_TOPOLOGY_NODE if a.numa_node == b.numa_node else self.NVML_TOPOLOGY_SYSTEM
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetMinorNumber", handle).minor

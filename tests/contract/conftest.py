@@ -3,6 +3,8 @@
 ``GPUWEAVE_CONTRACT_BACKENDS`` selects them: a comma list of ``simulated`` and ``nvml`` (default
 ``simulated``). ``nvml`` runs the same suite against the real driver through pynvml; it is only
 generated when asked for, so a machine without GPUs never shows a skipped NVML run.
+``GPUWEAVE_CONTRACT_PROFILES`` (a comma list of built-in profile names) narrows the simulated
+backends, as ``scripts/gpu-check --simulate PROFILE`` does.
 """
 
 from __future__ import annotations
@@ -44,10 +46,22 @@ def _selected() -> list[str]:
     return chosen
 
 
+def _profiles() -> list[str]:
+    known = builtin_profile_names()
+    raw = os.environ.get("GPUWEAVE_CONTRACT_PROFILES", "")
+    chosen = [part.strip() for part in raw.split(",") if part.strip()] or list(known)
+    unknown = set(chosen) - set(known)
+    if unknown:
+        raise pytest.UsageError(
+            f"GPUWEAVE_CONTRACT_PROFILES: unknown profile(s) {sorted(unknown)}; built in: {list(known)}"
+        )
+    return chosen
+
+
 def _params() -> list[str]:
     params: list[str] = []
     if "simulated" in _selected():
-        params += [f"simulated:{name}" for name in builtin_profile_names()]
+        params += [f"simulated:{name}" for name in _profiles()]
     if "nvml" in _selected():
         params.append("nvml")
     return params
