@@ -2,7 +2,9 @@
 
 Every node runs ``deviceplugin.agent.NodeAgent`` on simulated hardware
 (``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML)
-with the node's sharing plan and its health service (``gpuweave.node_health``: NVML events,
+with the node's sharing plan, one MPS daemon per fractional GPU (``gpuweave.node_mps`` on
+``InMemoryMpsDaemons``: records in this process, since a process per GPU across the fleet would
+not fit a small machine) and its health service (``gpuweave.node_health``: NVML events,
 kernel log, Xid policy), serving its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
@@ -24,9 +26,11 @@ from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
+from gpuweave.node_mps import MpsRoundHook, start_node_mps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
 from hardware.mig_ops import MigOps
+from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
@@ -128,6 +132,10 @@ class NodeAgentPool:
             kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
         )
         agent = NodeAgent(config, discover=backend.discover, chooser_for=gpu_chooser_for)
+        # One MPS daemon per fractional GPU, as records in this process (no process per GPU)
+        mps = start_node_mps(
+            agent, daemons=InMemoryMpsDaemons(), inventory=backend.discover(), base_dir=state_dir / "mps"
+        )
         agent.start()
         if not kubelet.wait_for(set(agent.resource_names()[:1])):
             agent.stop()
@@ -135,7 +143,13 @@ class NodeAgentPool:
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
         health = start_node_health(
-            agent, backend=backend, state_dir=state_dir, node_name=node.name, settings=self._health
+            agent,
+            backend=backend,
+            state_dir=state_dir,
+            node_name=node.name,
+            settings=self._health,
+            round_hooks=(MpsRoundHook(mps),),
+            kill_mps=mps.kill,
         )
         _first_round_done(health)
         started = _Node(agent, kubelet, backend, health)
