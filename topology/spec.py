@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from topology import inventory as inv
 from topology.errors import InvalidInputError
-from topology.spec_checks import check_spec
+from topology.spec_checks import check_spec, index_gap_problem
 from topology.spec_derive import (
     derived_gpu_bus_id,
     derived_gpu_uuid,
@@ -190,6 +190,20 @@ class NodeProfile(_Model):
     kind: Literal["NodeProfile"]
     metadata: ProfileMetadata
     spec: NodeProfileSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _every_gpu_listed(cls, data: Any) -> Any:
+        """Checked before the spec so the gap is reported, not a link to the missing index."""
+        spec = data.get("spec") if isinstance(data, dict) else None
+        gpus = spec.get("gpus") if isinstance(spec, dict) else None
+        if isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus):
+            indexes = [g.get("index") for g in gpus]
+            if all(isinstance(i, int) and not isinstance(i, bool) for i in indexes):
+                problem = index_gap_problem(indexes)
+                if problem is not None:
+                    raise ValueError(problem)
+        return data
 
     @property
     def name(self) -> str:

@@ -82,12 +82,6 @@ def _check_gpus(spec: NodeProfileSpec) -> str | None:
         seen_uuid.add(gpu.uuid or "")
         if gpu.mig_enabled and not gpu.mig_capable:
             return f"gpus[{i}].migEnabled: GPU {gpu.index} ({gpu.product}) is not migCapable"
-    missing = sorted(set(range(len(spec.gpus))) - seen_index)
-    if missing:
-        return (
-            f"gpus: indexes must be 0..{len(spec.gpus) - 1} as NVML numbers them; "
-            f"missing {', '.join(map(str, missing))}"
-        )
     minor = _duplicate(g.minor for g in spec.gpus if g.minor is not None)
     if minor is not None:
         return f"gpus: duplicate minor number {minor}"
@@ -248,3 +242,18 @@ def _placement_overlap(
                 f"GPU instance {other_instance} at {other_start}..{other_start + other_size - 1}"
             )
     return None
+
+
+def index_gap_problem(indexes: list[int]) -> str | None:
+    """A profile lists every GPU, so its indexes are NVML's ``0..n-1``. A discovered inventory may
+    have gaps (GPUs the driver counts but cannot reach), so this is checked for profiles only;
+    duplicates are left to ``check_spec``, which names the entry."""
+    if len(set(indexes)) != len(indexes):
+        return None
+    missing = sorted(set(range(len(indexes))) - set(indexes))
+    if not missing:
+        return None
+    return (
+        f"spec.gpus: indexes must be 0..{len(indexes) - 1} as NVML numbers them; "
+        f"missing {', '.join(map(str, missing))}"
+    )

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
+from deviceplugin.published import inventory_object
 from deviceplugin.sharing import SharingPlan
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.structs import NVMLError
+from scheduler_ext.objects import inventory_record
 from topology.contracts import RESOURCE_GPU
-from topology.spec import NodeProfile
+from topology.spec import NodeProfile, ProfileError
 
 
 def profile_with_lost(name: str, *indexes: int) -> NodeProfile:
@@ -129,3 +131,23 @@ def test_the_catalogue_lists_a_lost_gpu_under_nvidia_gpu_with_its_reason() -> No
     assert lost_device_id(lost) in {d.id for d in devices}
     assert set(lost_reasons(inventory)) == {lost_device_id(lost)}
     assert "GPU 3 unreachable" in lost_reasons(inventory)[lost_device_id(lost)]
+
+
+def test_the_published_inventory_of_a_node_with_a_lost_gpu_is_read_back_by_the_extender() -> None:
+    backend = SimulatedBackend(profile_with_lost("p5.48xlarge", 3))
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    record = inventory_record(inventory_object(inventory))
+    assert [g.index for g in record.inventory.gpus] == [0, 1, 2, 4, 5, 6, 7]
+    assert record.inventory.gpus == inventory.gpus
+    assert record.inventory.nvswitch == inventory.nvswitch
+
+
+def test_a_profile_must_still_list_every_gpu() -> None:
+    document: dict[str, Any] = load_profile("p5.48xlarge").to_wire()
+    del document["spec"]["gpus"][3]
+    document["spec"]["nvswitch"]["gpus"] = [0, 1, 2, 4, 5, 6, 7]
+    with pytest.raises(ProfileError, match=r"indexes must be 0\.\.6 as NVML numbers them; missing 3"):
+        NodeProfile.parse(document)
