@@ -21,6 +21,7 @@ from typing import Any
 from scheduler_ext.host import host_allocatable
 from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
 from scheduler_ext.registry import LayoutRegistry
+from scheduler_ext.reservation import KindTotals, kind_and_free
 from scheduler_ext.state import NodeState
 from topology.errors import GpuweaveError, InvalidInputError
 
@@ -56,6 +57,7 @@ class ClusterCache:
         self._allocatable: dict[str, tuple[int, int]] = {}  # node -> host (CPU milli, memory MiB)
         self._host_use: dict[str, PodRecord] = {}  # pod UID -> its host requests, bound pods only
         self._host_by_node: dict[str, set[str]] = {}
+        self._kinds = KindTotals()  # free GPU capacity by node kind, for reservation (``reservation``)
         self._node_locks: dict[str, threading.RLock] = {}
         self._meta_lock = threading.Lock()  # guards the lock table and pod bookkeeping only
         self.synced = threading.Event()
@@ -147,35 +149,45 @@ class ClusterCache:
         if record.terminated:
             self.delete_pod(record.uid)
             return
+        host_changed: set[str] = set()
         if record.node is None:
             self.remember_pod(obj)  # pending: a bind may name it next
         else:
             self._drop_object(record.uid)  # bound: the API (or the snapshot) holds it, not us
-            self._set_host_use(record.uid, record)
+            host_changed = self._put_host_use(record.uid, record)
         previous = self._holdings.get(record.uid)
-        if not record.devices and (previous is None or previous.assumed):
-            return  # an assumed bind stays until the annotation (or the pod's end) arrives
-        self._set_holding(record.uid, Holding(record, assumed=False) if record.devices else None)
+        rebuilt: set[str] = set()
+        if record.devices or (previous is not None and not previous.assumed):
+            # an assumed bind stays until the annotation (or the pod's end) arrives
+            rebuilt = self._set_holding(
+                record.uid, Holding(record, assumed=False) if record.devices else None
+            )
+        for node in sorted(host_changed - rebuilt):
+            self._rebuild(node)
 
     def delete_pod(self, uid: str) -> None:
         self._drop_object(uid)
-        self._set_host_use(uid, None)
-        self._set_holding(uid, None)
+        host_changed = self._put_host_use(uid, None)
+        for node in sorted(host_changed - self._set_holding(uid, None)):
+            self._rebuild(node)
 
-    def _set_host_use(self, uid: str, record: PodRecord | None) -> None:
-        """Count a bound pod's CPU and memory on its node (any pod: kube-scheduler binds most)."""
+    def _put_host_use(self, uid: str, record: PodRecord | None) -> set[str]:
+        """Count a bound pod's CPU and memory on its node (any pod: kube-scheduler binds most);
+        returns the nodes whose host use changed (the caller rebuilds them)."""
         previous = self._host_use.get(uid)
-        if previous == record:
-            return
+        counted = (
+            record if record is not None and record.node and (record.cpu_milli or record.memory_mib) else None
+        )
+        if _host_key(previous) == _host_key(counted):
+            return set()
         with self._meta_lock:
             if previous is not None:
                 self._host_use.pop(uid, None)
                 self._host_by_node.get(previous.node or "", set()).discard(uid)
-            if record is not None and record.node and (record.cpu_milli or record.memory_mib):
-                self._host_use[uid] = record
-                self._host_by_node.setdefault(record.node, set()).add(uid)
-        for node in {r.node for r in (previous, record) if r is not None and r.node}:
-            self._rebuild(node)
+            if counted is not None and counted.node:
+                self._host_use[uid] = counted
+                self._host_by_node.setdefault(counted.node, set()).add(uid)
+        return {r.node for r in (previous, counted) if r is not None and r.node}
 
     def _drop_object(self, uid: str) -> None:
         with self._meta_lock:
@@ -196,23 +208,28 @@ class ClusterCache:
                     "that other pods hold; kube-scheduler will retry the pod"
                 )
             self._put_holding(record.uid, Holding(record, assumed=True))
-            self._set_host_use(record.uid, record)
+            elsewhere = self._put_host_use(record.uid, record) - {record.node}
             self._rebuild_locked(record.node)
+        for node in sorted(elsewhere):
+            self._rebuild(node)
 
     def forget(self, uid: str) -> None:
         """Drop an assumed holding whose bind failed."""
         holding = self._holdings.get(uid)
         if holding is not None and holding.assumed:
-            self._set_host_use(uid, None)
-            self._set_holding(uid, None)
+            host_changed = self._put_host_use(uid, None)
+            for node in sorted(host_changed - self._set_holding(uid, None)):
+                self._rebuild(node)
 
-    def _set_holding(self, uid: str, holding: Holding | None) -> None:
+    def _set_holding(self, uid: str, holding: Holding | None) -> set[str]:
+        """Replace the pod's holding; returns the nodes rebuilt."""
         previous = self._holdings.get(uid)
         nodes = {h.record.node for h in (previous, holding) if h is not None and h.record.node}
         for node in sorted(n for n in nodes if n):
             with self.node_lock(node):
                 self._put_holding(uid, holding)
                 self._rebuild_locked(node)
+        return {n for n in nodes if n}
 
     def _put_holding(self, uid: str, holding: Holding | None) -> None:
         previous = self._holdings.pop(uid, None)
@@ -232,6 +249,7 @@ class ClusterCache:
         if base is None and name not in self._known_nodes:
             self._states.pop(name, None)
             self._tokens.pop(name, None)
+            self._kinds.put(name, None, 0, 0.0)
             return
         holders = _holders(self.holdings_on(name))
         if base is None:
@@ -240,6 +258,11 @@ class ClusterCache:
             state = self.registry.tokenized(base.with_holders(holders).with_host_free(self._host_free(name)))
         self._states[name] = state
         self._tokens[name] = state.token
+        self._kinds.put(name, *kind_and_free(state, self._allocatable.get(name)))
+
+    @property
+    def kinds(self) -> KindTotals:
+        return self._kinds
 
     def _host_free(self, name: str) -> tuple[int, int] | None:
         allocatable = self._allocatable.get(name)
@@ -249,6 +272,10 @@ class ClusterCache:
         cpu = sum(r.cpu_milli for r in users if r is not None)
         memory = sum(r.memory_mib for r in users if r is not None)
         return allocatable[0] - cpu, allocatable[1] - memory
+
+
+def _host_key(record: PodRecord | None) -> tuple[str | None, int, int] | None:
+    return None if record is None else (record.node, record.cpu_milli, record.memory_mib)
 
 
 def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:

@@ -22,8 +22,9 @@ from scheduler_ext.layout import NodeLayout
 from scheduler_ext.planners import Planner
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.requests import PodRequest
+from scheduler_ext.reservation import KindTotals, ReservedDemand
 from scheduler_ext.selector import SelectorCache, SelectorError
-from scheduler_ext.shares import UNLIMITED, ModelFor, fragment_models, host_only_quality
+from scheduler_ext.shares import UNLIMITED, ModelFor, fragment_models, host_only_level, quality_of
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import MAX_SCORE, PASS_THROUGH, PlanStep, Verdict, fail, unresolvable
 from scheduler_ext.workload import WorkloadLearner
@@ -53,6 +54,7 @@ class DecisionCore:
         self._lock = threading.Lock()
         self._mix_version = self.workload.mix.version
         self._models: ModelFor = fragment_models(self.workload.mix.workload)
+        self._reserved: tuple[tuple[int, int], ReservedDemand] | None = None
 
     def decide(
         self, request: PodRequest, node: NodeState | None, *, name: str = "", host: HostRequest = NO_HOST
@@ -143,8 +145,18 @@ class DecisionCore:
     def _host_only(self, node: NodeState, host: HostRequest) -> Verdict:
         before = node.host_free or (UNLIMITED, UNLIMITED)
         hosts = (before, (before[0] - host[0], before[1] - host[1]))
-        quality = host_only_quality(node.layout, node.free, model_for=self._models, hosts=hosts)
-        return Verdict(fits=True, score=round(quality * MAX_SCORE), quality=quality)
+        level, idle = host_only_level(node.layout, node.free, model_for=self._models, hosts=hosts)
+        quality = quality_of(level, idle)
+        return Verdict(fits=True, score=round(quality * MAX_SCORE), quality=quality, level=level, idle=idle)
+
+    def reserved(self, kinds: KindTotals) -> ReservedDemand:
+        """The reservation by node kind for the current mix and cluster (rebuilt when either changes)."""
+        key = (self.workload.mix.version, kinds.version)
+        cached = self._reserved
+        if cached is None or cached[0] != key:
+            capacity = dict(kinds.capacity)
+            cached = self._reserved = (key, ReservedDemand.of(self.workload.mix.workload, capacity))
+        return cached[1]
 
     def _follow_mix(self) -> None:
         """The learned mix changed: score against it from now on (memoized verdicts are stale)."""

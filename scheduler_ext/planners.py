@@ -226,7 +226,13 @@ class Planner:
         quality = sum(qualities) / len(qualities) if qualities else 0.5
         score = max(0, min(MAX_SCORE, round(quality * MAX_SCORE)))
         ordered = tuple(plans[c.name] for c in self.request.containers if c.name in plans)
-        return Verdict(fits=True, score=score, plan=ordered, quality=max(0.0, min(1.0, quality)))
+        scored = [s for s in steps if s.level is not None]
+        level, idle = (
+            (scored[0].level, scored[0].idle) if len(scored) == 1 and len(qualities) == 1 else (None, 0.0)
+        )
+        return Verdict(
+            fits=True, score=score, plan=ordered, quality=max(0.0, min(1.0, quality)), level=level, idle=idle
+        )
 
 
 def _merge(base: ContainerPlan, part: ContainerPlan) -> ContainerPlan:

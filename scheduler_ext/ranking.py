@@ -15,25 +15,33 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from scheduler_ext.shares import quality_of
 from scheduler_ext.verdict import MAX_SCORE, Verdict
 
 SAME = 1e-12  # qualities closer than this are the same (float noise of equal computations)
 
 
-def ranked_scores(verdicts: Sequence[Verdict]) -> list[int]:
-    """0..10 per verdict: 10 for the best fitting quality, the rest scaled linearly into 0..9."""
-    qualities = [v.quality for v in verdicts if v.fits]
-    if not qualities:
+def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None = None) -> list[int]:
+    """0..10 per verdict: 10 for the best fitting quality, the rest scaled linearly into 0..9.
+
+    ``reserve``: per verdict, the reservation cost in milli-GPU (``reservation``), added to the
+    fragment level of FGD-scored verdicts before ranking. Not fitting: 0.
+    """
+    fits = [v.fits for v in verdicts]
+    qualities = [v.quality for v in verdicts]
+    if reserve is not None:
+        qualities = [
+            quality_of(v.level + cost, v.idle) if cost and v.level is not None else q
+            for v, q, cost in zip(verdicts, qualities, reserve, strict=True)
+        ]
+    fitting = [q for q, f in zip(qualities, fits, strict=True) if f]
+    if not fitting:
         return [0] * len(verdicts)
-    best, worst = max(qualities), min(qualities)
-    spread = best - worst
-    scores = []
-    for verdict in verdicts:
-        if not verdict.fits:
-            scores.append(0)
-        elif best - verdict.quality <= SAME:
-            scores.append(MAX_SCORE)
-        else:
-            scaled = math.floor((MAX_SCORE - 1) * (verdict.quality - worst) / spread)
-            scores.append(max(0, min(MAX_SCORE - 1, scaled)))
-    return scores
+    best, worst = max(fitting), min(fitting)
+    step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
+    return [
+        (MAX_SCORE if best - q <= SAME else max(0, min(MAX_SCORE - 1, math.floor(step * (q - worst)))))
+        if f
+        else 0
+        for q, f in zip(qualities, fits, strict=True)
+    ]

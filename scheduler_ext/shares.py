@@ -107,9 +107,13 @@ def plan_share_containers(
             memory=container.memory_gib,
             replicas=container.shared,
         )
-    if fractional:
-        qualities.append(_fgd_quality(layout, free, use, model_for=model_for, hosts=hosts))
-    return PlanStep(plans=plans, quality=sum(qualities) / len(qualities))
+    if not fractional:
+        return PlanStep(plans=plans, quality=sum(qualities) / len(qualities))
+    level, idle = _fgd_level(layout, free, use, model_for=model_for, hosts=hosts)
+    if qualities:  # time-sliced containers too: their fill ratio averages in, no level
+        qualities.append(quality_of(level, idle))
+        return PlanStep(plans=plans, quality=sum(qualities) / len(qualities))
+    return PlanStep(plans=plans, quality=quality_of(level, idle), level=level, idle=idle)
 
 
 def _impossible(
@@ -188,45 +192,48 @@ def _fgd_choice(
     return roomy[best]
 
 
-def _fgd_quality(
+def _fgd_level(
     layout: NodeLayout,
     free: FreeState,
     use: dict[int, ShareUse],
     *,
     model_for: ModelFor,
     hosts: tuple[HostRequest, HostRequest],
-) -> float:
-    """The quality of a share placement: the node's fragment before and after it."""
+) -> tuple[float, float]:
+    """A share placement's fragment level and the idle milli-GPU it leaves (``quality_of``)."""
     before = _frees(layout, dict(free.share_use))
-    return _quality(model_for(_product(layout)), before, _frees(layout, use), hosts)
+    return _level(model_for(_product(layout)), before, _frees(layout, use), hosts)
 
 
-def host_only_quality(
+def host_only_level(
     layout: NodeLayout | None, free: FreeState, *, model_for: ModelFor, hosts: tuple[HostRequest, HostRequest]
-) -> float:
-    """The quality of placing a pod that asks for no device: what its CPU and memory take from
-    the tasks the node's idle GPUs (shares and whole) could still serve. A node without GPUs
-    loses nothing, so it ranks best: CPU pods stay off GPU nodes when they can."""
+) -> tuple[float, float]:
+    """Placing a pod that asks for no device: what its CPU and memory take from the tasks the
+    node's idle GPUs (shares and whole) could still serve. A node without GPUs loses nothing, so
+    it ranks best: CPU pods stay off GPU nodes when they can."""
     if layout is None or not layout.gpus:
-        return _quality(None, {}, {}, hosts)
+        return _level(None, {}, {}, hosts)
     frees = _frees(layout, dict(free.share_use)) | dict.fromkeys(free.free_gpus, MILLI_PER_GPU)
-    return _quality(model_for(_product(layout)), frees, frees, hosts)
+    return _level(model_for(_product(layout)), frees, frees, hosts)
 
 
-def _quality(
+def _level(
     model: FragmentModel | None,
     before: dict[int, int],
     after: dict[int, int],
     hosts: tuple[HostRequest, HostRequest],
-) -> float:
-    """0..1, higher for a smaller fragment increase (FGD's sigmoid), then for less idle GPU left
-    (packing among equals: a tiny term, below the gap between two fragment levels)."""
+) -> tuple[float, float]:
+    """The fragment increase, increases within ``TOLERANCE_MILLI`` counted equal, and idle GPU left."""
     delta = 0.0
     if model is not None and before:
         order = sorted(before)
         rows = [[before[i] for i in order], [after[i] for i in order]]
         values = _fragments(model, rows, list(hosts))
         delta = float(values[1] - values[0])
-    level = round(delta / TOLERANCE_MILLI) * TOLERANCE_MILLI
-    idle = sum(after.values()) / (MILLI_PER_GPU * 64)  # below 1: never outweighs one level step
-    return 1.0 / (1.0 + math.exp(level / MILLI_PER_GPU)) - 1e-7 * idle
+    return round(delta / TOLERANCE_MILLI) * TOLERANCE_MILLI, float(sum(after.values()))
+
+
+def quality_of(level: float, idle: float) -> float:
+    """0..1, higher for a smaller fragment increase (FGD's sigmoid), then for less idle GPU left
+    (packing among equals: a tiny term, below the gap between two fragment levels)."""
+    return 1.0 / (1.0 + math.exp(level / MILLI_PER_GPU)) - 1e-7 * idle / (MILLI_PER_GPU * 64)

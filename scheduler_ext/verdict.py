@@ -45,6 +45,8 @@ class Verdict:
     score: int = 0
     plan: tuple[ContainerPlan, ...] = ()
     quality: float = -1.0  # 0..1, what prioritize ranks fitting nodes by (``ranking``); -1: from score
+    level: float | None = None  # fragment increase (milli-GPU, rounded) behind ``quality``, if FGD-scored
+    idle: float = 0.0  # idle milli-GPU left on the node's share GPUs (packing among equals)
     priority: int = field(init=False)  # the node's own 0..10 score when it fits, else 0
 
     def __post_init__(self) -> None:
@@ -60,6 +62,8 @@ class PlanStep:
     plans: dict[str, ContainerPlan] = field(default_factory=dict)
     quality: float | None = None
     gpus_used: tuple[int, ...] = ()
+    level: float | None = None  # FGD-scored steps: the fragment increase and idle GPU behind quality
+    idle: float = 0.0
 
 
 def fail(reason: str) -> Verdict:
