@@ -34,8 +34,11 @@ from tests.support.gpu_check_record import record_fixture
 from tests.support.kubelet_emulator import KubeletEmulator
 
 RESOURCE_GPU = "nvidia.com/gpu"
-STEP_TIMEOUT_S = 90.0
-AGENT_WAIT_S = 45.0
+# Limits that add up to under 4 minutes with the recording (whose NVML calls have 10 s deadlines).
+CONTRACT_TIMEOUT_S = 100.0
+INSPECT_TIMEOUT_S = 20.0  # each of the two runs
+AGENT_REGISTER_S = 40.0
+AGENT_ROUND_S = 30.0
 _GUARD = """#!/bin/sh
 # gpu-check's guard: queries pass to the real nvidia-smi, anything else (reset, -pm, -mig, -lgc) is refused.
 for arg in "$@"; do
@@ -61,7 +64,7 @@ class StepResult:
 
 
 def _python(
-    *args: str, env: dict[str, str] | None = None, timeout: float = STEP_TIMEOUT_S
+    *args: str, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
@@ -79,7 +82,8 @@ def step_contract(profile: str | None) -> str:
     if profile:
         env["GPUWEAVE_CONTRACT_PROFILES"] = profile
     replay = "--ignore=tests/contract/test_nvml_replay.py"  # it runs this script: no recursion
-    done = _python("-m", "pytest", "tests/contract", replay, "-q", "-p", "no:cacheprovider", env=env)
+    pytest = ("-m", "pytest", "tests/contract", replay, "-q", "-p", "no:cacheprovider")
+    done = _python(*pytest, timeout=CONTRACT_TIMEOUT_S, env=env)
     if done.returncode != 0:
         raise CheckFailedError(f"contract suite failed: {_tail(done)}")
     return _tail(done)
@@ -87,10 +91,10 @@ def step_contract(profile: str | None) -> str:
 
 def step_inspect(profile: str | None) -> str:
     base = ["-m", "gpuweave", "inspect", *(["--simulate", profile] if profile else [])]
-    table = _python(*base)
+    table = _python(*base, timeout=INSPECT_TIMEOUT_S)
     if table.returncode != 0:
         raise CheckFailedError(f"gpuweave inspect failed: {_tail(table)}")
-    machine = _python(*base, "--json")
+    machine = _python(*base, "--json", timeout=INSPECT_TIMEOUT_S)
     if machine.returncode != 0:
         raise CheckFailedError(f"gpuweave inspect --json failed: {_tail(machine)}")
     gpus = json.loads(machine.stdout)["profile"]["spec"]["gpus"]
@@ -138,9 +142,9 @@ def _exercise_agent(kubelet: KubeletEmulator, state_dir: Path, agent: subprocess
     def registered() -> bool:
         return agent.poll() is None and bool(kubelet.devices(RESOURCE_GPU))
 
-    if not kubelet.wait_for(registered, timeout=AGENT_WAIT_S):
+    if not kubelet.wait_for(registered, timeout=AGENT_REGISTER_S):
         stderr = agent.stderr.read() if agent.poll() is not None and agent.stderr else ""
-        waited = f"{AGENT_WAIT_S:g}s"
+        waited = f"{AGENT_REGISTER_S:g}s"
         raise CheckFailedError(f"the agent did not register {RESOURCE_GPU} in {waited}: {stderr[-400:]}")
     listed = len(kubelet.devices(RESOURCE_GPU))
     chosen, response = kubelet.allocate(RESOURCE_GPU, 1)  # GetPreferredAllocation, then Allocate
@@ -153,8 +157,8 @@ def _exercise_agent(kubelet: KubeletEmulator, state_dir: Path, agent: subprocess
         except ControlError:
             return False
 
-    if not _wait(one_round, AGENT_WAIT_S):
-        raise CheckFailedError(f"no health round finished in {AGENT_WAIT_S:g}s")
+    if not _wait(one_round, AGENT_ROUND_S):
+        raise CheckFailedError(f"no health round finished in {AGENT_ROUND_S:g}s")
     return f"registered, {listed} GPUs listed, allocated {chosen[0]}, one health round"
 
 
