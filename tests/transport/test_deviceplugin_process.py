@@ -76,8 +76,9 @@ def test_every_builtin_profile_registers_and_allocates(profile: str) -> None:
         assert set(more) == set(uuids) - set(ids)
         if RESOURCE_EFA in node.expected:
             nics, efa = node.kubelet.allocate(RESOURCE_EFA, 1, numa_hint=[1])
-            assert [d.host_path for d in efa.devices] == [
-                next(n.uverbs_device for n in node.inventory.nics if n.name == nics[0])
+            assert [d.host_path for d in efa.devices] == [  # libfabric opens rdma_cm too
+                next(n.uverbs_device for n in node.inventory.nics if n.name == nics[0]),
+                "/dev/infiniband/rdma_cm",
             ]
     finally:
         node.close()
