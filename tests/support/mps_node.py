@@ -8,6 +8,7 @@ keep one down. The health round is short (``round_s``) so supervision acts quick
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -19,6 +20,7 @@ import yaml
 from deviceplugin.control import call_agent
 from hardware.mps import read_pid
 from hardware.simulated import mps_control
+from health.badlist import BAD_HARDWARE_FILE
 from proto.v1beta1 import api_pb2
 from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir
@@ -38,8 +40,15 @@ def sharing_yaml(fractional: tuple[int, ...]) -> str:
 
 
 class MpsNode(AgentNode):
-    def __init__(self, *, round_s: float = 0.3) -> None:
+    def __init__(self, *, round_s: float = 0.3, retired: tuple[int, ...] = ()) -> None:
+        """``retired``: GPUs on the node's bad-hardware list before the agent starts."""
         root = short_temp_dir()
+        (root / "s").mkdir()
+        bad = {
+            gpu_uuid(i): {"uuid": gpu_uuid(i), "reason": "test", "node": "node-a", "since": "", "strikes": 3}
+            for i in retired
+        }
+        (root / "s" / BAD_HARDWARE_FILE).write_text(json.dumps(bad))
         profile = root / "node.yaml"
         profile.write_text(yaml.safe_dump(NodeProfile.from_inventory(small_inventory()).to_wire()))
         self.sharing = root / "sharing.yaml"

@@ -119,3 +119,17 @@ def test_mps_switching_a_gpu_to_exclusive_stops_its_daemon(node: MpsNode) -> Non
     assert node.kubelet.wait_for(lambda: f"{gpu_uuid(1)}" in "".join(node.kubelet.healthy(RESOURCE_GPU)))
     assert node.kubelet.wait_for(lambda: len(node.kubelet.devices(RESOURCE_GPU_COMPUTE)) == 100)
     assert read_pid(node.pipe_dir(0)) is not None
+
+
+def test_mps_daemon_of_a_retired_gpu_is_stopped_at_the_first_health_round() -> None:
+    node = MpsNode(round_s=ROUND_S, retired=(1,))
+    try:
+        assert node.kubelet.wait_for(lambda: len(node.kubelet.healthy(RESOURCE_GPU_COMPUTE)) == 100, 30)
+        assert node.kubelet.wait_for(lambda: sorted(node.mps_status()) == [gpu_uuid(0)])
+        assert read_pid(node.pipe_dir(1)) is None  # started before health read the list, then quit
+        log = (node.pipe_dir(1).parent / "log" / mps_control.CONTROL_LOG).read_text()
+        assert "Command: quit" in log and log.rstrip().endswith("Exit")
+        assert read_pid(node.pipe_dir(0)) is not None
+    finally:
+        node.kill_leftover_daemons()
+        node.close()
