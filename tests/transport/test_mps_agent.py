@@ -7,6 +7,8 @@ wrapper that refuses to start a daemon while a block file exists, so a test can 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import grpc
@@ -16,6 +18,7 @@ from deviceplugin.control import call_agent
 from hardware.mps import read_pid
 from hardware.simulated import mps_control
 from tests.support.agent_node import run_sim_inject
+from tests.support.agent_process import REPO_ROOT
 from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode, shares_healthy, shares_withheld, sharing_yaml
 from tests.support.small_inventory import gpu_uuid
@@ -133,3 +136,20 @@ def test_mps_daemon_of_a_retired_gpu_is_stopped_at_the_first_health_round() -> N
     finally:
         node.kill_leftover_daemons()
         node.close()
+
+
+def test_mps_daemon_stops_when_its_gpu_is_reshaped_to_mig(node: MpsNode) -> None:
+    command = [sys.executable, "-m", "gpuweave", "mig", "apply", "--state-dir", str(node.state_dir)]
+    done = subprocess.run(
+        [*command, "--gpu", "1", "--profiles", "3g.40gb,3g.40gb"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert node.kubelet.wait_for(lambda: sorted(node.mps_status()) == [gpu_uuid(0)], timeout=30)
+    assert read_pid(node.pipe_dir(1)) is None and read_pid(node.pipe_dir(0)) is not None
+    assert node.kubelet.wait_for(lambda: len(node.kubelet.healthy("nvidia.com/mig-3g.40gb")) == 2)
+    assert node.kubelet.wait_for(lambda: len(node.kubelet.devices(RESOURCE_GPU_COMPUTE)) == 100)
