@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from deviceplugin.devices import lost_reasons
 from deviceplugin.sharing import SharingMode, SharingPlan
 from topology.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_KIND
 from topology.inventory import NodeInventory
@@ -93,6 +94,10 @@ def _device_health(
         if reason or held:
             entry["reason"] = str(reason or held)
         devices.append(entry)
+    devices += [  # GPUs the driver counts but cannot reach: Unhealthy under the ID the kubelet lists
+        {"id": device_id, "kind": "gpu", "health": UNHEALTHY, "reason": reason}
+        for device_id, reason in lost_reasons(inventory).items()
+    ]
     return devices
 
 
