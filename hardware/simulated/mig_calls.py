@@ -33,6 +33,7 @@ from hardware.simulated.mig_state import (
     SimGpuInstance,
     SimMigGpu,
     SimNvmlError,
+    ci_profile_id,
 )
 from topology.inventory import NodeInventory
 from topology.mig_catalog import MigCatalog, default_catalog
@@ -348,7 +349,7 @@ class MigCallsMixin:
             index, _, gi, ci = self._compute_instance(computeInstance)
             placement = c_nvmlGpuInstancePlacement_t(0, ci.slices)
             parent = self._mig_parent_handle(index)  # nvml.h: "Parent device", not the MIG device
-            return _ComputeInstanceInfo(parent, gi.handle, ci.id, ci.slices, placement)
+            return _ComputeInstanceInfo(parent, gi.handle, ci.id, ci_profile_id(ci.slices), placement)
 
         return self._mig_call(info)
 

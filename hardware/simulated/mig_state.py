@@ -42,6 +42,11 @@ _CI_SLICES_BY_INDEX = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
 _MIG_UUID_NAMESPACE = uuid.UUID("6f1c2c4e-9d1b-4c55-8b7a-7a0f3f6f2b10")
 
 
+def ci_profile_id(slices: int) -> int:
+    """NVML's compute-instance profile ID (``NVML_COMPUTE_INSTANCE_PROFILE_*``) for a slice count."""
+    return next(index for index, count in _CI_SLICES_BY_INDEX.items() if count == slices)
+
+
 class SimNvmlError(Exception):
     """An NVML return code from the simulation; ``code`` is nvmlReturn_t."""
 

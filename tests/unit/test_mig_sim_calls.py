@@ -59,6 +59,7 @@ def test_instances_compute_instances_and_mig_devices(lib):
     ci_profile = lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 2, 0)
     ci = lib.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
     ci_info = lib.nvmlComputeInstanceGetInfo(ci)
+    assert ci_info.profileId == ci_profile.id == 2  # NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, not 3 slices
     assert lib.nvmlDeviceGetUUID(ci_info.device) == lib.nvmlDeviceGetUUID(dev)  # the parent, as in NVML
     assert lib.nvmlDeviceGetUUID(lib.nvmlGpuInstanceGetInfo(gi).device) == lib.nvmlDeviceGetUUID(dev)
     assert nvml_code(lambda: lib.nvmlDeviceGetUUID(ci)) == lib.NVML_ERROR_INVALID_ARGUMENT
