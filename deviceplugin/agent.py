@@ -245,8 +245,7 @@ class NodeAgent:
                     catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
                 )
                 faults = {**self._faults, **self._lost}
-                withheld = {k: v for gate in self._gates.values() for k, v in gate.items()} | self._withheld
-                reasons = unhealthy_reasons(devices, faults=faults, withheld=withheld)
+                reasons = unhealthy_reasons(devices, faults=faults, withheld=self._all_withheld())
                 changed = resource.state.update(devices, reasons) or changed
                 self.metrics.unhealthy_devices.labels(name).set(len(reasons))
         return changed
@@ -288,9 +287,13 @@ class NodeAgent:
         self._changed()
 
     def health_maps(self) -> tuple[dict[str, str], dict[str, str]]:
-        """(faults, withheld): device ID or GPU UUID -> reason."""
+        """(faults, withheld): device ID or GPU UUID -> reason; withheld includes every gate's
+        (the NVSwitch fabric), so what is published matches what the kubelet is told."""
         with self._lock:
-            return dict(self._faults), dict(self._withheld)
+            return dict(self._faults), self._all_withheld()
+
+    def _all_withheld(self) -> dict[str, str]:
+        return {k: v for gate in self._gates.values() for k, v in gate.items()} | self._withheld
 
     def health_report(self) -> dict[str, Any]:
         """Per resource, every device's health and reason; plus the raw fault and withheld maps."""
