@@ -12,8 +12,9 @@ kube-scheduler pick among the scorer's best nodes whatever its plugins say; its 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from scheduler_ext.shares import quality_of
 from scheduler_ext.verdict import MAX_SCORE, Verdict
@@ -27,21 +28,19 @@ def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None =
     ``reserve``: per verdict, the reservation cost in milli-GPU (``reservation``), added to the
     fragment level of FGD-scored verdicts before ranking. Not fitting: 0.
     """
-    fits = [v.fits for v in verdicts]
-    qualities = [v.quality for v in verdicts]
+    count = len(verdicts)
+    fits = np.fromiter((v.fits for v in verdicts), dtype=bool, count=count)
+    qualities = np.fromiter((v.quality for v in verdicts), dtype=np.float64, count=count)
     if reserve is not None:
-        qualities = [
-            quality_of(v.level + cost, v.idle) if cost and v.level is not None else q
-            for v, q, cost in zip(verdicts, qualities, reserve, strict=True)
-        ]
-    fitting = [q for q, f in zip(qualities, fits, strict=True) if f]
-    if not fitting:
-        return [0] * len(verdicts)
-    best, worst = max(fitting), min(fitting)
+        levels = np.fromiter((np.nan if v.level is None else v.level for v in verdicts), np.float64, count)
+        idle = np.fromiter((v.idle for v in verdicts), dtype=np.float64, count=count)
+        cost = np.asarray(reserve, dtype=np.float64)
+        moved = (cost != 0) & ~np.isnan(levels)
+        qualities[moved] = quality_of(levels[moved] + cost[moved], idle[moved])
+    if not fits.any():
+        return [0] * count
+    best, worst = qualities[fits].max(), qualities[fits].min()
     step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
-    return [
-        (MAX_SCORE if best - q <= SAME else max(0, min(MAX_SCORE - 1, math.floor(step * (q - worst)))))
-        if f
-        else 0
-        for q, f in zip(qualities, fits, strict=True)
-    ]
+    scaled = np.clip(np.floor(step * (qualities - worst)), 0, MAX_SCORE - 1)
+    scores = np.where(best - qualities <= SAME, MAX_SCORE, scaled)
+    return [int(s) for s in np.where(fits, scores, 0)]

@@ -11,8 +11,8 @@ then packing (less idle GPU left) among equals. ``quality`` is what prioritize r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -233,7 +233,10 @@ def _level(
     return round(delta / TOLERANCE_MILLI) * TOLERANCE_MILLI, float(sum(after.values()))
 
 
-def quality_of(level: float, idle: float) -> float:
+def quality_of(level: Any, idle: Any) -> Any:
     """0..1, higher for a smaller fragment increase (FGD's sigmoid), then for less idle GPU left
-    (packing among equals: a tiny term, below the gap between two fragment levels)."""
-    return 1.0 / (1.0 + math.exp(level / MILLI_PER_GPU)) - 1e-7 * idle / (MILLI_PER_GPU * 64)
+    (packing among equals: a tiny term, below the gap between two fragment levels). Floats or
+    numpy arrays (prioritize re-ranks a whole node list at once)."""
+    return 1.0 / (1.0 + np.exp(np.asarray(level) / MILLI_PER_GPU)) - 1e-7 * np.asarray(idle) / (
+        MILLI_PER_GPU * 64
+    )
