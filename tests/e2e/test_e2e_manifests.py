@@ -42,10 +42,12 @@ def test_workloads_were_stored_as_written(plane: ControlPlane) -> None:
     host_paths = sorted(v.host_path.path for v in pod.volumes if v.host_path)
     assert host_paths == [
         "/dev",
+        "/run/gpuweave/mps",  # each fractional GPU's MPS pipe and log directory
         "/run/nvidia-fabricmanager",  # the Fabric Manager's pid file: can an Ampere NVSwitch fabric train
         "/var/lib/gpuweave",  # the agent's own state: bad-GPU list, strikes, kernel-log cursor
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
+        "/var/run/cdi",  # the agent's CDI specs, read by the container runtime
     ]
     scheduler = apps.read_namespaced_deployment("gpuweave-scheduler", NAMESPACE)
     containers = {c.name: c for c in scheduler.spec.template.spec.containers}
