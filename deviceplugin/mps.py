@@ -102,6 +102,7 @@ class MpsSupervisor:
         self._clock = clock
         self._lock = threading.Lock()
         self._ops = threading.Lock()  # one start/stop/check pass at a time
+        self._publishing = threading.Lock()  # the gate is computed and set as one step
         self._records: dict[str, DaemonRecord] = {}
 
     def records(self) -> dict[str, DaemonRecord]:
@@ -233,8 +234,10 @@ class MpsSupervisor:
         return not record.up and not record.faulted and record.failures >= self.settings.failures_to_fault
 
     def _publish(self) -> None:
-        down = {uuid: r.reason for uuid, r in self.records().items() if not r.up}
-        self._gate(down)
+        """Set the gate from the records as they are now; serialised, so an Allocate that just
+        found a daemon dead and a round pass never overwrite each other with an older view."""
+        with self._publishing:
+            self._gate({uuid: r.reason for uuid, r in self.records().items() if not r.up})
 
 
 def status(supervisor: MpsSupervisor) -> dict[str, object]:

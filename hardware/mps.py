@@ -83,8 +83,7 @@ class ProcessMpsDaemons:
 
     def start(self, spec: MpsDaemonSpec) -> None:
         """Start the daemon, wait until it answers, then set its default limits."""
-        spec.pipe_dir.mkdir(parents=True, exist_ok=True)
-        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(spec)
         self._run(spec, ["-d"], stdin="")
         deadline = time.monotonic() + START_WAIT_S
         while True:
@@ -157,6 +156,15 @@ class ProcessMpsDaemons:
         return done.stdout
 
 
+def make_directories(spec: MpsDaemonSpec) -> None:
+    """The daemon's pipe and log directories; a refusal (read-only host path) is the GPU's start failure."""
+    try:
+        spec.pipe_dir.mkdir(parents=True, exist_ok=True)
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MpsControlError(f"cannot create the MPS directories of GPU {spec.gpu_uuid}: {exc}") from exc
+
+
 def read_pid(pipe_dir: Path) -> int | None:
     try:
         return int((pipe_dir / PID_FILE).read_text().strip())
@@ -172,8 +180,7 @@ class InMemoryMpsDaemons:
         self._lock = threading.Lock()
 
     def start(self, spec: MpsDaemonSpec) -> None:
-        spec.pipe_dir.mkdir(parents=True, exist_ok=True)
-        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(spec)
         state = mps_control.DaemonState()
         for command in spec.setup_commands():
             state.answer(command)

@@ -132,3 +132,13 @@ def test_mps_gpu_leaving_fractional_mode_stops_its_daemon(tmp_path: Path, parts:
     assert supervisor.records()[gpu_uuid(0)].spec.thread_percentage == 10
     supervisor.stop_all()
     assert supervisor.records() == {} and gates[-1] == {}
+
+
+def test_mps_uncreatable_pipe_directory_is_a_failed_start_not_a_crash(tmp_path: Path, parts: Parts) -> None:
+    supervisor, _, _, gates = parts
+    (tmp_path / "file").write_text("")
+    plan = SharingPlan(per_gpu={"0": FRACTIONAL})
+    wanted = wanted_daemons(small_inventory(), plan, base_dir=tmp_path / "file")
+    supervisor.check(wanted)
+    assert "cannot create the MPS directories" in gates[-1][gpu_uuid(0)]
+    assert supervisor.records()[gpu_uuid(0)].failures == 1
