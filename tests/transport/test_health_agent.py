@@ -87,7 +87,8 @@ def test_xid_79_withholds_only_that_gpu_and_a_reset_brings_it_back(p5: Node) -> 
     assert len(p5.kubelet.healthy(RESOURCE_EFA)) == 32
     ids, _ = p5.kubelet.allocate(RESOURCE_GPU, 7)
     assert set(ids) == others
-    assert p5.gpu_state(5) == "Failed"
+    # the reset is tried every round and refused while pid 4242 runs
+    assert p5.gpu_state(5) in ("Failed", "Remediating")
     p5.inject("--gpu", "5", "--busy", "")
     p5.wait(lambda: gpu5 in p5.healthy_gpus(), "GPU 5 to be Healthy after the reset and probation")
     assert p5.status()["gpus"][gpu5]["strikes"] == 1
