@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from deviceplugin.allocation import CDI_KIND_EFA, CDI_KIND_GPU
 from deviceplugin.devices import DeviceKind, PluginDevice
 from hardware.device_nodes import CharDevice, HostDeviceNodes
@@ -148,6 +150,36 @@ def build_specs(
     return CdiSpecs(files, tuple(problems + efa_problems))
 
 
+def _load_other(path: Path) -> Mapping[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def conflicts(spec_dir: Path, specs: CdiSpecs) -> list[str]:
+    """Other tools' spec files in ``spec_dir`` that define one of our names: the CDI library drops a
+    name that two specs of one directory define, so neither definition resolves."""
+    ours = specs.names()
+    found: list[str] = []
+    for path in sorted(spec_dir.glob("*")):
+        if path.name.startswith(SPEC_FILE_PREFIX) or path.suffix not in (".json", ".yaml"):
+            continue
+        other = _load_other(path) or {}
+        devices = other.get("devices") if isinstance(other.get("devices"), list) else []
+        names = {f"{other.get('kind')}={d.get('name')}" for d in devices or [] if isinstance(d, dict)}
+        clash = sorted(names & ours)
+        if clash:
+            found.append(
+                f"{path} also defines {len(clash)} of the agent's CDI devices ({clash[0]}, ...); a runtime "
+                "resolves neither: stop the tool that writes it (the NVIDIA Container Toolkit's "
+                "nvidia-cdi-refresh, or the GPU operator's CDI spec) or give the agent another --cdi-spec-dir"
+            )
+    return found
+
+
 class CdiSpecWriter:
     """Keeps the agent's spec files in ``spec_dir`` equal to the last ``CdiSpecs`` given.
 
@@ -175,10 +207,11 @@ class CdiSpecWriter:
                 if path.name not in specs.files:
                     path.unlink(missing_ok=True)
                     self._written.pop(path.name, None)
-            for problem in specs.problems:
+            problems = [*specs.problems, *conflicts(self.spec_dir, specs)]
+            for problem in problems:
                 if problem not in self._reported:
                     log.warning("CDI spec: %s", problem)
-            self._reported = set(specs.problems)
+            self._reported = set(problems)
 
     def _own_files(self) -> list[Path]:
         return [

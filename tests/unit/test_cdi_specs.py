@@ -21,7 +21,7 @@ from deviceplugin.allocation import (
     grant_for,
     parse_strategies,
 )
-from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs
+from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs, conflicts
 from deviceplugin.devices import PluginDevice, build_catalogue
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.cli import main
@@ -249,3 +249,24 @@ def test_cdi_spec_dir_defaults_to_the_runtime_directory_or_the_simulated_state_d
     assert spec_dir(real) == tmp_path / "cdi"
     real.cdi_spec_dir = "/etc/cdi"
     assert spec_dir(real) == Path("/etc/cdi")
+
+
+def test_cdi_writer_names_another_tools_spec_that_defines_the_same_names(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    inventory = small_inventory(gpus=2)
+    (spec_dir / "nvidia.yaml").write_text(
+        f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '0'\n- name: {gpu_uuid(1)}\n"
+    )
+    (spec_dir / "broken.json").write_text("{not json")
+    specs = build_specs(inventory, served(inventory), host=host_of(tmp_path, inventory))
+    assert conflicts(spec_dir, specs) == [
+        f"{spec_dir / 'nvidia.yaml'} also defines 1 of the agent's CDI devices "
+        f"(nvidia.com/gpu={gpu_uuid(1)}, ...); a runtime resolves neither: stop the tool that writes it "
+        "(the NVIDIA Container Toolkit's nvidia-cdi-refresh, or the GPU operator's CDI spec) "
+        "or give the agent another --cdi-spec-dir"
+    ]
+    CdiSpecWriter(spec_dir).write(specs)
+    assert "nvidia.yaml also defines 1" in caplog.text
