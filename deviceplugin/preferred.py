@@ -2,8 +2,9 @@
 
 Pure. Whole GPUs go through the topology search (NVLink/NVSwitch, NIC on the same PCIe switch,
 NUMA) behind ``GpuSetChooser``; MIG devices pack onto already-busy GPUs; EFA adapters stay on one
-NUMA node and PCIe switch; fractional units stay on one GPU, the one they fit most tightly (the
-FGD idea: keep large holes for large requests); time-sliced replicas spread across GPUs.
+NUMA node and PCIe switch; fractional units and time-sliced replicas stay on one GPU, the one they
+fit most tightly (``topology.share_rule``, the rule the extender uses among equal fragment
+increases: keep large holes for large requests).
 
 Bad requests (a size the available set cannot meet, a must-include ID that is not offered) raise
 ``AllocationRejectedError``. Unknown available IDs are dropped, not fatal: a device that vanished
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from deviceplugin.devices import DeviceKind, PluginDevice
 from deviceplugin.errors import AllocationRejectedError
+from topology.share_rule import tightest_gpu
 
 GpuSetChooser = Callable[[frozenset[int], int, frozenset[int]], "tuple[int, ...] | None"]
 """(available GPU indexes, size, must-include indexes) -> the chosen indexes, or None."""
@@ -125,24 +127,15 @@ def _prefer_tightest_gpu(candidates: Devices, must: Devices, size: int, *, affin
     must_gpus = {d.gpu_uuid for d in must}
     if len(must_gpus) > 1:
         return []
-    fitting = [g for g, free in units.items() if len(free) >= size and (not must_gpus or g in must_gpus)]
-    if not fitting:
+    allowed = {g: len(free) for g, free in units.items() if not must_gpus or g in must_gpus}
+    index = {
+        g: min((d.gpu_index for d in free if d.gpu_index is not None), default=0) for g, free in units.items()
+    }
+    tightest = tightest_gpu(allowed, size, index=index)
+    if tightest is None:
         return []
-    best = affine if affine in fitting else min(fitting, key=lambda g: (len(units[g]), g))
+    best = affine if affine is not None and allowed.get(affine, 0) >= size else tightest
     return _fill(must, sorted(units[best], key=lambda d: d.unit), size)
-
-
-def _prefer_spread_replicas(candidates: Devices, must: Devices, size: int) -> list[str]:
-    units: dict[str | None, list[PluginDevice]] = defaultdict(list)
-    for device in sorted(candidates, key=lambda d: d.unit):
-        units[device.gpu_uuid].append(device)
-    used = {d.gpu_uuid for d in must}
-    order: list[PluginDevice] = []
-    while any(units.values()):
-        for gpu in sorted(units, key=lambda g: (g in used, -len(units[g]), g or "")):
-            if units[gpu]:
-                order.append(units[gpu].pop(0))
-    return _fill(must, order, size)
 
 
 def preferred_devices(
@@ -171,7 +164,5 @@ def preferred_devices(
         return _prefer_packed_mig(candidates, must, request.size)
     if kind is DeviceKind.EFA:
         return _prefer_local_nics(candidates, must, request.size, near=near)
-    if kind is DeviceKind.REPLICA:
-        return _prefer_spread_replicas(candidates, must, request.size)
     affine = next((d.gpu_uuid for d in near if d.gpu_uuid), None)
     return _prefer_tightest_gpu(candidates, must, request.size, affine=affine)

@@ -22,6 +22,7 @@ from scheduler_ext.requests import ContainerRequest, PodRequest
 from scheduler_ext.state import FreeState, ShareUse, share_capacity
 from scheduler_ext.verdict import ContainerPlan, PlanStep, Verdict, fail, unresolvable
 from topology.fragmentation import MILLI_PER_GPU, FragmentModel, TargetWorkload, TaskShape
+from topology.share_rule import tightest_gpu
 
 # Fragment increases closer than this (milli-GPU) are ties: the measure's noise is not signal.
 # Chosen on seeds 42..51 of the default trace for the simulator policy this scorer replaced.
@@ -88,7 +89,8 @@ def plan_share_containers(
         if not roomy:
             return fail(f"container {container.name!r}: no {mode.value} GPU has {_describe(container)} free")
         if mode is ShareMode.TIME_SLICED:
-            chosen = min(roomy, key=lambda i: (share_capacity(layout, i).replicas - use[i].replicas, i))
+            left = {i: share_capacity(layout, i).replicas - use[i].replicas for i in roomy}
+            chosen = tightest_gpu(left, container.shared, index={i: i for i in roomy}) or roomy[0]
             qualities.append(
                 (use[chosen].replicas + container.shared) / share_capacity(layout, chosen).replicas
             )

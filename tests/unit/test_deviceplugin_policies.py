@@ -125,14 +125,19 @@ def test_compute_units_prefer_the_tightest_single_gpu() -> None:
     assert preferred_devices(too_big, devices=by_id(catalogue[RESOURCE_GPU_COMPUTE])) == []
 
 
-def test_replicas_spread_and_mig_packs() -> None:
+def test_replicas_take_the_tightest_gpu_and_mig_packs() -> None:
+    """Time-sliced replicas follow the extender's rule: one GPU, the one left with least room."""
     plan = SharingPlan(default=GpuSharing(SharingMode.TIME_SLICED, replicas=2))
     catalogue = build_catalogue(small_inventory(), plan)
     replicas = by_id(catalogue[RESOURCE_GPU_SHARED])
-    chosen = preferred_devices(
-        PreferenceRequest(RESOURCE_GPU_SHARED, tuple(replicas), (), 3), devices=replicas
-    )
-    assert len({replicas[c].gpu_uuid for c in chosen}) == 3
+    taken = next(c for c in replicas if replicas[c].gpu_index == 1)  # GPU 1 has one replica left
+    free = tuple(c for c in replicas if c != taken)
+    one = preferred_devices(PreferenceRequest(RESOURCE_GPU_SHARED, free, (), 1), devices=replicas)
+    two = preferred_devices(PreferenceRequest(RESOURCE_GPU_SHARED, free, (), 2), devices=replicas)
+    assert [replicas[c].gpu_index for c in one] == [1]
+    assert [replicas[c].gpu_index for c in two] == [0, 0]
+    too_many = PreferenceRequest(RESOURCE_GPU_SHARED, free, (), 3)
+    assert preferred_devices(too_many, devices=replicas) == []  # one GPU offers two
     migs = build_catalogue(small_inventory(mig_on=(1, 2)), SharingPlan())[MIG]
     busy_first = [migs[0].id, migs[2].id, migs[3].id]  # GPU 1 has one MIG device left, GPU 2 two
     chosen = preferred_devices(PreferenceRequest(MIG, tuple(busy_first), (), 1), devices=by_id(migs))
