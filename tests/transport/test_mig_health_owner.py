@@ -3,9 +3,9 @@
 Real parts: the node agent's gRPC servers and the kubelet emulator, the MIG service and health as
 ``gpuweave node-agent`` wires them (``build_mig_service``, ``start_node_health`` with
 ``mig_recreator`` and the reconciler's ``GpuOwners``), the simulated driver raising the Xid.
-MIG calls take 0.03 s each (the simulated driver's latency knob), so the operator's reshape of
-GPU 3 is in flight for about 4 s, over four times the watchdog's stall threshold (0.95 s here),
-when the Xid arrives.
+MIG calls take 0.05 s each (the simulated driver's latency knob), so the operator's reshape of
+GPU 3 is in flight for about 7 s, three times the watchdog's stall threshold (2.15 s here), when
+the Xid arrives.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import poll_until
 from topology.contracts import RESOURCE_GPU, mig_resource_name
 
-SETTINGS = HealthSettings(round_interval_s=0.05, check_timeout_s=0.4, event_wait_ms=20)  # stalls after 0.95 s
+SETTINGS = HealthSettings(round_interval_s=0.05, check_timeout_s=1.0, event_wait_ms=20)  # stalls after 2.15 s
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_xid_48_on_an_instance_a_reshape_destroys_waits_and_reverts_nothing(root
     try:
         assert kubelet.wait_for(lambda: kubelet.healthy(RESOURCE_GPU) == others, timeout=30)
         assert poll_until(lambda: not health.snapshot().startup_pending, timeout=30)
-        backend.lib.mig_latency_s = 0.03
+        backend.lib.mig_latency_s = 0.05
         operator = threading.Thread(target=lambda: mig.reconciler.apply(3, [TargetEntry("7g.80gb")]))
         operator.start()
         assert poll_until(lambda: mig.reconciler.owners.holder(gpu3) == "MIG reshape", timeout=10, every=0.01)
