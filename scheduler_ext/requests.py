@@ -123,7 +123,7 @@ def parse_count(value: object, *, resource: str, container: str) -> int:
         return whole_units(text)
     except QuantityError as exc:
         raise BadPodRequestError(
-            f"container {container!r}: {resource} must be a whole number, got {value!r}: {exc}"
+            f"container {container!r}: {resource}={value!r} must be a whole number: {exc}"
         ) from None
 
 
