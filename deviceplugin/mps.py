@@ -168,7 +168,11 @@ class MpsSupervisor:
     def _stop(self, record: DaemonRecord) -> None:
         try:
             self.daemons.stop(record.spec)
-            log.warning("stopped the MPS daemon of GPU %s: no longer fractional", record.spec.gpu_uuid)
+            log.warning(
+                "stopped the MPS daemon of GPU %s (no longer fractional, now MIG or retired, or the agent "
+                "stops)",
+                record.spec.gpu_uuid,
+            )
         except MpsControlError as exc:
             log.warning("cannot stop the MPS daemon of GPU %s: %s", record.spec.gpu_uuid, exc)
 

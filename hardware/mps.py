@@ -125,6 +125,10 @@ class ProcessMpsDaemons:
         pid = read_pid(spec.pipe_dir)
         if pid is None:
             return f"GPU {spec.gpu_uuid}: no MPS daemon pid file in {spec.pipe_dir}"
+        if not is_mps_control(
+            pid, program=self.command[-1]
+        ):  # a stale pid file: the number may now be another process's
+            return f"GPU {spec.gpu_uuid}: MPS daemon {pid} was not running (stale pid file)"
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -163,6 +167,17 @@ def make_directories(spec: MpsDaemonSpec) -> None:
         spec.log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise MpsControlError(f"cannot create the MPS directories of GPU {spec.gpu_uuid}: {exc}") from exc
+
+
+def is_mps_control(pid: int, *, program: str = DEFAULT_BINARY, proc_root: Path = Path("/proc")) -> bool:
+    """Whether process ``pid`` runs an MPS control program: the driver's, the simulated one, or
+    ``program`` (compared by file name, so a pid file left by a dead daemon never names another process)."""
+    try:
+        command = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    names = {os.path.basename(arg) for arg in command.decode(errors="replace").split("\0")}
+    return bool(names & {DEFAULT_BINARY, os.path.basename(mps_control.__file__), os.path.basename(program)})
 
 
 def read_pid(pipe_dir: Path) -> int | None:

@@ -93,3 +93,10 @@ def test_mps_daemonset_mounts_the_mps_base_directory_at_its_host_path() -> None:
     assert mounts["mps"] == volumes["mps"] == HOST_BASE_DIR
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")  # the MPS programs come with it
+
+
+def test_mps_kill_never_signals_another_process_named_by_a_stale_pid_file(spec: MpsDaemonSpec) -> None:
+    spec.pipe_dir.mkdir(parents=True)
+    (spec.pipe_dir / mps_control.PID_FILE).write_text(f"{os.getpid()}\n")  # this test, not a daemon
+    assert "stale pid file" in ProcessMpsDaemons(simulated_command()).kill(spec)
+    (spec.pipe_dir / mps_control.PID_FILE).unlink()
