@@ -221,7 +221,7 @@ class CdiSpecWriter:
         ]
 
     def read(self) -> dict[str, Mapping[str, Any]]:
-        """The agent's spec files as they are on disk (for status and tests)."""
+        """The agent's spec files as they are on disk (for tests and tools)."""
         return {p.name: json.loads(p.read_text(encoding="utf-8")) for p in sorted(self._own_files())}
 
 
