@@ -125,9 +125,7 @@ class ProcessMpsDaemons:
         pid = read_pid(spec.pipe_dir)
         if pid is None:
             return f"GPU {spec.gpu_uuid}: no MPS daemon pid file in {spec.pipe_dir}"
-        if not is_mps_control(
-            pid, program=self.command[-1]
-        ):  # a stale pid file: the number may now be another process's
+        if not is_mps_control(pid, program=self.command[-1]):  # stale: the pid may be reused
             return f"GPU {spec.gpu_uuid}: MPS daemon {pid} was not running (stale pid file)"
         try:
             os.kill(pid, signal.SIGKILL)
