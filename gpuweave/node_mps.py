@@ -88,13 +88,11 @@ def start_node_mps(
     *,
     daemons: MpsDaemons,
     inventory: NodeInventory,
-    base_dir: Path,
+    settings: MpsSettings,
     sharing_config: Path | None = None,
 ) -> NodeMps:
     """Start every wanted daemon (before ``agent.start``), install the Allocate lookup and routes."""
-    supervisor = MpsSupervisor(
-        daemons, MpsSettings(base_dir=base_dir), gate=lambda reasons: agent.set_gate(GATE, reasons)
-    )
+    supervisor = MpsSupervisor(daemons, settings, gate=lambda reasons: agent.set_gate(GATE, reasons))
     mps = NodeMps(agent, supervisor)
     wanted = mps.wanted_for(inventory)
     if isinstance(daemons, ProcessMpsDaemons):

@@ -22,6 +22,7 @@ from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.coexistence import refuse_if_served_by_another
 from deviceplugin.devices import build_catalogue
 from deviceplugin.metrics import AgentMetrics, serve_metrics
+from deviceplugin.mps import MpsSettings
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
@@ -204,11 +205,12 @@ def open_mps(args: argparse.Namespace, agent: NodeAgent, inventory: NodeInventor
     """One MPS control daemon per fractional GPU, started before the first device list (a GPU
     without a live daemon is withheld from it)."""
     simulated = bool(args.simulate)
+    base_dir = mps_base_dir(agent.config.sharing, state_dir=args.state_dir, simulated=simulated)
     return start_node_mps(
         agent,
         daemons=ProcessMpsDaemons(control_command(args.mps_control, simulated=simulated)),
         inventory=inventory,
-        base_dir=mps_base_dir(agent.config.sharing, state_dir=args.state_dir, simulated=simulated),
+        settings=MpsSettings(base_dir=base_dir),
         sharing_config=args.sharing_config,
     )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.mps import MpsSettings
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
@@ -134,7 +135,10 @@ class NodeAgentPool:
         agent = NodeAgent(config, discover=backend.discover, chooser_for=gpu_chooser_for)
         # One MPS daemon per fractional GPU, as records in this process (no process per GPU)
         mps = start_node_mps(
-            agent, daemons=InMemoryMpsDaemons(), inventory=backend.discover(), base_dir=state_dir / "mps"
+            agent,
+            daemons=InMemoryMpsDaemons(),
+            inventory=backend.discover(),
+            settings=MpsSettings(base_dir=state_dir / "mps"),
         )
         agent.start()
         if not kubelet.wait_for(set(agent.resource_names()[:1])):

@@ -39,6 +39,20 @@ def sharing_yaml(fractional: tuple[int, ...]) -> str:
     return yaml.safe_dump({"kind": "SharingConfig", "gpus": gpus})
 
 
+def blockable_control(root: Path) -> tuple[Path, Path]:
+    """(program, block file): the simulated MPS control program behind a wrapper that refuses to
+    start a daemon (``-d`` exits 1) while the block file exists."""
+    block = root / "block-mps-start"
+    wrapper = root / "mps-control"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-d" ] && [ -e {block} ]; then echo "start blocked by test" >&2; exit 1; fi\n'
+        f'exec {sys.executable} -I -S {mps_control.__file__} "$@"\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper, block
+
+
 class MpsNode(AgentNode):
     def __init__(self, *, round_s: float = 0.3, retired: tuple[int, ...] = ()) -> None:
         """``retired``: GPUs on the node's bad-hardware list before the agent starts."""
@@ -55,14 +69,7 @@ class MpsNode(AgentNode):
         self.sharing.write_text(sharing_yaml((0, 1)))
         health = root / "health.yaml"
         health.write_text(yaml.safe_dump({"health": {"round_interval_s": round_s, "startup_rounds": 1}}))
-        self.block = root / "block-mps-start"
-        wrapper = root / "mps-control"
-        wrapper.write_text(
-            "#!/bin/sh\n"
-            f'if [ "$1" = "-d" ] && [ -e {self.block} ]; then echo "start blocked by test" >&2; exit 1; fi\n'
-            f'exec {sys.executable} -I -S {mps_control.__file__} "$@"\n'
-        )
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        wrapper, self.block = blockable_control(root)
         extra = ("--sharing-config", str(self.sharing), "--health-config", str(health))
         super().__init__(str(profile), extra=(*extra, "--mps-control", str(wrapper)), root=root)
 
