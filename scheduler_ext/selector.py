@@ -40,7 +40,12 @@ import cel
 
 from scheduler_ext.quantity import parse_quantity
 from scheduler_ext.selector_cost import COST_LIMIT, estimate
-from scheduler_ext.selector_sandbox import EvaluationTimeoutError, SandboxError, SelectorSandbox
+from scheduler_ext.selector_sandbox import (
+    EvaluationTimeoutError,
+    SandboxError,
+    SelectorSandbox,
+    WorkerDiedError,
+)
 from topology.contracts import ATTRIBUTE_DOMAIN
 from topology.errors import InvalidInputError
 
@@ -181,6 +186,10 @@ class SelectorCache:
             )
             self._remember_error(expression, reason)
             raise SelectorError(reason) from None
+        except WorkerDiedError as exc:
+            if not self.sandbox.closed:  # not our shutdown: the selector crashed its evaluator
+                self._remember_error(expression, f"gpu-selector refused: {exc}")
+            raise SelectorError(f"gpu-selector could not be evaluated: {exc}") from None
         except SandboxError as exc:
             raise SelectorError(f"gpu-selector could not be evaluated now: {exc}") from None
         if isinstance(result, bool):

@@ -39,6 +39,10 @@ class EvaluationTimeoutError(SandboxError):
     """The selector ran past the deadline; its worker was killed."""
 
 
+class WorkerDiedError(SandboxError):
+    """The worker ended while evaluating (a crash in the CEL library, or ``close``)."""
+
+
 class SandboxBusyError(SandboxError):
     """Every worker stayed busy for the whole queue wait."""
 
@@ -87,7 +91,7 @@ class _Worker:
             if chunk is None:
                 raise EvaluationTimeoutError(f"selector ran past the {deadline_s:g} s deadline")
             if not chunk or len(answer) > _MAX_ANSWER_BYTES:
-                raise SandboxError(f"selector worker {self.process.pid} ended without an answer")
+                raise WorkerDiedError(f"selector worker {self.process.pid} ended without an answer")
             answer += chunk
         try:
             decoded = json.loads(answer)
@@ -135,6 +139,7 @@ class SelectorSandbox:
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _stop_all, self._all)
         self.started = 0  # worker processes started so far (for tests and metrics)
+        self.closed = False  # ``close`` ran and no worker started since
 
     def evaluate(self, expression: str, device: dict[str, Any]) -> bool | str:
         """True/False, or the selector's error text; raises ``SandboxError`` on deadline or busy."""
@@ -164,6 +169,7 @@ class SelectorSandbox:
         """Stop every worker; one in use is killed and its caller gets ``SandboxError`` (the pool
         starts new workers if used again)."""
         with self._lock:
+            self.closed = True
             idle, self._idle[:] = list(self._idle), []
             busy = [w for w in self._all if w not in idle]
             self._all[:] = busy
@@ -180,10 +186,12 @@ class SelectorSandbox:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-            worker = _Worker()
+        worker = _Worker()  # starts outside the lock: other callers keep using idle workers
+        with self._lock:
             self._all.append(worker)
             self.started += 1
-            return worker
+            self.closed = False
+        return worker
 
     def _give_back(self, worker: _Worker) -> None:
         if worker.process.poll() is not None:  # killed by ``close`` just after it answered

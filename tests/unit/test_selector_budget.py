@@ -3,14 +3,17 @@ at the sandbox's deadline otherwise, and every evaluation error an in-band (cach
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from scheduler_ext.quantity import QuantityError
 from scheduler_ext.selector import DeviceAttributes, SelectorCache, SelectorError, quantity, semver
 from scheduler_ext.selector_cost import COST_LIMIT, estimate
 from scheduler_ext.selector_sandbox import SelectorSandbox
+from tests.support.waiting import wait_until
 
 H100 = DeviceAttributes(
     architecture="hopper",
@@ -80,10 +83,39 @@ def test_a_selector_past_the_deadline_is_refused_and_remembered() -> None:
         with pytest.raises(SelectorError, match="deadline"):
             selectors.check(TWO_NESTED)  # at once, from the cache
         assert selectors.sandbox.started == 1
-        assert selectors.verdict("[1].all(x, x == 1)", H100) is True  # a fresh worker serves the next
+        selectors.sandbox.deadline_s = 30.0  # room for the next one on a busy machine
+        assert selectors.verdict("[1].all(x, x == 1)", H100) is True  # a fresh worker serves it
         assert selectors.sandbox.started == 2
     finally:
         selectors.close()
+
+
+def test_a_selector_that_kills_its_worker_is_refused_and_remembered() -> None:
+    """A worker that ends mid-evaluation (here killed from outside, as a crash in the CEL library
+    would end it) refuses the selector from then on, instead of starting a worker per retry."""
+    selectors = SelectorCache(cost_limit=10**12, sandbox=SelectorSandbox(deadline_s=600))
+    failures: list[str] = []
+
+    def evaluate() -> None:
+        try:
+            selectors.verdict(THREE_NESTED, H100)
+        except SelectorError as exc:
+            failures.append(str(exc))
+
+    thread = threading.Thread(target=evaluate)
+    try:
+        thread.start()
+        wait_until("the selector to run in a worker", lambda: selectors.sandbox.busy() == 1)
+        for child in psutil.Process().children():
+            if "scheduler_ext.selector_worker" in child.cmdline():
+                child.kill()
+        thread.join(timeout=60)
+        assert failures and "ended without an answer" in failures[0]
+        with pytest.raises(SelectorError, match="refused"):
+            selectors.check(THREE_NESTED)
+    finally:
+        selectors.close()
+        thread.join(timeout=60)
 
 
 @pytest.mark.parametrize(
