@@ -38,7 +38,7 @@ def test_replay_fixtures_include_the_simulated_dgx_h100() -> None:
 
 def test_replay_names_every_answer_the_simulator_gets_wrong(tmp_path: Path) -> None:
     meta, entries = load(SIMULATED_H100)
-    answers = {
+    answers: dict[tuple[str, tuple[object, ...]], dict[str, object]] = {
         ("nvmlDeviceGetMemoryInfo", ("gpu2",)): {"ok": {"total": 85899345920}},  # 81920 MiB: not an H100
         ("nvmlDeviceGetGpuFabricInfoV", ("gpu0",)): {"error": "NVML_ERROR_NOT_SUPPORTED"},
         ("nvmlDeviceGetUUID", ("gpu1",)): {"ok": "GPU-0123abcd-0000-4000-8000-000000000001"},  # same form
