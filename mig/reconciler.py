@@ -9,8 +9,8 @@ point converges with no orphaned and no duplicated instances.
 
 MIG mode: Hopper and later switch one GPU without a reset; Ampere records a pending mode that is
 applied by resetting only that GPU, and only when nothing runs on it. Hopper and later lose MIG
-mode and every instance on reboot or driver reload, Ampere loses the instances: ``recover`` at
-start re-applies every journalled layout.
+mode and every instance on reboot or driver reload, Ampere loses the instances: at start
+``mig.restore`` re-applies every journalled layout.
 
 The node agent composes this with hooks (``MigHooks``): which devices pods hold, withholding
 devices about to go, and a refresh once a GPU changed. ``mig/`` never imports the agent.
@@ -255,28 +255,6 @@ class MigReconciler:
                 index, [TargetEntry(i.profile, i.start) for i in current if i.key != str(record.gi_id)]
             )
             return self._apply(index, layout)
-
-    def recover(self) -> list[ReshapeResult]:
-        """At start: converge every journalled GPU (finish a crashed reshape, re-apply after reboot).
-
-        A GPU that cannot converge now (a process holds a blocking instance, NVML fails) is logged
-        and skipped: the other GPUs still converge and the agent still starts; the journal keeps
-        the target for the next apply.
-        """
-        results: list[ReshapeResult] = []
-        for uuid, record in sorted(self._journal.load().gpus.items()):
-            gpu = next((g for g in self._gpus.values() if g.uuid == uuid), None)
-            if gpu is None:
-                LOG.warning("MIG journal names GPU %s, which this node does not have; skipping", uuid)
-                continue
-            pinned = (
-                None if record.target is None else [TargetEntry(p.profile, p.start) for p in record.target]
-            )
-            try:
-                results.append(self.apply(gpu.index, pinned))
-            except GpuweaveError as exc:
-                LOG.warning("MIG layout of GPU %d not restored at start: %s", gpu.index, exc)
-        return results
 
     def _apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
         gpu, model = self.gpu(index), self.model(index)

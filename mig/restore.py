@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from hardware.mig_ops import GpuInstanceRecord
 from mig.journal import GpuRecord
 from mig.planner import TargetEntry
-from mig.reconciler import MigHooks, MigReconciler
+from mig.reconciler import MigHooks, MigReconciler, ReshapeResult
+from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 
@@ -32,6 +33,26 @@ class PendingRestore:
     index: int
     target: tuple[TargetEntry, ...] | None  # None: whole GPU, MIG off
     device_ids: tuple[str, ...]
+
+
+def recover(reconciler: MigReconciler) -> list[ReshapeResult]:
+    """Converge every journalled GPU now, in the caller's thread (tools, tests, benchmarks).
+
+    A GPU that cannot converge (a process holds a blocking instance, NVML fails) is logged and
+    skipped: the other GPUs still converge; the journal keeps the target for the next apply.
+    """
+    results: list[ReshapeResult] = []
+    for uuid, record in sorted(reconciler.journal.load().gpus.items()):
+        gpu = reconciler.gpu_by_uuid(uuid)
+        if gpu is None:
+            LOG.warning("MIG journal names GPU %s, which this node does not have; skipping", uuid)
+            continue
+        target = None if record.target is None else [TargetEntry(p.profile, p.start) for p in record.target]
+        try:
+            results.append(reconciler.apply(gpu.index, target))
+        except GpuweaveError as exc:
+            LOG.warning("MIG layout of GPU %d not restored at start: %s", gpu.index, exc)
+    return results
 
 
 def pending_restores(reconciler: MigReconciler) -> list[PendingRestore]:

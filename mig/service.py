@@ -20,7 +20,7 @@ from mig.demand import demand_covered
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigApplyError, MigReconciler, NoHooks, ReshapeResult
-from mig.restore import Restorer
+from mig.restore import Restorer, recover
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 from topology.errors import GpuweaveError, InvalidInputError
 from topology.validation import first_problem
@@ -166,7 +166,7 @@ class MigService:
         """Converge journalled GPUs (crash or reboot) before returning, then let reshapes reach the
         agent (tools and tests; the node agent uses ``begin_restore`` and ``restore_in_background``)."""
         try:
-            results = self.reconciler.recover()
+            results = recover(self.reconciler)
         finally:
             if self._hooks is not None:
                 self._hooks.attach()

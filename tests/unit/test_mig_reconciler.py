@@ -21,6 +21,7 @@ from mig.catalog import default_catalog
 from mig.journal import JOURNAL_FILE, MigJournal
 from mig.planner import MigPlanError, PlannedInstance, TargetEntry
 from mig.reconciler import GpuRef, MigApplyError, MigReconciler
+from mig.restore import recover
 from tests.support.sim_mig import mig_reconciler
 from topology.inventory import NodeInventory
 
@@ -181,7 +182,7 @@ def test_hopper_layout_is_reapplied_after_a_driver_reload(tmp_path):
     lib.mig_node.driver_reload()
     assert not lib.mig_node.gpus[3].mig_enabled
     _, restarted, _ = make("dgx-h100", tmp_path, lib=lib)
-    results = restarted.recover()
+    results = recover(restarted)
     assert [r.mode_change for r in results] == ["enabled"]
     assert layout(lib, 3) == before
 
@@ -242,7 +243,7 @@ def test_crash_at_every_step_converges_on_restart(fast_dir, profile, targets):
                 done += 1
         except CrashError:
             _, restarted, _ = make(profile, state, lib=lib)
-            restarted.recover()  # a new agent converges the interrupted reshape from the journal
+            recover(restarted)  # a new agent converges the interrupted reshape from the journal
             for target in targets[done + 1 :]:
                 restarted.apply(3, target)
         got = layout(lib, 3)
@@ -294,6 +295,6 @@ def test_recovery_skips_a_blocked_gpu_and_converges_the_others(tmp_path):
     lib.mig_node.gpus[1].set_busy(first.created[0].mig_uuid)
     lib.mig_node.gpus[2].driver_reload()
     _, restarted, _ = make("dgx-h100", tmp_path, lib=lib)
-    results = restarted.recover()
+    results = recover(restarted)
     assert [r.gpu_index for r in results] == [2]
     assert layout(lib, 2) == [("3g.40gb", 4, 1)] and layout(lib, 1) == [("7g.80gb", 0, 1)]
