@@ -104,7 +104,7 @@ def step_inspect(profile: str | None) -> str:
     return f"{len(table.stdout.splitlines())} table lines, {len(gpus)} GPUs in --json"
 
 
-def _guard_path(root: Path) -> dict[str, str]:
+def guard_environment(root: Path) -> dict[str, str]:
     """An environment whose PATH starts with the nvidia-smi guard (the real one stays reachable)."""
     guard = root / "guard"
     guard.mkdir()
@@ -122,7 +122,7 @@ def step_agent(profile: str | None) -> str:
     command = ["-m", "gpuweave", "--log-level", "WARNING", "node-agent", "--kubelet-dir", str(root / "k"),
                "--state-dir", str(root / "s"), "--no-kube", "--node-name", "gpu-check",
                "--health-config", str(root / "health.yaml"), *(["--simulate", profile] if profile else [])]
-    agent = subprocess.Popen([sys.executable, *command], cwd=REPO_ROOT, env=_guard_path(root),
+    agent = subprocess.Popen([sys.executable, *command], cwd=REPO_ROOT, env=guard_environment(root),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         return _exercise_agent(kubelet, root / "s", agent)
