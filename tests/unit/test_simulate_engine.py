@@ -46,10 +46,15 @@ def _simulation(
 ) -> Simulation:
     fleet = build_fleet(profiles, nodes=len(profiles))
     model = _model(profiles)
+    placer = (
+        ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+        if policy == "gpuweave"
+        else make_placer(policy)
+    )
     return Simulation(
         fleet=fleet,
         jobs=jobs,
-        placer=make_placer(policy, gpuweave_model=model),
+        placer=placer,
         metric_model=model,
         duration_s=duration,
         faults=faults,
