@@ -30,6 +30,7 @@ GIL against other requests. A selector that misses the deadline is refused from 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from scheduler_ext.selector_sandbox import (
 from topology.contracts import ATTRIBUTE_DOMAIN
 from topology.errors import InvalidInputError
 
+LOG = logging.getLogger(__name__)
 MAX_EXPRESSION_CHARS = 10 * 1024  # DRA's limit
 MAX_CACHED = 50_000  # programs and verdicts kept; past this the caches start over
 IN_PROCESS_COST = 10_000  # a loop-free selector under this estimate runs in the request thread
@@ -213,6 +215,8 @@ class SelectorCache:
         return compiled_or_error
 
     def _remember_error(self, expression: str, error: str) -> None:
+        """Cache a refusal (logged once per distinct selector: retries hit the cache)."""
+        LOG.info("gpu-selector %r refused: %s", expression[:200], error)
         with self._lock:
             self._make_room()
             self._programs.pop(expression, None)

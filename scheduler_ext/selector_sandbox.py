@@ -25,7 +25,7 @@ from typing import Any
 from topology.errors import GpuweaveError
 
 DEADLINE_S = 0.25  # Kubernetes sizes its 1,000,000 cost limit at "roughly 0.1 second"; 2.5x slack
-QUEUE_WAIT_S = 1.0
+QUEUE_WAIT_S = 3.0  # under kube-scheduler's 5 s extender timeout; 12 deadlines of queue for 2 workers
 START_TIMEOUT_S = 30.0  # a worker imports the CEL library (~0.1 s idle; far more on a busy node)
 WORKERS = 2
 _MAX_ANSWER_BYTES = 4096
