@@ -82,6 +82,8 @@ class NvmlBackend:
             except (HardwareTimeoutError, DriverNotLoadedError):
                 raise  # the driver as a whole, not one GPU: keep the lists we have
             except HardwareError as exc:
+                if is_code(exc, self.lib, "NVML_ERROR_UNINITIALIZED"):
+                    raise  # our session was closed under us (a reset): no GPU's fault
                 LOG.warning("GPU %d does not answer (%s); serving the other GPUs without it", index, exc)
                 lost.append((index, str(exc)))
         self.identities.remember(gpus)

@@ -8,6 +8,7 @@ answered, the PCI tree, or the identity file.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
 from deviceplugin.published import inventory_object
 from deviceplugin.sharing import SharingPlan
+from hardware.backend import HardwareError
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.structs import NVMLError
@@ -151,3 +153,29 @@ def test_a_profile_must_still_list_every_gpu() -> None:
     document["spec"]["nvswitch"]["gpus"] = [0, 1, 2, 4, 5, 6, 7]
     with pytest.raises(ProfileError, match=r"indexes must be 0\.\.6 as NVML numbers them; missing 3"):
         NodeProfile.parse(document)
+
+
+def test_a_closed_nvml_session_fails_discovery_as_a_whole_instead_of_losing_gpus() -> None:
+    backend = SimulatedBackend(load_profile("dgx-h100"))
+    try:
+        backend.discover()
+        gate = backend.node.hang("nvmlDeviceGetName", gpu=2)  # the session closes while discovery waits
+        result: list[object] = []
+        worker = threading.Thread(target=lambda: result.append(_discover_or_error(backend)))
+        worker.start()
+        assert gate.entered.wait(10)
+        backend.lib.nvmlShutdown()
+        gate.release()
+        worker.join(10)
+        backend.lib.nvmlInit()
+    finally:
+        backend.close()
+    (outcome,) = result
+    assert isinstance(outcome, HardwareError) and "Uninitialized" in str(outcome)
+
+
+def _discover_or_error(backend: SimulatedBackend) -> object:
+    try:
+        return backend.discover()
+    except HardwareError as exc:
+        return exc
