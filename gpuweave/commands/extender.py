@@ -23,7 +23,9 @@ def register(subparsers: Any) -> None:
             "Serve the kube-scheduler extender protocol (POST /filter, /prioritize, /bind, /preempt; "
             "GET /healthz, /readyz, /metrics, /workload) over a cache of nodes, GpuNodeInventory "
             "objects and pods, fed by watches (--kubeconfig) or loaded from a Kubernetes List file "
-            "(--snapshot)."
+            "(--snapshot). gpu-selectors are bounded: an estimated CEL cost over 1,000,000 is "
+            "refused at once, others that loop run in worker processes with a 0.25 s deadline. "
+            "The listen backlog is 1024 connections."
         ),
     )
     parser.add_argument(
