@@ -26,7 +26,10 @@ from hardware.nvml_fixture import Entry, encode_answer, encode_error
 
 _MEMORY_ERROR_CORRECTED, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC, _TEMPERATURE_GPU = 0, 1, 0, 0
 _NVLINK_LIMIT = 36  # NVML_NVLINK_MAX_LINKS in nvml.h 12.x; pynvml's constant when it has one
-_HANDLE_CALLS = frozenset({"nvmlDeviceGetMigDeviceHandleByIndex"})  # opaque: recorded as "handle"
+_HANDLE_CALLS = frozenset(
+    {"nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId"}
+)
+_NO_UUID = "GPU-00000000-0000-0000-0000-000000000000"  # opaque: recorded as "handle"
 
 # Struct fields the product reads, per call (a recording keeps these only).
 _SYSTEM_CALLS = ("nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlSystemGetCudaDriverVersion")
@@ -60,10 +63,28 @@ class NvmlRecorder:
             self.ask(call, (), partial(self.caller.invoke, call))
         count = self.ask("nvmlDeviceGetCount", (), partial(self.caller.invoke, "nvmlDeviceGetCount"))
         handles = [self.caller.invoke("nvmlDeviceGetHandleByIndex", i) for i in range(int(count or 0))]
+        self._record_lookups(len(handles))
         for index, handle in enumerate(handles):
             self._record_gpu(index, handle)
             self._record_topology(index, handles)
         return self.entries
+
+    def _record_lookups(self, count: int) -> None:
+        """Each GPU found again by UUID and by PCI bus ID (as health and fabric checks find it),
+        and the errors for an index past the last GPU and for a UUID no GPU has."""
+        invoke = self.caller.invoke
+        by_index, by_uuid = "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID"
+        self.ask(by_index, ("past-last",), partial(invoke, by_index, count))
+        self.ask(by_uuid, ("unknown",), partial(invoke, by_uuid, _NO_UUID))
+        for index in range(count):
+            handle = invoke("nvmlDeviceGetHandleByIndex", index)
+            uuid = invoke("nvmlDeviceGetUUID", handle)
+            bus_id = invoke("nvmlDeviceGetPciInfo", handle).busId
+            for call, key in ((by_uuid, uuid), ("nvmlDeviceGetHandleByPciBusId", bus_id)):
+                found = self.ask(call, (f"gpu{index}",), partial(invoke, call, key))
+                if found is not None:
+                    index_of = partial(invoke, "nvmlDeviceGetIndex", found)
+                    self.ask("nvmlDeviceGetIndex", (call, f"gpu{index}"), index_of)
 
     def ask(self, call: str, args: tuple[object, ...], thunk: Callable[[], Any]) -> Any:
         """Make one call, keep its answer (or its error) under ``call`` and the symbolic ``args``."""
