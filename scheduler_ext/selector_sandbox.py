@@ -5,9 +5,10 @@ thread, one expensive selector would stall every other request and ``/healthz`` 
 request thread hands the expression to a worker process (``selector_worker``) and waits on a pipe,
 which releases the GIL; a worker that misses the deadline is killed and replaced on next use.
 
-Workers start on first use (about 0.1 s each), so an extender that never sees a looping selector
-never starts one. At most ``workers`` evaluations run at once; a request that finds them all busy
-for ``queue_wait_s`` gets ``SandboxBusyError`` (not the selector's fault: not cached as its verdict).
+Workers start on first use (0.7-1.2 s each on a 2-core machine at load 10), so an extender that
+never sees a looping selector never starts one. At most ``workers`` evaluations run at once; a
+request that finds them all busy for ``queue_wait_s`` gets ``SandboxBusyError`` (not the
+selector's fault: not cached as its verdict).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from topology.errors import GpuweaveError
 
 DEADLINE_S = 0.25  # Kubernetes sizes its 1,000,000 cost limit at "roughly 0.1 second"; 2.5x slack
 QUEUE_WAIT_S = 3.0  # under kube-scheduler's 5 s extender timeout; 12 deadlines of queue for 2 workers
-START_TIMEOUT_S = 30.0  # a worker imports the CEL library (~0.1 s idle; far more on a busy node)
+START_TIMEOUT_S = 30.0  # a worker imports the CEL library: 0.7-1.2 s measured at load 10 on 2 cores
 WORKERS = 2
 _MAX_ANSWER_BYTES = 4096
 
