@@ -15,7 +15,10 @@ from deviceplugin.mps import HOST_BASE_DIR
 from deviceplugin.sharing import SharingMode, load_sharing_plan
 from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
 from hardware.simulated import mps_control
+from hardware.simulated.health_inject import apply_request, parse_request
+from hardware.simulated.node import SimulatedNode
 from tests.support.agent_process import remove_tree, short_temp_dir
+from tests.support.small_inventory import small_inventory
 from topology.errors import InvalidInputError
 
 
@@ -100,3 +103,15 @@ def test_mps_kill_never_signals_another_process_named_by_a_stale_pid_file(spec: 
     (spec.pipe_dir / mps_control.PID_FILE).write_text(f"{os.getpid()}\n")  # this test, not a daemon
     assert "stale pid file" in ProcessMpsDaemons(simulated_command()).kill(spec)
     (spec.pipe_dir / mps_control.PID_FILE).unlink()
+
+
+def test_mps_sim_inject_kill_needs_a_gpu_and_an_agent_with_daemons() -> None:
+    with pytest.raises(InvalidInputError, match="--kill-mps-daemon need --gpu"):
+        parse_request({"kill_mps_daemon": True})
+    request = parse_request({"gpu": 0, "kill_mps_daemon": True})
+    state = SimulatedNode(small_inventory()).health
+    with pytest.raises(InvalidInputError, match="supervises no MPS daemons"):
+        apply_request(state, request)
+    assert apply_request(state, request, kill_mps=lambda gpu: f"GPU {gpu}: killed") == {
+        "done": ["GPU 0: killed"]
+    }
