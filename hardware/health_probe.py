@@ -339,22 +339,25 @@ class NvmlHealthProbe:
 
     @contextmanager
     def _closed_session(self) -> Iterator[None]:
+        """The event lock is held only while the set is freed and re-created, so the event loop
+        keeps beating (it finds no set and sleeps) through a reset however long it takes."""
+        shutdown, init = (getattr(self._lib, name, None) for name in ("nvmlShutdown", "nvmlInit"))
         with self._events_lock:
             if self._event_set is not None:
                 self._optional_free(self._event_set)
                 self._event_set = None
-            shutdown, init = (getattr(self._lib, name, None) for name in ("nvmlShutdown", "nvmlInit"))
             if shutdown is not None:
                 shutdown()
-            try:
-                yield
-            finally:
+        try:
+            yield
+        finally:
+            with self._events_lock:
                 if init is not None:
                     init()
                 self._uuid_by_handle.clear()
                 failed = self._create_event_set(self._registered) if self._registered else []
-                if failed:
-                    LOG.warning("after the reset, NVML events could not be renewed on %s", ", ".join(failed))
+            if failed:
+                LOG.warning("after the reset, NVML events could not be renewed on %s", ", ".join(failed))
 
     def _optional_free(self, event_set: Any) -> None:
         try:

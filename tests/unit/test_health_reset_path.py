@@ -8,6 +8,7 @@ The simulated driver refuses a reset while any NVML session or event registratio
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +124,30 @@ def test_renewed_events_replace_the_old_set_and_still_deliver(
     backend.node.health.inject_xid(1, 31)
     event = probe.wait_event(200)
     assert event is not None and event.gpu_uuid == uuids[1]
+
+
+def test_the_event_loop_keeps_beating_while_a_reset_runs(tmp_path: Path) -> None:
+    backend = SimulatedBackend(load_profile("dgx-h100"), tmp_path / "root")
+    backend.discover()
+    started, finish = threading.Event(), threading.Event()
+
+    def slow_reset(uuid: str) -> None:
+        started.set()
+        finish.wait(30)
+        backend.node.health.reset_uuid(uuid)
+
+    root = tmp_path / "root"
+    probe = NvmlHealthProbe(backend.lib, sysfs_root=root / "sys", reset=slow_reset, proc_root=root / "proc")
+    try:
+        probe.register_events([g.uuid for g in backend.inventory.gpus])
+        worker = threading.Thread(target=probe.reset_gpu, args=(backend.inventory.gpus[0].uuid,))
+        worker.start()
+        assert started.wait(10)
+        waited = [probe.wait_event(20) for _ in range(3)]  # returns (None) while the reset runs
+        assert waited == [None, None, None] and worker.is_alive()
+        finish.set()
+        worker.join(10)
+        assert backend.node.health.gpus[0].resets == 1
+    finally:
+        finish.set()
+        backend.close()
