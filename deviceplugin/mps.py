@@ -168,7 +168,7 @@ class MpsSupervisor:
     def _stop(self, record: DaemonRecord) -> None:
         try:
             self.daemons.stop(record.spec)
-            log.warning(
+            log.info(
                 "stopped the MPS daemon of GPU %s (no longer fractional, now MIG or retired, or the agent "
                 "stops)",
                 record.spec.gpu_uuid,
@@ -212,7 +212,9 @@ class MpsSupervisor:
             down_since=None,
         )
         self._put(up)
-        log.warning(
+        level = logging.WARNING if restarted else logging.INFO  # a restart follows a failure
+        log.log(
+            level,
             "GPU %s: MPS control daemon %s on %s",
             uuid,
             "restarted" if restarted else "started",

@@ -98,6 +98,11 @@ def start_node_mps(
     if isinstance(daemons, ProcessMpsDaemons):
         require_binary(daemons.command, wanted)
     supervisor.check(wanted)
+    if wanted:
+        up = sum(1 for r in supervisor.records().values() if r.up)
+        log.info(
+            "MPS: %d of %d fractional GPUs have a live daemon under %s", up, len(wanted), settings.base_dir
+        )
     agent.use_mps_pipes(supervisor.pipe_directory)
     agent.control.add_route("mps.status", lambda _params: {"gpus": status(supervisor)})
     if sharing_config is not None:

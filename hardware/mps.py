@@ -82,9 +82,13 @@ class ProcessMpsDaemons:
         self.timeout_s = timeout_s
 
     def start(self, spec: MpsDaemonSpec) -> None:
-        """Start the daemon, wait until it answers, then set its default limits."""
+        """Start the daemon, wait until it answers, then set its default limits. A daemon that
+        already answers on the pipe directory (left by an agent that crashed) is kept."""
         make_directories(spec)
-        self._run(spec, ["-d"], stdin="")
+        try:
+            self.query(spec)
+        except MpsControlError:
+            self._run(spec, ["-d"], stdin="")
         deadline = time.monotonic() + START_WAIT_S
         while True:
             try:

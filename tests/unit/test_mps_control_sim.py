@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hardware.simulated.health_inject import apply_request, parse_request
 from hardware.simulated.node import SimulatedNode
 from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.small_inventory import small_inventory
+from tests.support.waiting import poll_until
 from topology.errors import InvalidInputError
 
 
@@ -44,9 +46,20 @@ def test_mps_simulated_daemon_answers_the_documented_commands(spec: MpsDaemonSpe
     assert daemons.control(spec, "start_server -uid 1000") == ""
     assert len(daemons.query(spec)) == 1
     assert daemons.control(spec, "frobnicate").startswith("Unrecognized command")
-    daemons.start(spec)  # a second -d on a served pipe directory: the running daemon is kept
+    pid = read_pid(spec.pipe_dir)
+    daemons.start(spec)  # a daemon already answering (left by a crashed agent) is kept
+    assert read_pid(spec.pipe_dir) == pid and len(daemons.query(spec)) == 1
+    done = subprocess.run(  # a second -d on a served pipe directory refuses to serve it
+        [*simulated_command(), "-d"],
+        env={**os.environ, mps_control.PIPE_ENV: str(spec.pipe_dir), mps_control.LOG_ENV: str(spec.log_dir)},
+        check=True,
+    )
+    assert done.returncode == 0
     log = (spec.log_dir / mps_control.CONTROL_LOG).read_text()
-    assert "already running" in log and "Command: get_server_list" in log
+    assert poll_until(
+        lambda: "already running" in (spec.log_dir / mps_control.CONTROL_LOG).read_text(), timeout=10
+    )
+    assert "Command: get_server_list" in log
     daemons.stop(spec)
     assert read_pid(spec.pipe_dir) is None
     with pytest.raises(MpsControlError, match="Cannot find MPS control daemon"):
