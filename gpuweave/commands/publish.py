@@ -18,6 +18,7 @@ import yaml
 from deviceplugin.published import published_list
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
 from topology.errors import GpuweaveError
 
 
@@ -38,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.simulate:
         raise GpuweaveError("publish needs --simulate PROFILE|FILE (reading real GPUs is not in this build)")
     profile = load_profile(args.simulate)
-    inventory = profile.to_inventory(node_name=args.node_name or profile.name)
+    backend = SimulatedBackend(profile, node_name=args.node_name or profile.name)
+    try:  # discovered as the agent discovers it, so a GPU lost in the profile is left out here too
+        inventory = backend.discover()
+    finally:
+        backend.close()
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
     objects = published_list(inventory, sharing=sharing)
     if args.json:

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
 from deviceplugin.published import inventory_object
 from deviceplugin.sharing import SharingPlan
+from gpuweave.cli import main
 from hardware.backend import HardwareError
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -179,3 +181,16 @@ def _discover_or_error(backend: SimulatedBackend) -> object:
         return backend.discover()
     except HardwareError as exc:
         return exc
+
+
+def test_publish_prints_what_the_agent_publishes_for_a_profile_with_a_lost_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p5-lost.yaml"
+    path.write_text(yaml.safe_dump(profile_with_lost("p5.48xlarge", 3).to_wire()))
+    assert main(["publish", "--simulate", str(path), "--node-name", "node-7"]) == 0
+    inventory_cr, node = yaml.safe_load(capsys.readouterr().out)["items"]
+    assert [g["index"] for g in inventory_cr["spec"]["gpus"]] == [0, 1, 2, 4, 5, 6, 7]
+    (lost,) = [d for d in inventory_cr["status"]["devices"] if d["id"].startswith("unreachable-")]
+    assert lost["health"] == "Unhealthy" and "GPU 3 unreachable" in lost["reason"]
+    assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "7"
