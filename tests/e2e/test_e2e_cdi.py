@@ -170,8 +170,9 @@ def test_cdi_p4d_efa_adapters_gpus_and_shares_resolve(start_node: NodeFactory) -
     sharing = SharingPlan(per_gpu={"0": GpuSharing(SharingMode.TIME_SLICED, replicas=4)})
     node = start_node("p4d.24xlarge", sharing=sharing)
     kubelet = node.kubelet
+    wanted = {RESOURCE_EFA: 4, RESOURCE_GPU: 7, RESOURCE_GPU_SHARED: 4}  # GPU 0 is offered as 4 replicas
     assert kubelet.wait_for(
-        lambda: len(kubelet.devices(RESOURCE_EFA)) == 4 and len(kubelet.devices(RESOURCE_GPU_SHARED)) == 4
+        lambda: all(r in kubelet.resources() and len(kubelet.devices(r)) == n for r, n in wanted.items())
     )
     adapters = sorted(kubelet.devices(RESOURCE_EFA))
     gpus = sorted(kubelet.devices(RESOURCE_GPU))[:2]
