@@ -374,12 +374,16 @@ class HealthMonitor:
             self._respawn(name, target)
 
     def _stalled(self, name: str, stale: float | None) -> None:
+        """Withhold what the silent loop watches: every GPU, and the EFA adapters for the rounds
+        (their next completed check brings them back)."""
         what = "died" if stale is None else f"stalled for {stale:.1f} s"
         log.error("health %s loop %s; withholding every GPU until it runs again", name, what)
         reason = f"health {name} loop {what}: device health unknown"
         with self.lock:
             for uuid in self.engine.gpus:
                 self.engine.apply(uuid, Fault(self._clock(), "watchdog", Severity.SUSPECT, reason))
+            if name == "rounds":
+                self.engine.efa_up = dict.fromkeys(self.engine.efa_up, False)
         self.publish()
 
 

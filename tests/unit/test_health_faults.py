@@ -124,6 +124,18 @@ def test_a_read_only_state_dir_is_one_error_naming_it(tmp_path: Path) -> None:
     assert f"{state_dir / 'agent'} is not writable (Read-only file system)" in message
 
 
+class RecordingSink(Sink):
+    """A device plugin that keeps every push in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pushes: list[tuple[str, bool]] = []
+
+    def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        super().set_device_health(device_id, healthy, reason)
+        self.pushes.append((device_id, healthy))
+
+
 class RefusingSink(Sink):
     """A device plugin whose pushes fail (its own state write failed) until ``working`` is set."""
 
@@ -162,7 +174,7 @@ class CrashOnce:
 
 
 def test_dead_loops_are_restarted_and_gpus_withheld_meanwhile(tmp_path: Path) -> None:
-    node = Node(tmp_path, tmp_path / "state")
+    node = Node(tmp_path, tmp_path / "state", sink=RecordingSink())
     settings = HealthSettings(round_interval_s=0.05, check_timeout_s=0.3, event_wait_ms=20, stall_after_s=5)
     monitor = HealthMonitor(
         HealthEngine(INVENTORY, settings, clock=time.monotonic),
@@ -177,7 +189,10 @@ def test_dead_loops_are_restarted_and_gpus_withheld_meanwhile(tmp_path: Path) ->
         restarts = node.metrics.loop_restarts.labels("rounds")
         assert poll_until(lambda: restarts._value.get() == 1, timeout=10, every=0.02)
         assert "rounds loop died" in monitor.snapshot().gpus[gpu_uuid(0)].reason
+        efa = INVENTORY.nics[0].name  # checked by the rounds too: withheld while they were dead
+        assert (efa, False) in node.sink.pushes
         assert poll_until(lambda: all(node.sink.health[g.uuid] for g in INVENTORY.gpus), timeout=10)
+        assert poll_until(lambda: node.sink.health[efa], timeout=10)  # back after the next check
     finally:
         monitor.stop()
 
