@@ -16,7 +16,6 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.allocation import DeviceListing, DeviceListStrategy
 from deviceplugin.cdi import CdiPublisher, CdiSpecWriter
 from deviceplugin.control import call_agent
+from deviceplugin.devices import DeviceKind
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.node_mig import build_mig_service, register_mig_routes
-from hardware.device_nodes import read_host_device_nodes
+from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from proto.v1beta1 import api_pb2
@@ -42,6 +42,7 @@ CDICHECK = REPO / "tests" / "e2e" / "cdicheck" / "bin" / "cdicheck"
 MIG_3G = mig_resource_name("3g.40gb")
 CONTROL = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
 ALL_STRATEGIES = frozenset(DeviceListStrategy)
+CDI_BY_ID = (DeviceKind.GPU, DeviceKind.MIG, DeviceKind.EFA)  # shares are named by their GPU
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Node:
     backend: SimulatedBackend
     state_dir: Path
     spec_dir: Path
+    listed_undefined: list[str]  # ListedDevicesCheck's findings
 
     def allocate(self, resource: str, per_container: list[list[str]]) -> list[dict[str, Any]]:
         """One Allocate for ``per_container``; each container as cdicheck takes it."""
@@ -84,6 +86,33 @@ def paths(container: dict[str, Any]) -> list[str]:
 NodeFactory = Callable[..., Node]
 
 
+class ListedDevicesCheck:
+    """The publisher's host reader, with a check: each time the agent prepares a spec change it
+    first compares, in the agent's own thread and under its lock, the devices every resource lists
+    now with the names the specs on disk define now. An agent that changed a list before writing
+    the spec would be caught here listing a name no spec defines."""
+
+    def __init__(self, spec_dir: Path, root: Path) -> None:
+        self.spec_dir, self.root = spec_dir, root
+        self.agent: NodeAgent | None = None
+        self.undefined: list[str] = []
+
+    def _on_disk(self) -> set[str]:
+        specs = [json.loads(p.read_text()) for p in self.spec_dir.glob("gpuweave-*.json")]
+        return {f"{spec['kind']}={d['name']}" for spec in specs for d in spec["devices"]}
+
+    def __call__(self) -> HostDeviceNodes:
+        if self.agent is not None:
+            defined = self._on_disk()
+            for resource in self.agent.resource_names():
+                for device in self.agent.state_of(resource).devices().values():
+                    kind = "vpc.amazonaws.com/efa" if device.kind is DeviceKind.EFA else "nvidia.com/gpu"
+                    name = f"{kind}={device.id if device.kind in CDI_BY_ID else device.gpu_uuid}"
+                    if name not in defined:
+                        self.undefined.append(f"{resource} lists {name}")
+        return read_host_device_nodes(self.root)
+
+
 @pytest.fixture
 def start_node() -> Iterator[NodeFactory]:
     made: list[tuple[Node, Path]] = []
@@ -109,15 +138,16 @@ def start_node() -> Iterator[NodeFactory]:
             sharing=sharing or SharingPlan(),
             device_listing=listing,
         )
-        publisher = CdiPublisher(
-            CdiSpecWriter(spec_dir), host=partial(read_host_device_nodes, backend.sysfs_root)
+        watch = ListedDevicesCheck(spec_dir, backend.sysfs_root)
+        agent = NodeAgent(
+            config, discover=backend.discover, cdi=CdiPublisher(CdiSpecWriter(spec_dir), host=watch)
         )
-        agent = NodeAgent(config, discover=backend.discover, cdi=publisher)
+        watch.agent = agent
         mig = build_mig_service(agent, backend=backend, state_dir=state_dir, inventory=backend.discover())
         mig.start()
         agent.start()
         register_mig_routes(agent, mig)
-        node = Node(agent, kubelet, backend, state_dir, spec_dir)
+        node = Node(agent, kubelet, backend, state_dir, spec_dir, watch.undefined)
         made.append((node, root))
         return node
 
@@ -159,6 +189,9 @@ def test_cdi_dgx_h100_every_name_resolves_before_and_after_a_mig_reshape(start_n
         caps = [p for p in nodes if p.startswith("/dev/nvidia-caps/")]
         assert "/dev/nvidia3" in nodes and len(caps) == 2 and set(CONTROL) <= set(nodes)
 
+    # No list the kubelet could have seen named a device before the specs defined it.
+    assert node.listed_undefined == []
+
     # GPU 3 is no longer served whole: its name is gone, and a runtime refuses it.
     status, report = resolve(node.spec_dir, [{"devices": [f"nvidia.com/gpu={gpus[3].uuid}"]}])
     assert status == 1
@@ -189,6 +222,7 @@ def test_cdi_p4d_efa_adapters_gpus_and_shares_resolve(start_node: NodeFactory) -
     assert sorted(paths(efa)) == sorted([str(n.uverbs_device) for n in verbs] + ["/dev/infiniband/rdma_cm"])
     assert len([p for p in paths(whole) if p.startswith("/dev/nvidia") and p[11:].isdigit()]) == 2
     assert "/dev/nvidia0" in paths(shared)  # GPU 0's replicas name GPU 0
+    assert node.listed_undefined == []
 
 
 def test_cdi_specs_from_an_earlier_run_are_replaced_at_start(start_node: NodeFactory) -> None:
