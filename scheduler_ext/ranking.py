@@ -13,12 +13,14 @@ kube-scheduler pick among the scorer's best nodes whatever its plugins say; its 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
 from scheduler_ext.shares import quality_of
 from scheduler_ext.verdict import MAX_SCORE, Verdict
 
+_FITS, _QUALITY, _LEVEL, _IDLE = (attrgetter(a) for a in ("fits", "quality", "level", "idle"))
 SAME = 1e-12  # qualities closer than this are the same (float noise of equal computations)
 
 
@@ -28,19 +30,19 @@ def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None =
     ``reserve``: per verdict, the reservation cost in milli-GPU (``reservation``), added to the
     fragment level of FGD-scored verdicts before ranking. Not fitting: 0.
     """
-    count = len(verdicts)
-    fits = np.fromiter((v.fits for v in verdicts), dtype=bool, count=count)
-    qualities = np.fromiter((v.quality for v in verdicts), dtype=np.float64, count=count)
+    fits = np.array(list(map(_FITS, verdicts)), dtype=bool)
+    qualities = np.array(list(map(_QUALITY, verdicts)), dtype=np.float64)
     if reserve is not None:
-        levels = np.fromiter((np.nan if v.level is None else v.level for v in verdicts), np.float64, count)
-        idle = np.fromiter((v.idle for v in verdicts), dtype=np.float64, count=count)
+        levels = np.array(list(map(_LEVEL, verdicts)), dtype=np.float64)  # None -> nan
+        idle = np.array(list(map(_IDLE, verdicts)), dtype=np.float64)
         cost = np.asarray(reserve, dtype=np.float64)
         moved = (cost != 0) & ~np.isnan(levels)
         qualities[moved] = quality_of(levels[moved] + cost[moved], idle[moved])
     if not fits.any():
-        return [0] * count
+        return [0] * len(verdicts)
     best, worst = qualities[fits].max(), qualities[fits].min()
     step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
     scaled = np.clip(np.floor(step * (qualities - worst)), 0, MAX_SCORE - 1)
     scores = np.where(best - qualities <= SAME, MAX_SCORE, scaled)
-    return [int(s) for s in np.where(fits, scores, 0)]
+    ranked: list[int] = np.where(fits, scores, 0).astype(np.int64).tolist()
+    return ranked

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter, not_
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
+from scheduler_ext.reservation import NodeKind
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -144,9 +145,10 @@ class ExtenderService:
         pressure = self.core.reserved(kinds).pressure(kinds.free)
         if not pressure:
             return None
-        per_gpu = {kind: p * shaped[0].total_gpu_milli for kind, p in pressure.items()}
-        kind_of = kinds.kind_of
-        return [per_gpu[kind] if (kind := kind_of.get(name)) in per_gpu else 0.0 for name in names]
+        per_gpu: dict[NodeKind | None, float] = {
+            k: p * shaped[0].total_gpu_milli for k, p in pressure.items()
+        }
+        return list(map(per_gpu.get, map(kinds.kind_of.get, names), repeat(0.0)))  # C-level passes
 
     def _host_only_scores(self, pod: Mapping[str, Any], names: list[str]) -> list[int]:
         """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and
