@@ -52,7 +52,6 @@ class DaemonRecord:
     generation: int = 0  # successful starts, so a stale failed query cannot mark a new daemon down
     faulted: bool = False  # handed to the health engine since it last answered
     restarts: int = 0
-    down_since: float | None = None
 
 
 def spec_for(uuid: str, base_dir: Path, *, percentage: int | None, pinned_mib: int | None) -> MpsDaemonSpec:
@@ -209,7 +208,6 @@ class MpsSupervisor:
             generation=record.generation + 1,
             faulted=False,
             restarts=record.restarts + int(restarted),
-            down_since=None,
         )
         self._put(up)
         level = logging.WARNING if restarted else logging.INFO  # a restart follows a failure
@@ -226,7 +224,7 @@ class MpsSupervisor:
             current = self._records.get(record.spec.gpu_uuid)
             if current is None or current.generation != record.generation or not current.up:
                 return current or record
-            down = replace(current, up=False, reason=reason, down_since=self._clock())
+            down = replace(current, up=False, reason=reason)
             self._records[record.spec.gpu_uuid] = down
         log.error("GPU %s: %s; its shares are withheld", record.spec.gpu_uuid, reason)
         return down
