@@ -75,25 +75,18 @@ def plan_share_containers(
     before = host_free or (UNLIMITED, UNLIMITED)
     hosts = (before, (before[0] - host[0], before[1] - host[1]))  # the node's host left, then after
     plans: dict[str, ContainerPlan] = {}
-    qualities: list[float] = []
+    qualities: list[float] = []  # time-sliced fill ratios
     fractional = False
     for container in sorted(wanting, key=lambda c: (-c.compute, -c.memory_gib, -c.shared, c.name)):
         mode = ShareMode.TIME_SLICED if container.shared else ShareMode.FRACTIONAL
-        capable = [
-            g.index for g in layout.gpus if g.mode is mode and g.index in eligible and not g.mig_enabled
-        ]
-        impossible = _impossible(container, mode, capable, layout, healthy=set(use))
-        if impossible is not None:
-            return unresolvable(impossible)
-        roomy = [i for i in capable if i in use and _fits(container, layout, i, use[i])]
-        if not roomy:
-            return fail(f"container {container.name!r}: no {mode.value} GPU has {_describe(container)} free")
+        roomy = _roomy(container, mode, layout=layout, eligible=eligible, use=use)
+        if isinstance(roomy, Verdict):
+            return roomy
         if mode is ShareMode.TIME_SLICED:
             left = {i: share_capacity(layout, i).replicas - use[i].replicas for i in roomy}
             chosen = tightest_gpu(left, container.shared, index={i: i for i in roomy}) or roomy[0]
-            qualities.append(
-                (use[chosen].replicas + container.shared) / share_capacity(layout, chosen).replicas
-            )
+            capacity = share_capacity(layout, chosen).replicas
+            qualities.append(1.0 - (left[chosen] - container.shared) / capacity)  # fill after
         else:
             chosen = _fgd_choice(container, roomy, use, layout=layout, model_for=model_for, host=hosts[1])
             fractional = True
@@ -116,6 +109,25 @@ def plan_share_containers(
         qualities.append(quality_of(level, idle))
         return PlanStep(plans=plans, quality=sum(qualities) / len(qualities))
     return PlanStep(plans=plans, quality=quality_of(level, idle), level=level, idle=idle)
+
+
+def _roomy(
+    container: ContainerRequest,
+    mode: ShareMode,
+    *,
+    layout: NodeLayout,
+    eligible: frozenset[int],
+    use: dict[int, ShareUse],
+) -> list[int] | Verdict:
+    """The GPUs of the container's share mode with room for it, or why there are none."""
+    capable = [g.index for g in layout.gpus if g.mode is mode and g.index in eligible and not g.mig_enabled]
+    impossible = _impossible(container, mode, capable, layout, healthy=set(use))
+    if impossible is not None:
+        return unresolvable(impossible)
+    roomy = [i for i in capable if i in use and _fits(container, layout, i, use[i])]
+    if not roomy:
+        return fail(f"container {container.name!r}: no {mode.value} GPU has {_describe(container)} free")
+    return roomy
 
 
 def _impossible(
