@@ -11,7 +11,6 @@ then packing (less idle GPU left) among equals. ``quality`` is what prioritize r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,6 @@ from topology.share_rule import tightest_gpu
 # Chosen on seeds 42..51 of the default trace for the simulator policy this scorer replaced.
 TOLERANCE_MILLI = 40.0
 UNLIMITED = 1 << 40  # host CPU or memory of a node that publishes no allocatable: never limits
-ModelFor = Callable[[str], FragmentModel]
 
 # Expected mix of share requests (milli-GPU) for callers that give no workload.
 DEFAULT_SHARE_WORKLOAD = TargetWorkload(
@@ -37,24 +35,58 @@ DEFAULT_SHARE_WORKLOAD = TargetWorkload(
 )
 
 
-def fragment_models(workload: TargetWorkload) -> ModelFor:
-    """A memo of the workload's fragment model per GPU product (type constraints are per product).
+class FragmentModels:
+    """The mix's fragment models per GPU product (type constraints are per product), built on use.
 
     Memory-aware: a shape fits a node only with its typical host memory free as well (FGD's
     measure ignores memory; GPUs stranded by spent host memory are fragment all the same).
+    ``typed`` is the part of the mix whose shapes name GPU models, as (its own model, its mass):
+    F over a subset of shapes of total probability q is q times F of that subset renormalised.
+    That part of an increase is compared exactly, never rounded into a tie: spending a GPU model
+    that type-bound tasks depend on is not noise.
     """
-    aware = TargetWorkload(
-        workload.shapes, workload.probabilities, workload.memory_mib or (0,) * len(workload.shapes)
-    )
-    models: dict[str, FragmentModel] = {}
 
-    def model_for(product: str) -> FragmentModel:
-        model = models.get(product)
+    def __init__(self, workload: TargetWorkload) -> None:
+        memory = workload.memory_mib or (0,) * len(workload.shapes)
+        self._aware = TargetWorkload(workload.shapes, workload.probabilities, memory)
+        typed = [
+            (s, p, m)
+            for s, p, m in zip(workload.shapes, workload.probabilities, memory, strict=True)
+            if s.gpu_types and not s.is_cpu_only
+        ]
+        self._mass = sum(p for _, p, _ in typed)
+        self._typed = (
+            TargetWorkload(
+                tuple(s for s, _, _ in typed),
+                tuple(p / self._mass for _, p, _ in typed),
+                tuple(m for *_, m in typed),
+            )
+            if typed and self._mass > 0
+            else None
+        )
+        self._full: dict[str, FragmentModel] = {}
+        self._typed_models: dict[str, FragmentModel] = {}
+
+    def __call__(self, product: str) -> FragmentModel:
+        model = self._full.get(product)
         if model is None:
-            model = models[product] = FragmentModel(aware, models=(product,), max_gpus=64)
+            model = self._full[product] = FragmentModel(self._aware, models=(product,), max_gpus=64)
         return model
 
-    return model_for
+    def typed(self, product: str) -> tuple[FragmentModel, float] | None:
+        if self._typed is None:
+            return None
+        model = self._typed_models.get(product)
+        if model is None:
+            model = self._typed_models[product] = FragmentModel(self._typed, models=(product,), max_gpus=64)
+        return model, self._mass
+
+
+ModelFor = FragmentModels
+
+
+def fragment_models(workload: TargetWorkload) -> FragmentModels:
+    return FragmentModels(workload)
 
 
 def plan_share_containers(
@@ -216,7 +248,7 @@ def _fgd_level(
 ) -> tuple[float, float]:
     """A share placement's fragment level and the idle milli-GPU it leaves (``quality_of``)."""
     before = _frees(layout, dict(free.share_use))
-    return _level(model_for(_product(layout)), before, _frees(layout, use), hosts)
+    return _level(model_for, _product(layout), before, _frees(layout, use), hosts)
 
 
 def host_only_level(
@@ -226,25 +258,33 @@ def host_only_level(
     node's idle GPUs (shares and whole) could still serve. A node without GPUs loses nothing, so
     it ranks best: CPU pods stay off GPU nodes when they can."""
     if layout is None or not layout.gpus:
-        return _level(None, {}, {}, hosts)
+        return _level(None, "", {}, {}, hosts)
     frees = _frees(layout, dict(free.share_use)) | dict.fromkeys(free.free_gpus, MILLI_PER_GPU)
-    return _level(model_for(_product(layout)), frees, frees, hosts)
+    return _level(model_for, _product(layout), frees, frees, hosts)
 
 
 def _level(
-    model: FragmentModel | None,
+    models: FragmentModels | None,
+    product: str,
     before: dict[int, int],
     after: dict[int, int],
     hosts: tuple[HostRequest, HostRequest],
 ) -> tuple[float, float]:
-    """The fragment increase, increases within ``TOLERANCE_MILLI`` counted equal, and idle GPU left."""
-    delta = 0.0
-    if model is not None and before:
-        order = sorted(before)
-        rows = [[before[i] for i in order], [after[i] for i in order]]
-        values = _fragments(model, rows, list(hosts))
-        delta = float(values[1] - values[0])
-    return round(delta / TOLERANCE_MILLI) * TOLERANCE_MILLI, float(sum(after.values()))
+    """The fragment increase, its untyped part within ``TOLERANCE_MILLI`` counted equal and its
+    typed part exact (``FragmentModels``), and the idle GPU left."""
+    if models is None or not before:
+        return 0.0, float(sum(after.values()))
+    order = sorted(before)
+    rows = [[before[i] for i in order], [after[i] for i in order]]
+    values = _fragments(models(product), rows, list(hosts))
+    delta = float(values[1] - values[0])
+    typed_delta = 0.0
+    typed = models.typed(product)
+    if typed is not None:
+        typed_values = _fragments(typed[0], rows, list(hosts))
+        typed_delta = typed[1] * float(typed_values[1] - typed_values[0])
+    rounded = round((delta - typed_delta) / TOLERANCE_MILLI) * TOLERANCE_MILLI
+    return round(rounded + typed_delta, 6), float(sum(after.values()))
 
 
 def quality_of(level: Any, idle: Any) -> Any:
