@@ -150,16 +150,21 @@ def build_specs(
     return CdiSpecs(files, tuple(problems + efa_problems))
 
 
-def _load_other(path: Path) -> Mapping[str, Any] | None:
+def other_spec_names(path: Path) -> frozenset[str]:
+    """The qualified names another tool's spec file defines (none when it does not parse)."""
     try:
         text = path.read_text(encoding="utf-8")
         data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
     except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
+        return frozenset()
+    if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+        return frozenset()
+    return frozenset(f"{data.get('kind')}={d.get('name')}" for d in data["devices"] if isinstance(d, dict))
 
 
-def conflicts(spec_dir: Path, specs: CdiSpecs) -> list[str]:
+def conflicts(
+    spec_dir: Path, specs: CdiSpecs, *, names_in: Callable[[Path], frozenset[str]] = other_spec_names
+) -> list[str]:
     """Other tools' spec files in ``spec_dir`` that define one of our names: the CDI library drops a
     name that two specs of one directory define, so neither definition resolves."""
     ours = specs.names()
@@ -167,10 +172,7 @@ def conflicts(spec_dir: Path, specs: CdiSpecs) -> list[str]:
     for path in sorted(spec_dir.glob("*")):
         if path.name.startswith(SPEC_FILE_PREFIX) or path.suffix not in (".json", ".yaml"):
             continue
-        other = _load_other(path) or {}
-        devices = other.get("devices") if isinstance(other.get("devices"), list) else []
-        names = {f"{other.get('kind')}={d.get('name')}" for d in devices or [] if isinstance(d, dict)}
-        clash = sorted(names & ours)
+        clash = sorted(names_in(path) & ours)
         if clash:
             found.append(
                 f"{path} also defines {len(clash)} of the agent's CDI devices ({clash[0]}, ...); a runtime "
@@ -193,6 +195,7 @@ class CdiSpecWriter:
         self._lock = threading.Lock()
         self._written: dict[str, bytes] = {}
         self._reported: set[str] = set()
+        self._others: dict[Path, tuple[tuple[int, int], frozenset[str]]] = {}  # parsed once per version
 
     def write(self, specs: CdiSpecs) -> None:
         """Write ``specs``; an ``OSError`` (full or read-only directory) is raised to the caller."""
@@ -207,11 +210,25 @@ class CdiSpecWriter:
                 if path.name not in specs.files:
                     path.unlink(missing_ok=True)
                     self._written.pop(path.name, None)
-            problems = [*specs.problems, *conflicts(self.spec_dir, specs)]
+            problems = [*specs.problems, *conflicts(self.spec_dir, specs, names_in=self._names_in)]
             for problem in problems:
                 if problem not in self._reported:
                     log.warning("CDI spec: %s", problem)
             self._reported = set(problems)
+
+    def _names_in(self, path: Path) -> frozenset[str]:
+        """``other_spec_names``, parsed again only when the file's mtime or size changes: another
+        tool's spec can be large YAML, and this runs on every change under the agent's lock."""
+        try:
+            info = path.stat()
+        except OSError:
+            return frozenset()
+        version = (info.st_mtime_ns, info.st_size)
+        cached = self._others.get(path)
+        if cached is None or cached[0] != version:
+            cached = (version, other_spec_names(path))
+            self._others[path] = cached
+        return cached[1]
 
     def _own_files(self) -> list[Path]:
         return [
