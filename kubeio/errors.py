@@ -1,0 +1,56 @@
+"""The one place that turns a failed API call into something gpuweave can act on.
+
+The kubernetes client raises ``ApiException`` (an HTTP status), urllib3 raises ``HTTPError``
+(no answer at all), sockets raise ``OSError``. Callers need three answers from that: is it 410
+Gone (list again), a lost race (404/409: someone else won, not an error), or a failure to log
+and retry. This module reads the status by attribute, so importing it does not load the
+kubernetes client (agents without an API server stay small).
+"""
+
+from __future__ import annotations
+
+from urllib3.exceptions import HTTPError
+
+from topology.errors import GpuweaveError
+
+GONE = 410
+LOST_RACE = frozenset({404, 409})
+
+
+class KubeApiError(GpuweaveError):
+    """An API server call failed; ``status`` is the HTTP status, None when no answer came."""
+
+    def __init__(self, message: str, *, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class WatchExpiredError(KubeApiError):
+    """410 Gone: the events since the watch's resourceVersion are compacted away; list again."""
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an ``ApiException`` (or our own error), None for transport failures."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def describe(exc: BaseException) -> str:
+    """``HTTP 409 Conflict`` for an answer from the server, the exception's text otherwise."""
+    status = status_of(exc)
+    if status is not None and not isinstance(exc, KubeApiError):
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".rstrip()
+    return str(exc) or type(exc).__name__
+
+
+def is_transport_failure(exc: BaseException) -> bool:
+    """A failure the next attempt may not see: an HTTP answer, a dropped connection, a bad body."""
+    return status_of(exc) is not None or isinstance(exc, HTTPError | OSError | ValueError)
+
+
+def api_error(exc: BaseException, *, doing: str, hint: str = "") -> KubeApiError:
+    """``KubeApiError("<doing> failed: HTTP 403 Forbidden; <hint>")`` keeping the status."""
+    status = status_of(exc)
+    kind = WatchExpiredError if status == GONE else KubeApiError
+    tail = f"; {hint}" if hint else ""
+    return kind(f"{doing} failed: {describe(exc)}{tail}", status=status)
