@@ -162,8 +162,8 @@ def test_200_simultaneous_binds_all_get_an_answer(extender: tuple[Extender, str]
 
 
 class _SlowBindingApi(BaseHTTPRequestHandler):
-    """The two API paths KubeBinder uses: the pod PATCH answers at once, each Binding waits until
-    the test releases it, then answers ``status``."""
+    """The one API path KubeBinder uses: each Binding waits until the test releases it, then answers
+    ``status``. There is no PATCH handler: a bind that patched the pod would fail here (501)."""
 
     protocol_version = "HTTP/1.1"
     arrived: ClassVar[threading.Event]
@@ -173,10 +173,6 @@ class _SlowBindingApi(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
-
-    def do_PATCH(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._answer(200, {"kind": "Pod", "apiVersion": "v1"})
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))

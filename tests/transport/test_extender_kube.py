@@ -1,7 +1,7 @@
-"""Cluster mode against a real kube-apiserver (tests/e2e/harness): watches, bind, rollback, restart.
+"""Cluster mode against a real kube-apiserver (tests/e2e/harness): watches, one-call bind, restart.
 
 The extender lists and watches Nodes, GpuNodeInventory objects and Pods through the real
-``kubernetes`` client, writes the assignment annotation and the Binding through the API, and
+``kubernetes`` client, binds with one Binding that carries the assignment annotation, and
 rebuilds its holdings from the annotations after a restart.
 """
 
@@ -117,7 +117,7 @@ def _schedule(extender: Extender, pod: dict[str, Any], node: str) -> str:
     )
 
 
-def test_bind_writes_annotation_then_binding_and_the_watch_confirms(
+def test_bind_is_one_binding_that_lands_the_annotation_and_the_watch_confirms(
     kubeconfig: str, extender: Extender
 ) -> None:
     pod = _create_pod(kubeconfig, "train-8", 8)
@@ -139,7 +139,7 @@ def test_bind_writes_annotation_then_binding_and_the_watch_confirms(
     assert ANNOTATION_ASSIGNMENT not in (_read_pod(kubeconfig, "late")["metadata"].get("annotations") or {})
 
 
-def test_failed_binding_rolls_the_annotation_back(kubeconfig: str, extender: Extender) -> None:
+def test_refused_binding_leaves_neither_node_nor_annotation(kubeconfig: str, extender: Extender) -> None:
     pod = _create_pod(kubeconfig, "doomed", 2, finalizers=["gpuweave.io/test-hold"])
     uid = pod["metadata"]["uid"]
     with _api(kubeconfig) as api:  # terminating but still present: the API refuses to bind it
@@ -245,7 +245,7 @@ def test_binder_never_annotates_a_recreated_pod(kubeconfig: str) -> None:
     created = _create_pod(kubeconfig, "recreated", 1)
     stale = {**created, "metadata": {**created["metadata"], "uid": "0000-stale-uid"}}
     assignment = PodAssignment(node="gpu-a", containers={})
-    refused = pytest.raises(BindError, match="could not record the assignment on pod default/recreated")
+    refused = pytest.raises(BindError, match=r"binding pod default/recreated to node gpu-a failed: HTTP 409")
     with _api(kubeconfig) as api, refused:
         KubeBinder(api).bind(stale, node="gpu-a", assignment=assignment)
     stored = _read_pod(kubeconfig, "recreated")
