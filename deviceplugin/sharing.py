@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topology.errors import InvalidInputError
-from topology.gpu_keys import gpu_key
+from topology.gpu_keys import canonical_keys
 from topology.inventory import Gpu
 from topology.spec_derive import normalize_bus_id
 from topology.validation import first_problem
@@ -72,13 +72,7 @@ class SharingConfigModel(BaseModel):
     @field_validator("gpus")
     @classmethod
     def _keys_name_gpus(cls, gpus: dict[str, GpuSharingModel]) -> dict[str, GpuSharingModel]:
-        canonical: dict[str, GpuSharingModel] = {}
-        for key, entry in gpus.items():
-            try:
-                canonical[gpu_key(key)] = entry
-            except InvalidInputError as exc:
-                raise ValueError(str(exc)) from None
-        return canonical
+        return canonical_keys(gpus)
 
 
 @dataclass(frozen=True)

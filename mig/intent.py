@@ -26,7 +26,7 @@ from mig.catalog import GpuModel
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
 from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
 from topology.errors import InvalidInputError
-from topology.gpu_keys import gpu_key, is_index_key
+from topology.gpu_keys import canonical_keys, is_index_key
 from topology.validation import first_problem
 
 WHOLE_GPU = None  # the declared layout value that means "MIG off"
@@ -39,13 +39,7 @@ class _LayoutWire(BaseModel):
     @field_validator("gpus")
     @classmethod
     def _keys_name_gpus(cls, gpus: dict[str, list[str] | None]) -> dict[str, list[str] | None]:
-        canonical: dict[str, list[str] | None] = {}
-        for key, entries in gpus.items():
-            try:
-                canonical[gpu_key(key)] = entries
-            except InvalidInputError as exc:
-                raise ValueError(str(exc)) from None
-        return canonical
+        return canonical_keys(gpus)
 
 
 def parse_entry(text: str) -> TargetEntry:

@@ -10,7 +10,7 @@ Pure: keys are normalized once, at the edge, and matched against inventory value
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
 from topology.errors import InvalidInputError
@@ -32,6 +32,7 @@ class NamedGpu(Protocol):
 
 
 G = TypeVar("G", bound=NamedGpu)
+V = TypeVar("V")
 
 
 def gpu_key(text: str) -> str:
@@ -65,3 +66,15 @@ def matches(key: str, gpu: NamedGpu) -> bool:
 def find_gpu(key: str, gpus: Iterable[G]) -> G | None:
     """The GPU a canonical key names, or None."""
     return next((g for g in gpus if matches(key, g)), None)
+
+
+def canonical_keys(entries: Mapping[str, V]) -> dict[str, V]:
+    """A per-GPU mapping with every key in ``gpu_key`` form; a bad key is a ``ValueError`` (for
+    pydantic validators, which report it with the field's location)."""
+    canonical: dict[str, V] = {}
+    for key, value in entries.items():
+        try:
+            canonical[gpu_key(key)] = value
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from None
+    return canonical

@@ -21,6 +21,7 @@ from gpuweave.simulate.policies import (
     MAX_SPEC_GPU_MILLI,
     Placement,
     PlacementPolicy,
+    RandomPolicy,
     default_gpus,
     fragment_outcomes,
 )
@@ -36,19 +37,8 @@ def pick_by_rank(scores: FloatArray, candidates: IntArray, rank: IntArray) -> in
     return int(top[np.argmin(rank[top])])
 
 
-class ArtifactRandom:
-    """Random-fit: one uniformly random feasible node (the plugin's PreScore draw)."""
-
-    name = "random"
-
-    def choose(
-        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
-    ) -> Placement:
-        node = int(candidates[rng.integers(len(candidates))])
-        if request.is_share:
-            roomy = np.flatnonzero(cluster.gpu_free[node] >= request.gpu_milli)
-            return Placement(node, (int(roomy[rng.integers(len(roomy))]),))
-        return Placement(node, default_gpus(cluster, node, request))
+class ArtifactRandom(RandomPolicy):
+    """Random-fit: one uniformly random feasible node (the plugin's PreScore draw), as RandomPolicy."""
 
 
 class ArtifactBestFit:
