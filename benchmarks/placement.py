@@ -33,8 +33,7 @@ from typing import Any
 
 from benchmarks.placement_plots import plot_report
 from benchmarks.placement_published import PublishedCurves, load_published
-from gpuweave.simulate.artifact import artifact_model, artifact_run
-from gpuweave.simulate.baselines import BASELINE_NAMES, make_baseline
+from gpuweave.simulate.artifact import artifact_run
 from gpuweave.simulate.experiment import (
     PAPER_VARIANTS,
     POLICY_NAMES,
@@ -43,11 +42,9 @@ from gpuweave.simulate.experiment import (
     make_policy,
 )
 from gpuweave.simulate.packing import PackingCurves, run_packing
-from gpuweave.simulate.policies import PlacementPolicy
 from gpuweave.simulate.trace import DEFAULT_TRACE_DIR
 from scheduler_ext.workload import workload_document
 from topology.errors import GpuweaveError
-from topology.fragmentation import FragmentModel, IntArray
 
 DEFAULT_PUBLISHED_DIR = DEFAULT_TRACE_DIR.parents[1] / "fgd-atc23-results"
 DEFAULT_OUT = Path("benchmarks/results/placement")
@@ -85,7 +82,6 @@ def run_variant(
     """Every (policy, seed) run of one variant, with per-policy median curves."""
     per_policy: dict[str, list[PackingCurves]] = {p: [] for p in policies}
     metric = experiment.metric_model
-    fgd_model = artifact_model(experiment.pods, models=metric.models, max_gpus=metric.max_gpus)
     for seed in seeds:
         run = artifact_run(
             experiment.pods,
@@ -95,7 +91,7 @@ def run_variant(
         )
         for name in policies:
             started = time.perf_counter()
-            policy = _policy(name, experiment, rank=run.node_rank, fgd_model=fgd_model)
+            policy = make_policy(name, experiment, node_rank=run.node_rank)
             try:
                 curves = run_packing(
                     nodes=experiment.nodes, pods=run.pods, fragment_model=metric, policy=policy, seed=seed
@@ -120,15 +116,6 @@ def run_variant(
         }
         for name, runs in per_policy.items()
     }
-
-
-def _policy(
-    name: str, experiment: TraceExperiment, *, rank: IntArray, fgd_model: FragmentModel
-) -> PlacementPolicy:
-    """The artifact's own baseline for a baseline name, else the experiment's policy (gpuweave)."""
-    if name in BASELINE_NAMES:
-        return make_baseline(name, rank=rank, fgd_model=fgd_model)
-    return make_policy(name, experiment)
 
 
 def verdict(ours: dict[str, Any], published: PublishedCurves | None, variant: str) -> dict[str, Any]:

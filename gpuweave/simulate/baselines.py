@@ -21,7 +21,6 @@ from gpuweave.simulate.policies import (
     MAX_SPEC_GPU_MILLI,
     Placement,
     PlacementPolicy,
-    RandomPolicy,
     default_gpus,
     fragment_outcomes,
 )
@@ -37,8 +36,27 @@ def pick_by_rank(scores: FloatArray, candidates: IntArray, rank: IntArray) -> in
     return int(top[np.argmin(rank[top])])
 
 
-class ArtifactRandom(RandomPolicy):
-    """Random-fit: one uniformly random feasible node (the plugin's PreScore draw), as RandomPolicy."""
+def random_node_rank(node_count: int, *, seed: int) -> IntArray:
+    """A tie order for a run outside the artifact's stream (``gpuweave simulate``): one random
+    permutation per seed, as the artifact's prefixed node names give (``artifact.artifact_run``)."""
+    rank: IntArray = np.random.default_rng(seed).permutation(node_count).astype(np.int64)
+    return rank
+
+
+class ArtifactRandom:
+    """Random-fit: one uniformly random feasible node (the plugin's PreScore draw); a share takes a
+    uniformly random GPU with room, whole GPUs the lowest-indexed idle ones."""
+
+    name = "random"
+
+    def choose(
+        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
+    ) -> Placement:
+        node = int(candidates[rng.integers(len(candidates))])
+        if request.is_share:
+            roomy = np.flatnonzero(cluster.gpu_free[node] >= request.gpu_milli)
+            return Placement(node, (int(roomy[rng.integers(len(roomy))]),))
+        return Placement(node, default_gpus(cluster, node, request))
 
 
 class ArtifactBestFit:

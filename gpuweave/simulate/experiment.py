@@ -1,9 +1,11 @@
 """Wiring for trace experiments: the cluster, workload and policies of one trace variant.
 
-One place builds what the placement benchmark and ``gpuweave simulate --trace`` share: node specs
-from the node list, the pods of a variant, the target workload (the paper's measure, used for the
-reported fragmentation and by FGD) and the memory-aware variant the extender is pinned to
-(``gpuweave extender --workload FILE`` with ``scheduler_ext.workload.workload_document`` of it).
+One place builds what the placement benchmark and its tests share: node specs from the node list,
+the pods of a variant, the target workload of every task shape (the paper's measure, used for the
+reported fragmentation), FGD's own model of the artifact's 95% workload, and the memory-aware
+variant the extender is pinned to (``gpuweave extender --workload FILE`` with
+``scheduler_ext.workload.workload_document`` of it). A policy is one of the artifact's baselines
+(``baselines``) or gpuweave, the extender's own service objects (``product_policy``).
 """
 
 from __future__ import annotations
@@ -12,20 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuweave.simulate.artifact import artifact_model
+from gpuweave.simulate.baselines import BASELINE_NAMES, make_baseline
 from gpuweave.simulate.cluster import NodeSpec
-from gpuweave.simulate.policies import (
-    BestFitPolicy,
-    DotProductPolicy,
-    FgdPolicy,
-    PlacementPolicy,
-    RandomPolicy,
-)
+from gpuweave.simulate.policies import PlacementPolicy
 from gpuweave.simulate.product_policy import ProductPolicy
 from gpuweave.simulate.trace import GPU_NODE_LIST, TracePod, load_nodes, load_pods, pod_list_path
 from topology.errors import InvalidInputError
-from topology.fragmentation import FragmentModel, TargetWorkload, typical_workload, with_memory
+from topology.fragmentation import FragmentModel, IntArray, TargetWorkload, typical_workload, with_memory
 
-POLICY_NAMES = ("random", "best-fit", "dot-product", "fgd", "gpuweave")
+POLICY_NAMES = (*BASELINE_NAMES, "gpuweave")
 # Paper traces (the 17 the artifact's run scripts use); "default" first.
 PAPER_VARIANTS = (
     "default",
@@ -46,8 +44,8 @@ PAPER_VARIANTS = (
     "multigpu40",
     "multigpu50",
 )
-# Share of the trace's tasks the target workload covers. 1.0 (every shape) reproduces the
-# published FGD curves within ~0.2 points; see docs/benchmarks.md for the 0.95 reading.
+# Share of the trace's tasks the reported fragmentation (and gpuweave's pinned mix) covers: every
+# shape. FGD scores against the artifact's own 95% (``artifact.artifact_model``).
 DEFAULT_COVERAGE = 1.0
 
 
@@ -58,7 +56,8 @@ class TraceExperiment:
     pods: tuple[TracePod, ...]
     workload: TargetWorkload
     metric_model: FragmentModel  # the paper's measure (memory-blind)
-    gpuweave_model: FragmentModel  # memory-aware, for gpuweave's own scoring
+    fgd_model: FragmentModel  # what the faithful FGD scores against: the artifact's 95% workload
+    gpuweave_model: FragmentModel  # memory-aware, the mix gpuweave's extender is pinned to
 
     @property
     def capacity_gpus(self) -> int:
@@ -91,20 +90,16 @@ def experiment_for(
         pods=tuple(pods),
         workload=workload,
         metric_model=FragmentModel(workload, models=models, max_gpus=max_gpus),
+        fgd_model=artifact_model(pods, models=models, max_gpus=max_gpus),
         gpuweave_model=FragmentModel(aware, models=models, max_gpus=max_gpus),
     )
 
 
-def make_policy(name: str, experiment: TraceExperiment) -> PlacementPolicy:
-    """A fresh policy instance (policies may cache per-run state)."""
-    if name == "random":
-        return RandomPolicy()
-    if name == "best-fit":
-        return BestFitPolicy()
-    if name == "dot-product":
-        return DotProductPolicy()
-    if name == "fgd":
-        return FgdPolicy()
+def make_policy(name: str, experiment: TraceExperiment, *, node_rank: IntArray) -> PlacementPolicy:
+    """A fresh policy for one run (FGD and the extender keep per-run state); ``node_rank`` is the
+    run's node tie order (``artifact.ArtifactRun.node_rank``), which the baselines follow."""
+    if name in BASELINE_NAMES:
+        return make_baseline(name, rank=node_rank, fgd_model=experiment.fgd_model)
     if name == "gpuweave":  # the extender's service objects, its workload pinned to the trace's mix
         return ProductPolicy(experiment.nodes, workload=experiment.gpuweave_model.workload)
     raise InvalidInputError(f"unknown placement policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

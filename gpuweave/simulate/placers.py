@@ -1,9 +1,10 @@
 """Schedulers the simulation can drive: node choice plus the GPU set on the chosen node.
 
 ``gpuweave`` is the real extender (``extender_client.ExtenderPlacer``, built by the runner), not
-a placer here; ``go-gpuallocator-like`` is what a cluster gets
-with kube-scheduler's default spreading and NVIDIA's best-effort allocator; ``random`` and
-``best-fit`` take the lowest-indexed free GPUs.
+a placer here; ``go-gpuallocator-like`` is what a cluster gets with kube-scheduler's default
+spreading and NVIDIA's best-effort allocator; ``random`` and ``best-fit`` are the FGD artifact's
+baselines (``baselines``; best-fit's ties go to the lowest rank of one random node order per seed)
+and take the lowest-indexed free GPUs for a multi-GPU pod.
 """
 
 from __future__ import annotations
@@ -14,16 +15,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from gpuweave.simulate.baselines import ArtifactBestFit, ArtifactRandom, random_node_rank
 from gpuweave.simulate.cluster import ClusterState, Request
 from gpuweave.simulate.fleet import FleetNode
-from gpuweave.simulate.policies import (
-    BestFitPolicy,
-    Placement,
-    PlacementPolicy,
-    RandomPolicy,
-    default_gpus,
-    pick_top,
-)
+from gpuweave.simulate.policies import Placement, PlacementPolicy, default_gpus, pick_top
 from gpuweave.simulate.state import SimState
 from topology.baselines import go_gpuallocator_like
 from topology.errors import InvalidInputError
@@ -152,12 +147,13 @@ class InProcessPlacer:
         return PodPlacement(choice.node, gpus)
 
 
-def make_placer(name: str) -> InProcessPlacer:
-    """A baseline scheduler (gpuweave itself runs through the extender: ``ExtenderPlacer``)."""
+def make_placer(name: str, *, node_count: int, seed: int) -> InProcessPlacer:
+    """A baseline scheduler for a run of ``node_count`` nodes (gpuweave itself runs through the
+    extender: ``ExtenderPlacer``); ``seed`` draws best-fit's node tie order."""
     if name == "random":
-        return InProcessPlacer(name, RandomPolicy(), lowest_index)
+        return InProcessPlacer(name, ArtifactRandom(), lowest_index)
     if name == "best-fit":
-        return InProcessPlacer(name, BestFitPolicy(), lowest_index)
+        return InProcessPlacer(name, ArtifactBestFit(random_node_rank(node_count, seed=seed)), lowest_index)
     if name == "go-gpuallocator-like":
         return InProcessPlacer(name, LeastAllocatedPolicy(), go_allocator)
     baselines = ", ".join(p for p in SIMULATE_POLICIES if p != "gpuweave")

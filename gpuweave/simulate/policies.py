@@ -1,8 +1,10 @@
-"""Placement policies: which feasible node, and which GPUs on it, a request gets.
+"""What a placement policy is, and the pieces the baselines share.
 
-Baselines follow the FGD artifact's scoring plugins (random, best-fit, dot-product, FGD),
-including kube-scheduler's integer scores and random choice among equal top scores. gpuweave has
-no policy here: trace experiments run the extender itself (``product_policy.ProductPolicy``).
+A policy chooses a feasible node, and the GPUs on it, for one request. The only baselines are the
+FGD artifact's (``baselines``: random, best-fit, dot-product, FGD) and, in ``gpuweave simulate``,
+kube-scheduler's default spreading (``placers.LeastAllocatedPolicy``); gpuweave has no policy here:
+trace experiments and the simulation run the extender itself (``product_policy.ProductPolicy``,
+``extender_client.ExtenderPlacer``).
 """
 
 from __future__ import annotations
@@ -55,50 +57,6 @@ def default_gpus(cluster: ClusterState, node: int, request: Request) -> tuple[in
     return tuple(cluster.exclusive_gpus(node, request.gpu_count))
 
 
-class RandomPolicy:
-    name = "random"
-
-    def choose(
-        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
-    ) -> Placement:
-        node = int(candidates[rng.integers(len(candidates))])
-        if request.is_share:
-            roomy = np.flatnonzero(cluster.gpu_free[node] >= request.gpu_milli)
-            return Placement(node, (int(roomy[rng.integers(len(roomy))]),))
-        return Placement(node, default_gpus(cluster, node, request))
-
-
-class BestFitPolicy:
-    """Least weighted leftover (0.5 CPU + 0.5 GPU, normalised by the largest node spec)."""
-
-    name = "best-fit"
-
-    def choose(
-        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
-    ) -> Placement:
-        cpu_left = (cluster.cpu_free[candidates] - request.cpu_milli) / MAX_SPEC_CPU_MILLI
-        gpu_left = (cluster.gpu_free[candidates].sum(axis=1) - request.total_gpu_milli) / MAX_SPEC_GPU_MILLI
-        scores = np.floor((1.0 - 0.5 * cpu_left - 0.5 * gpu_left) * MAX_NODE_SCORE)
-        node = int(candidates[pick_top(scores, rng)])
-        return Placement(node, default_gpus(cluster, node, request))
-
-
-class DotProductPolicy:
-    """Tetris-style: the smallest dot product of free and requested (CPU, GPU), max-normalised."""
-
-    name = "dot-product"
-
-    def choose(
-        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
-    ) -> Placement:
-        cpu = cluster.cpu_free[candidates] / MAX_SPEC_CPU_MILLI * (request.cpu_milli / MAX_SPEC_CPU_MILLI)
-        gpu_free = cluster.gpu_free[candidates].sum(axis=1)
-        gpu = gpu_free / MAX_SPEC_GPU_MILLI * (request.total_gpu_milli / MAX_SPEC_GPU_MILLI)
-        scores = np.floor((1.0 - (cpu + gpu) / 2.0) * MAX_NODE_SCORE)
-        node = int(candidates[pick_top(scores, rng)])
-        return Placement(node, default_gpus(cluster, node, request))
-
-
 @dataclass(frozen=True)
 class Outcomes:
     """Every way to place a request on the candidate nodes, and the fragment increase of each.
@@ -146,36 +104,3 @@ def _exclusive_mask(gpu_free: IntArray, count: int) -> IntArray:
     full = gpu_free == MILLI_PER_GPU
     mask: IntArray = (full & (np.cumsum(full, axis=1) <= count)).astype(np.int64)
     return mask
-
-
-def _sigmoid(x: FloatArray) -> FloatArray:
-    result: FloatArray = 1.0 / (1.0 + np.exp(-x))
-    return result
-
-
-def _placement(cluster: ClusterState, request: Request, node: int, share_gpu: int) -> Placement:
-    if request.is_share:
-        return Placement(node, (share_gpu,))
-    return Placement(node, default_gpus(cluster, node, request))
-
-
-class FgdPolicy:
-    """FGD as evaluated in the paper: integer score floor(100 * sigmoid(-delta / 1000)), random
-    choice among the top nodes; a share takes the first GPU with the node's best score."""
-
-    name = "fgd"
-
-    def choose(
-        self, cluster: ClusterState, request: Request, candidates: IntArray, rng: np.random.Generator
-    ) -> Placement:
-        outcomes = fragment_outcomes(
-            cluster,
-            request,
-            candidates,
-            model=cluster.fragment_model,
-            before=cluster.node_fragment[candidates],
-        )
-        finite = np.isfinite(outcomes.delta)
-        scores = np.where(finite, np.floor(_sigmoid(-outcomes.delta / 1000.0) * MAX_NODE_SCORE), -1.0)
-        row = pick_top(scores.max(axis=1), rng)
-        return _placement(cluster, request, int(candidates[row]), int(np.argmax(scores[row])))

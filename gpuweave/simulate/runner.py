@@ -72,7 +72,7 @@ def _placer(policy: str, *, fleet: tuple[FleetNode, ...], options: SimulateOptio
 
         transport = "in-process" if options.in_process else "http"
         return ExtenderPlacer(fleet, share_nodes=share_pool(fleet), transport=transport)
-    return make_placer(policy)
+    return make_placer(policy, node_count=len(fleet), seed=options.seed)
 
 
 def _run_one(

@@ -15,6 +15,7 @@ from gpuweave.simulate.baselines import (
     ArtifactRandom,
     make_baseline,
     pick_by_rank,
+    random_node_rank,
 )
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.packing import run_packing
@@ -155,3 +156,16 @@ def test_offline_pack_places_whole_gpus_before_shares() -> None:
     nodes = (NodeSpec("a", 32000, 65536, 1, "T4"),)
     pods = [TracePod("s", 1000, 1024, 1, 600), TracePod("w", 1000, 1024, 1, 1000)]
     assert offline_pack(nodes, pods) == 1000
+
+
+def test_simulate_best_fit_ties_follow_one_seeded_node_order() -> None:
+    rank = random_node_rank(8, seed=5)
+    assert sorted(rank.tolist()) == list(range(8))
+    assert random_node_rank(8, seed=5).tolist() == rank.tolist()
+    assert random_node_rank(8, seed=6).tolist() != rank.tolist()
+    nodes = tuple(NodeSpec(f"n{i}", 32000, 131072, 2, "T4") for i in range(8))
+    cluster = ClusterState(nodes, artifact_model(PODS, models=["T4"], max_gpus=2))
+    placed = ArtifactBestFit(rank).choose(
+        cluster, Request(8000, 8192, 1, 1000), np.arange(8), np.random.default_rng(0)
+    )
+    assert placed.node == int(np.argmin(rank))  # every empty node scores alike: the lowest rank wins

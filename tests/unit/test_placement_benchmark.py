@@ -65,7 +65,9 @@ def test_fgd_puts_a_share_on_the_gpu_that_is_already_shared() -> None:
     cluster.place(1, (0,), share)
     rng = np.random.default_rng(0)
     for name in ("fgd", "gpuweave"):
-        placement = make_policy(name, experiment).choose(cluster, share, np.arange(2), rng)
+        placement = make_policy(name, experiment, node_rank=np.arange(2)).choose(
+            cluster, share, np.arange(2), rng
+        )
         assert (placement.node, placement.gpus) == (1, (0,))
 
 
@@ -77,12 +79,24 @@ def test_packing_places_until_full_and_never_overcommits(policy: str) -> None:
         nodes=NODES,
         pods=pods,
         fragment_model=experiment.metric_model,
-        policy=make_policy(policy, experiment),
+        policy=make_policy(policy, experiment, node_rank=np.asarray([1, 0])),
         seed=3,
     )
     assert curves.placed + curves.failed == len(pods)
     final = [v for v in curves.allocation if not np.isnan(v)][-1]
     assert 0 < final <= 100
+
+
+def test_experiment_baselines_are_the_artifacts_and_follow_the_node_rank() -> None:
+    experiment = experiment_for("t", nodes=NODES, pods=PODS)
+    empty = ClusterState(NODES, experiment.metric_model)
+    whole = Request(8000, 8192, 1, 1000)  # scores the same on both empty nodes: the rank decides
+    for name in ("best-fit", "dot-product", "fgd"):
+        for rank, node in (([0, 1], 0), ([1, 0], 1)):
+            policy = make_policy(name, experiment, node_rank=np.asarray(rank))
+            assert policy.choose(empty, whole, np.arange(2), np.random.default_rng(0)).node == node
+    with pytest.raises(InvalidInputError, match="unknown placement policy 'tetris'"):
+        make_policy("tetris", experiment, node_rank=np.arange(2))
 
 
 def test_published_medians_and_verdict(tmp_path: Path) -> None:
@@ -135,6 +149,7 @@ def test_gpuweave_spares_the_gpu_model_type_bound_tasks_need() -> None:
     cluster = ClusterState(nodes, experiment.metric_model)
     unconstrained = Request(4000, 8192, 1, 1000)
     for seed in range(5):
-        policy = make_policy("gpuweave", experiment)  # each choice binds in the extender: a fresh one
+        # each choice binds in the extender: a fresh one
+        policy = make_policy("gpuweave", experiment, node_rank=np.arange(2))
         placement = policy.choose(cluster, unconstrained, np.arange(2), np.random.default_rng(seed))
         assert placement.node == 1

@@ -49,7 +49,7 @@ def _simulation(
     placer = (
         ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
         if policy == "gpuweave"
-        else make_placer(policy)
+        else make_placer(policy, node_count=len(fleet), seed=0)
     )
     return Simulation(
         fleet=fleet,

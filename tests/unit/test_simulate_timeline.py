@@ -21,7 +21,7 @@ def _simulation(profiles: list[str], jobs: list[Job], *, duration: float = 600.0
     return Simulation(
         fleet=fleet,
         jobs=jobs,
-        placer=make_placer("best-fit"),
+        placer=make_placer("best-fit", node_count=len(fleet), seed=0),
         metric_model=model,
         duration_s=duration,
         faults=(),
