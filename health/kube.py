@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from health.badlist import BadGpu
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
+from kubeio.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS, describe, status_of
 from topology.assignment import PodAssignment
 from topology.contracts import (
     ANNOTATION_ASSIGNMENT,
@@ -82,13 +83,12 @@ class KubeCluster:
         try:
             self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
         except ApiException as exc:
-            if exc.status == 429:
+            status = status_of(exc)
+            if status == TOO_MANY_REQUESTS:
                 return EvictionOutcome.BLOCKED
-            if exc.status == 404:
+            if status == NOT_FOUND:
                 return EvictionOutcome.GONE
-            log.warning(
-                "eviction of %s/%s failed: HTTP %s %s", pod.namespace, pod.name, exc.status, exc.reason
-            )
+            log.warning("eviction of %s/%s failed: %s", pod.namespace, pod.name, describe(exc))
             return EvictionOutcome.FAILED
         return EvictionOutcome.EVICTED
 
@@ -203,7 +203,7 @@ class KubeCluster:
         try:
             self._custom.create_cluster_custom_object(API_GROUP, API_VERSION, BAD_HARDWARE_PLURAL, body)
         except ApiException as exc:
-            if exc.status != 409:  # already listed (by this node earlier, or another)
+            if status_of(exc) != CONFLICT:  # already listed (by this node earlier, or another)
                 raise
 
 

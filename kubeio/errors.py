@@ -3,8 +3,10 @@
 The kubernetes client raises ``ApiException`` (an HTTP status), urllib3 raises ``HTTPError``
 (no answer at all), sockets raise ``OSError``. Callers need three answers from that: is it 410
 Gone (list again), a lost race (404/409: someone else won, not an error), or a failure to log
-and retry. This module reads the status by attribute, so importing it does not load the
-kubernetes client (agents without an API server stay small).
+and retry. The few other statuses a caller acts on (404 alone: nothing there yet; 429: an
+eviction a PodDisruptionBudget refused) are named here too, so each lives in one place. This
+module reads the status by attribute, so importing it does not load the kubernetes client
+(agents without an API server stay small).
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from urllib3.exceptions import HTTPError
 
 from topology.errors import GpuweaveError
 
+NOT_FOUND = 404
+CONFLICT = 409
 GONE = 410
-LOST_RACE = frozenset({404, 409})
+TOO_MANY_REQUESTS = 429
+LOST_RACE = frozenset({NOT_FOUND, CONFLICT})
 
 
 class KubeApiError(GpuweaveError):
