@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from deviceplugin.devices import PluginDevice
 from deviceplugin.metrics import AgentMetrics
@@ -145,20 +145,6 @@ class PodView:
         with self._changed:
             self._pods.pop(uid, None)
             self._bound.pop(uid, None)
-            self._touch()
-
-    def replace_all(self, pods: list[PendingPod]) -> None:
-        """After a re-list: keep the arrival order and bound resourceVersion of pods already known."""
-        with self._changed:
-            known, fresh = self._pods, {}
-            for pod in sorted(pods, key=lambda p: p.seen):
-                if pod.uid not in known:
-                    self._arrivals += 1
-                seen = known[pod.uid].seen if pod.uid in known else self._arrivals
-                bound = self._bound.get(pod.uid) or pod.bound
-                fresh[pod.uid] = replace(pod, seen=seen, bound=bound)
-            self._pods = fresh
-            self._bound = {uid: pod.bound for uid, pod in fresh.items()}
             self._touch()
 
     def _touch(self) -> None:

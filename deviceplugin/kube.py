@@ -1,31 +1,32 @@
 """The agent's API-server side: publishing, the pod view for the handoff, and Events.
 
 Everything here runs in background threads and tolerates an API server outage: publishing
-retries with back-off, the pod watcher re-lists after an error, and nothing on the kubelet's
-gRPC path waits for the API server.
+retries with back-off, the pod watch (``kubeio.listwatch.ListWatch``) resumes from the last
+resourceVersion it saw after an error, and nothing on the kubelet's gRPC path waits for the API
+server.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.agent import NodeAgent
-from deviceplugin.errors import DevicePluginError
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
-from deviceplugin.listwatch import WATCH_TIMEOUT_S, ListWatch
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
 from deviceplugin.sharing import SharingPlan
+from kubeio.client import api_client
+from kubeio.errors import NOT_FOUND, describe, status_of
+from kubeio.listwatch import ListWatch
 from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from topology.inventory import NodeInventory
 
@@ -88,7 +89,7 @@ class Publisher:
         try:
             current = cast(dict[str, Any], self._custom.get_cluster_custom_object(*args, name))
         except ApiException as exc:
-            if exc.status != 404:
+            if status_of(exc) != NOT_FOUND:
                 raise
             created = self._custom.create_cluster_custom_object(
                 *args, {k: v for k, v in body.items() if k != "status"}
@@ -131,49 +132,43 @@ class EventReporter:
         self._core.create_namespaced_event(pod.namespace, event)
 
 
-def _upsert(view: PodView, pod: Any) -> None:
-    annotations = pod.metadata.annotations or {}
+def _upsert(view: PodView, pod: Mapping[str, Any]) -> None:
+    metadata = pod.get("metadata") or {}
     view.upsert(
-        uid=pod.metadata.uid,
-        namespace=pod.metadata.namespace,
-        name=pod.metadata.name,
-        phase=(pod.status.phase if pod.status else "") or "",
-        annotation=annotations.get(ANNOTATION_ASSIGNMENT),
-        created=pod.metadata.creation_timestamp.isoformat() if pod.metadata.creation_timestamp else "",
-        resource_version=pod.metadata.resource_version or "",
+        uid=str(metadata.get("uid") or ""),
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        phase=str((pod.get("status") or {}).get("phase") or ""),
+        annotation=(metadata.get("annotations") or {}).get(ANNOTATION_ASSIGNMENT),
+        created=str(metadata.get("creationTimestamp") or ""),
+        resource_version=str(metadata.get("resourceVersion") or ""),
     )
 
 
 class PodWatcher:
-    """Keeps a ``PodView`` of this node's pods by list + watch (field selector spec.nodeName)."""
+    """Keeps a ``PodView`` of this node's pods by list + watch (field selector spec.nodeName).
+
+    A relist after 410 Gone arrives as events too (a pod that vanished meanwhile as DELETED), so
+    pods the view already knew keep their arrival order and the resourceVersion they were bound at."""
 
     def __init__(self, api: client.ApiClient, *, node: str, view: PodView) -> None:
         self._view = view
-        self._watch = ListWatch(
+        self.watch = ListWatch(
             client.CoreV1Api(api).list_pod_for_all_namespaces,
-            on_list=self._listed,
             on_event=self._event,
             what=f"pods on node {node}",
             field_selector=f"spec.nodeName={node}",
         )
-        self._thread = threading.Thread(target=self._watch.run, name="pod-watcher", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.watch.start()
 
     def stop(self) -> None:
-        self._watch.stop()
-        self._thread.join(timeout=WATCH_TIMEOUT_S)
+        self.watch.stop()
 
-    def _listed(self, pods: Sequence[Any]) -> None:
-        fresh = PodView()
-        for pod in pods:
-            _upsert(fresh, pod)
-        self._view.replace_all(fresh.pending())
-
-    def _event(self, kind: str, pod: Any) -> None:
+    def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
         if kind == "DELETED":
-            self._view.remove(pod.metadata.uid)
+            self._view.remove(str((pod.get("metadata") or {}).get("uid") or ""))
         else:
             _upsert(self._view, pod)
 
@@ -294,11 +289,10 @@ class AssignmentAuditor:
             self._core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": metadata})
         except ApiException as exc:
             log.warning(
-                "cannot correct the assignment of pod %s/%s (HTTP %s %s); the next audit retries",
+                "cannot correct the assignment of pod %s/%s (%s); the next audit retries",
                 pod.namespace,
                 pod.name,
-                exc.status,
-                exc.reason,
+                describe(exc),
             )
             return
         self._metrics.handoff.labels(_resources(correction), "corrected").inc()
@@ -308,25 +302,13 @@ def _resources(correction: Correction) -> str:
     return ",".join(sorted({change.split(" ")[1].rstrip(":") for change in correction.changes}))
 
 
-def _api_client(kubeconfig: Path | None) -> client.ApiClient:
-    if kubeconfig is not None:
-        loaded: client.ApiClient = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        return loaded
-    configuration = client.Configuration()
-    kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration)
-
-
 class KubeParts:
     """The API-server side of the agent: publisher, pod watcher (handoff) and event reporter."""
 
     def __init__(self, kubeconfig: Path | None, *, node: str, metrics: AgentMetrics) -> None:
-        """``kubeconfig`` None: the pod's own service account (token, CA and API server address)."""
-        try:
-            self.api = _api_client(kubeconfig)
-        except Exception as exc:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-            raise DevicePluginError(f"cannot load {where}: {exc}") from exc
+        """``kubeconfig`` None: the pod's own service account (token, CA and API server address);
+        credentials that cannot be loaded raise ``InvalidInputError`` naming where they were sought."""
+        self.api = api_client(kubeconfig)
         self.view = PodView()
         self.handoff = HandoffMatcher(
             self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)

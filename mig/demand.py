@@ -1,7 +1,7 @@
 """Demand mode's decisions: which pending pods a node serves, when it may claim one, and whether a
 plan covers what the claimed pods ask for.
 
-Pure: the Kubernetes adapter (``gpuweave/node_mig_demand.py``) turns Pod objects into
+Pure: the Kubernetes adapter (``mig/kube_demand.py``) turns Pod objects into
 ``PendingPod`` values and carries out the claims; this module only decides. A pod counts when it
 is Pending, the scheduler marked it unschedulable (PodScheduled=False, reason Unschedulable), it
 asks for ``nvidia.com/mig-*`` resources, and this node could run it: ``spec.nodeName`` empty or

@@ -2,8 +2,8 @@
 
 The composition root of the node-agent process: it picks the hardware source (simulated profile
 or the real GPUs), the sharing plan, the topology chooser and, with ``--kubeconfig``, the
-publisher and the handoff pod lister; starts the agent; and stops everything on SIGTERM/SIGINT
-(servers closed, sockets removed).
+publisher, the handoff's pod watch and MIG's Node watch; starts the agent; and stops everything
+on SIGTERM/SIGINT (servers closed, sockets removed).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
 from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
-from gpuweave.node_mig import build_mig_service, register_mig_routes, start_mig_kube
+from gpuweave.node_mig import build_mig_service, register_mig_routes
 from gpuweave.node_mps import MpsRoundHook, NodeMps, control_command, mps_base_dir, start_node_mps
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
@@ -40,11 +40,13 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
+from mig.service import MigService
 from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts
+    from mig.kube import MigKube
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +165,14 @@ def open_metrics(address: str, metrics: AgentMetrics) -> Callable[[], None]:
     return serve_metrics(metrics.registry, host=host or "0.0.0.0", port=int(port))
 
 
+def open_mig_kube(kube: KubeParts, node: str, mig: MigService, *, demand: bool) -> MigKube:
+    """MIG's Node watch (declared layout) and, with ``demand``, its pending-pod watch, on the agent's
+    API client; imported only with an API server, as ``open_kube`` is."""
+    from mig.kube import start_mig_kube  # noqa: PLC0415 (deferred: memory and start-up time)
+
+    return start_mig_kube(kube.api, node, mig, demand=demand)
+
+
 def open_pod_resources(args: argparse.Namespace) -> PodResourcesClient | None:
     """The kubelet's pod-resources API (the devices pods hold), or None when turned off or not
     derivable; the agent starts either way and an unreachable API is reported when it is read."""
@@ -260,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     mig.restore_in_background()  # the other GPUs serve while those are restored, one by one
     fabric.start(lambda: agent.inventory)
     register_mig_routes(agent, mig)
-    layout = start_mig_kube(kube.api, node_name(args), mig, demand=args.mig_demand) if kube else None
+    layout = open_mig_kube(kube, node_name(args), mig, demand=args.mig_demand) if kube else None
     health = start_node_health(
         agent,
         backend=backend,

@@ -22,10 +22,11 @@ import pytest
 from kubernetes import client, config, watch
 
 from deviceplugin.agent import AgentConfig, NodeAgent
-from gpuweave.node_mig import MigKube, build_mig_service, start_mig_kube
+from gpuweave.node_mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
+from mig.kube import MigKube, start_mig_kube
 from mig.service import MigService
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import REPO, ControlPlane, wait_for

@@ -1,97 +1,40 @@
 """The Node and pending-pod watches relist after 410 Gone (real kubernetes client, 127.0.0.1 port 0).
 
-A small API server answers list and watch the way the kube-apiserver does for a resourceVersion
-that has been compacted away: the watch stream carries one ERROR event with a Status of code 410.
-The watchers must list again and carry on from the new list: the Node's new labels and declared
-layout are picked up, and so is a pod that only the second list shows.
+A small API server (tests/support/expiring_api.py) answers every watch from an old resourceVersion
+with the ERROR event kube-apiserver sends for one compacted away. The watchers (kubeio's
+``ListWatch``) must list again and carry on from the new list: the Node's new labels and declared
+layout are picked up, a pod that only the second list shows is added, and one that only the first
+showed is dropped (the relist hands it on as DELETED).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubernetes import client
 
-from deviceplugin.listwatch import ListWatch
-from gpuweave.node_mig import NodeWatch
-from gpuweave.node_mig_demand import PodCache
+from kubeio.listwatch import ListWatch
+from mig.kube import NodeWatch
+from mig.kube_demand import PodCache
 from mig.service import LayoutFollower, MigService
-from tests.support.loopback_api import loopback_api
+from tests.support.expiring_api import Collection, expiring_api
 from tests.support.sim_mig import sim_mig_service
 from tests.support.waiting import poll_until
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 
-GONE = {
-    "type": "ERROR",
-    "object": {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": "too old resource version: 5 (9)",
-        "reason": "Expired",
-        "code": 410,
-    },
-}
-
-
-@dataclass
-class Collection:
-    """Successive list answers (the last one repeats) and what the clients asked."""
-
-    kind: str
-    lists: list[tuple[str, list[dict[str, Any]]]]  # (resourceVersion, items)
-    asked: list[dict[str, str]] = field(default_factory=list)
-
-    def answer(self, query: dict[str, str]) -> list[bytes]:
-        """A list body, or the lines of a watch stream."""
-        self.asked.append(query)
-        if query.get("watch") == "true":
-            latest = self.lists[0][0]
-            return [json.dumps(GONE).encode() + b"\n"] if query.get("resourceVersion") != latest else []
-        version, items = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-        body = {"kind": f"{self.kind}List", "apiVersion": "v1", "metadata": {"resourceVersion": version}}
-        return [json.dumps(body | {"items": items}).encode()]
-
-
-def handler_for(paths: dict[str, Collection]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            found = paths.get(url.path)
-            if found is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            lines = found.answer(query)
-            if query.get("watch") == "true" and not lines:
-                threading.Event().wait(0.2)  # an idle watch: nothing happens until it ends
-            data = b"".join(lines)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    return Handler
+QUIET = ("kubeio.listwatch", "mig.kube", "mig.kube_demand")  # a relist after 410 warns nobody
 
 
 @pytest.fixture
 def serve() -> Iterator[tuple[client.ApiClient, dict[str, Collection]]]:
-    paths: dict[str, Collection] = {}
-    with loopback_api(handler_for(paths)) as api:
-        yield api, paths
+    with expiring_api() as served:
+        yield served
 
 
 def node(labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -104,6 +47,10 @@ def mig_service(tmp_path: Path) -> MigService:
 
 def wait(check: Any) -> bool:
     return poll_until(check, timeout=10, every=0.05)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name in QUIET and r.levelno >= logging.WARNING]
 
 
 def test_node_watch_relists_after_410_and_applies_the_new_layout(serve, tmp_path, caplog):
@@ -124,12 +71,12 @@ def test_node_watch_relists_after_410_and_applies_the_new_layout(serve, tmp_path
     finally:
         watch.stop()
         follower.stop()
-    lists = [q for q in nodes.asked if q.get("watch") != "true"]
-    watches = [q for q in nodes.asked if q.get("watch") == "true"]
-    assert len(lists) == 2 and all(q["fieldSelector"] == "metadata.name=node-a" for q in nodes.asked)
+    watches = nodes.watches_asked()
+    assert len(nodes.lists_asked()) == 2 and watch.watch.relists == 2
+    assert all(q["fieldSelector"] == "metadata.name=node-a" for q in nodes.asked)
     assert watches[0]["resourceVersion"] == "5" and watches[-1]["resourceVersion"] == "9"
     assert relabelled.is_set()
-    assert not [r for r in caplog.records if r.name == "gpuweave.node_mig" and r.levelname == "WARNING"]
+    assert not warnings(caplog)
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -149,24 +96,21 @@ def test_pod_watch_relists_after_410_and_reads_pods_as_demand_mode_sees_them(ser
     pods = paths["/api/v1/pods"] = Collection("Pod", [("5", [pod("old")]), ("9", [pod("new")])])
     changes = threading.Event()
     cache = PodCache(changes.set)
-    pods_watch = ListWatch(
+    pods_watch = ListWatch(  # as DemandDriver builds it
         client.CoreV1Api(api).list_pod_for_all_namespaces,
-        on_list=cache.replace,
         on_event=cache.event,
-        what="pods",
+        what="pending pods",
         timeout_s=1,
         field_selector="status.phase=Pending",
     )
-    thread = threading.Thread(target=pods_watch.run)
-    thread.start()
+    pods_watch.start()
     try:
-        assert wait(lambda: [p.name for p in cache.pods()] == ["new"])
+        assert wait(lambda: [p.name for p in cache.pods()] == ["new"])  # "old": a synthesised DELETED
     finally:
         pods_watch.stop()
-        thread.join(timeout=10)
     [seen] = cache.pods()
     assert seen.requests == {"1g.10gb+me": 1} and seen.unschedulable and seen.phase == "Pending"
     assert dict(seen.node_selector) == {"a": "b"} and seen.claim is None and seen.resource_version == "3"
     assert {q["fieldSelector"] for q in pods.asked} == {"status.phase=Pending"}
     assert changes.is_set()
-    assert not [r for r in caplog.records if r.name == "gpuweave.node_mig" and r.levelname == "WARNING"]
+    assert not warnings(caplog)

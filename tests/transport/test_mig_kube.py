@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuweave.node_mig import node_annotation_reader
+from mig.kube import node_annotation_reader
 from tests.support.loopback_api import loopback_api
 from topology.contracts import MIG_LAYOUT_ANNOTATION
 

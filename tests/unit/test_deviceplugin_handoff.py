@@ -63,11 +63,10 @@ def test_the_bound_resource_version_is_the_first_one_seen() -> None:
     bind(view, "a", [gpu_uuid(0)], rv="50")
     bind(view, "b", [gpu_uuid(1)], rv="60")
     bind(view, "a", [gpu_uuid(0)], rv="70")  # a later update of a (a status write) keeps its place
-    fresh = PodView()
-    bind(fresh, "b", [gpu_uuid(1)], rv="90")  # a re-list shows current resourceVersions
-    bind(fresh, "a", [gpu_uuid(0)], rv="91")
-    bind(fresh, "c", [gpu_uuid(2)], rv="80")  # unknown before the re-list: its current one
-    view.replace_all(fresh.pending())
+    # a re-list (kubeio.listwatch hands it on as MODIFIED / ADDED) shows current resourceVersions
+    bind(view, "b", [gpu_uuid(1)], rv="90")
+    bind(view, "a", [gpu_uuid(0)], rv="91")
+    bind(view, "c", [gpu_uuid(2)], rv="80")  # unknown before the re-list: its current one
     pods = {p.uid: p for p in view.pending()}
     assert {uid: p.bound for uid, p in pods.items()} == {"a": "50", "b": "60", "c": "80"}
     assert pods["a"].resource_version == "91"  # the precondition of a correction is the latest

@@ -234,7 +234,8 @@ def test_handoff_burst_follows_admission_order_and_mismatches_are_reported() -> 
     assert matcher.hint(request, {}) == [gpu_uuid(2)]  # bound second
     matcher.observe_allocation(RESOURCE_GPU, [gpu_uuid(3)])  # the kubelet took another device
     assert matcher.hint(request, {}) == [gpu_uuid(1)]
-    view.replace_all([])
+    for gone in ("p-late", "p-early", "p-early-2"):
+        view.remove(gone)
     pending(view, "p3", [gpu_uuid(9)])
     assert matcher.hint(request, {}) is None
     sample = metrics.registry.get_sample_value
@@ -249,10 +250,10 @@ def test_pod_view_keeps_arrival_order_across_a_relist() -> None:
     view = PodView()
     pending(view, "a", [gpu_uuid(0)])
     pending(view, "b", [gpu_uuid(1)])
-    fresh = PodView()
-    pending(fresh, "c", [gpu_uuid(2)])
-    pending(fresh, "b", [gpu_uuid(1)])
-    view.replace_all(fresh.pending())
+    # a relist listing c, b arrives as kubeio.listwatch hands it on: DELETED a, ADDED c, MODIFIED b
+    view.remove("a")
+    pending(view, "c", [gpu_uuid(2)])
+    pending(view, "b", [gpu_uuid(1)])
     order = sorted(view.pending(), key=lambda p: p.seen)
     assert [p.uid for p in order] == ["b", "c"]
 

@@ -72,7 +72,9 @@ def test_in_cluster_outside_a_pod_is_one_line(
     ]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpuweave node-agent: cannot load the in-cluster service account")
+    assert err.startswith(
+        "gpuweave node-agent: cannot load Kubernetes credentials from the in-cluster service account"
+    )
     assert err.count("\n") == 1
 
 

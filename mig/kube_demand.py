@@ -1,11 +1,12 @@
 """Demand mode's Kubernetes side: watch pending pods, claim them on the pod, run the demand loop.
 
 ``gpuweave node-agent --kubeconfig K --mig-demand`` starts a ``DemandDriver``: a cluster-wide
-watch of Pending pods (field selector ``status.phase=Pending``, relist on 410 Gone) kept as
+``kubeio.listwatch.ListWatch`` of Pending pods (field selector ``status.phase=Pending``) kept as
 ``PendingPod`` values, and a thread that runs ``mig.demand_runner.DemandRunner`` on every pod or
-label change and every ``interval_s`` (claims expire with time, not with events). Claims are
-merge patches of the pod's annotations that carry the resourceVersion the node saw, so the API
-server answers 409 Conflict to every node but the first.
+label change and every ``interval_s`` (claims expire with time, not with events). Pods arrive as
+raw JSON; a pod that leaves Pending, or vanished while the watch was away (the 410 relist hands it
+on as DELETED), leaves the cache. Claims are merge patches of the pod's annotations that carry the
+resourceVersion the node saw, so the API server answers 409 Conflict to every node but the first.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.listwatch import WATCH_TIMEOUT_S, ListWatch
+from kubeio.errors import LOST_RACE, api_error, status_of
+from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch
 from mig.demand import (
     CLAIM_ANNOTATION,
     CLAIM_TIME_ANNOTATION,
@@ -30,22 +33,18 @@ from mig.demand import (
 )
 from mig.demand_runner import DemandRunner
 from mig.service import MigService
-from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 DEMAND_INTERVAL_S = 10.0
+RBAC_HINT = "the node agent needs pods get/patch (manifests/rbac-node-agent-mig-demand.yaml)"
 
 
-class DemandClaimError(GpuweaveError):
-    """The API server refused a claim or release for a reason other than a lost race."""
-
-
-def _counts(resources: Any) -> dict[str, int]:
+def _counts(resources: Mapping[str, Any] | None) -> dict[str, int]:
     """A container's requests (limits where no request is given, as for extended resources)."""
-    if resources is None:
+    if not resources:
         return {}
-    merged = {**(resources.limits or {}), **(resources.requests or {})}
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     counts: dict[str, int] = {}
     for name, value in merged.items():
         try:
@@ -55,34 +54,39 @@ def _counts(resources: Any) -> dict[str, int]:
     return counts
 
 
-def pending_pod_of(pod: Any) -> PendingPod:
-    """A ``V1Pod`` as demand mode sees it."""
-    metadata, spec, status = pod.metadata, pod.spec, pod.status
-    conditions = (status.conditions if status is not None else None) or []
-    unschedulable = any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions
+def _unschedulable(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
     )
+
+
+def pending_pod_of(pod: Mapping[str, Any]) -> PendingPod:
+    """A Pod (raw JSON, as the watch delivers it) as demand mode sees it."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
     return PendingPod(
-        namespace=metadata.namespace or "",
-        name=metadata.name or "",
-        uid=metadata.uid or "",
-        resource_version=metadata.resource_version or "",
-        phase=(status.phase if status is not None else None) or "",
-        unschedulable=unschedulable,
-        node_name=(spec.node_name if spec is not None else None) or "",
-        node_selector=dict((spec.node_selector if spec is not None else None) or {}),
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        phase=str(status.get("phase") or ""),
+        unschedulable=_unschedulable(status),
+        node_name=str(spec.get("nodeName") or ""),
+        node_selector=dict(spec.get("nodeSelector") or {}),
         requests=pod_requests(
-            [_counts(c.resources) for c in (spec.containers or [])] if spec is not None else [],
-            [_counts(c.resources) for c in (spec.init_containers or [])] if spec is not None else [],
+            [_counts(c.get("resources")) for c in spec.get("containers") or []],
+            [_counts(c.get("resources")) for c in spec.get("initContainers") or []],
         ),
-        claim=claim_of(metadata.annotations),
+        claim=claim_of(metadata.get("annotations")),
     )
 
 
 class KubeClaims:
     """Claims as pod annotations, written with the pod's resourceVersion as a precondition."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: kube_client.ApiClient) -> None:
         self._core = kube_client.CoreV1Api(api)
 
     def claim(self, pod: PendingPod, *, node: str, now: float) -> bool:
@@ -91,42 +95,42 @@ class KubeClaims:
             "uid": pod.uid,
             "annotations": claim_annotations(node, now),
         }
-        return self._patch(pod, metadata, what="claim")
+        return self._patch(pod, metadata, what="claiming")
 
     def release(self, pod: PendingPod, *, node: str) -> None:
         try:
-            current = self._core.read_namespaced_pod(pod.name, pod.namespace)
+            response: Any = self._core.read_namespaced_pod(pod.name, pod.namespace, _preload_content=False)
         except ApiException as exc:
-            if exc.status == 404:
+            if status_of(exc) in LOST_RACE:  # gone: nothing left to release
                 return
-            raise DemandClaimError(f"reading pod {pod.key} to release its claim: HTTP {exc.status}") from None
-        meta = current.metadata
-        claim = claim_of(meta.annotations if meta is not None else None)
-        if meta is None or claim is None or claim.node != node:
+            raise api_error(
+                exc, doing=f"reading pod {pod.key} to release its MIG claim", hint=RBAC_HINT
+            ) from None
+        metadata = orjson.loads(response.data).get("metadata") or {}
+        claim = claim_of(metadata.get("annotations"))
+        if claim is None or claim.node != node:
             return
-        metadata = {
-            "resourceVersion": meta.resource_version,
+        patch = {
+            "resourceVersion": metadata.get("resourceVersion"),
             "annotations": {CLAIM_ANNOTATION: None, CLAIM_TIME_ANNOTATION: None},
         }
-        self._patch(pod, metadata, what="release")  # a lost race leaves the claim to expire
+        self._patch(pod, patch, what="releasing")  # a lost race leaves the claim to expire
 
     def _patch(self, pod: PendingPod, metadata: dict[str, Any], *, what: str) -> bool:
+        """False when the pod is gone or changed since this node saw it: another node won."""
         try:
             self._core.patch_namespaced_pod(
                 pod.name, pod.namespace, {"metadata": metadata}, _content_type=MERGE_PATCH
             )
         except ApiException as exc:
-            if exc.status in (404, 409):  # gone, or changed since we saw it: another node won
+            if status_of(exc) in LOST_RACE:
                 return False
-            raise DemandClaimError(
-                f"could not {what} MIG demand on pod {pod.key}: HTTP {exc.status} {exc.reason}; "
-                "the node agent needs pods get/patch (manifests/rbac-node-agent-mig-demand.yaml)"
-            ) from None
+            raise api_error(exc, doing=f"{what} MIG demand on pod {pod.key}", hint=RBAC_HINT) from None
         return True
 
 
 class PodCache:
-    """Pending pods by UID, fed by the watch."""
+    """Pending pods by UID, fed by the watch's events (a relist's included)."""
 
     def __init__(self, on_change: Callable[[], None]) -> None:
         self._pods: dict[str, PendingPod] = {}
@@ -137,18 +141,12 @@ class PodCache:
         with self._lock:
             return list(self._pods.values())
 
-    def replace(self, pods: Sequence[Any]) -> None:
-        seen = {p.uid: p for p in (pending_pod_of(pod) for pod in pods)}
-        with self._lock:
-            self._pods = seen
-        self._on_change()
-
-    def event(self, kind: str, pod: Any) -> None:
+    def event(self, kind: str, pod: Mapping[str, Any]) -> None:
         seen = pending_pod_of(pod)
         with self._lock:
             if kind == "DELETED" or seen.phase != "Pending":
                 self._pods.pop(seen.uid, None)
-            elif kind in ("ADDED", "MODIFIED"):
+            else:
                 self._pods[seen.uid] = seen
         self._on_change()
 
@@ -158,7 +156,7 @@ class DemandDriver:
 
     def __init__(
         self,
-        api: Any,
+        api: kube_client.ApiClient,
         node_name: str,
         service: MigService,
         *,
@@ -166,18 +164,16 @@ class DemandDriver:
         interval_s: float = DEMAND_INTERVAL_S,
         timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
-        self._core = kube_client.CoreV1Api(api)
         self._runner = DemandRunner(service, KubeClaims(api), node=node_name, clock=clock)
         self._cache = PodCache(self.wake)
         self._interval_s = interval_s
-        self._timeout_s = timeout_s
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._pods = ListWatch(
-            self._core.list_pod_for_all_namespaces,
-            on_list=self._cache.replace,
+        self._thread: threading.Thread | None = None
+        self.pods = ListWatch(
+            kube_client.CoreV1Api(api).list_pod_for_all_namespaces,
             on_event=self._cache.event,
+            on_synced=self.wake,
             what="pending pods",
             timeout_s=timeout_s,
             field_selector="status.phase=Pending",
@@ -187,19 +183,16 @@ class DemandDriver:
         self._wake.set()
 
     def start(self, *, labels: Callable[[], dict[str, str]]) -> None:
-        self._threads = [
-            threading.Thread(target=self._pods.run, name="mig-demand-pods", daemon=True),
-            threading.Thread(target=self._loop, args=(labels,), name="mig-demand", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._loop, args=(labels,), name="mig-demand", daemon=True)
+        self._thread.start()
+        self.pods.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._pods.stop()
-        for thread in self._threads:
-            thread.join(timeout=self._timeout_s + 10)
+        self.pods.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=self._interval_s + 10)
 
     def _loop(self, labels: Callable[[], dict[str, str]]) -> None:
         while not self._stop.is_set():
