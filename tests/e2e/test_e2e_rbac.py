@@ -92,7 +92,15 @@ def test_node_agent_is_refused(
 
 
 @pytest.mark.parametrize(
-    "action", ["write inventory", "label node", "evict pod", "read secrets", "create bad-hardware"]
+    "action",
+    [
+        "write inventory",
+        "label node",
+        "evict pod",
+        "read secrets",
+        "create bad-hardware",
+        "write pod annotation",
+    ],
 )
 def test_scheduler_identity_is_refused(
     action: str, scheduler_api: client.ApiClient, plane: ControlPlane, workload_namespace: str, rbac_node: str
@@ -116,20 +124,30 @@ def test_scheduler_identity_is_refused(
         "create bad-hardware": lambda: custom.create_cluster_custom_object(
             "gpuweave.io", "v1alpha1", "gpubadhardwares", bad
         ),
+        "write pod annotation": lambda: core.patch_namespaced_pod(
+            name, workload_namespace, {"metadata": {"annotations": {"gpuweave.io/assignment": "{}"}}}
+        ),
     }
     assert _status_of(calls[action]) == 403
 
 
-def test_scheduler_identity_may_bind_and_annotate(
+def test_scheduler_identity_may_bind_with_the_assignment(
     scheduler_api: client.ApiClient, plane: ControlPlane, workload_namespace: str, rbac_node: str
 ) -> None:
+    """The extender's bind: one pods/binding call whose annotations kube-apiserver writes onto the pod."""
     core = client.CoreV1Api(scheduler_api)
     name = "bind-me"
-    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
-    core.patch_namespaced_pod(name, workload_namespace, {"metadata": {"annotations": {"e2e/touched": "yes"}}})
-    binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": rbac_node}}
-    core.create_namespaced_binding(workload_namespace, binding, _preload_content=False)
-    assert plane.core.read_namespaced_pod(name, workload_namespace).spec.node_name == rbac_node
+    created = plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    binding = client.V1Binding(
+        metadata=client.V1ObjectMeta(
+            name=name, uid=created.metadata.uid, annotations={"gpuweave.io/assignment": "{}"}
+        ),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=rbac_node),
+    )
+    core.create_namespaced_pod_binding(name, workload_namespace, binding, _preload_content=False)
+    bound = plane.core.read_namespaced_pod(name, workload_namespace)
+    assert bound.spec.node_name == rbac_node
+    assert bound.metadata.annotations["gpuweave.io/assignment"] == "{}"
 
 
 def test_assignment_correction_rbac_grants_pod_patch_only_while_applied(
