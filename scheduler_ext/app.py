@@ -84,6 +84,7 @@ def assemble(
     cache: ClusterCache, core: DecisionCore, binder: Binder, *, stoppers: tuple[object, ...] = ()
 ) -> Extender:
     metrics = ExtenderMetrics()
+    metrics.watch_capacity(cache.kinds)
     service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics)
     return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
 

@@ -1,16 +1,23 @@
 """Prometheus metrics of the extender, on a registry owned by one server (no global state).
 
 Rejection reasons are counted by class (``nvlink``, ``numa``, ``capacity`` ...), not by their
-text, whose node names and numbers would explode the label space.
+text, whose node names and numbers would explode the label space. GPU capacity and idle GPU per
+node kind (GPU product and GPUs per node) are read from the cache's running totals at scrape time
+(``CapacityCollector``): one pass over the kinds, nothing per node.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from scheduler_ext.reservation import KindTotals, NodeKind
+from topology.fragmentation import MILLI_PER_GPU
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REASON_CLASSES = (
@@ -75,6 +82,10 @@ class ExtenderMetrics:
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )
 
+    def watch_capacity(self, kinds: KindTotals) -> None:
+        """Export GPU capacity and idle GPU per node kind from ``kinds`` (the cache's running totals)."""
+        self.registry.register(CapacityCollector(kinds))
+
     def decided(self, verb: str, *, passed: int, rejected: Sequence[Mapping[str, str]]) -> None:
         self.decisions.labels(verb, "passed").inc(passed)
         failed = sum(map(len, rejected))
@@ -90,3 +101,40 @@ class ExtenderMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CapacityCollector(Collector):
+    """``gpuweave_extender_gpus`` and ``gpuweave_extender_free_gpus`` by ``product`` and
+    ``gpus_per_node``: the GPUs of the nodes with an inventory, and their idle capacity in GPUs
+    (free GPUs plus the unused part of shared GPUs, as placement counts it). Allocation is
+    ``1 - free / gpus``. Kinds that differ only in CPU or memory are added together."""
+
+    def __init__(self, kinds: KindTotals) -> None:
+        self._kinds = kinds
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families({}, {}))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        # dict(): one atomic copy of each, while the cache may be updating them
+        return self._families(dict(self._kinds.capacity), dict(self._kinds.free))
+
+    @staticmethod
+    def _families(
+        capacity: Mapping[NodeKind, int], free: Mapping[NodeKind, float]
+    ) -> Iterator[GaugeMetricFamily]:
+        labels = ["product", "gpus_per_node"]
+        gpus = GaugeMetricFamily("gpuweave_extender_gpus", "GPUs on nodes of this kind", labels=labels)
+        idle = GaugeMetricFamily(
+            "gpuweave_extender_free_gpus", "Idle GPU capacity on nodes of this kind, in GPUs", labels=labels
+        )
+        summed: dict[tuple[str, str], list[float]] = {}
+        for kind, built in capacity.items():
+            row = summed.setdefault((kind[0], str(kind[1])), [0.0, 0.0])
+            row[0] += built
+            row[1] += free.get(kind, 0.0) / MILLI_PER_GPU
+        for key, (built_sum, free_sum) in sorted(summed.items()):
+            gpus.add_metric(list(key), built_sum)
+            idle.add_metric(list(key), free_sum)
+        yield gpus
+        yield idle

@@ -1,0 +1,50 @@
+"""GPU capacity and idle GPU per node kind on the extender's /metrics (the dashboard's allocation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_ext.app import build_snapshot_extender
+from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from topology.contracts import RESOURCE_GPU
+
+
+def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (s.labels["product"], s.labels["gpus_per_node"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_capacity_and_idle_gpus_per_kind_follow_binds(tmp_path: Path) -> None:
+    items = [node_object("cpu-only")]
+    profiles = {"h100-a": "p5.48xlarge", "h100-b": "p5.48xlarge", "pcie-4": "a100-pcie-nvbridge-4"}
+    for name, profile in profiles.items():
+        inventory = profile_inventory(profile, name)
+        items += [node_object(name, gpus=len(inventory.gpus)), inventory_object(inventory)]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cluster_list(items)))
+    extender = build_snapshot_extender(path)
+    h100 = profile_inventory("p5.48xlarge", "x").gpus[0].product
+    a100 = profile_inventory("a100-pcie-nvbridge-4", "x").gpus[0].product
+
+    before = extender.metrics.render().decode()
+    assert _samples(before, "gpuweave_extender_gpus") == {(h100, "8"): 16.0, (a100, "4"): 4.0}
+    assert _samples(before, "gpuweave_extender_free_gpus") == {(h100, "8"): 16.0, (a100, "4"): 4.0}
+
+    pod = pod_object("train", limits={RESOURCE_GPU: 3})
+    extender.service.filter(parse(ExtenderArgs, {"Pod": pod, "NodeNames": ["h100-a"]}), pod)
+    binding = ExtenderBindingArgs(
+        PodName="train", PodNamespace="default", PodUID=pod["metadata"]["uid"], Node="h100-a"
+    )
+    assert extender.service.bind(binding) == ""
+    after = extender.metrics.render().decode()
+    assert _samples(after, "gpuweave_extender_gpus")[(h100, "8")] == 16.0
+    assert _samples(after, "gpuweave_extender_free_gpus") == {(h100, "8"): 13.0, (a100, "4"): 4.0}
+    extender.close()
