@@ -19,7 +19,7 @@ from topology.errors import GpuweaveError
 
 # Imported on demand: a long-running command (the node agent) then loads only its own
 # dependencies, which keeps its start-up time and resident memory down.
-COMMAND_MODULE_NAMES = ("simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig")
+COMMAND_MODULE_NAMES = ("simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig", "status")
 
 Handler = Callable[[argparse.Namespace], int]
 

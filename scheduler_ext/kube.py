@@ -27,7 +27,13 @@ from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.service import BindError
 from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+from topology.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    API_GROUP,
+    API_VERSION,
+    NODE_INVENTORY_KIND,
+    NODE_INVENTORY_PLURAL,
+)
 from topology.fragmentation import TargetWorkload
 
 LOG = logging.getLogger(__name__)
@@ -53,13 +59,23 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
-def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKind, ...]:
+def list_calls(api: client.ApiClient) -> tuple[tuple[str, str, Callable[..., Any]], ...]:
+    """(plural, kind, list call) of each kind the extender mirrors, nodes before the pods that
+    hold their devices; ``gpuweave status`` lists the same kinds with the same calls."""
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
 
     def list_inventories(**kwargs: Any) -> Any:
         return custom.list_cluster_custom_object(API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL, **kwargs)
 
+    return (
+        ("nodes", "Node", core.list_node),
+        ("gpunodeinventories", NODE_INVENTORY_KIND, list_inventories),
+        ("pods", "Pod", core.list_pod_for_all_namespaces),
+    )
+
+
+def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKind, ...]:
     def on_node(kind: str, obj: Mapping[str, Any]) -> None:
         cache.delete_node(_name(obj)) if kind == "DELETED" else cache.upsert_node(obj)
 
@@ -69,11 +85,8 @@ def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKi
     def on_pod(kind: str, obj: Mapping[str, Any]) -> None:
         cache.delete_pod(_uid(obj)) if kind == "DELETED" else cache.upsert_pod(obj)
 
-    return (
-        WatchedKind("nodes", core.list_node, on_node),
-        WatchedKind("gpunodeinventories", list_inventories, on_inventory),
-        WatchedKind("pods", core.list_pod_for_all_namespaces, on_pod),
-    )
+    handlers: dict[str, Handler] = {"nodes": on_node, "gpunodeinventories": on_inventory, "pods": on_pod}
+    return tuple(WatchedKind(name, call, handlers[name]) for name, _, call in list_calls(api))
 
 
 class KubeBinder:

@@ -263,6 +263,23 @@ def host_only_level(
     return _level(model_for, _product(layout), frees, frees, hosts)
 
 
+def node_fragment(
+    layout: NodeLayout | None, free: FreeState, *, model_for: ModelFor, host_free: HostRequest | None
+) -> tuple[float, float]:
+    """(F_n(M), idle milli-GPU) of a node as it stands: the fragment the scorer weighs, over the
+    same GPUs it counts for host-only pods (free whole GPUs and fractional GPUs' free compute;
+    MIG and time-sliced GPUs have no fragment measure). ``gpuweave status`` reports it."""
+    if layout is None or not layout.gpus:
+        return 0.0, 0.0
+    frees = _frees(layout, dict(free.share_use)) | dict.fromkeys(free.free_gpus, MILLI_PER_GPU)
+    if not frees:
+        return 0.0, 0.0
+    order = sorted(frees)
+    host = host_free or (UNLIMITED, UNLIMITED)
+    values = _fragments(model_for(_product(layout)), [[frees[i] for i in order]], [host])
+    return float(values[0]), float(sum(frees.values()))
+
+
 def _level(
     models: FragmentModels | None,
     product: str,

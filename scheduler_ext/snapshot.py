@@ -23,13 +23,18 @@ from topology.errors import InvalidInputError
 
 def load_snapshot(path: Path, cache: ClusterCache) -> dict[str, int]:
     """Feed every Node, GpuNodeInventory and Pod in the file into the cache; returns counts by kind."""
+    counts = apply_objects(iter(read_objects(path)), cache)
+    cache.synced.set()
+    return counts
+
+
+def read_objects(path: Path) -> list[Mapping[str, Any]]:
+    """Every object in the file, Lists flattened (``gpuweave status`` reads more kinds than the cache)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot read snapshot {path}: {exc.strerror}; check --snapshot") from None
-    counts = apply_objects(_documents(text, source=str(path)), cache)
-    cache.synced.set()
-    return counts
+    return list(_documents(text, source=str(path)))
 
 
 def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> dict[str, int]:

@@ -6,7 +6,7 @@ import pytest
 
 from gpuweave.cli import build_parser, main
 
-CONTRACT_COMMANDS = ("simulate", "inspect", "node-agent", "publish", "extender", "sim", "mig")
+CONTRACT_COMMANDS = ("simulate", "inspect", "node-agent", "publish", "extender", "sim", "mig", "status")
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -1,0 +1,153 @@
+"""`gpuweave status --explain`: reasons counted across nodes, what would make a pod fit, and a
+placed pod's devices, topology score and runners-up, all from the extender's own decisions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from deviceplugin.published import inventory_object
+from gpuweave.cli import main
+from gpuweave.status_text import WIDTH, explain_text, to_json
+from scheduler_ext.explain import Pending, Placed, explain
+from scheduler_ext.samples import node_object, pod_object, profile_inventory
+from scheduler_ext.summary import reason_counts, rejection_message
+from tests.unit.test_status_rows import bound
+from topology.contracts import RESOURCE_GPU
+from topology.errors import InvalidInputError
+from topology.graph import TopologyGraph
+from topology.inventory import NodeInventory
+from topology.scoring import score_set
+
+TAINT = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
+
+
+def tainted(name: str) -> dict[str, Any]:
+    node = node_object(name, gpus=8)
+    node["spec"]["taints"] = [TAINT]
+    return node
+
+
+def held(
+    name: str, node: str, inventory: NodeInventory, gpus: list[int], *, priority: int = 0
+) -> dict[str, Any]:
+    pod = bound(name, node, {RESOURCE_GPU: [inventory.gpus[i].uuid for i in gpus]})
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+@pytest.fixture
+def inventories() -> dict[str, NodeInventory]:
+    return {
+        "gpu-v100": profile_inventory("dgx1-v100", "gpu-v100"),
+        "gpu-l40s": profile_inventory("l40s-pcie-8", "gpu-l40s"),
+        "gpu-h100": profile_inventory("dgx-h100", "gpu-h100"),
+    }
+
+
+def cluster(inventories: dict[str, NodeInventory], *, h100_withheld: bool = False) -> list[dict[str, Any]]:
+    v100, l40s, h100 = inventories["gpu-v100"], inventories["gpu-l40s"], inventories["gpu-h100"]
+    withheld = {h100.gpus[3].uuid: "Xid 79 (suspect)"} if h100_withheld else {}
+    return [
+        inventory_object(v100), inventory_object(l40s), inventory_object(h100, withheld=withheld),
+        node_object("gpu-v100", gpus=8), node_object("gpu-l40s", gpus=8), tainted("gpu-h100"),
+        held("quad", "gpu-v100", v100, [0, 1, 2, 3]),
+        held("pair", "gpu-l40s", l40s, [0, 1], priority=20),
+        held("four", "gpu-l40s", l40s, [4, 5, 6, 7]),
+        pod_object("eight", namespace="train", limits={RESOURCE_GPU: 8}, priority=10),
+        pod_object("nine", namespace="train", limits={RESOURCE_GPU: 9}),
+        pod_object("web", namespace="train"),
+    ]
+
+
+def test_reasons_are_counted_across_nodes_in_kube_schedulers_form() -> None:
+    counts = reason_counts([
+        ("a", "pod needs 8 free GPUs; node has 4 free of 8"),
+        ("b", "pod needs 8 free GPUs; node has 4 free of 8"),
+        ("c", "node c publishes no GpuNodeInventory; run the agent"),
+        ("d", "node d publishes no GpuNodeInventory; run the agent"),
+        ("e", "pod needs 8 free GPUs; node has 2 free of 8"),
+    ])
+    assert counts == [
+        ("pod needs 8 free GPUs; node has 4 free of 8", 2),
+        ("the node publishes no GpuNodeInventory; run the agent", 2),
+        ("pod needs 8 free GPUs; node has 2 free of 8", 1),
+    ]
+    assert rejection_message(5, counts[:1]) == (
+        "0/5 nodes are available: 2 node(s): pod needs 8 free GPUs; node has 4 free of 8."
+    )
+
+
+def test_pending_pod_gets_counted_reasons_and_the_nearest_node(inventories: Any) -> None:
+    answer = explain(cluster(inventories), "train/eight")
+    assert isinstance(answer, Pending)
+    assert answer.total == 3 and answer.available == ()
+    assert dict(answer.reasons) == {
+        "node(s) had untolerated taint {dedicated: infra}": 1,
+        "pod needs 8 free GPUs; node has 4 free of 8": 1,
+        "pod needs 8 free GPUs; node has 2 free of 8": 1,
+    }
+    # v100 needs one pod gone (quad, priority 0 < 10); l40s would need two
+    assert answer.hints[0] == "fits node gpu-v100 once 1 pod(s) there end or are preempted: train/quad"
+    # the tainted H100 is empty: it would fit, if kube-scheduler let the pod there
+    assert answer.hints[1].startswith(
+        "1 node(s) kube-scheduler filters out would fit: gpu-h100 (node(s) had untolerated taint"
+    )
+
+
+def test_withheld_devices_and_size_are_named_when_nothing_can_be_freed(inventories: Any) -> None:
+    others = ("gpu-v100", "gpu-l40s")
+    objects = [
+        o for o in cluster(inventories, h100_withheld=True)
+        if o["metadata"]["name"] not in others and (o.get("spec") or {}).get("nodeName") is None
+    ]
+    objects.append(node_object("gpu-h100", gpus=8))  # untainted this time
+    answer = explain(objects, "train/eight")
+    assert isinstance(answer, Pending)
+    assert answer.reasons == (("pod needs 8 whole GPUs; node has 7 healthy (1 withheld as unhealthy)", 1),)
+    assert answer.hints == ("fits node gpu-h100 once its withheld devices are healthy again: GPU 3",)
+    nine = explain(objects, "train/nine")
+    assert isinstance(nine, Pending)
+    assert "no node has 9 whole GPUs: the largest offers 8 (node gpu-h100)" in nine.hints
+
+
+def test_placed_pod_shows_devices_topology_and_runners_up(inventories: Any) -> None:
+    answer = explain(cluster(inventories), "train/quad")
+    assert isinstance(answer, Placed)
+    assert answer.node == "gpu-v100" and [g.text for g in answer.devices] == ["GPUs 0,1,2,3"]
+    graph = TopologyGraph.from_inventory(inventories["gpu-v100"])
+    assert answer.topology == score_set(graph, (0, 1, 2, 3))
+    assert 0 < answer.topology.value <= answer.best_value
+    by_node = {r.node: r for r in answer.ranking}
+    # its own devices count free, so its node fits again and ranks first (NVLink quad vs PCIe)
+    assert answer.ranking[0].node == "gpu-v100" and answer.ranking[0].score == 10
+    quad = by_node["gpu-v100"].gpus
+    assert len(quad) == 4 and score_set(graph, quad).all_nvlink
+    assert not by_node["gpu-l40s"].fits  # 2 GPUs free there
+    assert not by_node["gpu-h100"].fits and "untolerated taint" in by_node["gpu-h100"].reason
+
+
+def test_pods_explain_cannot_answer_for_say_why(inventories: Any) -> None:
+    with pytest.raises(InvalidInputError, match="pod train/absent is not in the cluster"):
+        explain(cluster(inventories), "train/absent")
+    with pytest.raises(InvalidInputError, match="asks for no GPU"):
+        explain(cluster(inventories), "train/web")
+
+
+def test_explain_text_fits_80_columns_and_json_parses(
+    inventories: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    objects = cluster(inventories)
+    for key in ("train/eight", "train/quad", "train/nine"):
+        text = explain_text(explain(objects, key))
+        assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    document = json.loads(to_json(explain(objects, "train/eight")))
+    assert {"reason": "pod needs 8 free GPUs; node has 4 free of 8", "nodes": 1} in document["reasons"]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"kind": "List", "items": objects}))
+    assert main(["status", "--snapshot", str(path), "--explain", "train/quad"]) == 0
+    assert "pod train/quad runs on node gpu-v100" in capsys.readouterr().out
+    assert main(["status", "--snapshot", str(path), "--explain", "quad"]) == 2
+    assert "give NAMESPACE/POD" in capsys.readouterr().err
