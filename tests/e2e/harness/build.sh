@@ -12,3 +12,4 @@ LDFLAGS="-X $PKG.gitVersion=$K8S_VERSION -X $PKG.gitMajor=1 -X $PKG.gitMinor=$MI
 GOMAXPROCS=${GOMAXPROCS:-2} go build -p "${GO_BUILD_P:-2}" -buildvcs=false -ldflags "$LDFLAGS" -o bin/harness .
 echo "built $(pwd)/bin/harness (k8s.io/kubernetes $K8S_VERSION)"
 ../cdicheck/build.sh  # the CDI check binary (tests/e2e/cdicheck), seconds on a cold cache
+../opscheck/build.sh  # Helm chart rendering + PromQL parsing (tests/e2e/opscheck), ~2-4 min on a cold cache
