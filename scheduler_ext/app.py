@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.core import DecisionCore
+from scheduler_ext.events import EventCounts, EventRecorder, EventSink, RecordingBinder, RecordingService
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
@@ -81,12 +82,25 @@ def build_core(
 
 
 def assemble(
-    cache: ClusterCache, core: DecisionCore, binder: Binder, *, stoppers: tuple[object, ...] = ()
+    cache: ClusterCache,
+    core: DecisionCore,
+    binder: Binder,
+    *,
+    stoppers: tuple[object, ...] = (),
+    event_sink: EventSink | None = None,
 ) -> Extender:
+    """``event_sink``: where decision Events on pods go (the API in cluster mode; none offline)."""
     metrics = ExtenderMetrics()
     metrics.watch_capacity(cache.kinds)
-    service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics)
-    return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
+    if event_sink is None:
+        service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics)
+        return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
+    events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
+    events.start()
+    service = RecordingService(
+        cache=cache, core=core, binder=RecordingBinder(binder, events), observer=metrics, events=events
+    )
+    return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=(events, *stoppers))
 
 
 def build_snapshot_extender(

@@ -5,15 +5,19 @@ Each kind runs one ``kubeio.listwatch.ListWatch`` (resume after a watch timeout,
 phantom holding). The cache counts as synced (``/readyz``) once every kind's first list is in.
 Bind is one API call: the Binding carries the assignment annotation, which kube-apiserver writes
 onto the pod in the same update as spec.nodeName, under the pod's UID as a precondition; a
-refused Binding changes nothing, so there is nothing to roll back.
+refused Binding changes nothing, so there is nothing to roll back. Decision Events on pods
+(``events``) are written as core/v1 Events by ``KubeEventSink`` on the event writer thread.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -21,10 +25,11 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from kubeio.client import api_client
-from kubeio.errors import describe
+from kubeio.errors import KubeApiError, describe, status_of
 from kubeio.listwatch import ListWatch
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cache import ClusterCache
+from scheduler_ext.events import PodEvent
 from scheduler_ext.service import BindError
 from topology.assignment import PodAssignment
 from topology.contracts import (
@@ -38,6 +43,7 @@ from topology.fragmentation import TargetWorkload
 
 LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 240
+EVENT_COMPONENT = "gpuweave-extender"
 
 Handler = Callable[[str, Mapping[str, Any]], None]
 
@@ -119,6 +125,48 @@ class KubeBinder:
             ) from None
 
 
+class KubeEventSink:
+    """Writes each decision Event as a core/v1 Event on the pod (``kubectl describe pod`` shows it).
+
+    Called on the event writer thread only (``events.EventRecorder``), never on a request."""
+
+    def __init__(self, api: client.ApiClient, *, instance: str | None = None) -> None:
+        self._core = client.CoreV1Api(api)
+        self._instance = instance or socket.gethostname()
+
+    def __call__(self, event: PodEvent) -> None:
+        now = datetime.now(UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: Any = {  # a plain dict: the client sends it as is
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{event.name}.{time.time_ns():x}", "namespace": event.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": event.name,
+                "namespace": event.namespace,
+                "uid": event.uid or None,
+            },
+            "reason": event.reason,
+            "message": event.message,
+            "type": event.type,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self._core.create_namespaced_event(event.namespace, body, _preload_content=False)
+        except (ApiException, HTTPError) as exc:
+            raise KubeApiError(
+                f"writing Event {event.reason} on pod {event.namespace}/{event.name} failed: {describe(exc)}",
+                status=status_of(exc),
+            ) from None
+
+
 class KubeFeed:
     """The watcher threads of one extender; ``stop`` ends them."""
 
@@ -165,4 +213,4 @@ def build_kube_extender(
     cache, core = build_core(share_workload=workload)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s)
     feed.start()
-    return assemble(cache, core, KubeBinder(api), stoppers=(feed,))
+    return assemble(cache, core, KubeBinder(api), stoppers=(feed,), event_sink=KubeEventSink(api))
