@@ -1,0 +1,251 @@
+"""The Helm chart (manifests/helm/gpuweave), rendered by Helm's own engine (tests/e2e/opscheck):
+its defaults are the kustomize base, object for object; it applies to the real kube-apiserver; and
+its values reach the node agent's and the scheduler's real flags and configuration files."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import dynamic
+
+from deviceplugin.sharing import SharingConfigModel
+from gpuweave.cli import build_parser
+from gpuweave.node_health import load_settings
+from tests.e2e.cluster import NAMESPACE, REPO, ControlPlane, harness_binary
+from tests.support.opscheck import RenderError, render_chart
+
+pytestmark = pytest.mark.e2e
+
+Key = tuple[str, str, str | None, str]
+MONITORING = REPO / "manifests" / "monitoring"
+
+
+def _by_key(docs: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    keyed = {
+        (d["apiVersion"], d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs
+    }
+    assert len(keyed) == len(docs), "two objects with one identity"
+    return keyed
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(harness_binary()), "kustomize", str(directory)], check=True, capture_output=True, text=True
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name)]
+    assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+def _agent_args(docs: list[dict[str, Any]]) -> list[str]:
+    return list(_one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_helm_defaults_render_the_kustomize_base() -> None:
+    chart = _by_key(render_chart())
+    base = _by_key(_kustomize(REPO / "manifests"))
+    assert sorted(chart, key=str) == sorted(base, key=str)
+    for key, obj in base.items():
+        assert chart[key] == obj, f"{key} differs between the chart and the kustomize base"
+
+
+def test_helm_defaults_apply_to_the_api_server_as_no_change(plane: ControlPlane) -> None:
+    """The session's cluster holds the kustomize base; applying the chart's default objects with the
+    same field manager writes nothing (no object's resourceVersion moves)."""
+    docs = render_chart()
+    dyn = dynamic.DynamicClient(plane.api)  # type: ignore[no-untyped-call]
+
+    def versions() -> dict[Key, str]:
+        found = {}
+        for key in _by_key(docs):
+            api_version, kind, namespace, name = key
+            obj = dyn.resources.get(api_version=api_version, kind=kind).get(name=name, namespace=namespace)
+            found[key] = obj.metadata.resourceVersion
+        return found
+
+    before = versions()
+    plane.apply(docs)
+    assert versions() == before
+
+
+def test_helm_mig_demand_mode_shows_in_the_daemonset() -> None:
+    base = _by_key(render_chart())
+    demand = _by_key(render_chart(sets=["nodeAgent.mig.mode=demand"]))
+    agent = ("apps/v1", "DaemonSet", NAMESPACE, "gpuweave-node-agent")
+    assert _agent_args([demand[agent]]) == [*_agent_args([base[agent]]), "--mig-demand"]
+    added = set(demand) - set(base)
+    assert {(kind, name) for _, kind, _, name in added} == {
+        ("ClusterRole", "gpuweave-node-agent-mig-demand"),
+        ("ClusterRoleBinding", "gpuweave-node-agent-mig-demand"),
+    }
+    base_rbac = _by_key(_kustomize_file(REPO / "manifests" / "rbac-node-agent-mig-demand.yaml"))
+    assert {key: demand[key] for key in added} == base_rbac
+    assert all(demand[key] == base[key] for key in base if key != agent)
+
+
+def _kustomize_file(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_helm_schema_refuses_an_unknown_mig_mode_and_tls_without_a_secret() -> None:
+    with pytest.raises(RenderError, match=r"declared.*demand"):
+        render_chart(sets=["nodeAgent.mig.mode=dynamic"])
+    with pytest.raises(RenderError, match=r"tls\.secretName"):
+        render_chart(sets=["scheduler.extender.tls.enabled=true"])
+    with pytest.raises(RenderError, match="additional properties"):
+        render_chart(sets=["nodeAgent.sharng.default.mode=fractional"])
+
+
+OPERATOR_VALUES: dict[str, Any] = {
+    "image": {"repository": "registry.example/gpuweave", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "nodeAgent": {
+        # Helm merges maps with the chart's default: null drops the default key.
+        "nodeSelector": {"nvidia.com/gpu.present": "true", "gpuweave.io/gpu-node": None},
+        "kubeletRoot": "/var/lib/k0s/kubelet",
+        "runtimeClassName": "",
+        "sharing": {
+            "default": {"mode": "exclusive"},
+            "gpus": {
+                "6": {"mode": "fractional", "mps": {"defaultActiveThreadPercentage": 50}},
+                "7": {"mode": "time-sliced", "replicas": 4},
+            },
+        },
+        "health": {"round_interval_s": 5, "eviction_grace_s": 60},
+        "mig": {"mode": "demand"},
+        "correctAssignments": True,
+        "deviceListStrategy": "cdi-cri",
+        "metrics": {"enabled": True, "port": 9402},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    },
+    "scheduler": {
+        "replicas": 1,
+        "extender": {"weight": 7, "tls": {"enabled": True, "secretName": "gpuweave-extender-tls"}},
+    },
+}
+
+
+def test_helm_values_reach_the_agents_flags_and_config_files(tmp_path: Path) -> None:
+    docs = render_chart(OPERATOR_VALUES, work=tmp_path)
+    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "runtimeClassName" not in pod
+    assert (container["image"], container["imagePullPolicy"]) == (
+        "registry.example/gpuweave:0.1.0-rc1",
+        "Always",
+    )
+    args = build_parser().parse_args(container["args"])  # the real CLI accepts every flag the chart sets
+    assert (args.mig_demand, args.correct_assignments, args.metrics_address) == (True, True, "0.0.0.0:9402")
+    assert args.device_list_strategy == "cdi-cri" and args.in_cluster
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths["device-plugins"] == "/var/lib/k0s/kubelet/device-plugins"
+    assert host_paths["pod-resources"] == "/var/lib/k0s/kubelet/pod-resources"
+
+    files = _one(docs, "ConfigMap", "gpuweave-node-agent-config")["data"]
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["config"]
+    assert str(args.sharing_config) == f"{mount}/sharing-config.yaml"
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    sharing = SharingConfigModel.model_validate(yaml.safe_load(files["sharing-config.yaml"]))
+    assert sharing.gpus["7"].replicas == 4 and sharing.mps_pipe_directory == host_paths["mps"]
+    assert load_settings(tmp_path / "health-config.yaml").eviction_grace_s == 60
+    assert (
+        "checksum/node-agent-config" in _one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    )
+    roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+    assert {"gpuweave-node-agent-mig-demand", "gpuweave-node-agent-assignments"} <= roles
+
+
+def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
+    docs = render_chart(OPERATOR_VALUES, work=tmp_path)
+    config_map = _one(docs, "ConfigMap", "gpuweave-scheduler-config-")
+    config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+    extender = config["extenders"][0]
+    assert (extender["weight"], extender["urlPrefix"], extender["enableHTTPS"]) == (
+        7,
+        "https://127.0.0.1:8888",
+        True,
+    )
+    assert extender["tlsConfig"] == {"caFile": "/etc/gpuweave-extender-tls/ca.crt"}
+    base = yaml.safe_load((REPO / "manifests" / "scheduler" / "scheduler-config.yaml").read_text())
+    assert {
+        k: v for k, v in extender.items() if k not in ("weight", "urlPrefix", "enableHTTPS", "tlsConfig")
+    } == {k: v for k, v in base["extenders"][0].items() if k not in ("weight", "urlPrefix", "enableHTTPS")}
+    deployment = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert deployment["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
+    containers = {c["name"]: c for c in deployment["containers"]}
+    args = build_parser().parse_args(containers["extender"]["args"])
+    assert (args.tls_cert, args.tls_key) == (
+        "/etc/gpuweave-extender-tls/tls.crt",
+        "/etc/gpuweave-extender-tls/tls.key",
+    )
+    for name in ("kube-scheduler", "extender"):
+        assert {
+            "name": "extender-tls",
+            "mountPath": "/etc/gpuweave-extender-tls",
+            "readOnly": True,
+        } in containers[name]["volumeMounts"]
+
+
+def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, tmp_path: Path) -> None:
+    """Server-side apply as a dry run: validated and defaulted by kube-apiserver, nothing stored (the
+    session's cluster keeps the base the other tests run against)."""
+    docs = render_chart(OPERATOR_VALUES, work=tmp_path)
+    dyn = dynamic.DynamicClient(plane.api)  # type: ignore[no-untyped-call]
+    accepted = []
+    for doc in docs:
+        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        meta = doc["metadata"]
+        resource.server_side_apply(
+            body=doc,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager="gpuweave-e2e-helm",
+            force_conflicts=True,
+            dry_run="All",
+        )
+        accepted.append(doc["kind"])
+    assert "DaemonSet" in accepted and "Deployment" in accepted
+    agent = dyn.resources.get(api_version="apps/v1", kind="DaemonSet").get(
+        name="gpuweave-node-agent", namespace=NAMESPACE
+    )
+    assert "--mig-demand" not in agent.spec.template.spec.containers[0].args  # the dry run stored nothing
+
+
+def test_helm_monitoring_objects_carry_the_monitoring_files(tmp_path: Path) -> None:
+    values = {
+        "nodeAgent": {"metrics": {"enabled": True}},
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+            "dashboard": {"enabled": True},
+        },
+    }
+    docs = render_chart(values, work=tmp_path)
+    rule = _one(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((MONITORING / "gpuweave-alerts.yaml").read_text())["spec"]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    dashboard = _one(docs, "ConfigMap", "gpuweave-grafana-dashboard")
+    assert dashboard["data"]["gpuweave.json"] == (MONITORING / "gpuweave-dashboard.json").read_text()
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"gpuweave-scheduler", "gpuweave-node-agent"}
+    services = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Service"}
+    agent_port = {
+        p["name"]: p for p in _one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert (
+        services["gpuweave-node-agent-metrics"]["ports"][0]["targetPort"] == "metrics"
+        and "metrics" in agent_port
+    )
+    relabel = monitors["gpuweave-node-agent"]["spec"]["endpoints"][0]["relabelings"][0]
+    assert relabel == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    kustomized = _by_key(_kustomize(MONITORING))
+    assert {k[1] for k in kustomized} == {"PrometheusRule", "ConfigMap"}
