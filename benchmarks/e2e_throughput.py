@@ -11,31 +11,46 @@ schedule the same batch of GPU pods (a mix of 1/2/4/8 GPUs):
 
 Pods are created before the phase's scheduler starts, so the rate measures scheduling and
 binding, not pod creation: pods/s = (bound - 1) / (last bind - first bind), binds observed by a
-watch. Between phases the pods are deleted and the Nodes are empty again. Target: >= 100 pods/s
-with the extender. Writes ``benchmarks/results/e2e_throughput.json`` and prints a table.
+watch. Between phases the pods are deleted and the Nodes are empty again. Target: with the
+extender >= 0.8x the pods/s of kube-scheduler alone in the same run.
+
+Cost per scheduled pod: for each phase, the CPU seconds (user + system, from /proc) each process
+spent from the phase's start to its last bind, divided by the pods bound: kube-scheduler, the
+control plane (kube-apiserver + etcd, one process) and, in the extender phase, the extender,
+whose resident memory (now and peak) is read at the end of the phase. ``--profile FILE`` records
+the extender's phase with py-spy (speedscope JSON) when py-spy is installed.
+
+Writes ``benchmarks/results/e2e_throughput.json`` (``e2e_throughput_<nodes>.json`` for another
+node count) and prints a table.
 
     tests/e2e/harness/build.sh   # once
-    .venv/bin/python -m benchmarks.e2e_throughput [--nodes 1000] [--pods 1000]
+    .venv/bin/python -m benchmarks.e2e_throughput [--nodes 1000] [--pods 1000] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 
 from deviceplugin.published import inventory_object
+from kubeio.listwatch import ListWatch
 from scheduler_ext.samples import profile_inventory
 from tests.e2e.cluster import (
     REPO,
@@ -46,12 +61,13 @@ from tests.e2e.cluster import (
     start_scheduler,
 )
 
-RESULTS = Path(__file__).parent / "results" / "e2e_throughput.json"
+RESULTS_DIR = Path(__file__).parent / "results"
 PROFILES = ("dgx-h100", "dgx1-v100", "l40s-pcie-8", "dgx-a100")
 GPU_MIX = (1, 1, 2, 2, 4, 8)
 NAMESPACE = "bench"
 SCHEDULER_NAME = "gpuweave-scheduler"
 WORKERS = 16
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,25 @@ class PhaseResult:
     bound: int
     seconds: float
     pods_per_s: float
+    cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # process -> CPU ms per bound pod
+    extender_rss_mib: float | None = None
+    extender_peak_rss_mib: float | None = None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(resident now, peak resident) in MiB, from /proc/PID/status."""
+    values: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return round(values["VmRSS"], 1), round(values["VmHWM"], 1)
 
 
 def _parallel(calls: Iterable[Callable[[], object]]) -> None:
@@ -115,46 +150,106 @@ def delete_pods(plane: ControlPlane) -> None:
         time.sleep(0.5)
 
 
-def watch_binds(plane: ControlPlane, count: int, *, quiet_s: float = 10.0) -> tuple[int, float]:
-    """Count pods getting spec.nodeName until all are bound or none was for ``quiet_s``.
+class BindWatch:
+    """Counts pods getting spec.nodeName, through the project's one list+watch (raw JSON, so the
+    benchmark's own watch costs little of the CPU the measured processes share)."""
 
-    Returns (bound, seconds from the first to the last bind). Pods no node can take (the
-    baseline fragments nodes, so some 8-GPU pods stay pending) end the phase by quiescence.
-    """
-    bound: set[str] = set()
-    first = last = 0.0
-    version = plane.core.list_namespaced_pod(NAMESPACE, limit=1).metadata.resource_version
-    progress = time.monotonic()
-    while len(bound) < count and time.monotonic() - progress < quiet_s:
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
-        for event in stream.stream(  # type: ignore[no-untyped-call]
-            plane.core.list_namespaced_pod, NAMESPACE, resource_version=version, timeout_seconds=2
-        ):
-            pod = event["object"]
-            version = pod.metadata.resource_version
-            if pod.spec.node_name and pod.metadata.name not in bound:
-                last = progress = time.monotonic()
-                first = first or last
-                bound.add(pod.metadata.name)
-    return len(bound), last - first
+    def __init__(self, plane: ControlPlane) -> None:
+        self.bound: set[str] = set()
+        self.first = self.last = 0.0
+        self._lock = threading.Lock()
+        list_call = client.CoreV1Api(plane.api).list_namespaced_pod
+        self._watch = ListWatch(
+            lambda **kw: list_call(NAMESPACE, **kw), on_event=self._on_event, what="benchmark pods"
+        )
+
+    def _on_event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if kind != "DELETED" and (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
+            with self._lock:
+                self.last = time.monotonic()
+                self.first = self.first or self.last
+                self.bound.add(name)
+
+    def __enter__(self) -> BindWatch:
+        self._watch.start()
+        self._watch.synced.wait(60)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._watch.stop()
+
+    def wait(self, count: int, *, quiet_s: float = 10.0) -> tuple[int, float]:
+        """Until all ``count`` are bound or none was for ``quiet_s``: (bound, first to last bind s).
+        Pods no node can take (the baseline fragments nodes, so some 8-GPU pods stay pending) end
+        the phase by quiescence."""
+        progress = time.monotonic()
+        seen = 0
+        while len(self.bound) < count and time.monotonic() - progress < quiet_s:
+            time.sleep(0.1)
+            if len(self.bound) != seen:
+                seen, progress = len(self.bound), time.monotonic()
+        return len(self.bound), self.last - self.first
 
 
-def run_phase(plane: ControlPlane, *, phase: str, pods: int, config_path: Path) -> PhaseResult:
+def run_phase(
+    plane: ControlPlane, *, phase: str, pods: int, config_path: Path, extender: Process | None = None
+) -> PhaseResult:
     create_pods(plane, pods)
-    scheduler = start_scheduler(plane, config_path=config_path, name=f"kube-scheduler-{phase}")
-    try:
-        bound, seconds = watch_binds(plane, pods)
-    finally:
-        scheduler.stop()
+    with BindWatch(plane) as binds:
+        scheduler = start_scheduler(plane, config_path=config_path, name=f"kube-scheduler-{phase}")
+        processes = {"kube-scheduler": scheduler, "control-plane": plane.process}
+        if extender is not None:
+            processes["extender"] = extender
+        before = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
+        try:
+            bound, seconds = binds.wait(pods)
+            spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
+            memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
+        finally:
+            scheduler.stop()
     delete_pods(plane)
     rate = (bound - 1) / seconds if seconds > 0 else 0.0
     return PhaseResult(
-        phase=phase, pods=pods, bound=bound, seconds=round(seconds, 2), pods_per_s=round(rate, 1)
+        phase=phase,
+        pods=pods,
+        bound=bound,
+        seconds=round(seconds, 2),
+        pods_per_s=round(rate, 1),
+        cpu_ms_per_pod={name: round(1000 * cpu / max(bound, 1), 2) for name, cpu in spent.items()},
+        extender_rss_mib=memory[0],
+        extender_peak_rss_mib=memory[1],
     )
 
 
-def extender_verb_means(url: str) -> dict[str, float]:
-    """Mean milliseconds per extender verb over the phase, from the extender's own /metrics."""
+class Profiler:
+    """py-spy recording one process (speedscope JSON) while a phase runs; nothing without py-spy."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.out = out
+        self._recorder: subprocess.Popen[bytes] | None = None
+
+    def start(self, pid: int) -> None:
+        beside = Path(sys.executable).parent / "py-spy"  # installed into this virtualenv
+        spy = str(beside) if beside.exists() else shutil.which("py-spy")
+        if self.out is None:
+            return
+        if spy is None:
+            print("--profile: py-spy is not installed (pip install py-spy); not profiling")
+            return
+        argv = [spy, "record", "--pid", str(pid), "--format", "speedscope", "--output", str(self.out)]
+        self._recorder = subprocess.Popen([*argv, "--rate", "200", "--nonblocking"])
+
+    def stop(self) -> None:
+        if self._recorder is not None:
+            self._recorder.send_signal(2)  # SIGINT: py-spy writes its file and exits
+            self._recorder.wait(60)
+            print(f"extender profile: {self.out}")
+
+
+def extender_verbs(url: str) -> dict[str, dict[str, float]]:
+    """Per extender verb over the phase, from the extender's own /metrics: mean milliseconds per
+    call and calls (more calls than pods means kube-scheduler retried pods)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
     sums: dict[str, float] = {}
@@ -165,12 +260,18 @@ def extender_verb_means(url: str) -> dict[str, float]:
             if line.startswith(prefix):
                 verb = line[len(prefix) :].split('"', 1)[0]
                 into[verb] = float(line.rsplit(" ", 1)[1])
-    return {verb: round(1000 * sums[verb] / counts[verb], 2) for verb in sums if counts.get(verb)}
+    return {
+        "mean_ms": {verb: round(1000 * sums[verb] / counts[verb], 2) for verb in sums if counts.get(verb)},
+        "calls": {verb: int(count) for verb, count in counts.items()},
+    }
 
 
-def run(nodes: int, pods: int, work: Path) -> tuple[list[PhaseResult], dict[str, float]]:
+def run(
+    nodes: int, pods: int, work: Path, *, profile: Path | None = None
+) -> tuple[list[PhaseResult], dict[str, dict[str, float]]]:
     plane = ControlPlane(work)
     extender: Process | None = None
+    profiler = Profiler(profile)
     try:
         plane.apply(plane.kustomize(REPO / "manifests"))
         plane.ensure_namespace(NAMESPACE)
@@ -180,52 +281,73 @@ def run(nodes: int, pods: int, work: Path) -> tuple[list[PhaseResult], dict[str,
         kubeconfig = plane.service_account_kubeconfig("gpuweave-scheduler")
         baseline = render_scheduler_config(plane, extender_url=None, kubeconfig=kubeconfig)
         results = [run_phase(plane, phase="baseline", pods=pods, config_path=baseline)]
+        started = time.monotonic()
         extender, url = start_extender(plane, kubeconfig=kubeconfig)
+        print(f"extender ready (first sync of {nodes} Nodes) in {time.monotonic() - started:.1f} s")
         with_extender = render_scheduler_config(plane, extender_url=url, kubeconfig=kubeconfig)
-        results.append(run_phase(plane, phase="extender", pods=pods, config_path=with_extender))
-        return results, extender_verb_means(url)
+        profiler.start(extender.popen.pid)
+        try:
+            results.append(
+                run_phase(plane, phase="extender", pods=pods, config_path=with_extender, extender=extender)
+            )
+        finally:
+            profiler.stop()
+        return results, extender_verbs(url)
     finally:
         if extender is not None:
             extender.stop()
         plane.stop()
 
 
-def report(results: list[PhaseResult], verb_ms: dict[str, float], *, nodes: int) -> None:
+def results_path(nodes: int) -> Path:
+    return RESULTS_DIR / ("e2e_throughput.json" if nodes == 1000 else f"e2e_throughput_{nodes}.json")
+
+
+def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, nodes: int) -> None:
     baseline, ours = results[0], results[-1]
     ratio = ours.pods_per_s / baseline.pods_per_s if baseline.pods_per_s else 0.0
     print(
         f"\nend-to-end scheduling throughput, {nodes} Nodes x 8 GPUs (real kube-scheduler + kube-apiserver)"
     )
-    print(f"{'phase':<10} {'pods':>6} {'bound':>6} {'seconds':>8} {'pods/s':>8}")
+    print(f"{'phase':<10} {'pods':>6} {'bound':>6} {'seconds':>8} {'pods/s':>8}   CPU ms per bound pod")
     for r in results:
-        print(f"{r.phase:<10} {r.pods:>6} {r.bound:>6} {r.seconds:>8.2f} {r.pods_per_s:>8.1f}")
-    verdict = "meets" if ours.pods_per_s >= 100 else "misses"
-    print(f"extender/baseline = {ratio:.2f}; {verdict} the 100 pods/s target")
-    print(
-        "extender mean ms per call: " + ", ".join(f"{verb} {ms:.1f}" for verb, ms in sorted(verb_ms.items()))
-    )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in r.cpu_ms_per_pod.items())
+        print(f"{r.phase:<10} {r.pods:>6} {r.bound:>6} {r.seconds:>8.2f} {r.pods_per_s:>8.1f}   {cpu}")
+    verdict = "meets" if ratio >= 0.8 else "misses"
+    print(f"extender/baseline = {ratio:.2f}; {verdict} the 0.8x target")
+    print(f"extender RSS {ours.extender_rss_mib} MiB (peak {ours.extender_peak_rss_mib} MiB)")
+    calls = (f"{verb} {verbs['calls'][verb]} ({ms:.1f})" for verb, ms in sorted(verbs["mean_ms"].items()))
+    print("extender calls (mean ms): " + ", ".join(calls))
+    path = results_path(nodes)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "e2e_throughput",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "processor": platform.processor()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "load_average": list(os.getloadavg()),
+        },
         "nodes": nodes,
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
-        "extender_mean_ms_per_verb": verb_ms,
+        "extender_mean_ms_per_verb": verbs["mean_ms"],
+        "extender_calls_per_verb": verbs["calls"],
     }
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--profile", type=Path, help="record the extender's phase with py-spy here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpuweave-e2e-bench-") as work:
-        results, verb_ms = run(args.nodes, args.pods, Path(work))
-    report(results, verb_ms, nodes=args.nodes)
+        results, verbs = run(args.nodes, args.pods, Path(work), profile=args.profile)
+    report(results, verbs, nodes=args.nodes)
     return 0
 
 

@@ -103,12 +103,15 @@ class ClusterCache:
     # ---- nodes and inventories ----------------------------------------------------------------
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
-        if name:
-            self._known_nodes.add(name)
-            allocatable = host_allocatable(obj)
-            if allocatable is not None:
-                self._allocatable[name] = allocatable
-            self._rebuild(name)
+        if not name:
+            return
+        allocatable = host_allocatable(obj)
+        if name in self._known_nodes and allocatable in (None, self._allocatable.get(name)):
+            return  # a status heartbeat or a label change: nothing a decision reads has changed
+        self._known_nodes.add(name)
+        if allocatable is not None:
+            self._allocatable[name] = allocatable
+        self._rebuild(name)
 
     def delete_node(self, name: str) -> None:
         self._known_nodes.discard(name)

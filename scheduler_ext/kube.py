@@ -26,7 +26,7 @@ from urllib3.exceptions import HTTPError
 
 from kubeio.client import api_client
 from kubeio.errors import KubeApiError, describe, status_of
-from kubeio.listwatch import ListWatch
+from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.events import PodEvent
@@ -192,6 +192,7 @@ class KubeFeed:
                 what=k.name,
                 timeout_s=watch_timeout_s,
                 on_synced=first_list_done,
+                remember=metadata_only,  # every handler's DELETED reads only the name or UID
             )
             for k in kinds
         ]

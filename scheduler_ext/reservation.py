@@ -69,10 +69,17 @@ class ReservedDemand:
 
 
 class KindTotals:
-    """Per node kind: GPUs built and milli-GPU free now, kept up to date on every node rebuild."""
+    """Per node kind: GPUs built and milli-GPU free now, kept up to date on every node rebuild.
+
+    ``number_of`` maps a node to its kind's small integer (``kinds[number]`` is the kind): the
+    per-request pass over every node name looks kinds up by int, whose hash is itself, where a
+    ``NodeKind`` tuple would be hashed again, element by element, for every node of every call."""
 
     def __init__(self) -> None:
         self.kind_of: dict[str, NodeKind] = {}
+        self.number_of: dict[str, int] = {}
+        self.kinds: list[NodeKind] = []
+        self._numbers: dict[NodeKind, int] = {}
         self.capacity: dict[NodeKind, int] = {}
         self.free: dict[NodeKind, float] = {}
         self._node: dict[str, tuple[int, float]] = {}
@@ -82,17 +89,26 @@ class KindTotals:
     def put(self, name: str, kind: NodeKind | None, gpus: int, free: float) -> None:
         with self._lock:
             old_kind = self.kind_of.pop(name, None)
+            self.number_of.pop(name, None)
             old_gpus, old_free = self._node.pop(name, (0, 0.0))
             if old_kind is not None:
                 self.capacity[old_kind] -= old_gpus
                 self.free[old_kind] -= old_free
             if kind is not None:
                 self.kind_of[name] = kind
+                self.number_of[name] = self._number(kind)
                 self._node[name] = (gpus, free)
                 self.capacity[kind] = self.capacity.get(kind, 0) + gpus
                 self.free[kind] = self.free.get(kind, 0.0) + free
             if old_kind != kind or old_gpus != gpus:
                 self.version += 1
+
+    def _number(self, kind: NodeKind) -> int:
+        number = self._numbers.get(kind)
+        if number is None:
+            number = self._numbers[kind] = len(self.kinds)
+            self.kinds.append(kind)
+        return number
 
 
 def kind_and_free(

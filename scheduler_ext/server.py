@@ -159,8 +159,8 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        # Headers and body leave in separate writes; without NODELAY, Nagle's algorithm meets the
-        # client's delayed ACK and every answer waits ~40 ms.
+        # Without NODELAY, Nagle's algorithm can hold an answer's last segment until the client's
+        # delayed ACK, and a large answer would wait ~40 ms.
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -310,5 +310,6 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
+        # Headers and body leave in one write (one segment, one wake-up of the reader), not two.
+        self._headers_buffer.append(b"\r\n" + payload)  # type: ignore[attr-defined]
+        self.flush_headers()

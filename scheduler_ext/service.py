@@ -21,7 +21,6 @@ from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
-from scheduler_ext.reservation import NodeKind
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -145,10 +144,12 @@ class ExtenderService:
         pressure = self.core.reserved(kinds).pressure(kinds.free)
         if not pressure:
             return None
-        per_gpu: dict[NodeKind | None, float] = {
-            k: p * shaped[0].total_gpu_milli for k, p in pressure.items()
+        per_gpu: dict[int | None, float] = {
+            number: p * shaped[0].total_gpu_milli
+            for number, kind in enumerate(kinds.kinds)
+            if (p := pressure.get(kind))
         }
-        return list(map(per_gpu.get, map(kinds.kind_of.get, names), repeat(0.0)))  # C-level passes
+        return list(map(per_gpu.get, map(kinds.number_of.get, names), repeat(0.0)))  # C-level passes
 
     def _host_only_scores(self, pod: Mapping[str, Any], names: list[str]) -> list[int]:
         """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and

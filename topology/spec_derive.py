@@ -7,6 +7,7 @@ field so a published spec reproduces the inventory exactly.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ def derived_numa_root(numa_node: int) -> str:
     return f"pci{0x10 + numa_node:04x}:00"
 
 
+@functools.lru_cache(maxsize=4096)  # identical machines repeat the same bus ids in every inventory
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's form: 8-digit domain, upper-case hex (``00000000:53:00.0``)."""
     domain, bus, rest = bus_id.split(":")
