@@ -21,6 +21,7 @@ from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from mig.catalog import default_catalog
 from mig.journal import MigJournal
+from mig.metrics import MigMetrics
 from mig.reconciler import GpuRef, MigReconciler
 from mig.service import AgentHooks, MigService
 from topology.errors import GpuweaveError
@@ -49,6 +50,7 @@ def build_mig_service(
         catalog=default_catalog(),
         gpus=[GpuRef(g.index, g.uuid, g.product, g.pci_bus_id) for g in inventory.gpus],
         hooks=hooks,
+        metrics=MigMetrics(agent.metrics.registry),  # served on the agent's /metrics
     )
     return MigService(reconciler, hooks=hooks)
 

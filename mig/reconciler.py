@@ -32,6 +32,7 @@ from typing import Protocol
 from hardware.mig_ops import NVML_ERROR_IN_USE, GpuInstanceRecord, MigNvmlError, MigOps
 from mig.catalog import GpuModel, MigCatalog
 from mig.journal import GpuRecord, MigJournal, Step
+from mig.metrics import MigMetrics
 from mig.owners import GpuOwners
 from mig.planner import Instance, MigPlanError, Plan, PlannedInstance, TargetEntry, plan_layout
 from topology.errors import GpuweaveError
@@ -153,6 +154,7 @@ class MigReconciler:
         clock: Callable[[], float] = time.time,
         fault: FaultHook | None = None,
         owners: GpuOwners | None = None,
+        metrics: MigMetrics | None = None,
     ) -> None:
         self._ops = ops
         self._journal = journal
@@ -163,6 +165,7 @@ class MigReconciler:
         self._fault = fault or (lambda point: None)
         self._lock = threading.Lock()
         self.owners = owners or GpuOwners()
+        self._metrics = metrics
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -234,7 +237,25 @@ class MigReconciler:
     def apply(self, index: int, target: Sequence[TargetEntry] | None) -> ReshapeResult:
         """Reshape one GPU to ``target`` (None: whole GPU, MIG off) and verify it."""
         with self.owners.hold(self.gpu(index).uuid, who="MIG reshape"), self._lock:
-            return self._apply(index, target)
+            started = self._clock()
+            try:
+                result = self._apply(index, target)
+            except MigPlanError:
+                self._count("refused")
+                raise
+            except BaseException:
+                self._count("error")
+                raise
+            if result.changed:
+                self._count("changed", seconds=self._clock() - started)
+            return result
+
+    def _count(self, outcome: str, *, seconds: float | None = None) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.reshapes.labels(outcome).inc()
+        if seconds is not None:
+            self._metrics.reshape_seconds.observe(max(seconds, 0.0))
 
     def recreate(self, index: int, mig_uuid: str) -> ReshapeResult | None:
         """Destroy the instance serving ``mig_uuid`` and create it again at the same placement.
