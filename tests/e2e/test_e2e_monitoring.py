@@ -93,12 +93,14 @@ def test_dashboard_variables_read_exported_series(series: dict[str, frozenset[st
 
 
 def test_dashboard_covers_the_operator_questions() -> None:
-    """Allocation per node kind, withheld and retired devices, extender latency per verb, mismatches."""
+    """Allocation per node kind, withheld and retired devices, MIG reshapes, extender latency per
+    verb, handoff mismatches."""
     text = " ".join(dashboard_expressions(json.loads(DASHBOARD.read_text())).values())
     for needle in [
         "gpuweave_extender_free_gpus",
         'state!="Healthy"',
         'state="Retired"',
+        "gpuweave_mig_reshapes_total",
         "sum by (verb, le) (rate(gpuweave_extender_request_seconds_bucket",
         'outcome=~"mismatch|admitted_mismatch"',
     ]:

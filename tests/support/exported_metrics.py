@@ -2,8 +2,9 @@
 
 The extender's registry is built the way ``gpuweave extender`` builds it (``scheduler_ext.app``,
 here over a one-node snapshot so per-kind collectors have a sample); the node agent's is
-``AgentMetrics`` with ``HealthMetrics`` on the same registry, as ``gpuweave/node_health.py`` wires
-them. A renamed or removed metric disappears from this map, so the dashboard and rules tests fail.
+``AgentMetrics`` with ``HealthMetrics`` and ``MigMetrics`` on the same registry, as
+``gpuweave/node_health.py`` and ``gpuweave/node_mig.py`` wire them. A renamed or removed metric
+disappears from this map, so the dashboard and rules tests fail.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import AgentMetrics
 from health.metrics import HealthMetrics
+from mig.metrics import MigMetrics
 from scheduler_ext.app import build_snapshot_extender
 from scheduler_ext.samples import cluster_list, inventory_object, node_object, profile_inventory
 
@@ -73,6 +75,7 @@ def extender_series(work: Path) -> dict[str, frozenset[str]]:
 def node_agent_series() -> dict[str, frozenset[str]]:
     metrics = AgentMetrics()
     HealthMetrics(metrics.registry)
+    MigMetrics(metrics.registry)
     return _series(metrics.registry)
 
 
