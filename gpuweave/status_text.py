@@ -19,7 +19,7 @@ from scheduler_ext.explain import Pending, Placed, Ranked
 from scheduler_ext.status import HEALTHY, RETIRED, ClusterStatus, GpuRow, NodeRow, fragment_percent, gpus
 
 WIDTH = 80
-GPU_COLUMNS = (("GPU", 4), ("MODE", 11), ("HEALTH", 9), ("FREE", 9), ("PODS", 39))
+GPU_COLUMNS = (("GPU", 4), ("MODE", 11), ("HEALTH", 11), ("FREE", 9), ("PODS", 37))
 RANK_COLUMNS = (("NODE", 22), ("SCORE", 5), ("GPUS", 15), ("REASON", 32))
 MAX_RANKED = 8
 
@@ -47,9 +47,10 @@ def status_text(status: ClusterStatus) -> str:
     free = sum(n.free_gpus for n in status.nodes)
     percent = fragment_percent(status.fragment_milli, status.idle_milli)
     lines = [
-        fit(f"{len(status.nodes)} GPU nodes, {len(every)} GPUs: {free} free, {held} in use, "
+        fit(f"{len(status.nodes)} GPU node{'' if len(status.nodes) == 1 else 's'}, {len(every)} GPUs: "
+            f"{free} free, {held} in use, "
             f"{withheld} withheld, {retired} retired"),
-        fit(f"fragment {gpus(status.fragment_milli):.2f} of {gpus(status.idle_milli):.2f} idle GPUs "
+        fit(f"cluster fragment {gpus(status.fragment_milli):.2f} of {gpus(status.idle_milli):.2f} idle GPUs "
             f"({percent:.1f}%), {status.mix}"),
     ]
     for node in status.nodes:

@@ -222,14 +222,21 @@ def _without(state: NodeState, records: Sequence[PodRecord]) -> NodeState:
 def _nearest_by_health(
     view: ClusterView, request: PodRequest, host: tuple[int, int], verdicts: Mapping[str, Verdict]
 ) -> str:
+    """A node that fits once its withheld devices are back (and, if need be, some pods ended)."""
     for name, verdict in verdicts.items():
         state = view.cache.node(name)
         if verdict.fits or state is None or not state.unhealthy or state.index is None:
             continue
-        if view.core.decide(request, replace(state, unhealthy=frozenset(), token=-1), host=host).fits:
-            by_uuid = {uuid: f"GPU {i}" for i, uuid in state.index.gpu_uuids.items()}
-            withheld = sorted(by_uuid.get(d, d) for d in state.unhealthy)
-            return f"fits node {name} once its withheld devices are healthy again: {', '.join(withheld[:4])}"
+        healed = replace(state, unhealthy=frozenset(), token=-1)
+        by_uuid = {uuid: f"GPU {i}" for i, uuid in state.index.gpu_uuids.items()}
+        withheld = ", ".join(sorted(by_uuid.get(d, d) for d in state.unhealthy)[:4])
+        if view.core.decide(request, healed, host=host).fits:
+            return f"fits node {name} once its withheld devices are healthy again: {withheld}"
+        ending = _pods_to_end(view, request, host, healed)
+        if ending is not None:
+            pods = ", ".join(r.key for r in ending[:4]) + (" ..." if len(ending) > 4 else "")
+            return (f"fits node {name} once its withheld devices are healthy again ({withheld}) "
+                    f"and {len(ending)} pod(s) there end: {pods}")
     return ""
 
 

@@ -1,7 +1,8 @@
 """``gpuweave status`` rows: per node and GPU, what the scheduler sees, as plain values.
 
 Built from a ``ClusterView`` (the extender's own cache over the listed objects), so a GPU shows
-as withheld exactly when the extender keeps new work off it, and a pod holds the devices its
+as not healthy exactly when the extender keeps new work off it (labelled with the health
+state the node agent's reason names: failed, suspect, probation ...), and a pod holds the devices its
 assignment annotation names. Per GPU: product, sharing mode, holders (whole GPU, MIG device or
 share units), health and its reason, the MIG layout, whether the bad-hardware list names it.
 Per node and cluster-wide: free GPUs and the fragment F_n(M) the scorer weighs
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from health.policy import DeviceState
 from scheduler_ext.cluster_view import BadHardware, ClusterView
 from scheduler_ext.layout import COMPUTE_UNITS_PER_GPU, GpuSlot, ShareMode
 from scheduler_ext.objects import PodRecord
@@ -25,6 +27,7 @@ from topology.assignment import parent_gpu_of_share
 from topology.fragmentation import MILLI_PER_GPU
 
 HEALTHY, WITHHELD, UNHEALTHY, RETIRED = "healthy", "withheld", "unhealthy", "retired"
+HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.HEALTHY)
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class GpuRow:
     product: str
     memory_gib: int
     sharing: str  # exclusive | fractional | time-sliced | mig
-    health: str  # healthy | withheld | unhealthy | retired
+    health: str  # healthy | suspect | failed | remediating | probation | retired | withheld | unhealthy
     reason: str
     free: str  # "free", "held", "60% free", "2/4 free" (replicas or MIG devices)
     holders: tuple[Holder, ...]
@@ -151,8 +154,13 @@ class _DeviceHealth:
         return cls(state.unhealthy, frozenset(map(str, status.get("withheld") or [])), reasons)
 
     def state(self, device_id: str, parent: str = "") -> str:
+        """healthy; the health state the agent's reason starts with (failed, suspect, probation
+        ...); else withheld (a gate or an operator held it) or unhealthy."""
         if device_id not in self.unhealthy and parent not in self.unhealthy:
             return HEALTHY
+        named = self.reason(device_id, parent).partition(":")[0]
+        if named in HEALTH_STATES:
+            return named.lower()
         return WITHHELD if {device_id, parent} & self.withheld else UNHEALTHY
 
     def reason(self, device_id: str, parent: str = "") -> str:

@@ -108,6 +108,12 @@ def test_withheld_devices_and_size_are_named_when_nothing_can_be_freed(inventori
     assert isinstance(answer, Pending)
     assert answer.reasons == (("pod needs 8 whole GPUs; node has 7 healthy (1 withheld as unhealthy)", 1),)
     assert answer.hints == ("fits node gpu-h100 once its withheld devices are healthy again: GPU 3",)
+    busy = explain([*objects, held("one", "gpu-h100", inventories["gpu-h100"], [0])], "train/eight")
+    assert isinstance(busy, Pending)
+    assert busy.hints[0] == (
+        "fits node gpu-h100 once its withheld devices are healthy again (GPU 3) "
+        "and 1 pod(s) there end: train/one"
+    )
     nine = explain(objects, "train/nine")
     assert isinstance(nine, Pending)
     assert "no node has 9 whole GPUs: the largest offers 8 (node gpu-h100)" in nine.hints

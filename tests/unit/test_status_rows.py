@@ -60,7 +60,8 @@ def cluster() -> tuple[list[dict[str, Any]], NodeInventory, NodeInventory]:
     a100 = with_migs(profile_inventory("dgx-a100", "gpu-a100"), 0, ["1g.10gb", "1g.10gb", "3g.40gb"])
     share_uuid = a100.gpus[7].uuid
     objects = [
-        inventory_object(h100, withheld={h100.gpus[3].uuid: "Xid 79: GPU fell off the bus (suspect)"}),
+        inventory_object(h100, withheld={h100.gpus[3].uuid: "Xid 79: GPU fell off the bus (suspect)"},
+                         faults={h100.gpus[6].uuid: "Failed: Xid 48 (DBE)"}),
         inventory_object(a100, sharing=SharingPlan(per_gpu={"7": GpuSharing(SharingMode.FRACTIONAL)})),
         node_object("gpu-h100", gpus=8),
         node_object("gpu-a100", gpus=8),
@@ -89,7 +90,8 @@ def test_rows_show_holders_health_and_mig_layout_as_the_extender_sees_them(clust
     assert (h[3].health, h[3].reason, h[3].free) == (WITHHELD, "Xid 79: GPU fell off the bus (suspect)", "-")
     assert (h[5].health, h[5].reason) == (RETIRED, "3 strikes of Xid 48")
     assert h[4].health == HEALTHY and h[4].free == "free" and not h[4].holders
-    assert nodes["gpu-h100"].free_gpus == 4  # 8 - 3 held - 1 withheld (the listed GPU: the agent refuses it)
+    assert (h[6].health, h[6].reason) == ("failed", "Failed: Xid 48 (DBE)")  # the state the agent names
+    assert nodes["gpu-h100"].free_gpus == 3  # 8 - 3 held - 2 withheld (the listed GPU: the agent refuses it)
     a = {g.index: g for g in nodes["gpu-a100"].gpus}
     assert a[0].sharing == "mig" and a[0].free == "2/3 free"
     migs = [(m.profile, m.holder) for m in a[0].migs]
@@ -103,14 +105,14 @@ def test_fragment_is_fgd_of_the_free_gpus_for_the_mix(cluster: Any) -> None:
     objects, _, _ = cluster
     status = cluster_status(ClusterView.of(objects))
     nodes = {n.name: n for n in status.nodes}
-    # H100: GPUs 4..7 free (3 withheld, 0..2 held); the 8-GPU shape and 2-GPU shapes decide
+    # H100: GPUs 4, 5, 7 free (3 and 6 withheld, 0..2 held); the 8-GPU and 2-GPU shapes decide
     expected = node_fragment(
-        cpu_free=1 << 40, gpu_free=[1000] * 4, gpu_model="NVIDIA H100 80GB HBM3", workload=COLD_START_PRIOR,
+        cpu_free=1 << 40, gpu_free=[1000] * 3, gpu_model="NVIDIA H100 80GB HBM3", workload=COLD_START_PRIOR,
         memory_free=1 << 40,
     )
     assert nodes["gpu-h100"].fragment_milli == pytest.approx(expected)
     assert expected > 0  # the prior's 8-GPU share cannot use 4 free GPUs
-    assert nodes["gpu-h100"].idle_milli == 4000
+    assert nodes["gpu-h100"].idle_milli == 3000
     assert nodes["gpu-a100"].idle_milli == 6 * 1000 + 600  # GPUs 1..6 free plus 60% of the share GPU
     assert status.fragment_milli == pytest.approx(sum(n.fragment_milli for n in status.nodes))
     assert status.mix == "cold-start mix"
@@ -138,7 +140,7 @@ def test_json_is_camel_case_and_complete(cluster: Any) -> None:
     objects, h100, _ = cluster
     document = json.loads(to_json(cluster_status(ClusterView.of(objects))))
     node = next(n for n in document["nodes"] if n["name"] == "gpu-h100")
-    assert node["freeGpus"] == 4 and "fragmentMilli" in node
+    assert node["freeGpus"] == 3 and "fragmentMilli" in node
     gpu3 = next(g for g in node["gpus"] if g["index"] == 3)
     assert gpu3["uuid"] == h100.gpus[3].uuid and gpu3["health"] == "withheld"
     assert document["badHardware"][0]["strikes"] == 3
