@@ -13,6 +13,7 @@ back-off. ``synced`` is set once the first list has been handed on (a readiness 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -109,6 +110,7 @@ class ListWatch:
         self._halt.set()
         response = self._response
         if response is not None:
+            _interrupt(response)
             _shut(response)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=join_s)
@@ -213,6 +215,20 @@ class ListWatch:
         else:
             self._known[key] = self._remember(obj)
         self._on_event(kind, obj)
+
+
+def _interrupt(response: Any) -> None:
+    """Wake the reader blocked on the watch's socket. Closing the response alone would wait for
+    the lock the reader holds while it waits for data, so until the server sent something or
+    ended the watch (up to its timeout); a socket shut down for both directions returns from
+    that wait at once."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)  # kept while the body is unread
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError as exc:  # the server or the reader closed it first
+        LOG.debug("shutting a watch socket: %s", exc)
 
 
 def _shut(response: Any) -> None:

@@ -1,10 +1,12 @@
 """kubeio's list+watch against the real kube-apiserver (tests/e2e/harness): a watch that times out
-resumes without listing again, bookmarks move the resourceVersion on, and a ConfigMap deleted while
-the loop could not reach the server comes out as a synthesised DELETED after the 410 relist."""
+resumes without listing again, bookmarks move the resourceVersion on, a ConfigMap deleted while
+the loop could not reach the server comes out as a synthesised DELETED after the 410 relist, and
+``stop`` ends a watch that is waiting for events at once, not at its timeout."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,3 +134,18 @@ def test_an_object_deleted_while_disconnected_is_deleted_after_the_410_relist(co
         assert seen.has("DELETED", "gone") and not seen.has("DELETED", "keep")
     finally:
         loop.stop()
+
+
+def test_stop_ends_a_waiting_watch_at_once(core: Any) -> None:
+    """The node agent stops three watches on SIGTERM within its grace period, so none may wait for
+    the server to end its watch request (its timeout) or to send an event."""
+    loop = ListWatch(Cuttable(core), on_event=Seen(), what="configmaps", timeout_s=30, label_selector=LABEL)
+    runner = threading.Thread(target=loop.run, daemon=True)
+    runner.start()
+    wait_until("the watch request open", lambda: loop.watches >= 1)
+    time.sleep(1)  # the reader is now waiting on the socket: nothing this watch selects changes
+    stopping = threading.Thread(target=loop.stop, daemon=True)
+    stopping.start()
+    stopping.join(timeout=5)
+    runner.join(timeout=5)
+    assert not stopping.is_alive() and not runner.is_alive(), "stop waited for the watch to end"
