@@ -26,7 +26,7 @@ from deviceplugin.published import inventory_object, node_labels
 from deviceplugin.sharing import SharingPlan
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
-from kubeio.listwatch import ListWatch
+from kubeio.listwatch import ListWatch, metadata_only
 from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from topology.inventory import NodeInventory
 
@@ -157,6 +157,7 @@ class PodWatcher:
             client.CoreV1Api(api).list_pod_for_all_namespaces,
             on_event=self._event,
             what=f"pods on node {node}",
+            remember=metadata_only,  # a DELETED needs only the pod's UID
             field_selector=f"spec.nodeName={node}",
         )
 

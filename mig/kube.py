@@ -19,7 +19,7 @@ from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
 from kubeio.errors import NOT_FOUND, status_of
-from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch
+from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch, metadata_only
 from mig.kube_demand import DemandDriver
 from mig.service import LayoutFollower, MigService
 from topology.contracts import MIG_LAYOUT_ANNOTATION
@@ -71,6 +71,7 @@ class NodeWatch:
             on_event=self._event,
             what=f"node {node_name}",
             timeout_s=timeout_s,
+            remember=metadata_only,  # a deleted Node is ignored
             field_selector=f"metadata.name={node_name}",
         )
 

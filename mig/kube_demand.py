@@ -22,7 +22,7 @@ from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
 from kubeio.errors import LOST_RACE, api_error, status_of
-from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch
+from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch, metadata_only
 from mig.demand import (
     CLAIM_ANNOTATION,
     CLAIM_TIME_ANNOTATION,
@@ -176,6 +176,7 @@ class DemandDriver:
             on_synced=self.wake,
             what="pending pods",
             timeout_s=timeout_s,
+            remember=metadata_only,  # a DELETED needs only the pod's UID: pending pods cluster-wide add up
             field_selector="status.phase=Pending",
         )
 
