@@ -152,6 +152,7 @@ def test_explain_gives_the_reasons_for_a_pod_that_cannot_fit_and_its_event(
         "the extender's Event on st-v100",
         lambda: events_of(plane, workload_namespace, "st-v100", "GpuweaveUnschedulable") or None,
     )
+    print(f"Event {event.type} {event.reason}: {event.message}")
     assert event.type == "Warning" and event.source.component == "gpuweave-extender"
     assert event.message == f"0/1 nodes are available: 1 node(s): {mismatch}."
     plane.core.delete_namespaced_pod("st-v100", workload_namespace, grace_period_seconds=0)
@@ -175,5 +176,6 @@ def test_explain_gives_the_placement_of_a_pod_that_fit_and_its_event(
         "the extender's bind Event on st-pair",
         lambda: events_of(plane, workload_namespace, "st-pair", "GpuweaveAssigned") or None,
     )
+    print(f"Event {event.type} {event.reason}: {event.message}")
     assert event.type == "Normal"
     assert event.message.startswith(f"node {STATUS_NODE}: GPUs {pair[0]},{pair[1]} (all pairs NVLink")
