@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from kubeio.client import api_client
+from kubeio.client import api_client, finish
 from kubeio.errors import KubeApiError, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
@@ -118,7 +118,7 @@ class KubeBinder:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+            finish(self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False))
         except (ApiException, HTTPError) as exc:
             raise BindError(
                 f"binding pod {namespace}/{name} to node {node} failed: {describe(exc)}"
@@ -159,7 +159,7 @@ class KubeEventSink:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(event.namespace, body, _preload_content=False)
+            finish(self._core.create_namespaced_event(event.namespace, body, _preload_content=False))
         except (ApiException, HTTPError) as exc:
             raise KubeApiError(
                 f"writing Event {event.reason} on pod {event.namespace}/{event.name} failed: {describe(exc)}",
