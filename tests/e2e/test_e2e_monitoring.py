@@ -1,5 +1,6 @@
 """The Grafana dashboard and the alerting rules: every PromQL expression parses with Prometheus' own
-parser (tests/e2e/opscheck) and reads only series gpuweave exports, with labels those series have."""
+parser (tests/e2e/opscheck) and reads only series gpuweave exports, with labels those series have;
+the rule file loads as Prometheus loads it (durations, templates)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support.exported_metrics import exported_series
-from tests.support.opscheck import Parsed, parse_promql
+from tests.support.opscheck import Parsed, load_rules, parse_promql
 
 pytestmark = pytest.mark.e2e
 
@@ -118,6 +119,27 @@ def test_alert_rules_parse_and_read_exported_series(series: dict[str, frozenset[
         "gpuweave-scheduling/GpuweaveAssignmentMismatch",
     }
     assert _unknown_reads(parse_promql(expressions), series) == []
+
+
+def test_alert_rules_load_as_prometheus_loads_them() -> None:
+    loaded = load_rules(yaml.safe_load(ALERTS.read_text())["spec"])
+    assert (loaded.groups, loaded.rules, loaded.errors) == (2, 5, ())
+    broken = {
+        "groups": [
+            {
+                "name": "g",
+                "rules": [
+                    {
+                        "alert": "A",
+                        "expr": "up == 0",
+                        "for": "5m",
+                        "annotations": {"summary": "{{ $value | nosuch }}"},
+                    }
+                ],
+            }
+        ]
+    }
+    assert 'function "nosuch" not defined' in " ".join(load_rules(broken).errors)
 
 
 def test_checker_reports_a_broken_expression_and_an_unknown_metric(series: dict[str, frozenset[str]]) -> None:

@@ -1,7 +1,8 @@
 """The operator-file checker (tests/e2e/opscheck): Helm's engine and Prometheus' PromQL parser.
 
 ``render_chart`` renders manifests/helm/gpuweave as ``helm template --include-crds`` does;
-``parse_promql`` parses expressions and returns the vector selectors the parser found. The binary
+``parse_promql`` parses expressions and returns the vector selectors the parser found;
+``load_rules`` loads a rule file as Prometheus does (``promtool check rules``). The binary
 is built by tests/e2e/opscheck/build.sh, which tests/e2e/harness/build.sh runs; a missing binary
 fails the test with that instruction and is never a skip.
 """
@@ -96,3 +97,25 @@ def parse_promql(expressions: Mapping[str, str]) -> dict[str, Parsed]:
         )
         results[item["name"]] = Parsed(item["name"], item.get("error", ""), selectors)
     return results
+
+
+@dataclass(frozen=True)
+class LoadedRules:
+    groups: int
+    rules: int
+    errors: tuple[str, ...]
+
+
+def load_rules(spec: Mapping[str, Any]) -> LoadedRules:
+    """A rule file's content (``groups:``; a PrometheusRule's ``spec``) loaded by Prometheus' rulefmt."""
+    done = subprocess.run(
+        [str(opscheck_binary()), "rules"],
+        input=yaml.safe_dump(dict(spec)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode not in (0, 1):
+        pytest.fail(f"opscheck rules failed: {done.stderr.strip()}", pytrace=False)
+    result = json.loads(done.stdout)
+    return LoadedRules(result["groups"], result["rules"], tuple(result["errors"]))

@@ -13,7 +13,12 @@
 //	opscheck promql < {"expressions": [{"name": "...", "expr": "..."}, ...]}
 //
 // parses each expression and prints, per expression, the parser's error or the vector selectors it
-// found (metric name and label matchers). Exit status 1 when any expression does not parse,
+// found (metric name and label matchers).
+//
+//	opscheck rules < RULE_FILE
+//
+// loads a Prometheus rule file (`groups:`) as Prometheus does and prints its group and rule counts
+// and every error. Exit status 1 when an expression does not parse or the rule file has an error,
 // 2 on bad input or a chart that does not render.
 package main
 
@@ -25,7 +30,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(2, "usage: opscheck render CHART_DIR [flags] | opscheck promql < request.json")
+		fail(2, "usage: opscheck render CHART_DIR [flags] | opscheck promql < request.json | opscheck rules < rules.yaml")
 	}
 	switch os.Args[1] {
 	case "render":
@@ -40,8 +45,16 @@ func main() {
 		if !ok {
 			os.Exit(1)
 		}
+	case "rules":
+		ok, err := runRules(os.Stdin, os.Stdout)
+		if err != nil {
+			fail(2, "opscheck rules: %v", err)
+		}
+		if !ok {
+			os.Exit(1)
+		}
 	default:
-		fail(2, "opscheck: unknown command %q (want render or promql)", os.Args[1])
+		fail(2, "opscheck: unknown command %q (want render, promql or rules)", os.Args[1])
 	}
 }
 
