@@ -169,7 +169,8 @@ def _hints(
     fitting = [n for n, v in verdicts.items() if v.fits]
     if fitting:
         return [f"gpuweave would place it now on {len(fitting)} node(s) ({', '.join(fitting[:3])}); "
-                "kube-scheduler retries it, unless its own filters refuse (its message above)"]
+                "kube-scheduler retries it; if it stays pending, kube-scheduler's own filters "
+                "refuse it (`kubectl describe pod`)"]
     hints = [h for h in (_nearest_by_ending(view, request, host, verdicts),
                          _nearest_by_health(view, request, host, verdicts)) if h]
     hints += _filtered_out_would_fit(view, request, host, excluded)
