@@ -24,6 +24,7 @@ from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.reservation import KindTotals, kind_and_free
 from scheduler_ext.state import NodeState
 from topology.errors import GpuweaveError, InvalidInputError
+from topology.spec_templates import SpecTemplates
 
 LOG = logging.getLogger(__name__)
 MAX_REMEMBERED_PODS = 20_000
@@ -57,6 +58,7 @@ class ClusterCache:
         self._allocatable: dict[str, tuple[int, int]] = {}  # node -> host (CPU milli, memory MiB)
         self._host_use: dict[str, PodRecord] = {}  # pod UID -> its host requests, bound pods only
         self._host_by_node: dict[str, set[str]] = {}
+        self._spec_templates = SpecTemplates()  # one full parse per hardware shape (``spec_templates``)
         self._kinds = KindTotals()  # free GPU capacity by node kind, for reservation (``reservation``)
         self._node_locks: dict[str, threading.RLock] = {}
         self._meta_lock = threading.Lock()  # guards the lock table and pod bookkeeping only
@@ -120,7 +122,7 @@ class ClusterCache:
 
     def upsert_inventory(self, obj: Mapping[str, Any]) -> None:
         try:
-            record = inventory_record(obj)
+            record = inventory_record(obj, templates=self._spec_templates)
         except InvalidInputError as exc:
             LOG.warning("ignoring GpuNodeInventory: %s", exc)
             return

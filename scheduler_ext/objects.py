@@ -19,6 +19,7 @@ from topology.contracts import ANNOTATION_ASSIGNMENT
 from topology.errors import InvalidInputError
 from topology.inventory import NodeInventory
 from topology.spec import NodeProfileSpec
+from topology.spec_templates import SpecTemplates
 
 LOG = logging.getLogger(__name__)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -57,13 +58,18 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def inventory_record(obj: Mapping[str, Any]) -> InventoryRecord:
-    """Parse a GpuNodeInventory object; raises ``InvalidInputError`` with the field at fault."""
+def inventory_record(obj: Mapping[str, Any], *, templates: SpecTemplates | None = None) -> InventoryRecord:
+    """Parse a GpuNodeInventory object; raises ``InvalidInputError`` with the field at fault.
+    ``templates``: parse each hardware shape once (the cache's first sync of a large cluster)."""
     name = str(_mapping(obj.get("metadata")).get("name") or "")
     if not name:
         raise InvalidInputError("GpuNodeInventory without metadata.name; the name must be the node's name")
-    spec = NodeProfileSpec.parse(obj.get("spec") or {}, source=f"GpuNodeInventory {name} spec")
-    inventory = spec.to_inventory(node_name=name)
+    raw_spec = _mapping(obj.get("spec"))
+    source = f"GpuNodeInventory {name} spec"
+    if templates is not None:
+        inventory, _ = templates.inventory(raw_spec, name=name, source=source)
+    else:
+        inventory = NodeProfileSpec.parse(raw_spec, source=source).to_inventory(node_name=name)
     status = _mapping(obj.get("status"))
     return InventoryRecord(
         node=name,
