@@ -238,7 +238,7 @@ class Profiler:
             print("--profile: py-spy is not installed (pip install py-spy); not profiling")
             return
         argv = [spy, "record", "--pid", str(pid), "--format", "speedscope", "--output", str(self.out)]
-        self._recorder = subprocess.Popen([*argv, "--rate", "200", "--nonblocking"])
+        self._recorder = subprocess.Popen([*argv, "--rate", "50", "--nonblocking"])
 
     def stop(self) -> None:
         if self._recorder is not None:
