@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client, config
 
 from scheduler_ext.app import Extender
-from scheduler_ext.kube import KubeBinder, build_kube_extender
+from scheduler_ext.kube import KubeBinder, KubeFeed, build_kube_extender
 from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
 from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
@@ -272,8 +272,8 @@ def test_expired_watch_lists_again_and_keeps_following(compacting_kubeconfig: st
     try:
         _wait("extender cache sync", built.cache.synced.is_set)
         assert built.cache.node("n1") is not None
-        (feed,) = built.stoppers
-        nodes = feed.watchers[0]  # type: ignore[attr-defined]
+        (feed,) = [s for s in built.stoppers if isinstance(s, KubeFeed)]  # the event writer is one too
+        nodes = feed.watchers[0]
         assert nodes.relists == 1
         with _api(compacting_kubeconfig) as api:
             core = client.CoreV1Api(api)
