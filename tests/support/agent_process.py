@@ -21,6 +21,9 @@ def short_temp_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="gw", dir="/tmp"))
 
 
+STOP_GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds, which the DaemonSet keeps
+
+
 class AgentProcess:
     """``python -m gpuweave node-agent --simulate PROFILE --no-kube`` in a child process."""
 
@@ -42,7 +45,8 @@ class AgentProcess:
             command.append("--no-kube")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ}
+            command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread's stack
         )
 
     @property
@@ -72,10 +76,14 @@ class AgentProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:  # stuck: its threads' stacks go to stderr, then kill
+                self.process.send_signal(signal.SIGABRT)
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
         if self.process.stderr is not None:
             self.stderr = self.process.stderr.read().decode(errors="replace")
             self.process.stderr.close()
