@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from mig.kube import MigKube
 
 log = logging.getLogger(__name__)
+MIG_MODES = ("off", "declared", "demand")
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_STATE_DIR = "/var/run/gpuweave"
@@ -112,11 +113,16 @@ def register(subparsers: Any) -> None:
         "'none' turns it off; docs/device-plugin.md)",
     )
     add(
-        "--mig-demand",
-        action="store_true",
-        help="reshape MIG GPUs for pending pods' nvidia.com/mig-* requests "
-        "(needs --kubeconfig or --in-cluster; docs/mig.md)",
+        "--mig-mode",
+        choices=MIG_MODES,
+        default="declared",
+        help="off: no reshape comes from Kubernetes (the layout NVML shows stays; a journalled reshape "
+        "cut short is still finished, `gpuweave mig apply` still works); declared: it applies its "
+        "Node's gpuweave.io/mig-layout annotation; "
+        "demand: as declared, and it reshapes for pending pods' nvidia.com/mig-* requests "
+        "(needs --kubeconfig or --in-cluster; docs/mig.md). Default: declared",
     )
+    add("--mig-demand", action="store_true", help="the same as --mig-mode demand (the older form)")
     add(
         "--correct-assignments",
         action="store_true",
@@ -225,6 +231,11 @@ def open_mps(args: argparse.Namespace, agent: NodeAgent, inventory: NodeInventor
     )
 
 
+def mig_mode(args: argparse.Namespace) -> str:
+    """off, declared or demand; ``--mig-demand`` (the older form) means demand."""
+    return "demand" if args.mig_demand else str(args.mig_mode)
+
+
 def check_args(args: argparse.Namespace) -> bool:
     """Refuse a bad command line in one line before anything starts; True when an API server is used."""
     if not args.kubelet_dir.is_dir():
@@ -232,10 +243,12 @@ def check_args(args: argparse.Namespace) -> bool:
     require_writable_dir(args.state_dir)  # a read-only or uncreatable state dir: one line, not a traceback
     check_cdi_arguments(args)  # a bad --device-list-strategy: one line, before any hardware is opened
     with_kube = bool(args.kubeconfig or args.in_cluster)
-    if args.mig_demand and not with_kube:
+    if args.mig_demand and args.mig_mode not in ("declared", "demand"):
+        raise GpuweaveError(f"--mig-demand contradicts --mig-mode {args.mig_mode}: give one of them")
+    if mig_mode(args) == "demand" and not with_kube:
+        flag = "--mig-demand" if args.mig_demand else "--mig-mode demand"
         raise GpuweaveError(
-            "--mig-demand watches pending pods through the API server: "
-            "give --kubeconfig too (or --in-cluster)"
+            f"{flag} watches pending pods through the API server: give --kubeconfig too (or --in-cluster)"
         )
     if args.correct_assignments and not with_kube:
         raise GpuweaveError("--correct-assignments patches pods: give --kubeconfig too (or --in-cluster)")
@@ -270,7 +283,10 @@ def run(args: argparse.Namespace) -> int:
     mig.restore_in_background()  # the other GPUs serve while those are restored, one by one
     fabric.start(lambda: agent.inventory)
     register_mig_routes(agent, mig)
-    layout = open_mig_kube(kube, node_name(args), mig, demand=args.mig_demand) if kube else None
+    mode = mig_mode(args)
+    layout = None
+    if kube is not None and mode != "off":
+        layout = open_mig_kube(kube, node_name(args), mig, demand=mode == "demand")
     health = start_node_health(
         agent,
         backend=backend,

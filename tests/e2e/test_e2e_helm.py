@@ -91,6 +91,19 @@ def test_helm_mig_demand_mode_shows_in_the_daemonset() -> None:
     assert all(demand[key] == base[key] for key in base if key != agent)
 
 
+def test_helm_mig_off_mode_shows_in_the_daemonset_and_the_agent_reads_it() -> None:
+    from gpuweave.cli import build_parser  # noqa: PLC0415
+    from gpuweave.commands.node_agent import mig_mode  # noqa: PLC0415
+
+    base = _by_key(render_chart())
+    off = _by_key(render_chart(sets=["nodeAgent.mig.mode=off"]))
+    agent = ("apps/v1", "DaemonSet", NAMESPACE, "gpuweave-node-agent")
+    args = _agent_args([off[agent]])
+    assert args == [*_agent_args([base[agent]]), "--mig-mode=off"]
+    assert set(off) == set(base) and all(off[key] == base[key] for key in base if key != agent)
+    assert mig_mode(build_parser().parse_args(args)) == "off"  # the agent's own parser reads them
+
+
 def _kustomize_file(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 

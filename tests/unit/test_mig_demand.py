@@ -170,3 +170,32 @@ def test_node_agent_mig_demand_without_an_api_server_is_a_one_line_error(tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpuweave node-agent: --mig-demand watches pending pods")
     assert "give --kubeconfig too" in err
+
+
+def test_node_agent_mig_mode_demand_needs_an_api_server_and_contradictions_are_refused(tmp_path, capsys):
+    from gpuweave.cli import main  # noqa: PLC0415
+
+    argv = ["node-agent", "--kubelet-dir", str(tmp_path), "--simulate", "dgx-h100", "--no-kube"]
+    assert main([*argv, "--mig-mode", "demand"]) == 2
+    assert capsys.readouterr().err.startswith("gpuweave node-agent: --mig-mode demand watches pending pods")
+    assert main([*argv, "--mig-mode", "off", "--mig-demand"]) == 2
+    assert "--mig-demand contradicts --mig-mode off" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "mode"),
+    [
+        ([], "declared"),
+        (["--mig-mode", "off"], "off"),
+        (["--mig-demand"], "demand"),
+        (["--mig-mode", "demand"], "demand"),
+    ],
+)
+def test_node_agent_mig_mode_and_its_older_form(flags, mode, tmp_path):
+    from gpuweave.cli import build_parser  # noqa: PLC0415
+    from gpuweave.commands.node_agent import mig_mode  # noqa: PLC0415
+
+    args = build_parser().parse_args(
+        ["node-agent", "--kubelet-dir", str(tmp_path), "--state-dir", str(tmp_path), *flags]
+    )
+    assert mig_mode(args) == mode
