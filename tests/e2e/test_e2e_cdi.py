@@ -33,6 +33,7 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from proto.v1beta1 import api_pb2
 from tests.e2e.cluster import REPO
+from tests.support.control_plane import built_binary
 from tests.support.kubelet_emulator import KubeletEmulator
 from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
 
@@ -68,11 +69,12 @@ class Node:
 
 def resolve(spec_dir: Path, containers: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     """cdicheck's exit status and report for these containers."""
-    if not CDICHECK.exists():
-        pytest.fail(f"{CDICHECK} is missing: build it with tests/e2e/cdicheck/build.sh")
+    cdicheck = built_binary(
+        CDICHECK, env="GPUWEAVE_CDICHECK", what="cdicheck binary", build="tests/e2e/cdicheck/build.sh"
+    )
     request = json.dumps({"specDir": str(spec_dir), "containers": containers})
     done = subprocess.run(
-        [str(CDICHECK)], check=False, input=request, capture_output=True, text=True, timeout=60
+        [str(cdicheck)], check=False, input=request, capture_output=True, text=True, timeout=60
     )
     assert done.returncode in (0, 1), done.stderr
     report: dict[str, Any] = json.loads(done.stdout)

@@ -214,16 +214,7 @@ def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, 
     dyn = dynamic.DynamicClient(plane.api)  # type: ignore[no-untyped-call]
     accepted = []
     for doc in docs:
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-        meta = doc["metadata"]
-        resource.server_side_apply(
-            body=doc,
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            field_manager="gpuweave-e2e-helm",
-            force_conflicts=True,
-            dry_run="All",
-        )
+        ControlPlane.apply_one(dyn, doc, manager="gpuweave-e2e-helm", dry_run=True)
         accepted.append(doc["kind"])
     assert "DaemonSet" in accepted and "Deployment" in accepted
     agent = dyn.resources.get(api_version="apps/v1", kind="DaemonSet").get(

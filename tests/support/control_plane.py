@@ -30,16 +30,23 @@ SA_AUDIENCE = "https://kubernetes.default.svc"
 T = TypeVar("T")
 
 
-def harness_binary() -> Path:
-    """The built harness, or a test failure that says how to build it (never a skip)."""
-    path = Path(os.environ.get("GPUWEAVE_E2E_HARNESS", HARNESS_DIR / "bin" / "harness"))
+def built_binary(default: Path, *, env: str, what: str, build: str) -> Path:
+    """A Go binary the tests need (``$env`` overrides ``default``), or a test failure that says how
+    to build it (never a skip)."""
+    path = Path(os.environ.get(env, default))
     if not path.is_file():
-        pytest.fail(
-            f"e2e harness binary {path} is missing: build it with tests/e2e/harness/build.sh "
-            "(Go >= 1.26, modules from the Go proxy; ~15 min cold) or set GPUWEAVE_E2E_HARNESS",
-            pytrace=False,
-        )
+        pytest.fail(f"{what} {path} is missing: build it with {build} or set {env}", pytrace=False)
     return path
+
+
+def harness_binary() -> Path:
+    """The built e2e harness (tests/e2e/harness)."""
+    return built_binary(
+        HARNESS_DIR / "bin" / "harness",
+        env="GPUWEAVE_E2E_HARNESS",
+        what="e2e harness binary",
+        build="tests/e2e/harness/build.sh (Go >= 1.26, modules from the Go proxy; ~15 min cold)",
+    )
 
 
 def wait_for(what: str, check: Callable[[], T | None], *, timeout: float = 60.0, every: float = 0.2) -> T:
@@ -129,20 +136,28 @@ class ControlPlane:
         dyn = dynamic.DynamicClient(api or self.api)  # type: ignore[no-untyped-call]
         crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
         for doc in crds + [d for d in docs if d["kind"] != "CustomResourceDefinition"]:
-            self._apply_one(dyn, doc)
+            self.apply_one(dyn, doc)
             if doc["kind"] == "CustomResourceDefinition":
                 self._wait_established(dyn, doc["metadata"]["name"])
 
     @staticmethod
-    def _apply_one(dyn: dynamic.DynamicClient, doc: dict[str, Any]) -> None:
+    def apply_one(
+        dyn: dynamic.DynamicClient,
+        doc: dict[str, Any],
+        *,
+        manager: str = "gpuweave-e2e",
+        dry_run: bool = False,
+    ) -> None:
+        """Server-side apply one object; ``dry_run``: validated and defaulted, nothing stored."""
         resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
         meta = doc["metadata"]
         resource.server_side_apply(
             body=doc,
             name=meta["name"],
             namespace=meta.get("namespace"),
-            field_manager="gpuweave-e2e",
+            field_manager=manager,
             force_conflicts=True,
+            **({"dry_run": "All"} if dry_run else {}),
         )
 
     @staticmethod

@@ -10,7 +10,6 @@ fails the test with that instruction and is never a skip.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,20 +19,21 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.control_plane import built_binary
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "manifests" / "helm" / "gpuweave"
 OPSCHECK_DIR = REPO / "tests" / "e2e" / "opscheck"
 
 
 def opscheck_binary() -> Path:
-    path = Path(os.environ.get("GPUWEAVE_OPSCHECK", OPSCHECK_DIR / "bin" / "opscheck"))
-    if not path.is_file():
-        pytest.fail(
-            f"opscheck binary {path} is missing: build it with tests/e2e/opscheck/build.sh "
-            "(tests/e2e/harness/build.sh runs it; Go >= 1.26.7, a few minutes cold) or set GPUWEAVE_OPSCHECK",
-            pytrace=False,
-        )
-    return path
+    return built_binary(
+        OPSCHECK_DIR / "bin" / "opscheck",
+        env="GPUWEAVE_OPSCHECK",
+        what="opscheck binary",
+        build="tests/e2e/opscheck/build.sh "
+        "(tests/e2e/harness/build.sh runs it; Go >= 1.26.7, a few minutes cold)",
+    )
 
 
 class RenderError(Exception):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.samples import pod_object, profile_inventory
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from tests.support.mixed_cluster import mixed_cluster_snapshot
 from topology.contracts import RESOURCE_GPU
 
 
@@ -23,14 +23,7 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
 
 
 def test_capacity_and_idle_gpus_per_kind_follow_binds(tmp_path: Path) -> None:
-    items = [node_object("cpu-only")]
-    profiles = {"h100-a": "p5.48xlarge", "h100-b": "p5.48xlarge", "pcie-4": "a100-pcie-nvbridge-4"}
-    for name, profile in profiles.items():
-        inventory = profile_inventory(profile, name)
-        items += [node_object(name, gpus=len(inventory.gpus)), inventory_object(inventory)]
-    path = tmp_path / "cluster.json"
-    path.write_text(json.dumps(cluster_list(items)))
-    extender = build_snapshot_extender(path)
+    extender = build_snapshot_extender(mixed_cluster_snapshot(tmp_path))
     h100 = profile_inventory("p5.48xlarge", "x").gpus[0].product
     a100 = profile_inventory("a100-pcie-nvbridge-4", "x").gpus[0].product
 

@@ -9,21 +9,11 @@ from typing import Any
 import pytest
 
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.samples import pod_object
 from scheduler_ext.server import decode_body, encode_filter_result
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult, parse
+from tests.support.mixed_cluster import mixed_cluster_snapshot
 from topology.contracts import RESOURCE_GPU
-
-
-def _cluster(tmp_path: Path) -> Path:
-    items = [node_object("cpu-only")]
-    profiles = {"h100-a": "p5.48xlarge", "h100-b": "p5.48xlarge", "pcie-4": "a100-pcie-nvbridge-4"}
-    for name, profile in profiles.items():
-        inventory = profile_inventory(profile, name)
-        items += [node_object(name, gpus=len(inventory.gpus)), inventory_object(inventory)]
-    path = tmp_path / "cluster.json"
-    path.write_text(json.dumps(cluster_list(items)))
-    return path
 
 
 def _args(pod: dict[str, Any], names: list[str]) -> ExtenderArgs:
@@ -31,7 +21,7 @@ def _args(pod: dict[str, Any], names: list[str]) -> ExtenderArgs:
 
 
 def test_failed_and_unresolvable_nodes_keep_their_own_reasons_and_counts(tmp_path: Path) -> None:
-    extender = build_snapshot_extender(_cluster(tmp_path))
+    extender = build_snapshot_extender(mixed_cluster_snapshot(tmp_path))
     service = extender.service
     holder = pod_object("holder", limits={RESOURCE_GPU: 4})
     service.filter(_args(holder, ["h100-b"]), holder)
