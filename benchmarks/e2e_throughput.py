@@ -230,10 +230,10 @@ class Profiler:
         self._recorder: subprocess.Popen[bytes] | None = None
 
     def start(self, pid: int) -> None:
-        beside = Path(sys.executable).parent / "py-spy"  # installed into this virtualenv
-        spy = str(beside) if beside.exists() else shutil.which("py-spy")
         if self.out is None:
             return
+        beside = Path(sys.executable).parent / "py-spy"  # installed into this virtualenv
+        spy = str(beside) if beside.exists() else shutil.which("py-spy")
         if spy is None:
             print("--profile: py-spy is not installed (pip install py-spy); not profiling")
             return

@@ -67,7 +67,7 @@ def inventory_record(obj: Mapping[str, Any], *, templates: SpecTemplates | None 
     raw_spec = _mapping(obj.get("spec"))
     source = f"GpuNodeInventory {name} spec"
     if templates is not None:
-        inventory, _ = templates.inventory(raw_spec, name=name, source=source)
+        inventory = templates.inventory(raw_spec, name=name, source=source)
     else:
         inventory = NodeProfileSpec.parse(raw_spec, source=source).to_inventory(node_name=name)
     status = _mapping(obj.get("status"))

@@ -76,7 +76,6 @@ class KindTotals:
     ``NodeKind`` tuple would be hashed again, element by element, for every node of every call."""
 
     def __init__(self) -> None:
-        self.kind_of: dict[str, NodeKind] = {}
         self.number_of: dict[str, int] = {}
         self.kinds: list[NodeKind] = []
         self._numbers: dict[NodeKind, int] = {}
@@ -88,14 +87,13 @@ class KindTotals:
 
     def put(self, name: str, kind: NodeKind | None, gpus: int, free: float) -> None:
         with self._lock:
-            old_kind = self.kind_of.pop(name, None)
-            self.number_of.pop(name, None)
+            old_number = self.number_of.pop(name, None)
+            old_kind = self.kinds[old_number] if old_number is not None else None
             old_gpus, old_free = self._node.pop(name, (0, 0.0))
             if old_kind is not None:
                 self.capacity[old_kind] -= old_gpus
                 self.free[old_kind] -= old_free
             if kind is not None:
-                self.kind_of[name] = kind
                 self.number_of[name] = self._number(kind)
                 self._node[name] = (gpus, free)
                 self.capacity[kind] = self.capacity.get(kind, 0) + gpus

@@ -79,13 +79,11 @@ class SpecTemplates:
         self.hits = 0
         self.misses = 0
 
-    def inventory(
-        self, spec: Mapping[str, Any], *, name: str, source: str
-    ) -> tuple[NodeInventory, bytes | None]:
-        """The node's inventory and its shape (None: parsed alone); raises what the parse raises."""
+    def inventory(self, spec: Mapping[str, Any], *, name: str, source: str) -> NodeInventory:
+        """The node's inventory; raises what the parse raises."""
         found = spec_shape(spec)
         if found is None:
-            return NodeProfileSpec.parse(spec, source=source).to_inventory(node_name=name), None
+            return NodeProfileSpec.parse(spec, source=source).to_inventory(node_name=name)
         shape, uuids = found
         with self._lock:
             template = self._shapes.get(shape)
@@ -93,11 +91,11 @@ class SpecTemplates:
                 self._shapes.move_to_end(shape)
                 self.hits += 1
         if template is not None:
-            return _renamed(template[0], old=template[1], new=uuids, name=name), shape
+            return _renamed(template[0], old=template[1], new=uuids, name=name)
         inventory = NodeProfileSpec.parse(spec, source=source).to_inventory(node_name=name)
         with self._lock:
             self.misses += 1
             self._shapes[shape] = (inventory, uuids)
             while len(self._shapes) > self._limit:
                 self._shapes.popitem(last=False)
-        return inventory, shape
+        return inventory
