@@ -88,24 +88,35 @@ def assemble(
     *,
     stoppers: tuple[object, ...] = (),
     event_sink: EventSink | None = None,
+    keep: int = 0,
 ) -> Extender:
-    """``event_sink``: where decision Events on pods go (the API in cluster mode; none offline)."""
+    """``event_sink``: where decision Events on pods go (the API in cluster mode; none offline).
+    ``keep``: filter passes at most this many fitting nodes (``shortlist``; 0: every one)."""
     metrics = ExtenderMetrics()
     metrics.watch_capacity(cache.kinds)
     if event_sink is None:
-        service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics)
+        service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics, keep=keep)
         return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
     events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
     events.start()
     service = RecordingService(
-        cache=cache, core=core, binder=RecordingBinder(binder, events), observer=metrics, events=events
+        cache=cache,
+        core=core,
+        binder=RecordingBinder(binder, events),
+        observer=metrics,
+        events=events,
+        keep=keep,
     )
     return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=(events, *stoppers))
 
 
 def build_snapshot_extender(
-    snapshot: Path, *, workload: TargetWorkload | None = None, selectors: SelectorCache | None = None
+    snapshot: Path,
+    *,
+    workload: TargetWorkload | None = None,
+    selectors: SelectorCache | None = None,
+    keep: int = 0,
 ) -> Extender:
     cache, core = build_core(share_workload=workload, selectors=selectors)
     load_snapshot(snapshot, cache)
-    return assemble(cache, core, SnapshotBinder(cache))
+    return assemble(cache, core, SnapshotBinder(cache), keep=keep)

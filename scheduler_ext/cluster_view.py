@@ -67,8 +67,12 @@ class ClusterView:
         if pending in by_kind["Pod"]:
             by_kind["Pod"][pending] = unbound(by_kind["Pod"][pending])
         cache, core = build_core(share_workload=workload)
-        apply_objects(iter([*by_kind["Node"].values(), *by_kind[NODE_INVENTORY_KIND].values(),
-                            *by_kind["Pod"].values()]), cache)
+        apply_objects(
+            iter(
+                [*by_kind["Node"].values(), *by_kind[NODE_INVENTORY_KIND].values(), *by_kind["Pod"].values()]
+            ),
+            cache,
+        )
         cache.synced.set()
         _learn(core, by_kind["Pod"].values())
         return cls(

@@ -79,7 +79,7 @@ class EventLimiter:
         self._lock = threading.Lock()
 
     def admit(self, key: str) -> str:
-        """"" when an Event for ``key`` may go out now, else why not (``pod-interval``, ``rate``).
+        """ "" when an Event for ``key`` may go out now, else why not (``pod-interval``, ``rate``).
         The per-pod check comes first: a pod retried in a loop spends none of the shared tokens."""
         with self._lock:
             now = self._clock()
@@ -200,8 +200,9 @@ class EventRecorder:
             now = time.monotonic()
             if now - self._warned_at >= WARN_EVERY_S:  # an API outage: one line a minute, not 20 a second
                 self._warned_at = now
-                LOG.warning("event %s on pod %s/%s not written: %s", event.reason, event.namespace,
-                            event.name, exc)
+                LOG.warning(
+                    "event %s on pod %s/%s not written: %s", event.reason, event.namespace, event.name, exc
+                )
             return
         self.counts.written.inc()
 

@@ -168,11 +168,19 @@ def _hints(
 ) -> list[str]:
     fitting = [n for n, v in verdicts.items() if v.fits]
     if fitting:
-        return [f"gpuweave would place it now on {len(fitting)} node(s) ({', '.join(fitting[:3])}); "
-                "kube-scheduler retries it; if it stays pending, kube-scheduler's own filters "
-                "refuse it (`kubectl describe pod`)"]
-    hints = [h for h in (_nearest_by_ending(view, request, host, verdicts),
-                         _nearest_by_health(view, request, host, verdicts)) if h]
+        return [
+            f"gpuweave would place it now on {len(fitting)} node(s) ({', '.join(fitting[:3])}); "
+            "kube-scheduler retries it; if it stays pending, kube-scheduler's own filters "
+            "refuse it (`kubectl describe pod`)"
+        ]
+    hints = [
+        h
+        for h in (
+            _nearest_by_ending(view, request, host, verdicts),
+            _nearest_by_health(view, request, host, verdicts),
+        )
+        if h
+    ]
     hints += _filtered_out_would_fit(view, request, host, excluded)
     hints += _largest_node(view, request, verdicts)
     return hints or ["no node fits it even with every pod there ended: change the request or the nodes"]
@@ -195,8 +203,10 @@ def _nearest_by_ending(
     pods = ", ".join(r.key for r in ending[:4]) + (" ..." if len(ending) > 4 else "")
     if all(r.priority < request.priority for r in ending):
         return f"fits node {name} once {count} pod(s) there end or are preempted: {pods}"
-    return (f"fits node {name} once {count} pod(s) there end: {pods} (preemption takes only pods "
-            f"of a priority below the pod's {request.priority})")
+    return (
+        f"fits node {name} once {count} pod(s) there end: {pods} (preemption takes only pods "
+        f"of a priority below the pod's {request.priority})"
+    )
 
 
 def _pods_to_end(
@@ -215,8 +225,10 @@ def _without(state: NodeState, records: Sequence[PodRecord]) -> NodeState:
     holders = {d: uid for d, uid in state.holders.items() if uid not in gone}
     host_free = state.host_free
     if host_free is not None:
-        host_free = (host_free[0] + sum(r.cpu_milli for r in records),
-                     host_free[1] + sum(r.memory_mib for r in records))
+        host_free = (
+            host_free[0] + sum(r.cpu_milli for r in records),
+            host_free[1] + sum(r.memory_mib for r in records),
+        )
     return replace(state, holders=holders, host_free=host_free, token=-1)
 
 
@@ -236,8 +248,10 @@ def _nearest_by_health(
         ending = _pods_to_end(view, request, host, healed)
         if ending is not None:
             pods = ", ".join(r.key for r in ending[:4]) + (" ..." if len(ending) > 4 else "")
-            return (f"fits node {name} once its withheld devices are healthy again ({withheld}) "
-                    f"and {len(ending)} pod(s) there end: {pods}")
+            return (
+                f"fits node {name} once its withheld devices are healthy again ({withheld}) "
+                f"and {len(ending)} pod(s) there end: {pods}"
+            )
     return ""
 
 
@@ -249,8 +263,9 @@ def _filtered_out_would_fit(
     fitting = [n for n, v in zip(names, verdicts, strict=True) if v.fits]
     if not fitting:
         return []
-    return [f"{len(fitting)} node(s) kube-scheduler filters out would fit: {fitting[0]} "
-            f"({excluded[fitting[0]]})"]
+    return [
+        f"{len(fitting)} node(s) kube-scheduler filters out would fit: {fitting[0]} ({excluded[fitting[0]]})"
+    ]
 
 
 def _largest_node(view: ClusterView, request: PodRequest, verdicts: Mapping[str, Verdict]) -> list[str]:

@@ -208,10 +208,14 @@ class KubeFeed:
 
 
 def build_kube_extender(
-    *, kubeconfig: str | None, watch_timeout_s: int = WATCH_TIMEOUT_S, workload: TargetWorkload | None = None
+    *,
+    kubeconfig: str | None,
+    watch_timeout_s: int = WATCH_TIMEOUT_S,
+    workload: TargetWorkload | None = None,
+    keep: int = 0,
 ) -> Extender:
     api = api_client(kubeconfig)
     cache, core = build_core(share_workload=workload)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s)
     feed.start()
-    return assemble(cache, core, KubeBinder(api), stoppers=(feed,), event_sink=KubeEventSink(api))
+    return assemble(cache, core, KubeBinder(api), stoppers=(feed,), event_sink=KubeEventSink(api), keep=keep)

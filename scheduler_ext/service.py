@@ -21,6 +21,7 @@ from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
+from scheduler_ext.shortlist import shortlist, weighs_soft_preferences
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -82,6 +83,7 @@ class ExtenderService:
     core: DecisionCore
     binder: Binder
     observer: Observer | None = None
+    keep: int = 0  # filter passes at most this many fitting nodes (``shortlist``); 0: all of them
     binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
 
     # ---- filter / prioritize --------------------------------------------------------------------
@@ -104,7 +106,25 @@ class ExtenderService:
         if len(passed) < len(names):
             failed, hopeless = _rejections(names, verdicts, fits)
         self._observe("filter", len(passed), failed, hopeless)
+        if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
+            passed = self._best(request, pod, names, verdicts, fits)
         return self._filter_result(args, passed, failed, hopeless)
+
+    def _best(
+        self,
+        request: PodRequest,
+        pod: Mapping[str, Any],
+        names: list[str],
+        verdicts: list[Verdict],
+        fits: list[bool],
+    ) -> list[str]:
+        """The ``keep`` fitting nodes prioritize would rank best, fuller nodes first among equals."""
+        names = list(compress(names, fits))
+        verdicts = list(compress(verdicts, fits))
+        ranks = ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+        states = self.cache.states()
+        fullness = [len(state.holders) if (state := states.get(n)) is not None else 0 for n in names]
+        return shortlist(names, ranks, fullness, keep=self.keep, seed=request.uid or request.key)
 
     @staticmethod
     def _filter_result(

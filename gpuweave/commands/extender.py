@@ -11,6 +11,7 @@ from typing import Any
 
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.workload import load_workload_file
 from topology.errors import GpuweaveError, InvalidInputError
 
@@ -55,6 +56,18 @@ def register(subparsers: Any) -> None:
             "learns the mix from the pods it sees (GET /workload shows it)"
         ),
     )
+    parser.add_argument(
+        "--shortlist",
+        type=int,
+        default=DEFAULT_KEEP,
+        metavar="N",
+        help=(
+            f"filter passes at most N fitting nodes, those prioritize ranks best (fuller nodes first "
+            f"among equals), so kube-scheduler scores N nodes instead of all; pods with soft "
+            f"preferences (preferred affinity, ScheduleAnyway spread) always get every fitting node; "
+            f"0 passes every fitting node (default {DEFAULT_KEEP})"
+        ),
+    )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
@@ -69,10 +82,12 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
 
 def _build(args: argparse.Namespace) -> Extender:
     workload = load_workload_file(Path(args.workload)) if args.workload else None
+    if args.shortlist < 0:
+        raise InvalidInputError(f"--shortlist {args.shortlist} is negative; give 0 (every node) or a count")
     if args.snapshot:
-        return build_snapshot_extender(Path(args.snapshot), workload=workload)
+        return build_snapshot_extender(Path(args.snapshot), workload=workload, keep=args.shortlist)
     if args.kubeconfig or args.in_cluster:
-        return build_kube_extender(kubeconfig=args.kubeconfig, workload=workload)
+        return build_kube_extender(kubeconfig=args.kubeconfig, workload=workload, keep=args.shortlist)
     raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
 
 
