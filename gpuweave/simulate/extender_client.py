@@ -32,6 +32,7 @@ from gpuweave.simulate.placers import PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.samples import pod_object
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
@@ -100,7 +101,7 @@ class ExtenderPlacer:
         }
         cache, core = build_core(share_workload=share_workload)
         apply_objects(iter(self._objects()), cache)
-        self._extender: Extender = assemble(cache, core, SnapshotBinder(cache))
+        self._extender: Extender = assemble(cache, core, SnapshotBinder(cache), keep=DEFAULT_KEEP)
         self._connection: http.client.HTTPConnection | None = None
         self.calls = 0
         if transport == "in-process":

@@ -26,6 +26,7 @@ from gpuweave.simulate.policies import Placement
 from gpuweave.simulate.product import ProductPathError, objects_for, pod_for, trace_inventory
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from topology.assignment import PodAssignment, parent_gpu_of_share
@@ -50,7 +51,7 @@ class ProductPolicy:
         cache, core = build_core(share_workload=workload)
         apply_objects(iter(objects_for(nodes, inventories)), cache)
         cache.synced.set()
-        self.extender: Extender = assemble(cache, core, SnapshotBinder(cache))
+        self.extender: Extender = assemble(cache, core, SnapshotBinder(cache), keep=DEFAULT_KEEP)
         self._scoring = scoring or load_profile_scoring()
         self._names = [n.name for n in nodes]
         self._index = {name: i for i, name in enumerate(self._names)}
