@@ -32,8 +32,8 @@ from gpuweave.simulate.placers import PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.samples import pod_object
+from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from topology.assignment import PodAssignment, parent_gpu_of_share
