@@ -3,7 +3,8 @@
 The cluster mixes the built-in machine profiles, some nodes with shared GPUs, and is pre-loaded
 with bound pods so node states differ. Each measured pod is one filter call with every node name
 (``percentageOfNodesToScore: 100``, the worst case kube-scheduler sends with
-``nodeCacheCapable: true``) and one prioritize call with the nodes that passed; the pod is then
+``nodeCacheCapable: true``) and one prioritize call with the nodes that passed (at most
+``--shortlist``, as the deployed extender passes); the pod is then
 bound, so states keep changing and the memo sees misses as it would in a cluster.
 
 - ``in-process``: JSON decode, validation, decisions and JSON encode, no socket;
@@ -40,6 +41,7 @@ from scheduler_ext.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.objects import InventoryRecord
 from scheduler_ext.samples import node_object, pod_object, profile_inventory, unique_uuids
 from scheduler_ext.server import PriorityEncoder, decode_body, encode_filter_result
+from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.snapshot import SnapshotBinder
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
@@ -74,7 +76,7 @@ class Row:
     mean_ms: float
 
 
-def build_cluster(size: int, *, rng: random.Random) -> Extender:
+def build_cluster(size: int, *, rng: random.Random, keep: int = DEFAULT_KEEP) -> Extender:
     cache, core = build_core()
     templates = {p: profile_inventory(p, p) for p in PROFILES}
     for i in range(size):
@@ -87,7 +89,7 @@ def build_cluster(size: int, *, rng: random.Random) -> Extender:
         cache.upsert_node(node_object(name, gpus=len(inventory.gpus)))
         cache.put_inventory(InventoryRecord(name, inventory, frozenset(), sharing))
     cache.synced.set()
-    extender = assemble(cache, core, SnapshotBinder(cache))
+    extender = assemble(cache, core, SnapshotBinder(cache), keep=keep)
     preload(extender, size, rng=rng)
     return extender
 
@@ -187,9 +189,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(size: int, *, pods: int, seed: int) -> list[Row]:
+def measure(size: int, *, pods: int, seed: int, keep: int = DEFAULT_KEEP) -> list[Row]:
     """Both sides start from one cluster (built, then forked) and see the same pods and binds."""
-    extender = build_cluster(size, rng=random.Random(seed))
+    extender = build_cluster(size, rng=random.Random(seed), keep=keep)
     names = extender.cache.node_names()
     context = multiprocessing.get_context("fork")
     ready, stop = context.Queue(), context.Event()
@@ -239,11 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="500,5000,15000", help="comma-separated node counts")
     parser.add_argument("--pods", type=int, default=150, help="measured pods per cluster size")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--shortlist",
+        type=int,
+        default=DEFAULT_KEEP,
+        metavar="N",
+        help=f"the extender's filter shortlist, as `gpuweave extender --shortlist` (default {DEFAULT_KEEP})",
+    )
     args = parser.parse_args(argv)
     rows: list[Row] = []
     for size in (int(s) for s in args.sizes.split(",")):
         print(f"measuring {size} nodes ...", flush=True)
-        rows += measure(size, pods=args.pods, seed=args.seed)
+        rows += measure(size, pods=args.pods, seed=args.seed, keep=args.shortlist)
     floors = {r.nodes: r for r in rows if r.mode == "json-floor"}
     header = ("nodes", "mode", "samples", "p50 ms", "p99 ms", "mean ms", "p99/floor")
     print("\n{:>6} {:<11} {:>7} {:>8} {:>8} {:>8} {:>9}".format(*header))
@@ -261,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "processor": platform.processor() or platform.machine(),
         },
+        "shortlist": args.shortlist,
         "targets": {"http_p99_ms_at_5000": 20.0, "http_p99_over_json_floor": 4.0},
         "rows": [asdict(r) for r in rows],
     }
