@@ -12,6 +12,8 @@ from pathlib import Path
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.events import EventCounts, EventRecorder, EventSink, RecordingBinder, RecordingService
+from scheduler_ext.gang_book import GangBook
+from scheduler_ext.gang_service import GangCoordinator, GangSettings, PodGroupSizes
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
@@ -31,6 +33,7 @@ class Extender:
     core: DecisionCore
     service: ExtenderService
     metrics: ExtenderMetrics
+    gangs: GangCoordinator | None = None
     server: ExtenderHTTPServer | None = None
     probe_server: ProbeHTTPServer | None = None
     stoppers: tuple[object, ...] = ()
@@ -71,14 +74,36 @@ class Extender:
 
 
 def build_core(
-    *, share_workload: TargetWorkload | None = None, selectors: SelectorCache | None = None
+    *,
+    share_workload: TargetWorkload | None = None,
+    selectors: SelectorCache | None = None,
+    gangs: GangSettings | None = None,
 ) -> tuple[ClusterCache, DecisionCore]:
     """The cache and the decision core over one layout registry. The core learns the workload
     FGD scores against from the pods it sees; ``share_workload`` (``--workload FILE``) pins it.
-    ``selectors``: the gpu-selector cache with its budget and sandbox (default: Kubernetes' limits)."""
+    ``selectors``: the gpu-selector cache with its budget and sandbox (default: Kubernetes' limits).
+    ``gangs``: its network tier labels are the node labels the cache keeps."""
     registry = LayoutRegistry()
     core = DecisionCore(registry, selectors=selectors, workload=WorkloadLearner(pinned=share_workload))
-    return ClusterCache(registry), core
+    return ClusterCache(registry, label_keys=(gangs or GangSettings()).tier_labels), core
+
+
+def gang_coordinator(
+    cache: ClusterCache, core: DecisionCore, settings: GangSettings, metrics: ExtenderMetrics
+) -> GangCoordinator | None:
+    """All-or-nothing gang placement, or None when ``--gang-ttl 0`` turned it off."""
+    if settings.ttl_s <= 0:
+        return None
+    coordinator = GangCoordinator(
+        cache=cache,
+        core=core,
+        book=GangBook(ttl_s=settings.ttl_s, clock=settings.clock),
+        tier_labels=settings.tier_labels,
+        pod_groups=settings.pod_groups or PodGroupSizes(),
+        on_outcome=metrics.gang_outcome,
+    )
+    metrics.watch_gangs(coordinator.book, sweep=coordinator.sweep)
+    return coordinator
 
 
 def assemble(
@@ -89,14 +114,21 @@ def assemble(
     stoppers: tuple[object, ...] = (),
     event_sink: EventSink | None = None,
     keep: int = 0,
+    gangs: GangSettings | None = None,
 ) -> Extender:
     """``event_sink``: where decision Events on pods go (the API in cluster mode; none offline).
-    ``keep``: filter passes at most this many fitting nodes (``shortlist``; 0: every one)."""
+    ``keep``: filter passes at most this many fitting nodes (``shortlist``; 0: every one).
+    ``gangs``: gang placement settings (default: on, 60 s reservations, the default tiers)."""
     metrics = ExtenderMetrics()
     metrics.watch_capacity(cache.kinds)
+    coordinator = gang_coordinator(cache, core, gangs or GangSettings(), metrics)
     if event_sink is None:
-        service = ExtenderService(cache=cache, core=core, binder=binder, observer=metrics, keep=keep)
-        return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers)
+        service = ExtenderService(
+            cache=cache, core=core, binder=binder, observer=metrics, keep=keep, gangs=coordinator
+        )
+        return Extender(
+            cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers, gangs=coordinator
+        )
     events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
     events.start()
     service = RecordingService(
@@ -106,8 +138,16 @@ def assemble(
         observer=metrics,
         events=events,
         keep=keep,
+        gangs=coordinator,
     )
-    return Extender(cache=cache, core=core, service=service, metrics=metrics, stoppers=(events, *stoppers))
+    return Extender(
+        cache=cache,
+        core=core,
+        service=service,
+        metrics=metrics,
+        stoppers=(events, *stoppers),
+        gangs=coordinator,
+    )
 
 
 def build_snapshot_extender(
@@ -116,7 +156,8 @@ def build_snapshot_extender(
     workload: TargetWorkload | None = None,
     selectors: SelectorCache | None = None,
     keep: int = 0,
+    gangs: GangSettings | None = None,
 ) -> Extender:
-    cache, core = build_core(share_workload=workload, selectors=selectors)
+    cache, core = build_core(share_workload=workload, selectors=selectors, gangs=gangs)
     load_snapshot(snapshot, cache)
-    return assemble(cache, core, SnapshotBinder(cache), keep=keep)
+    return assemble(cache, core, SnapshotBinder(cache), keep=keep, gangs=gangs)

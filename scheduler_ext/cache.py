@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.reservation import KindTotals, kind_and_free
 from scheduler_ext.state import NodeState
 from topology.errors import GpuweaveError, InvalidInputError
+from topology.network import DEFAULT_TIER_LABELS
 from topology.spec_templates import SpecTemplates
 
 LOG = logging.getLogger(__name__)
@@ -45,8 +46,11 @@ class Holding:
 class ClusterCache:
     """Thread-safe; see module doc for the locking model."""
 
-    def __init__(self, registry: LayoutRegistry) -> None:
+    def __init__(self, registry: LayoutRegistry, *, label_keys: Sequence[str] = DEFAULT_TIER_LABELS) -> None:
+        """``label_keys``: the node labels kept per node (the network tiers gangs are placed by)."""
         self.registry = registry
+        self._label_keys = tuple(label_keys)
+        self._labels: dict[str, Mapping[str, str]] = {}  # node -> its labels among ``label_keys``
         self._states: dict[str, NodeState] = {}
         self._tokens: dict[str, int] = {}  # name -> its state's memo token, for C-speed bulk lookups
         self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
@@ -95,6 +99,14 @@ class ClusterCache:
     def holding(self, uid: str) -> Holding | None:
         return self._holdings.get(uid)
 
+    def gang_members(self, key: str) -> list[PodRecord]:
+        """Pods of gang ``key`` that hold devices (bound, or assumed at bind)."""
+        return [h.record for h in list(self._holdings.values()) if h.record.gang == key]
+
+    def node_labels(self) -> Mapping[str, Mapping[str, str]]:
+        """The live node -> tier labels map (only nodes carrying one; do not mutate)."""
+        return self._labels
+
     def node_lock(self, name: str) -> threading.RLock:
         lock = self._node_locks.get(name)
         if lock is None:
@@ -104,9 +116,11 @@ class ClusterCache:
 
     # ---- nodes and inventories ----------------------------------------------------------------
     def upsert_node(self, obj: Mapping[str, Any]) -> None:
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        metadata = obj.get("metadata") or {}
+        name = str(metadata.get("name") or "")
         if not name:
             return
+        self._keep_labels(name, metadata.get("labels"))
         allocatable = host_allocatable(obj)
         if name in self._known_nodes and allocatable in (None, self._allocatable.get(name)):
             return  # a status heartbeat or a label change: nothing a decision reads has changed
@@ -115,7 +129,20 @@ class ClusterCache:
             self._allocatable[name] = allocatable
         self._rebuild(name)
 
+    def _keep_labels(self, name: str, labels: object) -> None:
+        kept = (
+            {k: str(labels[k]) for k in self._label_keys if isinstance(labels.get(k), str)}
+            if isinstance(labels, Mapping)
+            else {}
+        )
+        if kept:
+            if self._labels.get(name) != kept:
+                self._labels[name] = kept
+        else:
+            self._labels.pop(name, None)
+
     def delete_node(self, name: str) -> None:
+        self._labels.pop(name, None)
         self._known_nodes.discard(name)
         self._allocatable.pop(name, None)
         self._rebuild(name)

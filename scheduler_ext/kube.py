@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +30,8 @@ from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.events import PodEvent
+from scheduler_ext.gang_service import GangSettings, PodGroupSizes
+from scheduler_ext.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 from scheduler_ext.service import BindError
 from topology.assignment import PodAssignment
 from topology.contracts import (
@@ -167,15 +169,41 @@ class KubeEventSink:
             ) from None
 
 
+def pod_group_kind(api: client.ApiClient, sizes: PodGroupSizes) -> WatchedKind | None:
+    """The scheduler-plugins PodGroups (``scheduling.x-k8s.io/v1alpha1``), when the API serves
+    them: checked once at start with one list call. Without the CRD (404) or without the right
+    to list them (403), pods labelled with a pod group need ``gpuweave.io/gang-size``."""
+    custom = client.CustomObjectsApi(api)
+
+    def list_pod_groups(**kwargs: Any) -> Any:
+        return custom.list_cluster_custom_object(
+            POD_GROUP_GROUP, POD_GROUP_VERSION, POD_GROUP_PLURAL, **kwargs
+        )
+
+    try:
+        finish(list_pod_groups(limit=1, _preload_content=False))
+    except (ApiException, HTTPError) as exc:
+        LOG.info("not watching PodGroups (%s): their pods need %s", describe(exc), "gpuweave.io/gang-size")
+        return None
+    return WatchedKind("podgroups", list_pod_groups, sizes.apply)
+
+
 class KubeFeed:
     """The watcher threads of one extender; ``stop`` ends them."""
 
     def __init__(
-        self, cache: ClusterCache, api: client.ApiClient, *, watch_timeout_s: int = WATCH_TIMEOUT_S
+        self,
+        cache: ClusterCache,
+        api: client.ApiClient,
+        *,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
+        pod_groups: PodGroupSizes | None = None,
     ) -> None:
         self._halt = threading.Event()
         self._api = api
         kinds = watched_kinds(cache, api)
+        if pod_groups is not None and (groups := pod_group_kind(api, pod_groups)) is not None:
+            kinds = (groups, *kinds)  # sizes known before the pods that name them
         remaining = [len(kinds)]
         lock = threading.Lock()
 
@@ -213,9 +241,19 @@ def build_kube_extender(
     watch_timeout_s: int = WATCH_TIMEOUT_S,
     workload: TargetWorkload | None = None,
     keep: int = 0,
+    gangs: GangSettings | None = None,
 ) -> Extender:
     api = api_client(kubeconfig)
-    cache, core = build_core(share_workload=workload)
-    feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s)
+    settings = replace(gangs or GangSettings(), pod_groups=PodGroupSizes())
+    cache, core = build_core(share_workload=workload, gangs=settings)
+    feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s, pod_groups=settings.pod_groups)
     feed.start()
-    return assemble(cache, core, KubeBinder(api), stoppers=(feed,), event_sink=KubeEventSink(api), keep=keep)
+    return assemble(
+        cache,
+        core,
+        KubeBinder(api),
+        stoppers=(feed,),
+        event_sink=KubeEventSink(api),
+        keep=keep,
+        gangs=settings,
+    )

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scheduler_ext.gang_book import GangBook
 from scheduler_ext.reservation import KindTotals, NodeKind
 from topology.fragmentation import MILLI_PER_GPU
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REASON_CLASSES = (
+    ("gang ", "gang"),  # gang planning (``gang_plan``, ``gang_service``): every reason starts so
     ("gpu-selector", "selector"),
     ("NVLink", "nvlink"),
     ("NUMA", "numa"),
@@ -81,6 +83,19 @@ class ExtenderMetrics:
         self.cached_nodes = Gauge(
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )
+        self.gangs = Counter(
+            "gpuweave_extender_gangs",
+            "Gang plans by outcome (planned, missed, expired, completed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+    def gang_outcome(self, outcome: str) -> None:
+        self.gangs.labels(outcome).inc()
+
+    def watch_gangs(self, book: GangBook, *, sweep: Callable[[], None]) -> None:
+        """Export the open gang reservations and their held devices (expired ones released first)."""
+        self.registry.register(GangCollector(book, sweep))
 
     def watch_capacity(self, kinds: KindTotals) -> None:
         """Export GPU capacity and idle GPU per node kind from ``kinds`` (the cache's running totals)."""
@@ -138,3 +153,29 @@ class CapacityCollector(Collector):
             idle.add_metric(list(key), free_sum)
         yield gpus
         yield idle
+
+
+class GangCollector(Collector):
+    """``gpuweave_extender_gang_reservations`` and ``gpuweave_extender_gang_reserved_devices``."""
+
+    def __init__(self, book: GangBook, sweep: Callable[[], None]) -> None:
+        self._book = book
+        self._sweep = sweep
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families(0, 0))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self._sweep()  # a scrape after the TTL shows the devices released, not a stale hold
+        return self._families(len(self._book.reservations()), self._book.held_devices())
+
+    @staticmethod
+    def _families(reservations: int, devices: int) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "gpuweave_extender_gang_reservations", "Gang reservations held now", value=reservations
+        )
+        yield GaugeMetricFamily(
+            "gpuweave_extender_gang_reserved_devices",
+            "Devices held for gang members that have not bound yet",
+            value=devices,
+        )

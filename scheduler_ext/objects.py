@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_ext.gangs import gang_key
 from scheduler_ext.host import host_requests
 from scheduler_ext.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
 from topology.assignment import PodAssignment
@@ -48,6 +49,7 @@ class PodRecord:
     terminated: bool
     cpu_milli: int = 0  # host requests, as NodeResourcesFit counts them (``host``)
     memory_mib: int = 0
+    gang: str = ""  # the gang key it names (``gangs.gang_key``), "" for none
 
     @property
     def key(self) -> str:
@@ -135,4 +137,5 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         terminated=str(status.get("phase") or "") in TERMINAL_PHASES,  # terminating pods still hold
         cpu_milli=cpu,
         memory_mib=memory,
+        gang=gang_key(obj),
     )

@@ -16,6 +16,9 @@ from typing import Any, Protocol
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.flights import FlightTimeoutError, SingleFlight
+from scheduler_ext.gang_book import Reservation, Slot
+from scheduler_ext.gang_service import GangCoordinator
+from scheduler_ext.gangs import BadGangError, gang_key
 from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
@@ -84,6 +87,7 @@ class ExtenderService:
     binder: Binder
     observer: Observer | None = None
     keep: int = 0  # filter passes at most this many fitting nodes (``shortlist``); 0: all of them
+    gangs: GangCoordinator | None = None  # all-or-nothing gang placement (``gang_service``)
     binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
 
     # ---- filter / prioritize --------------------------------------------------------------------
@@ -94,10 +98,18 @@ class ExtenderService:
         self.cache.remember_pod(pod)
         try:
             request = pod_request(pod)
-        except BadPodRequestError as exc:
+            gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+        except (BadPodRequestError, BadGangError) as exc:
             self._observe("filter", 0, dict.fromkeys(names, str(exc)))
             return self._filter_result(args, [], {}, {n: str(exc) for n in names})
         self._learn(request, pod)
+        if self.gangs is not None:
+            self.gangs.sweep()
+            if gang is not None:
+                answer = self.gangs.filter(gang, request, names, host_requests(pod))
+                if answer is not None:  # the member goes to its planned node (no shortlist: one node)
+                    self._observe("filter", len(answer.passed), answer.failed, answer.hopeless)
+                    return self._filter_result(args, answer.passed, answer.failed, answer.hopeless)
         verdicts = self._verdicts(request, names, host_requests(pod))
         fits = list(map(_FITS, verdicts))
         passed = list(compress(names, fits))
@@ -236,38 +248,59 @@ class ExtenderService:
             return (
                 f"pod {key} already holds devices on node {held.record.node}; not binding it to {args.Node}"
             )
+        if self.gangs is not None:
+            self.gangs.sweep()
         try:
-            record = self._assume(request, args.Node, host_requests(pod))
+            _, assignment, slot = self._assume(request, args.Node, host_requests(pod), gang=gang_key(pod))
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
         try:
-            self.binder.bind(pod, node=args.Node, assignment=record[1])
+            self.binder.bind(pod, node=args.Node, assignment=assignment)
         except BindError as exc:
             self.cache.forget(request.uid)
+            if slot is not None and self.gangs is not None:
+                self.gangs.give_back(slot, request)
             return str(exc)
+        if slot is not None and self.gangs is not None:
+            self.gangs.bound(slot)
         return ""
 
     def _assume(
-        self, request: PodRequest, node_name: str, host: HostRequest
-    ) -> tuple[PodRecord, PodAssignment]:
+        self, request: PodRequest, node_name: str, host: HostRequest, *, gang: str = ""
+    ) -> tuple[PodRecord, PodAssignment, tuple[Reservation, Slot] | None]:
+        """Decide and hold the pod's devices on the node; a gang member first takes over the
+        slot planned for it there (given back if the decision or the hold fails)."""
         with self.cache.node_lock(node_name):
-            node = self.cache.node(node_name)
-            verdict = self.core.decide(request, node, name=node_name, host=host)
-            if not verdict.fits or node is None:
-                raise BindError(f"pod {request.key} no longer fits node {node_name}: {verdict.reason}")
-            assignment = materialize(verdict.plan, node)
-            record = PodRecord(
-                uid=request.uid,
-                namespace=request.namespace,
-                name=request.name,
-                node=node_name,
-                devices=frozenset(assignment.all_device_ids()),
-                priority=request.priority,
-                terminated=False,
-                cpu_milli=host[0],
-                memory_mib=host[1],
-            )
-            self.cache.assume(record)  # re-checks for double booking (re-entrant node lock)
+            slot = self.gangs.take_slot(request.uid, node_name) if self.gangs is not None else None
+            try:
+                record, assignment = self._assume_locked(request, node_name, host, gang=gang)
+            except (DoubleBookingError, BindError):
+                if slot is not None and self.gangs is not None:
+                    self.gangs.give_back(slot, request)
+                raise
+        return record, assignment, slot
+
+    def _assume_locked(
+        self, request: PodRequest, node_name: str, host: HostRequest, *, gang: str
+    ) -> tuple[PodRecord, PodAssignment]:
+        node = self.cache.node(node_name)
+        verdict = self.core.decide(request, node, name=node_name, host=host)
+        if not verdict.fits or node is None:
+            raise BindError(f"pod {request.key} no longer fits node {node_name}: {verdict.reason}")
+        assignment = materialize(verdict.plan, node)
+        record = PodRecord(
+            uid=request.uid,
+            namespace=request.namespace,
+            name=request.name,
+            node=node_name,
+            devices=frozenset(assignment.all_device_ids()),
+            priority=request.priority,
+            terminated=False,
+            cpu_milli=host[0],
+            memory_mib=host[1],
+            gang=gang,
+        )
+        self.cache.assume(record)  # re-checks for double booking (re-entrant node lock)
         return record, assignment
 
     def _bind_plain(self, pod: Mapping[str, Any], node: str) -> str:

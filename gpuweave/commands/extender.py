@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.gang_book import DEFAULT_TTL_S
+from scheduler_ext.gang_service import GangSettings
 from scheduler_ext.kube import build_kube_extender
 from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.workload import load_workload_file
 from topology.errors import GpuweaveError, InvalidInputError
+from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
 
 
 def register(subparsers: Any) -> None:
@@ -68,6 +71,26 @@ def register(subparsers: Any) -> None:
             f"0 passes every fitting node (default {DEFAULT_KEEP})"
         ),
     )
+    parser.add_argument(
+        "--gang-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help=(
+            "how long the devices planned for a gang's members stay held for them after the first "
+            "member is filtered (members that bind take theirs over; the rest are released then); "
+            f"0 turns gang placement off (default {DEFAULT_TTL_S:g})"
+        ),
+    )
+    parser.add_argument(
+        "--network-tier-labels",
+        default=",".join(DEFAULT_TIER_LABELS),
+        metavar="LABEL,LABEL,...",
+        help=(
+            "node labels naming network domains, closest first: a gang goes to the closest tier "
+            f"where one domain holds it all (default {','.join(DEFAULT_TIER_LABELS)})"
+        ),
+    )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
@@ -80,14 +103,25 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _gang_settings(args: argparse.Namespace) -> GangSettings:
+    if not 0 <= args.gang_ttl <= 3600:  # NaN fails both comparisons
+        raise InvalidInputError(f"--gang-ttl {args.gang_ttl} is outside 0..3600 seconds; 0 turns gangs off")
+    return GangSettings(ttl_s=args.gang_ttl, tier_labels=parse_tier_labels(args.network_tier_labels))
+
+
 def _build(args: argparse.Namespace) -> Extender:
     workload = load_workload_file(Path(args.workload)) if args.workload else None
     if args.shortlist < 0:
         raise InvalidInputError(f"--shortlist {args.shortlist} is negative; give 0 (every node) or a count")
+    gangs = _gang_settings(args)
     if args.snapshot:
-        return build_snapshot_extender(Path(args.snapshot), workload=workload, keep=args.shortlist)
+        return build_snapshot_extender(
+            Path(args.snapshot), workload=workload, keep=args.shortlist, gangs=gangs
+        )
     if args.kubeconfig or args.in_cluster:
-        return build_kube_extender(kubeconfig=args.kubeconfig, workload=workload, keep=args.shortlist)
+        return build_kube_extender(
+            kubeconfig=args.kubeconfig, workload=workload, keep=args.shortlist, gangs=gangs
+        )
     raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
 
 

@@ -1,0 +1,122 @@
+"""Gang reservations: the planned places of a gang's members, held until they bind or expire.
+
+A reservation is the answer of ``gang_plan`` kept for ``ttl_s``: one slot per member not yet
+placed, each a node and the devices planned there. The cluster cache holds each slot's devices
+as an *assumed* holding under the slot's own holder ID (``gang-slot:KEY#i``), so every other
+pod's filter and bind see them taken; a member's bind hands the slot's holding over to the
+member. Slots are claimed by members in the order they are filtered: a member keeps the slot it
+claimed, so kube-scheduler's retries of it are steered to the same node.
+
+The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
+calls are the coordinator's (``gang_service``). Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_TTL_S = 60.0
+SLOT_PREFIX = "gang-slot:"
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class Slot:
+    """One member's planned place; ``member`` is the UID of the pod that claimed it ("" free)."""
+
+    holder: str  # the holder ID of its devices in the cache
+    node: str
+    devices: frozenset[str]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    member: str = ""
+    bound: bool = False
+
+
+@dataclass
+class Reservation:
+    key: str
+    size: int
+    slots: list[Slot]
+    expires_at: float
+    tier: int
+    domain: str
+    planned_at: float = field(default=0.0)
+
+    def claim(self, uid: str, offered: Sequence[str]) -> Slot | None:
+        """The slot this member claimed before, else a free one (on an offered node first)."""
+        for slot in self.slots:
+            if slot.member == uid:
+                return slot
+        free = [s for s in self.slots if not s.member]
+        if not free:
+            return None
+        names = set(offered)
+        slot = next((s for s in free if s.node in names), free[0])
+        slot.member = uid
+        return slot
+
+    @property
+    def open_slots(self) -> list[Slot]:
+        """Slots still holding devices in the cache (not yet handed to a bound member)."""
+        return [s for s in self.slots if not s.bound]
+
+
+class GangBook:
+    """Reservations by gang key, with their expiry."""
+
+    def __init__(self, *, ttl_s: float = DEFAULT_TTL_S, clock: Clock = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._reservations: dict[str, Reservation] = {}
+        self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
+
+    def get(self, key: str) -> Reservation | None:
+        return self._reservations.get(key)
+
+    def add(self, reservation: Reservation) -> None:
+        with self.lock:
+            self._reservations[reservation.key] = reservation
+
+    def new(self, *, key: str, size: int, slots: list[Slot], tier: int, domain: str) -> Reservation:
+        now = self.clock()
+        expires = now + self.ttl_s
+        return Reservation(key, size, slots, expires_at=expires, tier=tier, domain=domain, planned_at=now)
+
+    def slot_of(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:
+        """The open slot a member claimed on ``node`` (its bind takes it over)."""
+        with self.lock:
+            for reservation in self._reservations.values():
+                for slot in reservation.slots:
+                    if slot.member == uid and slot.node == node and not slot.bound:
+                        return reservation, slot
+        return None
+
+    def finish_if_done(self, reservation: Reservation) -> bool:
+        """Drop a reservation whose every slot is bound; True when it was dropped."""
+        with self.lock:
+            if all(s.bound for s in reservation.slots):
+                self._reservations.pop(reservation.key, None)
+                return True
+        return False
+
+    def expire(self) -> list[Reservation]:
+        """Remove and return every reservation past its expiry (the caller releases its slots)."""
+        now = self.clock()
+        with self.lock:
+            gone = [r for r in self._reservations.values() if r.expires_at <= now]
+            for reservation in gone:
+                del self._reservations[reservation.key]
+        return gone
+
+    def reservations(self) -> list[Reservation]:
+        with self.lock:
+            return list(self._reservations.values())
+
+    def held_devices(self) -> int:
+        """Devices held by open slots (the metric)."""
+        return sum(len(s.devices) for r in self.reservations() for s in r.open_slots)

@@ -1,0 +1,251 @@
+"""The extender's gang verbs: plan a gang when its first member is filtered, steer the others to
+their planned nodes, hand a slot to its member at bind, release what expires.
+
+Glue between the pure parts (``gangs`` identity, ``gang_plan`` planning, ``gang_book``
+reservations) and the cluster cache, which holds every open slot's devices as an assumed
+holding, so no other pod can take them and no device is held twice (the cache refuses a double
+booking). Nothing survives a restart but what the cluster says: members already bound hold their
+devices through their assignment annotations, and the first member filtered after the restart
+plans the rest around them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_ext.cache import ClusterCache, DoubleBookingError
+from scheduler_ext.core import DecisionCore
+from scheduler_ext.gang_book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
+from scheduler_ext.gang_plan import GangMiss, GangPlan, plan_gang
+from scheduler_ext.gangs import Gang, gang_of, pod_group_entry
+from scheduler_ext.host import HostRequest
+from scheduler_ext.objects import PodRecord
+from scheduler_ext.requests import PodRequest
+from scheduler_ext.state import NodeState
+from scheduler_ext.verdict import Verdict
+from topology.network import DEFAULT_TIER_LABELS
+
+LOG = logging.getLogger(__name__)
+Outcome = Callable[[str], None]  # planned | missed | expired | completed (the metric)
+
+
+class PodGroupSizes:
+    """``NS/NAME`` -> ``minMember`` of the PodGroups seen (fed by a watch when the CRD exists)."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        entry = pod_group_entry(obj)
+        metadata = obj.get("metadata") or {}
+        key = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+        if kind == "DELETED" or entry is None:
+            self.sizes.pop(key, None)
+        else:
+            self.sizes[entry[0]] = entry[1]
+
+
+@dataclass(frozen=True)
+class GangSettings:
+    """``gpuweave extender --gang-ttl S --network-tier-labels a,b,c``; a TTL of 0 turns gang
+    placement off (every pod is placed alone)."""
+
+    ttl_s: float = DEFAULT_TTL_S
+    tier_labels: tuple[str, ...] = DEFAULT_TIER_LABELS
+    clock: Clock = time.monotonic
+    pod_groups: PodGroupSizes | None = None  # fed by the PodGroup watch in cluster mode
+
+
+@dataclass(frozen=True)
+class GangAnswer:
+    """Filter's answer for a gang member: the one node it may go to, or why none."""
+
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    hopeless: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class GangCoordinator:
+    cache: ClusterCache
+    core: DecisionCore
+    book: GangBook = field(default_factory=GangBook)
+    tier_labels: Sequence[str] = DEFAULT_TIER_LABELS
+    pod_groups: PodGroupSizes = field(default_factory=PodGroupSizes)
+    on_outcome: Outcome = lambda _outcome: None
+    _sweep_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def gang_of(self, pod: Mapping[str, Any]) -> Gang | None:
+        """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on."""
+        return gang_of(pod, min_members=self.pod_groups.sizes)
+
+    # ---- filter -----------------------------------------------------------------------------
+    def filter(
+        self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest
+    ) -> GangAnswer | None:
+        """The member's nodes; None when the ordinary path applies (already placed, gang complete)."""
+        self.sweep()
+        if self.cache.holding(request.uid) is not None:
+            return None
+        with self.book.lock:
+            reservation = self.book.get(gang.key)
+            if reservation is None:
+                planned = self._plan(gang, request, names, host)
+                if not isinstance(planned, Reservation):
+                    return planned
+                reservation = planned
+            slot = reservation.claim(request.uid, names)
+        if slot is None:
+            taken = len(reservation.slots)
+            reason = f"gang {gang.key}: all {taken} planned places are claimed by other members"
+            return GangAnswer([], hopeless=dict.fromkeys(names, reason))
+        return self._steer(gang, slot, request, names, host)
+
+    def _plan(
+        self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest
+    ) -> Reservation | GangAnswer | None:
+        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
+        needed = gang.size - len(placed)
+        if needed <= 0:
+            return None  # every member is placed: one more pod of the gang is an ordinary pod
+        outcome = plan_gang(
+            key=gang.key,
+            needed=needed,
+            candidates=names,
+            states=self.cache.states(),
+            labels=self.cache.node_labels(),
+            decide=lambda state: self.core.decide(request, state, host=host),
+            tier_labels=self.tier_labels,
+            placed_nodes=sorted({r.node for r in placed if r.node}),
+        )
+        if isinstance(outcome, GangMiss):
+            self.on_outcome("missed")
+            return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
+        return self._hold(gang, outcome, request, host)
+
+    def _hold(
+        self, gang: Gang, plan: GangPlan, request: PodRequest, host: HostRequest
+    ) -> Reservation | GangAnswer:
+        """Hold every slot's devices in the cache, or none of them."""
+        slots = [
+            Slot(
+                holder=f"{SLOT_PREFIX}{gang.key}#{i}",
+                node=s.node,
+                devices=s.devices,
+                cpu_milli=host[0],
+                memory_mib=host[1],
+            )
+            for i, s in enumerate(plan.slots)
+        ]
+        held: list[Slot] = []
+        try:
+            for slot in slots:
+                self.cache.assume(_slot_record(slot, request))
+                held.append(slot)
+        except DoubleBookingError as exc:
+            for slot in held:
+                self.cache.forget(slot.holder)
+            reason = f"gang {gang.key}: a planned device was taken meanwhile ({exc}); planning again"
+            return GangAnswer([], failed=dict.fromkeys([s.node for s in slots], reason))
+        reservation = self.book.new(
+            key=gang.key, size=gang.size, slots=slots, tier=plan.tier, domain=plan.domain
+        )
+        self.book.add(reservation)
+        self.on_outcome("planned")
+        LOG.info(
+            "gang %s: planned %d member(s) on %s (tier %d, domain %r), held for %.0f s",
+            gang.key,
+            len(slots),
+            ",".join(s.node for s in slots),
+            plan.tier,
+            plan.domain,
+            self.book.ttl_s,
+        )
+        return reservation
+
+    def _steer(
+        self, gang: Gang, slot: Slot, request: PodRequest, names: list[str], host: HostRequest
+    ) -> GangAnswer:
+        elsewhere = f"gang {gang.key}: this member is planned on node {slot.node}"
+        others = {n: elsewhere for n in names if n != slot.node}
+        if slot.node not in names:
+            reason = f"{elsewhere}, which kube-scheduler's own filters did not pass now"
+            return GangAnswer([], hopeless=dict.fromkeys(names, reason))
+        verdict = self._verdict_in_slot(slot, request, host)
+        if not verdict.fits:
+            return GangAnswer([], hopeless={**others, slot.node: f"gang {gang.key}: {verdict.reason}"})
+        return GangAnswer([slot.node], hopeless=others)
+
+    def _verdict_in_slot(self, slot: Slot, request: PodRequest, host: HostRequest) -> Verdict:
+        """The member's verdict on its node with its slot's devices (and host share) free."""
+        state = self.cache.node(slot.node)
+        if state is None:
+            return Verdict(fits=False, reason=f"node {slot.node} left the cache")
+        return self.core.decide(request, _without(state, slot), name=slot.node, host=host)
+
+    # ---- bind -------------------------------------------------------------------------------
+    def take_slot(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:
+        """Release the member's slot on ``node`` so its bind can take the devices (node lock held
+        by the caller); ``give_back`` undoes it if the bind fails."""
+        found = self.book.slot_of(uid, node)
+        if found is not None:
+            self.cache.forget(found[1].holder)
+        return found
+
+    def give_back(self, taken: tuple[Reservation, Slot], request: PodRequest) -> None:
+        try:
+            self.cache.assume(_slot_record(taken[1], request))
+        except DoubleBookingError:
+            LOG.info("gang %s: slot on %s not held again after a failed bind", taken[0].key, taken[1].node)
+
+    def bound(self, taken: tuple[Reservation, Slot]) -> None:
+        reservation, slot = taken
+        slot.bound = True
+        if self.book.finish_if_done(reservation):
+            self.on_outcome("completed")
+
+    # ---- expiry -----------------------------------------------------------------------------
+    def sweep(self) -> None:
+        """Release every reservation past its TTL: its open slots' devices are free again."""
+        if not self._sweep_lock.acquire(blocking=False):
+            return
+        try:
+            for reservation in self.book.expire():
+                for slot in reservation.open_slots:
+                    self.cache.forget(slot.holder)
+                self.on_outcome("expired")
+                LOG.info(
+                    "gang %s: reservation expired; %d open slot(s) released",
+                    reservation.key,
+                    len(reservation.open_slots),
+                )
+        finally:
+            self._sweep_lock.release()
+
+
+def _slot_record(slot: Slot, request: PodRequest) -> PodRecord:
+    return PodRecord(
+        uid=slot.holder,
+        namespace=request.namespace,
+        name=slot.holder,
+        node=slot.node,
+        devices=slot.devices,
+        priority=request.priority,
+        terminated=False,
+        cpu_milli=slot.cpu_milli,
+        memory_mib=slot.memory_mib,
+    )
+
+
+def _without(state: NodeState, slot: Slot) -> NodeState:
+    holders = {d: u for d, u in state.holders.items() if u != slot.holder}
+    freed = state.with_holders(holders)
+    if state.host_free is not None and (slot.cpu_milli or slot.memory_mib):
+        cpu, memory = state.host_free
+        freed = freed.with_host_free((cpu + slot.cpu_milli, memory + slot.memory_mib))
+    return freed

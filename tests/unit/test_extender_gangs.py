@@ -1,0 +1,294 @@
+"""Gangs: identity from annotations, PodGroups and JobSets; all-or-nothing planning in the tightest
+network domain; reservations that steer members, expire and never hold a device twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.gang_book import SLOT_PREFIX
+from scheduler_ext.gang_service import GangSettings
+from scheduler_ext.gangs import (
+    ANNOTATION_GANG,
+    ANNOTATION_GANG_SIZE,
+    LABEL_JOBSET_NAME,
+    LABEL_JOBSET_REPLICAS,
+    LABEL_JOBSET_RESTART,
+    LABEL_POD_GROUP,
+    LABEL_REPLICATED_JOB,
+    BadGangError,
+    Gang,
+    gang_key,
+    gang_of,
+)
+from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.service import ExtenderService
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from topology.assignment import PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from topology.network import LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
+
+BLOCKS = {"a1": "block-a", "a2": "block-a", "b1": "block-b", "b2": "block-b", "c1": "block-c"}
+NODES = list(BLOCKS)
+TTL_S = 60.0
+
+
+# ---- identity ---------------------------------------------------------------------------------
+def _pod(*, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {}, ns: str = "ml") -> Any:
+    pod = pod_object("w-0", namespace=ns, annotations=annotations)
+    pod["metadata"]["labels"] = dict(labels)
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "groups", "expected"),
+    [
+        ({}, {ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: "4"}, {}, Gang("ml/gang:job", 4, "annotation")),
+        ({LABEL_POD_GROUP: "pg"}, {}, {"ml/pg": 3}, Gang("ml/pod-group:pg", 3, "pod-group")),
+        ({LABEL_POD_GROUP: "pg"}, {ANNOTATION_GANG_SIZE: "2"}, {}, Gang("ml/pod-group:pg", 2, "pod-group")),
+        ({LABEL_POD_GROUP: "pg"}, {}, {}, None),  # PodGroup unseen, no size: placed alone
+        ({LABEL_POD_GROUP: "pg"}, {}, {"other/pg": 3}, None),  # another namespace's PodGroup
+        (
+            {LABEL_JOBSET_NAME: "js", LABEL_REPLICATED_JOB: "workers", LABEL_JOBSET_REPLICAS: "8"},
+            {},
+            {},
+            Gang("ml/jobset:js/workers/0", 8, "jobset"),
+        ),
+        (
+            {
+                LABEL_JOBSET_NAME: "js",
+                LABEL_REPLICATED_JOB: "w",
+                LABEL_JOBSET_REPLICAS: "2",
+                LABEL_JOBSET_RESTART: "3",
+            },
+            {ANNOTATION_GANG_SIZE: "16"},
+            {},
+            Gang("ml/jobset:js/w/3", 16, "jobset"),
+        ),
+        ({LABEL_JOBSET_NAME: "js"}, {}, {}, None),  # no replicated job: no gang
+        ({}, {ANNOTATION_GANG: "solo", ANNOTATION_GANG_SIZE: "1"}, {}, None),  # a gang of one
+        ({}, {}, {}, None),
+    ],
+)
+def test_gang_identity(
+    labels: dict[str, str], annotations: dict[str, str], groups: dict[str, int], expected: Gang | None
+) -> None:
+    pod = _pod(labels=labels, annotations=annotations)
+    assert gang_of(pod, min_members=groups) == expected
+    assert gang_key(pod) == (expected.key if expected else gang_key(pod))
+
+
+@pytest.mark.parametrize("size", ["0", "4097", "1.5", "-2", "two", "", "٣", "99999999999999999999"])
+def test_bad_gang_sizes_are_refused_with_the_annotation_and_the_range(size: str) -> None:
+    pod = _pod(annotations={ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: size})
+    with pytest.raises(BadGangError, match=r"gpuweave.io/gang-size is .*(1\.\.4096|members)"):
+        gang_of(pod, min_members={})
+    assert gang_key(pod) == "ml/gang:job"  # the identity stays readable
+
+
+def test_a_gang_name_without_a_size_or_with_a_bad_name_is_refused() -> None:
+    with pytest.raises(BadGangError, match=r"no gpuweave\.io/gang-size"):
+        gang_of(_pod(annotations={ANNOTATION_GANG: "job"}), min_members={})
+    with pytest.raises(BadGangError, match="limit is 253"):
+        gang_of(_pod(annotations={ANNOTATION_GANG: "x" * 300, ANNOTATION_GANG_SIZE: "2"}), min_members={})
+    assert gang_key(_pod(annotations={ANNOTATION_GANG: " "})) == ""  # never raises
+
+
+def test_equal_gang_names_in_two_namespaces_are_two_gangs() -> None:
+    annotations = {ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: "2"}
+    assert gang_key(_pod(annotations=annotations, ns="a")) != gang_key(_pod(annotations=annotations, ns="b"))
+
+
+# ---- a five-node cluster: two free DGX H100 in block B, one free and one half-used in A ----------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _nodes(layer2: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for name, block in BLOCKS.items():
+        labels = {LABEL_AWS_LAYER_3: block, LABEL_AWS_LAYER_2: (layer2 or {}).get(name, "spine-1")}
+        items += [
+            node_object(name, gpus=8, labels=labels),
+            inventory_object(profile_inventory("dgx-h100", name)),
+        ]
+    return items
+
+
+def _extender(tmp_path: Path, clock: Clock, items: list[dict[str, Any]], *, ttl_s: float = TTL_S) -> Extender:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cluster_list(items)))
+    return build_snapshot_extender(path, gangs=GangSettings(ttl_s=ttl_s, clock=clock))
+
+
+def _busy(extender: Extender, node: str, gpus: int) -> None:
+    """A plain pod holding ``gpus`` GPUs on ``node``."""
+    _bind(extender.service, pod_object(f"busy-{node}", limits={RESOURCE_GPU: gpus}), [node])
+
+
+def _member(gang: str, index: int, *, size: int, gpus: int = 8) -> dict[str, Any]:
+    annotations = {ANNOTATION_GANG: gang, ANNOTATION_GANG_SIZE: str(size)}
+    return pod_object(f"{gang}-{index}", namespace="ml", limits={RESOURCE_GPU: gpus}, annotations=annotations)
+
+
+def _filter(service: ExtenderService, pod: dict[str, Any], names: list[str] = NODES) -> Any:
+    return service.filter(parse(ExtenderArgs, {"Pod": pod, "NodeNames": names}), pod)
+
+
+def _bind(service: ExtenderService, pod: dict[str, Any], names: list[str] = NODES) -> str:
+    """Filter, then bind to the first passing node (kube-scheduler's choice among one); the node."""
+    passed = _filter(service, pod, names).NodeNames
+    assert passed, _filter(service, pod, names).FailedAndUnresolvableNodes
+    meta = pod["metadata"]
+    args = ExtenderBindingArgs(
+        PodName=meta["name"], PodNamespace=meta["namespace"], PodUID=meta["uid"], Node=passed[0]
+    )
+    assert service.bind(args) == ""
+    return str(passed[0])
+
+
+def _holders(extender: Extender) -> dict[str, set[str]]:
+    """Device -> every holder ID the cache knows for it (one each, or it is held twice)."""
+    seen: dict[str, set[str]] = {}
+    for name in NODES:
+        for record in extender.cache.holdings_on(name):
+            for device in record.devices:
+                seen.setdefault(f"{name}/{device}", set()).add(record.uid)
+    return seen
+
+
+def _slot_devices(extender: Extender) -> int:
+    return sum(
+        len(r.devices) for n in NODES for r in extender.cache.holdings_on(n) if r.uid.startswith(SLOT_PREFIX)
+    )
+
+
+def test_a_gang_goes_all_or_nothing_to_the_one_block_that_holds_it(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes())
+    _busy(extender, "a2", 4)
+    _busy(extender, "c1", 1)
+    first = _member("train", 0, size=2)
+    passed = _filter(extender.service, first).NodeNames
+    assert passed is not None and len(passed) == 1 and passed[0] in ("b1", "b2")
+    assert _slot_devices(extender) == 16  # both members' GPUs held from the first filter on
+    plain = pod_object("plain", limits={RESOURCE_GPU: 8})  # may not take a planned node
+    assert set(_filter(extender.service, plain).NodeNames or []) == {"a1"}
+    nodes = {_bind(extender.service, first), _bind(extender.service, _member("train", 1, size=2))}
+    assert nodes == {"b1", "b2"}
+    assert (
+        _slot_devices(extender) == 0 and extender.gangs is not None and not extender.gangs.book.reservations()
+    )
+    assert all(len(holders) == 1 for holders in _holders(extender).values())
+    extender.close()
+
+
+def test_the_closest_tier_wins_over_a_better_scored_wider_domain(tmp_path: Path) -> None:
+    """a1+c1 share only layer 2 (spine-1); b1+b2 share layer 3: block B, a tighter domain."""
+    extender = _extender(tmp_path, Clock(), _nodes(layer2={"b1": "spine-2", "b2": "spine-2"}))
+    _busy(extender, "a2", 8)
+    members = [_member("t", i, size=2) for i in range(2)]
+    assert {_bind(extender.service, m) for m in members} == {"b1", "b2"}
+    three = [_member("wide", i, size=2) for i in range(2)]  # only a1 and c1 are left: layer 2 holds them
+    assert {_bind(extender.service, m) for m in three} == {"a1", "c1"}
+    extender.close()
+
+
+def test_a_gang_that_does_not_fit_gets_a_reason_on_every_member_and_holds_nothing(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes())
+    _busy(extender, "a2", 4)
+    for index in range(5):
+        result = _filter(extender.service, _member("big", index, size=5))
+        assert not result.NodeNames
+        reasons = set(result.FailedAndUnresolvableNodes.values())
+        assert len(reasons) == 1
+        (reason,) = reasons
+        assert "gang ml/gang:big needs 5 more member(s)" in reason and "no device is held" in reason
+        assert "the most any network domain holds is 4" in reason
+    assert _slot_devices(extender) == 0
+    assert set(_filter(extender.service, pod_object("p", limits={RESOURCE_GPU: 8})).NodeNames or []) == {
+        "a1",
+        "b1",
+        "b2",
+        "c1",
+    }
+    extender.close()
+
+
+def test_a_bad_gang_size_rejects_every_node_with_the_reason(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes())
+    pod = pod_object(
+        "x", limits={RESOURCE_GPU: 8}, annotations={ANNOTATION_GANG: "g", ANNOTATION_GANG_SIZE: "5000"}
+    )
+    result = _filter(extender.service, pod)
+    assert not result.NodeNames
+    assert set(result.FailedAndUnresolvableNodes.values()) == {
+        "gpuweave.io/gang-size is 5000; a gang has 1..4096 members"
+    }
+    extender.close()
+
+
+def test_reservations_expire_and_the_next_filter_sees_the_devices_free(tmp_path: Path) -> None:
+    clock = Clock()
+    extender = _extender(tmp_path, clock, _nodes())
+    for node in ("a1", "a2", "c1"):
+        _busy(extender, node, 8)
+    planned = _bind(extender.service, _member("slow", 0, size=2))
+    other = ({"b1", "b2"} - {planned}).pop()
+    plain = pod_object("plain", limits={RESOURCE_GPU: 8})
+    assert not _filter(extender.service, plain).NodeNames  # the second member's node is held
+    clock.now += TTL_S - 1
+    assert not _filter(extender.service, plain).NodeNames
+    clock.now += 1
+    assert _filter(extender.service, plain).NodeNames == [other]
+    assert _slot_devices(extender) == 0
+    assert b'gpuweave_extender_gangs_total{outcome="expired"} 1.0' in extender.metrics.render()
+    # the late member is planned again around the placed one: no room left beside it now
+    _bind(extender.service, plain)
+    late = _filter(extender.service, _member("slow", 1, size=2))
+    assert not late.NodeNames and "beside its 1 placed member(s)" in next(
+        iter(late.FailedAndUnresolvableNodes.values())
+    )
+    extender.close()
+
+
+def test_after_a_restart_unbound_members_are_planned_around_the_bound_ones(tmp_path: Path) -> None:
+    clock = Clock()
+    extender = _extender(tmp_path, clock, _nodes())
+    _busy(extender, "a2", 4)
+    first = _member("resume", 0, size=3, gpus=4)
+    node = _bind(extender.service, first)
+    bound = [extender.cache.pod_object(uid=u) for u in ("uid-default-busy-a2", first["metadata"]["uid"])]
+    held_before = {n: dict(s.holders) for n in NODES if (s := extender.cache.node(n)) is not None}
+    extender.close()
+    # the restarted extender knows the cluster (bound pods with their annotations), not the plan
+    restarted = _extender(tmp_path, Clock(), [*_nodes(), *[dict(p) for p in bound if p is not None]])
+    for name, holders in held_before.items():
+        kept = {d: u for d, u in holders.items() if not u.startswith(SLOT_PREFIX)}
+        state = restarted.cache.node(name)
+        assert state is not None and dict(state.holders) == kept
+    nodes = [_bind(restarted.service, _member("resume", i, size=3, gpus=4)) for i in (1, 2)]
+    assert {BLOCKS[n] for n in (node, *nodes)} == {BLOCKS[node]}  # the placed member's block
+    assert all(len(holders) == 1 for holders in _holders(restarted).values())
+    assignment = PodAssignment.from_annotation(
+        (restarted.cache.pod_object(uid=first["metadata"]["uid"]) or {})["metadata"]["annotations"][
+            ANNOTATION_ASSIGNMENT
+        ]
+    )
+    assert assignment.node == node
+    restarted.close()
+
+
+def test_gang_ttl_zero_places_each_member_alone(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes(), ttl_s=0)
+    assert extender.gangs is None
+    assert len(_filter(extender.service, _member("off", 0, size=2)).NodeNames or []) == 5
+    extender.close()
