@@ -30,6 +30,12 @@ def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None =
     ``reserve``: per verdict, the reservation cost in milli-GPU (``reservation``), added to the
     fragment level of FGD-scored verdicts before ranking. Not fitting: 0.
     """
+    ranked: list[int] = ranks(verdicts, reserve).tolist()
+    return ranked
+
+
+def ranks(verdicts: Sequence[Verdict], reserve: Sequence[float] | None = None) -> np.ndarray:
+    """``ranked_scores`` as an int64 array."""
     fits = np.array(list(map(_FITS, verdicts)), dtype=bool)
     qualities = np.array(list(map(_QUALITY, verdicts)), dtype=np.float64)
     if reserve is not None:
@@ -39,10 +45,9 @@ def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None =
         moved = (cost != 0) & ~np.isnan(levels)
         qualities[moved] = quality_of(levels[moved] + cost[moved], idle[moved])
     if not fits.any():
-        return [0] * len(verdicts)
+        return np.zeros(len(verdicts), dtype=np.int64)
     best, worst = qualities[fits].max(), qualities[fits].min()
     step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
     scaled = np.clip(np.floor(step * (qualities - worst)), 0, MAX_SCORE - 1)
     scores = np.where(best - qualities <= SAME, MAX_SCORE, scaled)
-    ranked: list[int] = np.where(fits, scores, 0).astype(np.int64).tolist()
-    return ranked
+    return np.where(fits, scores, 0).astype(np.int64)

@@ -13,6 +13,8 @@ from itertools import compress, repeat
 from operator import attrgetter, not_
 from typing import Any, Protocol
 
+import numpy as np
+
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.flights import FlightTimeoutError, SingleFlight
@@ -22,9 +24,10 @@ from scheduler_ext.gangs import BadGangError, gang_key
 from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
-from scheduler_ext.ranking import ranked_scores
+from scheduler_ext.ranking import ranked_scores, ranks
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
 from scheduler_ext.shortlist import shortlist, weighs_soft_preferences
+from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -44,6 +47,8 @@ BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the sa
 _FITS = attrgetter("fits")
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")
+_HOLDERS = attrgetter("holders")
+_NO_STATE = NodeState(name="")  # a node deleted while filter runs: nothing held
 
 
 def _rejections(
@@ -133,10 +138,11 @@ class ExtenderService:
         """The ``keep`` fitting nodes prioritize would rank best, fuller nodes first among equals."""
         names = list(compress(names, fits))
         verdicts = list(compress(verdicts, fits))
-        ranks = ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+        ranked = ranks(verdicts, self._reservation_costs(request, pod, names))
         states = self.cache.states()
-        fullness = [len(state.holders) if (state := states.get(n)) is not None else 0 for n in names]
-        return shortlist(names, ranks, fullness, keep=self.keep, seed=request.uid or request.key)
+        held = map(len, map(_HOLDERS, map(states.get, names, repeat(_NO_STATE))))  # C-level passes
+        fullness = np.fromiter(held, dtype=np.int64, count=len(names))
+        return shortlist(names, ranked, fullness, keep=self.keep, seed=request.uid or request.key)
 
     @staticmethod
     def _filter_result(

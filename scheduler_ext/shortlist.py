@@ -18,6 +18,7 @@ plugin may rightly outvote a small topology gain, and it can only do so over nod
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,14 +47,38 @@ def weighs_soft_preferences(pod: Mapping[str, Any]) -> bool:
 
 
 def shortlist(
-    names: Sequence[str], ranks: Sequence[int], fullness: Sequence[int], *, keep: int, seed: str
+    names: Sequence[str],
+    ranks: Sequence[int] | np.ndarray,
+    fullness: Sequence[int] | np.ndarray,
+    *,
+    keep: int,
+    seed: str,
 ) -> list[str]:
-    """The ``keep`` names with the highest rank; ties: higher fullness, then a random order fixed
-    by ``seed`` (the pod). All names when there are no more than ``keep``."""
-    if keep <= 0 or len(names) <= keep:
+    """The ``keep`` names with the highest rank, best first; ties: higher fullness, then an order
+    fixed by ``seed`` (the pod). All names, in their order, when there are no more than ``keep``.
+
+    One int64 key per name (rank, then fullness, then a per-seed permutation of the positions) and
+    a partial sort: at 15,000 names a full lexsort would cost more than the rest of filter."""
+    count = len(names)
+    if keep <= 0 or count <= keep:
         return list(names)
-    rng = np.random.default_rng(zlib.crc32(seed.encode()))
-    order = np.lexsort(
-        (rng.random(len(names)), -np.asarray(fullness, dtype=np.int64), -np.asarray(ranks, dtype=np.int64))
-    )
-    return [names[i] for i in order[:keep].tolist()]
+    digest = zlib.crc32(seed.encode())
+    stride = _coprime_stride(count, 1 + digest % count)
+    order = (np.arange(count, dtype=np.int64) * stride + (digest >> 8)) % count  # a permutation
+    full = np.minimum(np.asarray(fullness, dtype=np.int64), _FULLNESS_CAP)
+    key = (np.asarray(ranks, dtype=np.int64) * (_FULLNESS_CAP + 1) + full) * count + order
+    best = np.argpartition(-key, keep - 1)[:keep]
+    best = best[np.argsort(-key[best], kind="stable")]
+    return [names[i] for i in best.tolist()]
+
+
+_FULLNESS_CAP = 4095  # devices held per node that still order ties (more ties as equally full)
+
+
+def _coprime_stride(count: int, start: int) -> int:
+    """The first stride from ``start`` that shares no factor with ``count`` (so i*stride mod count
+    visits every position once)."""
+    stride = start
+    while math.gcd(stride, count) != 1:
+        stride = stride % count + 1
+    return stride
