@@ -149,11 +149,14 @@ class SimNode:
         self.kubelet.stop()
 
 
-def render_scheduler_config(plane: ControlPlane, *, extender_url: str | None, kubeconfig: Path) -> Path:
+def render_scheduler_config(
+    plane: ControlPlane, *, extender_url: str | None, kubeconfig: Path, scheduler_name: str | None = None
+) -> Path:
     """manifests/scheduler/scheduler-config.yaml, adapted to this cluster.
 
     Only what differs between a pod and this loopback run changes: the client kubeconfig, no
-    leader election, the extender's URL (or no extender, for the baseline).
+    leader election, the extender's URL (or no extender, for the baseline); ``scheduler_name``
+    renames the profile, for a second scheduler beside the session's (its own file).
     """
     source = yaml.safe_load((REPO / "manifests" / "scheduler" / "scheduler-config.yaml").read_text())
     source["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400}
@@ -164,6 +167,10 @@ def render_scheduler_config(plane: ControlPlane, *, extender_url: str | None, ku
         for extender in source.get("extenders", []):
             extender["urlPrefix"] = extender_url
     path = plane.dir / ("scheduler-config.yaml" if extender_url else "scheduler-config-no-extender.yaml")
+    if scheduler_name is not None:
+        for profile in source.get("profiles", []):
+            profile["schedulerName"] = scheduler_name
+        path = plane.dir / f"scheduler-config-{scheduler_name}.yaml"
     path.write_text(yaml.safe_dump(source))
     return path
 
@@ -182,14 +189,19 @@ def start_scheduler(plane: ControlPlane, *, config_path: Path, name: str = "kube
     )
 
 
-def start_extender(plane: ControlPlane, *, kubeconfig: Path) -> tuple[Process, str]:
-    """``gpuweave extender`` on a free loopback port; returns it once /readyz answers."""
-    port = free_port()
-    process = Process(
-        "extender",
-        [*gpuweave_command(), "extender", "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig)],
-        log_dir=plane.work,
-    )
+def start_extender(
+    plane: ControlPlane,
+    *,
+    kubeconfig: Path,
+    port: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    name: str = "extender",
+) -> tuple[Process, str]:
+    """``gpuweave extender`` on a loopback port (a free one unless given; a restart reuses its
+    port, as kube-scheduler's configuration names it); returns it once /readyz answers."""
+    port = port or free_port()
+    listen = ["--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig)]
+    process = Process(name, [*gpuweave_command(), "extender", *listen, *extra_args], log_dir=plane.work)
     url = f"http://127.0.0.1:{port}"
     wait_for("extender /readyz", lambda: process.alive_and(lambda: _http_ok(f"{url}/readyz")), timeout=60)
     return process, url
