@@ -22,6 +22,10 @@ from gpuweave.cli import main
             ["extender", "--snapshot", "x", "--workload", "/no/such/w.yaml"],
             "cannot read --workload /no/such/w.yaml",
         ),
+        (["extender", "--snapshot", "x", "--gang-ttl", "-1"], "--gang-ttl -1.0 is outside 0..3600"),
+        (["extender", "--snapshot", "x", "--gang-ttl", "nan"], "--gang-ttl nan is outside 0..3600"),
+        (["extender", "--snapshot", "x", "--network-tier-labels", ", ,"], "names no label"),
+        (["extender", "--snapshot", "x", "--network-tier-labels", "a,b,a"], "names a label twice"),
     ],
 )
 def test_bad_arguments_print_one_line(

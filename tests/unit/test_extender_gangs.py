@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.gang_book import SLOT_PREFIX
-from scheduler_ext.gang_service import GangSettings
+from scheduler_ext.gang_book import SLOT_PREFIX, GangBook, Slot
+from scheduler_ext.gang_service import GangSettings, PodGroupSizes
 from scheduler_ext.gangs import (
     ANNOTATION_GANG,
     ANNOTATION_GANG_SIZE,
@@ -292,3 +292,35 @@ def test_gang_ttl_zero_places_each_member_alone(tmp_path: Path) -> None:
     assert extender.gangs is None
     assert len(_filter(extender.service, _member("off", 0, size=2)).NodeNames or []) == 5
     extender.close()
+
+
+def test_pod_group_sizes_follow_the_watch_and_drop_bad_min_members() -> None:
+    sizes = PodGroupSizes()
+    group = {"metadata": {"name": "pg", "namespace": "ml"}, "spec": {"minMember": 4}}
+    sizes.apply("ADDED", group)
+    assert sizes.sizes == {"ml/pg": 4}
+    assert gang_of(_pod(labels={LABEL_POD_GROUP: "pg"}), min_members=sizes.sizes) == Gang(
+        "ml/pod-group:pg", 4, "pod-group"
+    )
+    sizes.apply("MODIFIED", {**group, "spec": {"minMember": 99999}})  # out of range: size unknown
+    assert sizes.sizes == {}
+    sizes.apply("ADDED", group)
+    sizes.apply("DELETED", group)
+    assert sizes.sizes == {}
+
+
+def test_a_member_keeps_its_slot_across_retries_and_prefers_an_offered_node() -> None:
+    clock = Clock()
+    book = GangBook(ttl_s=10, clock=clock)
+    slots = [Slot(holder=f"h{i}", node=f"n{i}", devices=frozenset({f"d{i}"})) for i in range(3)]
+    reservation = book.new(key="k", size=3, slots=slots, tier=0, domain="x")
+    book.add(reservation)
+    assert reservation.claim("m1", ["n2"]) is slots[2]
+    assert reservation.claim("m1", ["n0", "n1"]) is slots[2]  # its own, whatever is offered
+    assert reservation.claim("m2", ["n9"]) is slots[0]
+    assert reservation.claim("m3", []) is slots[1]
+    assert reservation.claim("m4", ["n0"]) is None
+    clock.now += 9.9
+    assert book.expire() == [] and book.held_devices() == 3
+    clock.now += 0.1
+    assert book.expire() == [reservation] and book.held_devices() == 0
