@@ -5,7 +5,8 @@ placed, each a node and the devices planned there. The cluster cache holds each 
 as an *assumed* holding under the slot's own holder ID (``gang-slot:KEY#i``), so every other
 pod's filter and bind see them taken; a member's bind hands the slot's holding over to the
 member. Slots are claimed by members in the order they are filtered: a member keeps the slot it
-claimed, so kube-scheduler's retries of it are steered to the same node.
+claimed, so kube-scheduler's retries of it are steered to the same node, unless that node is no
+longer offered for it and a free slot's node is (members pinned to other nodes trade places).
 
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
 calls are the coordinator's (``gang_service``). Thread-safe.
@@ -48,16 +49,22 @@ class Reservation:
     planned_at: float = field(default=0.0)
 
     def claim(self, uid: str, offered: Sequence[str]) -> Slot | None:
-        """The slot this member claimed before, else a free one (on an offered node first)."""
-        for slot in self.slots:
-            if slot.member == uid:
-                return slot
-        free = [s for s in self.slots if not s.member]
-        if not free:
-            return None
+        """The member's slot: the one it claimed before, unless that node is not offered now and a
+        free slot's node is (members pinned to other nodes trade places); else a free slot, on an
+        offered node first. None when every slot is another member's."""
         names = set(offered)
-        slot = next((s for s in free if s.node in names), free[0])
-        slot.member = uid
+        mine = next((s for s in self.slots if s.member == uid), None)
+        if mine is not None and (mine.bound or mine.node in names):
+            return mine
+        free = [s for s in self.slots if not s.member]
+        better = next((s for s in free if s.node in names), None)
+        if mine is not None:
+            if better is None:
+                return mine
+            mine.member = ""
+        slot = better or (free[0] if free else None)
+        if slot is not None:
+            slot.member = uid
         return slot
 
     @property

@@ -316,9 +316,11 @@ def test_a_member_keeps_its_slot_across_retries_and_prefers_an_offered_node() ->
     reservation = book.new(key="k", size=3, slots=slots, tier=0, domain="x")
     book.add(reservation)
     assert reservation.claim("m1", ["n2"]) is slots[2]
-    assert reservation.claim("m1", ["n0", "n1"]) is slots[2]  # its own, whatever is offered
+    assert reservation.claim("m1", ["n1", "n2"]) is slots[2]  # its own, while offered
+    assert reservation.claim("m1", ["n1"]) is slots[1] and not slots[2].member  # pinned elsewhere now
     assert reservation.claim("m2", ["n9"]) is slots[0]
-    assert reservation.claim("m3", []) is slots[1]
+    assert reservation.claim("m2", ["n8"]) is slots[0]  # no free slot on an offered node: keeps its own
+    assert reservation.claim("m3", []) is slots[2]
     assert reservation.claim("m4", ["n0"]) is None
     clock.now += 9.9
     assert book.expire() == [] and book.held_devices() == 3
