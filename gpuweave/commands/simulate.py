@@ -64,6 +64,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-agents", action="store_true", help="do not start the node agents (device plugins over gRPC)"
     )
+    parser.add_argument(
+        "--nodes-per-block",
+        type=int,
+        default=2,
+        help="nodes of one profile per layer-3 network block (EKS network-node-layer-3 label; default 2)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -85,5 +91,6 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         in_process=args.in_process,
         agents=not args.no_agents,
+        nodes_per_block=args.nodes_per_block,
     )
     return run_simulation(options)

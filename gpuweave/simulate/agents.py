@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
+from deviceplugin.published import inventory_object
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
@@ -109,6 +112,8 @@ class NodeAgentPool:
         self.admitted = 0
         self.admission_failures: list[str] = []
         self.reshape_refusals: list[str] = []
+        self._changed_lock = threading.Lock()
+        self._changed: set[int] = set()  # nodes whose agent changed what it publishes
         try:
             for index, node in enumerate(fleet):
                 self._nodes.append(self._start(index, node, shared=index in share_nodes))
@@ -133,6 +138,8 @@ class NodeAgentPool:
             kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
         )
         agent = NodeAgent(config, discover=backend.discover, chooser_for=gpu_chooser_for)
+        agent.add_listener(lambda: self._mark_changed(index))  # what wakes its publisher
+        self._mark_changed(index)
         # One MPS daemon per fractional GPU, as records in this process (no process per GPU)
         mps = start_node_mps(
             agent,
@@ -160,6 +167,26 @@ class NodeAgentPool:
         if node.mig_managed:
             started.mig = _mig_reconciler(started, state_dir=state_dir)
         return started
+
+    def _mark_changed(self, node: int) -> None:
+        with self._changed_lock:
+            self._changed.add(node)
+
+    def take_changed(self) -> list[int]:
+        """Nodes whose agent changed its health, withheld devices or inventory since the last call
+        (the agent's change listener, which in a deployment wakes its publisher)."""
+        with self._changed_lock:
+            changed, self._changed = sorted(self._changed), set()
+        return changed
+
+    def published(self, node: int) -> dict[str, Any]:
+        """The ``GpuNodeInventory`` the node's agent publishes now: its inventory and its own fault
+        and withheld maps, built as ``deviceplugin.kube.Publisher.publish_once`` builds it."""
+        agent = self._nodes[node].agent
+        faults, withheld = agent.health_maps()
+        return inventory_object(
+            agent.inventory, sharing=agent.config.sharing, faults=faults, withheld=withheld
+        )
 
     def resources(self, node: int) -> dict[str, int]:
         return self._nodes[node].kubelet.resources()

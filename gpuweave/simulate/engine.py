@@ -18,6 +18,7 @@ from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.faults import (
     DEFAULT_FAULTS,
+    DETECTION_S,
     FaultKind,
     FaultRecord,
     FaultSpec,
@@ -26,8 +27,10 @@ from gpuweave.simulate.faults import (
     restore,
 )
 from gpuweave.simulate.fleet import FleetNode, share_pool
+from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.mig_manager import MigManager, Reshape
-from gpuweave.simulate.placers import MigPlacer, Placer, PodPlacement
+from gpuweave.simulate.outcomes import FaultContext, JobLedger
+from gpuweave.simulate.placers import Gang, InventoryWatcher, MigPlacer, Placer, PodPlacement
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.workload import Job, JobKind
 from topology.errors import InvalidInputError
@@ -81,6 +84,8 @@ class RunResult:
     admission_failures: int = 0  # the node agent refused the devices at the kubelet's Allocate
     admissions: int = 0  # pods admitted by a node agent (GetPreferredAllocation + Allocate)
     agents: str = ""  # what ran on the nodes (empty: no node agents)
+    ledger: JobLedger = field(default_factory=JobLedger)  # per-job completion, recovery, faults' cost
+    inventories_received: int = 0  # GpuNodeInventory objects the agents published to the extender
 
 
 @dataclass
@@ -103,8 +108,12 @@ class Simulation:
         faults: Sequence[FaultSpec] = DEFAULT_FAULTS,
         share_nodes: frozenset[int] | None = None,
         agents: NodeAgentPool | None = None,
+        step: TrainingStep | None = None,
     ) -> None:
         self.state = SimState.create(fleet, metric_model)
+        self._step = step or TrainingStep()
+        self._now = 0.0
+        self._fault: FaultContext | None = None  # the fault whose evictions are being made
         self._jobs = sorted(jobs, key=lambda j: j.arrival_s)
         self._placer = placer
         self._duration = duration_s
@@ -114,6 +123,9 @@ class Simulation:
         self._agents = agents
         # With node agents the extender places MIG pods on the MIG devices the agents publish
         self._mig_placer = placer if agents is not None and isinstance(placer, MigPlacer) else None
+        # With node agents the extender learns faults, recoveries and MIG devices only from the
+        # GpuNodeInventory objects the agents publish, as its watch would deliver them
+        self._watcher = placer if agents is not None and isinstance(placer, InventoryWatcher) else None
         self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
         self._queue: list[_Queued] = []
         self._ends: dict[str, float] = {}
@@ -132,6 +144,8 @@ class Simulation:
         ticks = int(np.ceil(self._duration / self._tick))
         for tick in range(ticks + 1):
             now = tick * self._tick
+            self._now = now
+            self._deliver_published()
             self._depart(now)
             self._fire_faults(now)
             while next_job < len(self._jobs) and self._jobs[next_job].arrival_s <= now:
@@ -147,12 +161,25 @@ class Simulation:
         self.result.jobs_pending_at_end = len(self._queue)
         return self.result
 
+    def _deliver_published(self, *nodes: int) -> None:
+        """The agents' changed GpuNodeInventory objects reach the extender (its watch); ``nodes``
+        are delivered too (a node whose kubelet already saw the change its listener may not yet
+        have announced: the published object is built from the agent's health maps either way)."""
+        if self._agents is None or self._watcher is None:
+            return
+        for node in sorted(set(self._agents.take_changed()) | set(nodes)):
+            self._watcher.receive_inventory(node, self._agents.published(node))
+            self.result.inventories_received += 1
+
     def _apply_layout(self, node: int, gpu: int, layout: Sequence[tuple[str, int]] | None) -> bool:
         """A reshape goes through the node agent's MIG reconciler; the extender gets its new devices."""
         assert self._agents is not None and self._mig_placer is not None
         if not self._agents.reshape(node, gpu, layout):
             return False
-        self._mig_placer.publish_inventory(node, self._agents.inventory(node))
+        if self._watcher is not None:
+            self._deliver_published()
+        else:
+            self._mig_placer.publish_inventory(node, self._agents.inventory(node))
         return True
 
     def _reconcile_mig(self, demand: Counter[str], now: float) -> None:
@@ -167,9 +194,11 @@ class Simulation:
 
     def _depart(self, now: float) -> None:
         for pod_id in [p for p, end in self._ends.items() if end <= now]:
-            self._ends.pop(pod_id)
+            end = self._ends.pop(pod_id)
             if pod_id in self.state.pods:
-                self._stop(pod_id)
+                job = self._stop(pod_id).job
+                if not self.state.pods_of_job(job.job_id):
+                    self.result.ledger.finished(job, end_s=end)
 
     def _fire_faults(self, now: float) -> None:
         for due in [r for r in self._restores if r[0] <= now]:
@@ -179,14 +208,18 @@ class Simulation:
                 self._restores.append((now + self._tick, healed))  # next simulated health round
                 continue
             restore(self.state, healed, now=now)
-            if healed.gpu is not None:
+            if healed.gpu is not None and self._watcher is None:
                 self._placer.gpu_restored(self._node_index(healed.node), healed.gpu)
+            self._deliver_published(self._node_index(healed.node))
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
+            self._fault = FaultContext(spec.kind.value, now, _detection_s(spec.kind))
             record = self._inject(spec, now)
+            self._fault = None
             if record is None:
                 continue
             self.result.faults.append(record)
+            self._deliver_published(self._node_index(record.node))
             if spec.restore_after_s <= 0:
                 continue
             # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
@@ -208,7 +241,8 @@ class Simulation:
         record = inject_gpu_fault(self.state, spec, now=now, evict=self._evict_job, used=self._fault_nodes)
         if record is not None and record.gpu is not None and record.gpus_withheld:
             node = self._node_index(record.node)
-            self._placer.gpu_failed(node, record.gpu, record.kind)
+            if self._watcher is None:  # no agent to publish it: the simulation tells the scheduler
+                self._placer.gpu_failed(node, record.gpu, record.kind)
             if self._agents is not None:
                 xid = 79 if spec.kind is FaultKind.XID_79 else 48
                 record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
@@ -231,7 +265,9 @@ class Simulation:
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job and queue the job again; returns pods evicted."""
         evicted = 0
+        self.result.ledger.job_evicted(pod.job, fault=self._fault)
         for member in self.state.pods_of_job(pod.job.job_id):
+            self.result.ledger.pod_evicted(member, now=self._now)
             self._stop(member.pod_id)
             self._ends.pop(member.pod_id, None)
             evicted += 1
@@ -248,11 +284,12 @@ class Simulation:
                 waiting.append(queued)
         self._queue = waiting
 
-    def _stop(self, pod_id: str) -> None:
+    def _stop(self, pod_id: str) -> RunningPod:
         pod = self.state.stop_pod(pod_id)
         self._placer.forget(pod_id)
         if self._agents is not None:
             self._agents.release(pod.node, pod_id)
+        return pod
 
     def _node_index(self, name: str) -> int:
         return next(i for i, n in enumerate(self.state.fleet) if n.name == name)
@@ -272,9 +309,12 @@ class Simulation:
         allowed = self._allowed(job)
         started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
+        gang = Gang(job.job_id, job.pods) if job.pods > 1 else None
         for index in range(job.pods):
             pod_id = f"{job.job_id}-{index}"
-            placement = self._placer.place(self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id)
+            placement = self._placer.place(
+                self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id, gang=gang
+            )
             pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now) if placement else None
             if pod is None or placement is None or not self._try_start(pod, placement, outcomes):
                 for done in started:
@@ -282,8 +322,11 @@ class Simulation:
                 return False
             started.append(pod)
             allowed[placement.node] = False  # one pod of a gang per node
+        timing = job_timing([(self.state.fleet[p.node], p.gpus) for p in started], step=self._step)
+        run_s = job.duration_s * timing.stretch
         for pod in started:
-            self._ends[pod.pod_id] = now + job.duration_s
+            self._ends[pod.pod_id] = now + run_s
+        self.result.ledger.started(job, now=now, timing=timing, run_s=run_s)
         self.result.topology.extend(outcomes)
         return True
 
@@ -379,6 +422,12 @@ class Simulation:
             withheld_gpus=sum(1 for m in modes if m == 2),
             mig_gpus=sum(1 for m in modes if m == 1),
         )
+
+
+def _detection_s(kind: FaultKind) -> float:
+    """The signal path's nominal detection latency (``faults.DETECTION_S``)."""
+    source = {FaultKind.XID_79: "xid", FaultKind.ECC_DBE: "ecc", FaultKind.EFA_LINK: "efa"}[kind]
+    return DETECTION_S[source]
 
 
 def _demand_milli(job: Job) -> float:

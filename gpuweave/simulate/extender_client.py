@@ -28,7 +28,7 @@ from deviceplugin.published import inventory_object
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.fleet import FleetNode
-from gpuweave.simulate.placers import PodPlacement
+from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
@@ -41,8 +41,12 @@ from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU
 from topology.errors import GpuweaveError
 from topology.fragmentation import TargetWorkload
 from topology.inventory import NodeInventory
+from topology.spec import NodeProfileSpec
 
 _NAME = re.compile(r"[^a-z0-9.-]+")
+# How a pod names its gang (docs/pod-api.md): the job's name and its number of pods.
+ANNOTATION_GANG = "gpuweave.io/gang"
+ANNOTATION_GANG_SIZE = "gpuweave.io/gang-size"
 
 
 class ExtenderCallError(GpuweaveError):
@@ -59,7 +63,7 @@ def _node_object(node: FleetNode) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": node.name, "uid": f"uid-node-{node.name}", "labels": {}},
+        "metadata": {"name": node.name, "uid": f"uid-node-{node.name}", "labels": dict(node.labels)},
         "spec": {},
         "status": {"allocatable": allocatable, "capacity": dict(allocatable)},
     }
@@ -166,6 +170,7 @@ class ExtenderPlacer:
         allowed: np.ndarray,
         rng: np.random.Generator,
         pod_id: str = "",
+        gang: Gang | None = None,
     ) -> PodPlacement | None:
         cluster = state.cluster
         fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
@@ -173,7 +178,12 @@ class ExtenderPlacer:
         if not names:
             return None
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
-        pod = pod_object(uid, uid=uid, limits=self._limits(request))
+        annotations = (
+            {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
+            if gang is not None and gang.size > 1
+            else None
+        )
+        pod = pod_object(uid, uid=uid, limits=self._limits(request), annotations=annotations)
         return self._schedule(pod, uid, names, rng, requests=self._requests(request))
 
     def place_mig(
@@ -288,6 +298,13 @@ class ExtenderPlacer:
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
         self._faults.get(node, {}).pop(uuid, None)
         self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def receive_inventory(self, node: int, obj: Mapping[str, Any]) -> None:
+        """A ``GpuNodeInventory`` a node agent published, as the extender's watch delivers it:
+        the extender learns device health (faults, recoveries) and new MIG devices only so."""
+        name = str(obj["metadata"]["name"])
+        self._published[node] = NodeProfileSpec.parse(obj["spec"], source=name).to_inventory(node_name=name)
+        self._extender.cache.upsert_inventory(dict(obj))
 
     def publish_inventory(self, node: int, inventory: NodeInventory) -> None:
         """The node agent republished its inventory (after a MIG reshape: the new MIG devices)."""

@@ -6,16 +6,19 @@ from a small table of the real machines (a user profile gets a generic host).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hardware.profiles import load_profile
 from topology.errors import InvalidInputError
 from topology.graph import TopologyGraph
 from topology.inventory import Architecture, NicType, NodeInventory
+from topology.network import LABEL_AWS_LAYER_1, LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
 
 DEFAULT_PROFILES = ("p5.48xlarge", "p4d.24xlarge", "dgx-a100", "l40s-pcie-8")
 DEFAULT_NODES = 16
+DEFAULT_NODES_PER_BLOCK = 2  # nodes of one profile per layer-3 network block
 MIG_PROFILES = frozenset({"dgx-a100", "dgx-h100"})  # nodes whose GPUs the MIG manager may reshape
 # Host vCPUs (milli) and memory (MiB) of the real machines.
 HOST_SPECS: dict[str, tuple[int, int]] = {
@@ -28,6 +31,7 @@ HOST_SPECS: dict[str, tuple[int, int]] = {
     "a100-pcie-nvbridge-4": (64_000, 524_288),
 }
 GENERIC_HOST = (128_000, 1_048_576)
+_LABEL_UNSAFE = re.compile(r"[^a-z0-9-]+")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class FleetNode:
     cpu_milli: int
     memory_mib: int
     mig_managed: bool
+    labels: Mapping[str, str] = field(default_factory=dict)  # network tier labels (EKS layers)
 
     @property
     def gpus(self) -> int:
@@ -79,12 +84,36 @@ def parse_profiles(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def build_fleet(profiles: Sequence[str], *, nodes: int) -> tuple[FleetNode, ...]:
-    """``nodes`` nodes, profiles taken round-robin (4 profiles x 4 nodes by default)."""
+def network_labels(profile: str, ordinal: int, *, nodes_per_block: int) -> dict[str, str]:
+    """EKS network tier labels of the ``ordinal``-th node of ``profile``.
+
+    As EC2 places instances of one type from one reservation near each other, nodes of a profile
+    fill layer-3 blocks of ``nodes_per_block`` in order; each profile has its own layer-2 group,
+    and every node shares one layer-1 (spine) node. So a two-node gang fits one block only when
+    both nodes of a block are free; else it crosses to layer 2 (same profile) or the spine.
+    """
+    short = _LABEL_UNSAFE.sub("", profile.lower())[:20]
+    return {
+        LABEL_AWS_LAYER_1: "nn-spine-0",
+        LABEL_AWS_LAYER_2: f"nn-{short}-l2",
+        LABEL_AWS_LAYER_3: f"nn-{short}-b{ordinal // max(nodes_per_block, 1)}",
+    }
+
+
+def build_fleet(
+    profiles: Sequence[str], *, nodes: int, nodes_per_block: int = DEFAULT_NODES_PER_BLOCK
+) -> tuple[FleetNode, ...]:
+    """``nodes`` nodes, profiles taken round-robin (4 profiles x 4 nodes by default), each with
+    network tier labels (``network_labels``)."""
     if nodes < 1:
         raise InvalidInputError(f"--nodes {nodes}: a cluster needs at least one node")
+    if nodes_per_block < 1:
+        raise InvalidInputError(
+            f"--nodes-per-block {nodes_per_block}: a network block holds at least one node"
+        )
     loaded = {name: load_profile(name) for name in dict.fromkeys(profiles)}
     fleet = []
+    ordinals: dict[str, int] = {}
     for i in range(nodes):
         name = profiles[i % len(profiles)]
         profile = loaded[name]
@@ -93,6 +122,8 @@ def build_fleet(profiles: Sequence[str], *, nodes: int) -> tuple[FleetNode, ...]
         if not inventory.gpus:
             raise InvalidInputError(f"profile {name} has no GPUs; the simulation needs GPU nodes")
         cpu, memory = HOST_SPECS.get(profile.name, GENERIC_HOST)
+        ordinal = ordinals.get(profile.name, 0)
+        ordinals[profile.name] = ordinal + 1
         fleet.append(
             FleetNode(
                 name=node_name,
@@ -102,6 +133,7 @@ def build_fleet(profiles: Sequence[str], *, nodes: int) -> tuple[FleetNode, ...]
                 cpu_milli=cpu,
                 memory_mib=memory,
                 mig_managed=profile.name in MIG_PROFILES and any(g.mig_capable for g in inventory.gpus),
+                labels=network_labels(profile.name, ordinal, nodes_per_block=nodes_per_block),
             )
         )
     return tuple(fleet)

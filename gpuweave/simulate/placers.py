@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,6 +36,21 @@ class PodPlacement:
     devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # resource -> device IDs
 
 
+@dataclass(frozen=True)
+class Gang:
+    """The training job a pod belongs to, as its pod says it (``gpuweave.io/gang`` + size)."""
+
+    name: str
+    size: int
+
+
+@runtime_checkable
+class InventoryWatcher(Protocol):
+    """A scheduler that reads the ``GpuNodeInventory`` objects node agents publish (its watch)."""
+
+    def receive_inventory(self, node: int, obj: Mapping[str, Any]) -> None: ...
+
+
 @runtime_checkable
 class MigPlacer(Protocol):
     """A scheduler that also places MIG pods on the MIG devices node agents publish."""
@@ -48,7 +63,12 @@ class MigPlacer(Protocol):
 
 
 class Placer(Protocol):
-    """A scheduler: where a pod goes; told when pods leave and GPUs fail or come back."""
+    """A scheduler: where a pod goes; told when pods leave and GPUs fail or come back.
+
+    ``gpu_failed``/``gpu_restored`` are the simulation's own knowledge of a fault; with node agents
+    the gpuweave extender is never told through them: it reads the agents' published inventories
+    (``InventoryWatcher``). Baselines that are not the product read the shared state directly.
+    """
 
     name: str
     transport: str
@@ -61,6 +81,7 @@ class Placer(Protocol):
         allowed: np.ndarray,
         rng: np.random.Generator,
         pod_id: str = "",
+        gang: Gang | None = None,
     ) -> PodPlacement | None: ...
 
     def forget(self, pod_id: str) -> None: ...
@@ -135,6 +156,7 @@ class InProcessPlacer:
         allowed: np.ndarray,
         rng: np.random.Generator,
         pod_id: str = "",
+        gang: Gang | None = None,
     ) -> PodPlacement | None:
         candidates = np.flatnonzero(state.cluster.feasible(request) & allowed)
         if len(candidates) == 0:

@@ -13,7 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from gpuweave.simulate.engine import RunResult
+from gpuweave.simulate.engine import RunResult, Sample
+from gpuweave.simulate.workload import JobKind
 
 COLOURS = {
     "gpuweave": "tab:green",
@@ -32,6 +33,44 @@ def _percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _lowest_window_mean(samples: list[Sample], *, window_s: float) -> float:
+    """The lowest mean allocation over any ``window_s`` of samples: a collapse shows here."""
+    values = [s.allocation for s in samples]
+    if not values:
+        return 0.0
+    step = samples[1].t_s - samples[0].t_s if len(samples) > 1 else window_s
+    span = max(1, round(window_s / max(step, 1.0)))
+    if len(values) <= span:
+        return _mean(values)
+    return min(_mean(values[i : i + span]) for i in range(len(values) - span + 1))
+
+
+def _job_figures(result: RunResult) -> dict[str, Any]:
+    """Job completion, faults' cost and gang recovery (``outcomes``); training placements' links."""
+    ledger = result.ledger
+    done = [c.completion_s / 60.0 for c in ledger.completions]
+    training = [c.completion_s / 60.0 for c in ledger.completions if c.kind == JobKind.GANG.value]
+    recovered = [r.seconds for r in ledger.recoveries if r.seconds is not None]
+    links: dict[str, int] = {}
+    for placed in ledger.training:
+        links[placed.slowest] = links.get(placed.slowest, 0) + 1
+    multi = [p for p in ledger.training if p.pods > 1]
+    return {
+        "job_completion_mean_min": _mean(done),
+        "job_completion_p95_min": _percentile(done, 0.95),
+        "jobs_completed": len(done),
+        "training_completion_mean_min": _mean(training),
+        "training_stretch_mean": _mean([p.stretch for p in ledger.training]),
+        "multi_node_gang_stretch_mean": _mean([p.stretch for p in multi]) if multi else None,
+        "training_slowest_links": dict(sorted(links.items())),
+        "gpu_hours_lost_to_faults": ledger.gpu_seconds_lost / 3600.0,
+        "gang_recovery_s": [round(s, 3) for s in recovered],
+        "gang_recovery_median_s": float(statistics.median(recovered)) if recovered else None,
+        "gangs_not_recovered": sum(1 for r in ledger.recoveries if r.seconds is None),
+        "inventories_received": result.inventories_received,
+    }
 
 
 def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, Any]:
@@ -60,21 +99,44 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         "pods_evicted_by_faults": sum(f.pods_evicted for f in result.faults),
         "mig_reshapes": len(result.reshapes),
         "mig_pods_started": result.mig_pods_started,
-    }
+        "allocation_lowest_30min_pct": _lowest_window_mean(steady, window_s=1800.0),
+    } | _job_figures(result)
+
+
+def _recovery_cell(summary: dict[str, Any]) -> str:
+    """Median seconds, then (jobs running again / training jobs evicted by faults)."""
+    back = len(summary["gang_recovery_s"])
+    total = back + summary["gangs_not_recovered"]
+    if not total:
+        return "-"
+    median = summary["gang_recovery_median_s"]
+    return f"{median:.0f} s ({back}/{total})" if median is not None else f"- (0/{total})"
+
+
+def _number(fmt: str, value: Any) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 ROWS = (
     ("scheduler", "scheduler", "{}"),
     ("nodes", "node_agents", "{}"),
     ("GPU allocation (% of healthy GPUs)", "gpu_allocation_pct", "{:.1f}"),
+    ("  lowest 30-min mean allocation (%)", "allocation_lowest_30min_pct", "{:.1f}"),
     ("fragmentation (% of healthy GPUs)", "fragmentation_pct", "{:.1f}"),
     ("multi-GPU pods placed", "multi_gpu_placements", "{}"),
     ("  got the best set on their node (%)", "topology_best_set_pct", "{:.1f}"),
     ("  set quality vs best (mean ratio)", "topology_value_vs_best", "{:.3f}"),
     ("pending time, mean (min)", "pending_mean_min", "{:.1f}"),
     ("pending time, p95 (min)", "pending_p95_min", "{:.1f}"),
+    ("job completion, mean (min)", "job_completion_mean_min", "{:.1f}"),
+    ("job completion, p95 (min)", "job_completion_p95_min", "{:.1f}"),
+    ("  training jobs, mean (min)", "training_completion_mean_min", "{:.1f}"),
+    ("  training run time vs best set (mean)", "training_stretch_mean", "{:.3f}"),
+    ("  multi-node gangs vs best set (mean)", "multi_node_gang_stretch_mean", "{:.3f}"),
     ("jobs started / still pending", None, ""),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
+    ("GPU-hours lost to faults", "gpu_hours_lost_to_faults", "{:.1f}"),
+    ("gang recovery: median (back / evicted)", "", ""),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
     ("kubelet Allocate calls ok / refused", "kubelet_admissions", "{}"),
     ("MIG reshapes", "mig_reshapes", "{}"),
@@ -83,13 +145,15 @@ ROWS = (
 
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
-    width = 38
+    width = 42
     lines = [f"{'':<{width}}" + "".join(f"{s['policy']:>22}" for s in summaries)]
     for label, key, fmt in ROWS:
         if key is None:
             cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
+        elif not key:
+            cells = [_recovery_cell(s) for s in summaries]
         else:
-            cells = [fmt.format(s[key]) for s in summaries]
+            cells = [_number(fmt, s[key]) for s in summaries]
         lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
 
@@ -201,11 +265,16 @@ def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
         ("fragmentation_pct", "fragmentation %"),
         ("topology_best_set_pct", "multi-GPU pods on best set %"),
         ("pending_mean_min", "mean pending (min)"),
+        ("job_completion_mean_min", "mean job completion (min)"),
+        ("job_completion_p95_min", "p95 job completion (min)"),
+        ("gpu_hours_lost_to_faults", "GPU-hours lost to faults"),
+        ("gang_recovery_median_s", "median gang recovery (s)"),
     )
-    figure, axes = plt.subplots(1, len(metrics), figsize=(16, 4))
-    for axis, (key, label) in zip(axes, metrics, strict=True):
+    figure, axes = plt.subplots(2, 4, figsize=(16, 8))
+    for axis, (key, label) in zip(axes.flat, metrics, strict=True):
         names = [s["policy"] for s in summaries]
-        axis.bar(names, [s[key] for s in summaries], color=[COLOURS.get(n, "tab:gray") for n in names])
+        values = [s[key] if s[key] is not None else 0.0 for s in summaries]
+        axis.bar(names, values, color=[COLOURS.get(n, "tab:gray") for n in names])
         axis.set_title(label)
         axis.tick_params(axis="x", rotation=25, labelsize=8)
         axis.grid(axis="y", alpha=0.3)

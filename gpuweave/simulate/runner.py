@@ -11,7 +11,13 @@ from tqdm import tqdm
 
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
-from gpuweave.simulate.fleet import FleetNode, build_fleet, parse_profiles, share_pool
+from gpuweave.simulate.fleet import (
+    DEFAULT_NODES_PER_BLOCK,
+    FleetNode,
+    build_fleet,
+    parse_profiles,
+    share_pool,
+)
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
     fault_table,
@@ -42,6 +48,7 @@ class SimulateOptions:
     progress: bool = True
     in_process: bool = False  # gpuweave's extender called in-process instead of over HTTP
     agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
+    nodes_per_block: int = DEFAULT_NODES_PER_BLOCK  # nodes of one profile per layer-3 network block
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -123,7 +130,9 @@ def run_simulation(options: SimulateOptions) -> int:
             f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"
         )
     started = time.perf_counter()
-    fleet = build_fleet(parse_profiles(options.profiles), nodes=options.nodes)
+    fleet = build_fleet(
+        parse_profiles(options.profiles), nodes=options.nodes, nodes_per_block=options.nodes_per_block
+    )
     capacity = sum(n.gpus for n in fleet)
     jobs = _jobs(options, capacity)
     models = _models(fleet, jobs)
@@ -138,6 +147,7 @@ def run_simulation(options: SimulateOptions) -> int:
     print()
     print(fault_table(summaries[0]))
     print(f"MIG reshapes ({options.policy} run): {_reshape_line(results[0])}")
+    print(f"gang recovery ({options.policy} run): {_recovery_line(results[0])}")
     _write_outputs(options, results, summaries, fleet, elapsed=time.perf_counter() - started)
     return 0
 
@@ -150,6 +160,18 @@ def _reshape_line(result: RunResult) -> str:
         f"{len(result.reshapes)} (first at t={first.at_s / 60:.0f} min on {first.node} GPU {first.gpu}: "
         f"created {', '.join(first.created) or '-'}; destroyed {', '.join(first.destroyed) or '-'})"
     )
+
+
+def _recovery_line(result: RunResult) -> str:
+    recoveries = result.ledger.recoveries
+    if not recoveries:
+        return "no training job was evicted by a fault"
+    parts = [
+        f"{r.job_id} ({r.pods} pod(s), {r.fault.split(' ')[0]} at t={r.fault_at_s / 60:.0f} min): "
+        + (f"{r.seconds:.0f} s" if r.seconds is not None else "not running again by the end")
+        for r in recoveries
+    ]
+    return "; ".join(parts)
 
 
 def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: SimulateOptions) -> None:
@@ -182,13 +204,21 @@ def _write_outputs(
     payload = {
         "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()},
         "cluster": [
-            {"name": n.name, "profile": n.profile, "gpus": n.gpus, "mig_managed": n.mig_managed}
+            {
+                "name": n.name,
+                "profile": n.profile,
+                "gpus": n.gpus,
+                "mig_managed": n.mig_managed,
+                "labels": dict(n.labels),
+            }
             for n in fleet
         ],
         "summaries": summaries,
         "timelines": {r.policy: [asdict(s) for s in r.samples] for r in results},
         "mig_reshapes": [asdict(r) for r in results[0].reshapes],
         "topology_outcomes": [asdict(o) for o in results[0].topology],
+        "training_placements": {r.policy: [asdict(p) for p in r.ledger.training] for r in results},
+        "gang_recoveries": {r.policy: [asdict(g) for g in r.ledger.recoveries] for r in results},
         "elapsed_s": elapsed,
     }
     write_json(out / "report.json", payload)
