@@ -1,0 +1,74 @@
+"""The report's per-job figures: completion time, GPU-hours lost to faults, gang recovery."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuweave.cli import main
+from gpuweave.simulate.engine import Simulation
+from gpuweave.simulate.faults import FaultKind, FaultSpec
+from gpuweave.simulate.fleet import build_fleet
+from gpuweave.simulate.placers import make_placer
+from gpuweave.simulate.report import summarize, summary_table
+from gpuweave.simulate.workload import Job, JobKind
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+
+NEW_FIELDS = (
+    "job_completion_mean_min",
+    "job_completion_p95_min",
+    "gpu_hours_lost_to_faults",
+    "gang_recovery_s",
+)
+
+
+def test_a_gang_evicted_by_an_efa_loss_recovers_on_spare_nodes_in_its_detection_time() -> None:
+    fleet = build_fleet(["p5.48xlarge"], nodes=3, nodes_per_block=2)
+    gang = Job("train-0", JobKind.GANG, 0.0, 3600.0, 2, 8, 1000, 88_000, 786_432)
+    model = FragmentModel(typical_workload([TaskShape(88_000, 1000, 8)]), models=["p5.48xlarge"], max_gpus=8)
+    sim = Simulation(
+        fleet=fleet,
+        jobs=[gang],
+        placer=make_placer("random", node_count=3, seed=1),
+        metric_model=model,
+        duration_s=4 * 3600.0,
+        faults=(FaultSpec(FaultKind.EFA_LINK, 0.15, 1800.0),),
+        share_nodes=frozenset(),
+    )
+    result = sim.run()
+    summary = summarize(result)
+    fault_at = 0.15 * 4 * 3600.0
+    assert summary["gang_recovery_s"] == [5.0]  # restarted in the fault's tick: EFA detection only
+    assert summary["gang_recovery_median_s"] == 5.0 and summary["gangs_not_recovered"] == 0
+    assert summary["gpu_hours_lost_to_faults"] == pytest.approx(16 * fault_at / 3600.0)
+    (done,) = result.ledger.completions
+    assert done.restarts == 1
+    assert done.completion_s >= fault_at + 3600.0  # restarted from the beginning, no checkpoint
+    assert summary["job_completion_mean_min"] == pytest.approx(done.completion_s / 60.0)
+
+
+def test_every_policy_reports_the_job_figures_in_json_and_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim"
+    args = ["simulate", "--nodes", "4", "--duration", "2h", "--no-agents", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    for summary in report["summaries"]:
+        assert all(key in summary for key in NEW_FIELDS)
+        assert summary["gpu_allocation_pct"] > 0 and "pending_p95_min" in summary  # kept fields
+        recovered = summary["gang_recovery_s"]
+        assert all(s >= 0 for s in recovered)
+        assert len(recovered) + summary["gangs_not_recovered"] == len(
+            report["gang_recoveries"][summary["policy"]]
+        )
+        assert summary["jobs_completed"] <= summary["jobs_started"]
+        placed = report["training_placements"][summary["policy"]]
+        assert all(p["stretch"] >= 1.0 and p["run_s"] > 0 for p in placed)
+    assert all("labels" in node for node in report["cluster"])
+    table = capsys.readouterr().out
+    assert "job completion, mean (min)" in table and "GPU-hours lost to faults" in table
+    assert summary_table(report["summaries"]) in table
+    assert "gang recovery: median (back / evicted)" in table
