@@ -8,6 +8,10 @@ member. Slots are claimed by members in the order they are filtered: a member ke
 claimed, so kube-scheduler's retries of it are steered to the same node, unless that node is no
 longer offered for it and a free slot's node is (members pinned to other nodes trade places).
 
+A gang that does not fit keeps its place instead (``wait``): the nodes with room in the domain
+closest to holding it are kept from pods that fit elsewhere, for the TTL after each of its
+tries, and all waiting gangs together keep at most ``WAITING_SHARE`` of the nodes.
+
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
 calls are the coordinator's (``gang_service``). Thread-safe.
 """
@@ -16,11 +20,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_TTL_S = 60.0
 SLOT_PREFIX = "gang-slot:"
+WAITING_SHARE = 0.25  # nodes kept for waiting gangs, all together, at most this share of the cluster
 
 Clock = Callable[[], float]
 
@@ -73,13 +78,24 @@ class Reservation:
         return [s for s in self.slots if not s.bound]
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """Nodes kept for a gang that did not fit: only pods that fit nowhere else go there."""
+
+    key: str
+    nodes: frozenset[str]
+    until: float
+
+
 class GangBook:
-    """Reservations by gang key, with their expiry."""
+    """Reservations by gang key, with their expiry; and the places kept for waiting gangs."""
 
     def __init__(self, *, ttl_s: float = DEFAULT_TTL_S, clock: Clock = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self._reservations: dict[str, Reservation] = {}
+        self._waiting: dict[str, Waiting] = {}
+        self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
 
     def get(self, key: str) -> Reservation | None:
@@ -112,13 +128,43 @@ class GangBook:
         return False
 
     def expire(self) -> list[Reservation]:
-        """Remove and return every reservation past its expiry (the caller releases its slots)."""
+        """Remove and return every reservation past its expiry (the caller releases its slots);
+        drop the places kept for waiting gangs whose last try is older than the TTL."""
         now = self.clock()
         with self.lock:
             gone = [r for r in self._reservations.values() if r.expires_at <= now]
             for reservation in gone:
                 del self._reservations[reservation.key]
+            if any(w.until <= now for w in self._waiting.values()):
+                self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
+                self._kept = _union(self._waiting.values())
         return gone
+
+    def wait(self, key: str, nodes: Sequence[str], *, cluster_nodes: int) -> bool:
+        """Keep ``nodes`` for waiting gang ``key`` for the TTL (renewed by each of its tries).
+        Refused (False, nothing kept) when every waiting gang's nodes together would exceed
+        ``WAITING_SHARE`` of the cluster's nodes, or there is nothing to keep."""
+        with self.lock:
+            self._waiting.pop(key, None)
+            kept = _union(self._waiting.values()) | frozenset(nodes)
+            if nodes and len(kept) <= WAITING_SHARE * cluster_nodes:
+                self._waiting[key] = Waiting(key, frozenset(nodes), self.clock() + self.ttl_s)
+            self._kept = _union(self._waiting.values())
+            return key in self._waiting
+
+    def stop_waiting(self, key: str) -> None:
+        if key in self._waiting:
+            with self.lock:
+                self._waiting.pop(key, None)
+                self._kept = _union(self._waiting.values())
+
+    def kept_nodes(self) -> frozenset[str]:
+        """Nodes kept for waiting gangs now (lock-free: the hot path of every filter reads it)."""
+        return self._kept
+
+    def waiting(self) -> list[Waiting]:
+        with self.lock:
+            return list(self._waiting.values())
 
     def reservations(self) -> list[Reservation]:
         with self.lock:
@@ -127,3 +173,10 @@ class GangBook:
     def held_devices(self) -> int:
         """Devices held by open slots (the metric)."""
         return sum(len(s.devices) for r in self.reservations() for s in r.open_slots)
+
+
+def _union(waiting: Iterable[Waiting]) -> frozenset[str]:
+    nodes: set[str] = set()
+    for entry in waiting:
+        nodes |= entry.nodes
+    return frozenset(nodes)

@@ -27,7 +27,7 @@ If no domain holds the gang, the answer is a ``GangMiss`` with the reason; nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_ext.state import NodeState
@@ -63,12 +63,16 @@ class GangPlan:
 @dataclass(frozen=True)
 class GangMiss:
     reason: str
+    closest: tuple[str, ...] = ()  # nodes with room in the domain closest to holding the gang
+
+
+_Plans = tuple[tuple[float, tuple[ContainerPlan, ...]], ...]  # (quality, plan) per member a node holds
 
 
 @dataclass(frozen=True)
 class _NodeSlots:
     name: str
-    plans: tuple[tuple[float, tuple[ContainerPlan, ...]], ...]  # (quality, plan) per member it holds
+    plans: _Plans
 
 
 def plan_gang(
@@ -83,19 +87,7 @@ def plan_gang(
     placed_nodes: Sequence[str] = (),
 ) -> GangPlan | GangMiss:
     """Plan ``needed`` members of gang ``key`` on ``candidates`` (see module doc)."""
-    by_token: dict[int, tuple[tuple[float, tuple[ContainerPlan, ...]], ...]] = {}
-    slots: dict[str, _NodeSlots] = {}
-    for name in dict.fromkeys(candidates):
-        state = states.get(name)
-        if state is None or state.layout is None:
-            continue
-        plans = by_token.get(state.token) if state.token >= 0 else None
-        if plans is None:
-            plans = _pack(state, decide, limit=needed)
-            if state.token >= 0:
-                by_token[state.token] = plans
-        if plans:
-            slots[name] = _NodeSlots(name, plans)
+    slots = _slots_per_node(candidates, states, decide, needed=needed)
     best_seen = (0, "")
     for tier in range(len(tier_labels) + 1):
         groups = _domains(slots, labels, tier, tier_labels=tier_labels, placed_nodes=placed_nodes)
@@ -111,10 +103,55 @@ def plan_gang(
         if options:
             _, _, domain, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
             return GangPlan(_materialize(chosen, slots, states), tier=tier, domain=domain)
-    return GangMiss(_miss_reason(key, needed, len(set(candidates)), best_seen, placed_nodes))
+    waiting = _waiting_domain(
+        slots, candidates, states, labels, needed=needed, tier_labels=tier_labels, placed_nodes=placed_nodes
+    )
+    return GangMiss(_miss_reason(key, needed, len(set(candidates)), best_seen, placed_nodes), closest=waiting)
 
 
-_Plans = tuple[tuple[float, tuple[ContainerPlan, ...]], ...]  # (quality, plan) per member a node holds
+def _slots_per_node(
+    candidates: Sequence[str], states: Mapping[str, NodeState], decide: Decide, *, needed: int
+) -> dict[str, _NodeSlots]:
+    by_token: dict[int, _Plans] = {}
+    slots: dict[str, _NodeSlots] = {}
+    for name in dict.fromkeys(candidates):
+        state = states.get(name)
+        if state is None or state.layout is None:
+            continue
+        plans = by_token.get(state.token) if state.token >= 0 else None
+        if plans is None:
+            plans = _pack(state, decide, limit=needed)
+            if state.token >= 0:
+                by_token[state.token] = plans
+        if plans:
+            slots[name] = _NodeSlots(name, plans)
+    return slots
+
+
+def _waiting_domain(
+    slots: Mapping[str, _NodeSlots],
+    candidates: Sequence[str],
+    states: Mapping[str, NodeState],
+    labels: Mapping[str, Mapping[str, str]],
+    *,
+    needed: int,
+    tier_labels: Sequence[str],
+    placed_nodes: Sequence[str],
+) -> tuple[str, ...]:
+    """The nodes with room now in the labelled domain closest to holding the gang: the most
+    members fit there now, among domains with enough nodes to hold it once they free (nodes
+    times the most members one node holds now); ties to the closer tier. () when none qualifies."""
+    per_node = max((len(n.plans) for n in slots.values()), default=1)
+    with_inventory = [n for n in dict.fromkeys(candidates) if (s := states.get(n)) is not None and s.layout]
+    best: tuple[int, tuple[str, ...]] = (0, ())
+    for tier in range(len(tier_labels)):
+        groups = _domains(slots, labels, tier, tier_labels=tier_labels, placed_nodes=placed_nodes)
+        sizes = _domains(with_inventory, labels, tier, tier_labels=tier_labels, placed_nodes=placed_nodes)
+        for domain, names in sorted(groups.items()):
+            capacity = sum(len(slots[n].plans) for n in names)
+            if len(sizes.get(domain, ())) * per_node >= needed and capacity > best[0]:
+                best = (capacity, tuple(sorted(names)))
+    return best[1]
 
 
 def _pack(state: NodeState, decide: Decide, *, limit: int) -> _Plans:
@@ -134,7 +171,7 @@ def _pack(state: NodeState, decide: Decide, *, limit: int) -> _Plans:
 
 
 def _domains(
-    slots: Mapping[str, _NodeSlots],
+    slots: Iterable[str],
     labels: Mapping[str, Mapping[str, str]],
     tier: int,
     *,

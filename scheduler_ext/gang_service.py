@@ -125,7 +125,9 @@ class GangCoordinator:
         )
         if isinstance(outcome, GangMiss):
             self.on_outcome("missed")
+            self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()))
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
+        self.book.stop_waiting(gang.key)
         return self._hold(gang, outcome, request, host)
 
     def _hold(
@@ -187,6 +189,17 @@ class GangCoordinator:
         if state is None:
             return Verdict(fits=False, reason=f"node {slot.node} left the cache")
         return self.core.decide(request, _without(state, slot), name=slot.node, host=host)
+
+    def keep_places(self, names: list[str], fits: list[bool]) -> list[bool] | None:
+        """``fits`` without the nodes kept for waiting gangs, when the pod fits some other node;
+        None when nothing changes (no gang waits, or the pod fits only there)."""
+        kept = self.book.kept_nodes()
+        if not kept:
+            return None
+        elsewhere = [f and n not in kept for n, f in zip(names, fits, strict=True)]
+        if not any(elsewhere) or elsewhere == fits:
+            return None
+        return elsewhere
 
     # ---- bind -------------------------------------------------------------------------------
     def take_slot(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:

@@ -156,7 +156,7 @@ class CapacityCollector(Collector):
 
 
 class GangCollector(Collector):
-    """``gpuweave_extender_gang_reservations`` and ``gpuweave_extender_gang_reserved_devices``."""
+    """Gang reservations and their held devices; waiting gangs and the nodes kept for them."""
 
     def __init__(self, book: GangBook, sweep: Callable[[], None]) -> None:
         self._book = book
@@ -167,10 +167,18 @@ class GangCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         self._sweep()  # a scrape after the TTL shows the devices released, not a stale hold
-        return self._families(len(self._book.reservations()), self._book.held_devices())
+        waiting = self._book.waiting()
+        return self._families(
+            len(self._book.reservations()),
+            self._book.held_devices(),
+            len(waiting),
+            len(self._book.kept_nodes()),
+        )
 
     @staticmethod
-    def _families(reservations: int, devices: int) -> Iterator[GaugeMetricFamily]:
+    def _families(
+        reservations: int, devices: int, waiting: int = 0, kept: int = 0
+    ) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
             "gpuweave_extender_gang_reservations", "Gang reservations held now", value=reservations
         )
@@ -178,4 +186,12 @@ class GangCollector(Collector):
             "gpuweave_extender_gang_reserved_devices",
             "Devices held for gang members that have not bound yet",
             value=devices,
+        )
+        yield GaugeMetricFamily(
+            "gpuweave_extender_gangs_waiting", "Gangs that did not fit, keeping places", value=waiting
+        )
+        yield GaugeMetricFamily(
+            "gpuweave_extender_gang_kept_nodes",
+            "Nodes kept for waiting gangs from pods that fit elsewhere",
+            value=kept,
         )

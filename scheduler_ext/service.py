@@ -123,6 +123,9 @@ class ExtenderService:
         if len(passed) < len(names):
             failed, hopeless = _rejections(names, verdicts, fits)
         self._observe("filter", len(passed), failed, hopeless)
+        if self.gangs is not None and (kept := self.gangs.keep_places(names, fits)) is not None:
+            fits = kept  # nodes kept for a waiting gang go only to pods that fit nowhere else
+            passed = list(compress(names, fits))
         if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
             passed = self._best(request, pod, names, verdicts, fits)
         return self._filter_result(args, passed, failed, hopeless)

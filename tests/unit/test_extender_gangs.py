@@ -113,9 +113,11 @@ class Clock:
         return self.now
 
 
-def _nodes(layer2: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def _nodes(
+    layer2: Mapping[str, str] | None = None, blocks: Mapping[str, str] = BLOCKS
+) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
-    for name, block in BLOCKS.items():
+    for name, block in blocks.items():
         labels = {LABEL_AWS_LAYER_3: block, LABEL_AWS_LAYER_2: (layer2 or {}).get(name, "spine-1")}
         items += [
             node_object(name, gpus=8, labels=labels),
@@ -326,3 +328,39 @@ def test_a_member_keeps_its_slot_across_retries_and_prefers_an_offered_node() ->
     assert book.expire() == [] and book.held_devices() == 3
     clock.now += 0.1
     assert book.expire() == [reservation] and book.held_devices() == 0
+
+
+def test_a_waiting_gang_keeps_its_closest_domain_from_pods_that_fit_elsewhere(tmp_path: Path) -> None:
+    """Eight nodes; block B has two free nodes of the three a 3-node gang needs: those two are kept
+    for it. A 4-GPU pod that fits elsewhere goes elsewhere; once it fits only there it gets them."""
+    blocks = {
+        **{f"a{i}": "block-a" for i in range(3)},
+        **{f"b{i}": "block-b" for i in range(3)},
+        "c0": "c",
+        "c1": "c",
+    }
+    clock = Clock()
+    extender = _extender(tmp_path, clock, _nodes(blocks=blocks))
+    names = list(blocks)
+    for node in ("a0", "a1", "a2", "b0", "c0"):
+        _bind(extender.service, pod_object(f"busy-{node}", limits={RESOURCE_GPU: 8}), [node])
+    _bind(extender.service, pod_object("half-c1", limits={RESOURCE_GPU: 4}), ["c1"])
+    assert not _filter(extender.service, _member("wide", 0, size=3), names).NodeNames
+    assert extender.gangs is not None and extender.gangs.book.kept_nodes() == {"b1", "b2"}
+    assert _bind(extender.service, pod_object("small-0", limits={RESOURCE_GPU: 4}), names) == "c1"
+    assert set(
+        _filter(extender.service, pod_object("small-1", limits={RESOURCE_GPU: 4}), names).NodeNames or []
+    ) == {"b1", "b2"}  # fits nowhere else now
+    assert b"gpuweave_extender_gang_kept_nodes 2.0" in extender.metrics.render()
+    clock.now += TTL_S
+    extender.gangs.sweep()
+    assert not extender.gangs.book.kept_nodes() and not extender.gangs.book.waiting()
+    extender.close()
+
+
+def test_waiting_gangs_keep_at_most_a_quarter_of_the_nodes(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes())
+    _busy(extender, "a2", 4)
+    _filter(extender.service, _member("big", 0, size=5))  # its closest domain, layer 2, is 4 of 5 nodes
+    assert extender.gangs is not None and not extender.gangs.book.kept_nodes()
+    extender.close()
