@@ -160,4 +160,7 @@ def build_snapshot_extender(
 ) -> Extender:
     cache, core = build_core(share_workload=workload, selectors=selectors, gangs=gangs)
     load_snapshot(snapshot, cache)
-    return assemble(cache, core, SnapshotBinder(cache), keep=keep, gangs=gangs)
+    extender = assemble(cache, core, SnapshotBinder(cache), keep=keep, gangs=gangs)
+    if extender.gangs is not None:
+        extender.gangs.rebuild()
+    return extender

@@ -5,8 +5,8 @@ Glue between the pure parts (``gangs`` identity, ``gang_plan`` planning, ``gang_
 reservations) and the cluster cache, which holds every open slot's devices as an assumed
 holding, so no other pod can take them and no device is held twice (the cache refuses a double
 booking). Nothing survives a restart but what the cluster says: members already bound hold their
-devices through their assignment annotations, and the first member filtered after the restart
-plans the rest around them.
+devices through their assignment annotations; once the cache is synced, ``rebuild`` holds the
+places of partly bound gangs again, and any other member filtered later plans the rest around them.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.gang_book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
 from scheduler_ext.gang_plan import GangMiss, GangPlan, plan_gang
-from scheduler_ext.gangs import Gang, gang_of, pod_group_entry
-from scheduler_ext.host import HostRequest
+from scheduler_ext.gangs import BadGangError, Gang, gang_of, pod_group_entry
+from scheduler_ext.host import HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
-from scheduler_ext.requests import PodRequest
+from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_request
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import Verdict
-from topology.network import DEFAULT_TIER_LABELS
+from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
 
 LOG = logging.getLogger(__name__)
 Outcome = Callable[[str], None]  # planned | missed | expired | completed (the metric)
@@ -200,6 +200,54 @@ class GangCoordinator:
         if not any(elsewhere) or elsewhere == fits:
             return None
         return elsewhere
+
+    # ---- restart ----------------------------------------------------------------------------
+    def rebuild(self) -> int:
+        """Once the cache holds the cluster after a (re)start: hold again the places of every gang
+        that is partly bound and has a pending member in sight, inside the tightest labelled
+        domain its bound members share (kube-scheduler's filters are not known here, so no wider
+        set is assumed; a gang with no such domain is planned at its member's next filter).
+        Returns the gangs held again."""
+        held = 0
+        for gang, pod in self._pending_gangs().values():
+            request, candidates = self._rebuild_scope(gang, pod)
+            if request is None or not candidates:
+                continue
+            with self.book.lock:
+                if self.book.get(gang.key) is None:
+                    planned = self._plan(gang, request, candidates, host_requests(pod))
+                    held += isinstance(planned, Reservation)
+        if held:
+            LOG.info("gangs: %d reservation(s) held again after start", held)
+        return held
+
+    def _pending_gangs(self) -> dict[str, tuple[Gang, Mapping[str, Any]]]:
+        pending: dict[str, tuple[Gang, Mapping[str, Any]]] = {}
+        for pod in self.cache.pod_objects():
+            if (pod.get("spec") or {}).get("nodeName"):
+                continue
+            try:
+                gang = self.gang_of(pod)
+            except BadGangError:
+                continue
+            if gang is not None and gang.key not in pending:
+                pending[gang.key] = (gang, pod)
+        return pending
+
+    def _rebuild_scope(self, gang: Gang, pod: Mapping[str, Any]) -> tuple[PodRequest | None, list[str]]:
+        placed = sorted({r.node for r in self.cache.gang_members(gang.key) if r.node})
+        labels = self.cache.node_labels()
+        if not placed:
+            return None, []
+        tier = lowest_common_tier([labels.get(n, {}) for n in placed], tier_labels=self.tier_labels)
+        if tier >= len(self.tier_labels):
+            return None, []
+        label, value = self.tier_labels[tier], labels.get(placed[0], {}).get(self.tier_labels[tier])
+        try:
+            request = pod_request(pod)
+        except BadPodRequestError:
+            return None, []
+        return request, sorted(n for n, node_labels in labels.items() if node_labels.get(label) == value)
 
     # ---- bind -------------------------------------------------------------------------------
     def take_slot(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:

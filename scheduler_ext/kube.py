@@ -248,7 +248,7 @@ def build_kube_extender(
     cache, core = build_core(share_workload=workload, gangs=settings)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s, pod_groups=settings.pod_groups)
     feed.start()
-    return assemble(
+    extender = assemble(
         cache,
         core,
         KubeBinder(api),
@@ -257,3 +257,11 @@ def build_kube_extender(
         keep=keep,
         gangs=settings,
     )
+    coordinator = extender.gangs
+    if coordinator is not None:  # partly bound gangs' places are held again once the lists are in
+        threading.Thread(
+            target=lambda: cache.synced.wait() and coordinator.rebuild(),
+            name="gpuweave-gang-rebuild",
+            daemon=True,
+        ).start()
+    return extender

@@ -262,7 +262,7 @@ def test_reservations_expire_and_the_next_filter_sees_the_devices_free(tmp_path:
     extender.close()
 
 
-def test_after_a_restart_unbound_members_are_planned_around_the_bound_ones(tmp_path: Path) -> None:
+def test_after_a_restart_the_open_places_are_held_again_around_the_bound_members(tmp_path: Path) -> None:
     clock = Clock()
     extender = _extender(tmp_path, clock, _nodes())
     _busy(extender, "a2", 4)
@@ -271,13 +271,22 @@ def test_after_a_restart_unbound_members_are_planned_around_the_bound_ones(tmp_p
     bound = [extender.cache.pod_object(uid=u) for u in ("uid-default-busy-a2", first["metadata"]["uid"])]
     held_before = {n: dict(s.holders) for n in NODES if (s := extender.cache.node(n)) is not None}
     extender.close()
-    # the restarted extender knows the cluster (bound pods with their annotations), not the plan
-    restarted = _extender(tmp_path, Clock(), [*_nodes(), *[dict(p) for p in bound if p is not None]])
+    # the restarted extender knows the cluster (bound pods with their annotations, a pending
+    # member), not the plan: it holds the two open places again at start, inside the bound block
+    pending = _member("resume", 1, size=3, gpus=4)
+    restarted = _extender(tmp_path, Clock(), [*_nodes(), *[dict(p) for p in bound if p is not None], pending])
     for name, holders in held_before.items():
         kept = {d: u for d, u in holders.items() if not u.startswith(SLOT_PREFIX)}
         state = restarted.cache.node(name)
-        assert state is not None and dict(state.holders) == kept
-    nodes = [_bind(restarted.service, _member("resume", i, size=3, gpus=4)) for i in (1, 2)]
+        assert (
+            state is not None
+            and {d: u for d, u in state.holders.items() if not u.startswith(SLOT_PREFIX)} == kept
+        )
+    assert _slot_devices(restarted) == 8
+    assert restarted.gangs is not None and {s.node for s in restarted.gangs.book.reservations()[0].slots} <= {
+        n for n in NODES if BLOCKS[n] == BLOCKS[node]
+    }
+    nodes = [_bind(restarted.service, m) for m in (pending, _member("resume", 2, size=3, gpus=4))]
     assert {BLOCKS[n] for n in (node, *nodes)} == {BLOCKS[node]}  # the placed member's block
     assert all(len(holders) == 1 for holders in _holders(restarted).values())
     assignment = PodAssignment.from_annotation(
