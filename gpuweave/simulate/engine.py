@@ -30,7 +30,14 @@ from gpuweave.simulate.fleet import FleetNode, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
-from gpuweave.simulate.placers import Gang, InventoryWatcher, MigPlacer, Placer, PodPlacement
+from gpuweave.simulate.placers import (
+    Gang,
+    InventoryWatcher,
+    MigPlacer,
+    Placer,
+    PodPlacement,
+    SimulatedTime,
+)
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.workload import Job, JobKind
 from topology.errors import InvalidInputError
@@ -145,6 +152,8 @@ class Simulation:
         for tick in range(ticks + 1):
             now = tick * self._tick
             self._now = now
+            if isinstance(self._placer, SimulatedTime):
+                self._placer.set_time(now)
             self._deliver_published()
             self._depart(now)
             self._fire_faults(now)

@@ -32,6 +32,7 @@ from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.gang_service import GangSettings
 from scheduler_ext.samples import pod_object
 from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
@@ -103,9 +104,14 @@ class ExtenderPlacer:
         self._gpu_of: dict[str, tuple[int, int]] = {
             gpu.uuid: (i, gpu.index) for i, node in enumerate(fleet) for gpu in node.inventory.gpus
         }
-        cache, core = build_core(share_workload=share_workload)
+        # Gang reservations expire on the simulated clock, not the wall clock (a 6 h run takes a minute)
+        self.now_s = 0.0
+        gangs = GangSettings(clock=lambda: self.now_s)
+        cache, core = build_core(share_workload=share_workload, gangs=gangs)
         apply_objects(iter(self._objects()), cache)
-        self._extender: Extender = assemble(cache, core, SnapshotBinder(cache), keep=DEFAULT_KEEP)
+        self._extender: Extender = assemble(
+            cache, core, SnapshotBinder(cache), keep=DEFAULT_KEEP, gangs=gangs
+        )
         self._connection: http.client.HTTPConnection | None = None
         self.calls = 0
         if transport == "in-process":
@@ -298,6 +304,10 @@ class ExtenderPlacer:
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
         self._faults.get(node, {}).pop(uuid, None)
         self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def set_time(self, now_s: float) -> None:
+        """The simulated clock, which the extender's gang reservations (their TTL) run on."""
+        self.now_s = now_s
 
     def receive_inventory(self, node: int, obj: Mapping[str, Any]) -> None:
         """A ``GpuNodeInventory`` a node agent published, as the extender's watch delivers it:

@@ -67,8 +67,9 @@ _TIER_CLASS = MappingProxyType(
 )  # every other tier label (clique, layer 3, GKE sub-block) is one block
 
 # Per-hop latency of a ring step, microseconds: NCCL's tuning model (src/graph/tuning.cc, hwLat,
-# Ring algorithm, Simple protocol: NVLink 3.4, PCI 5.7, NET 14.0). The extra switch layers a
-# message crosses above the block are a modelling assumption (not measured): +2 us per layer.
+# Ring algorithm, Simple protocol: NVLink 3.4, PCI 5.7, NET 14.0; baseLat 8.4 per call). The extra
+# switch layers a message crosses above the block are a modelling assumption (not measured): +2 us
+# per layer.
 RING_HOP_LATENCY_US = MappingProxyType(
     {
         SlowestLink.LOCAL: 0.0,
@@ -96,8 +97,27 @@ TIER_BANDWIDTH_FACTOR = MappingProxyType(
 # = 3200 Gbps, AWS instance type pages); InfiniBand HDR 200 Gbps, NDR 400 Gbps (NVIDIA DGX A100 /
 # H100 user guides), taken as HDR for an unknown part.
 NIC_GBPS = MappingProxyType({NicType.EFA: 12.5, NicType.INFINIBAND: 25.0, NicType.ETHERNET: 3.125})
+RING_BASE_LATENCY_US = 8.4
 REFERENCE_NVLINK_GBPS = 450.0  # H100 NVLink 4 through NVSwitch, one way (900 GB/s both ways)
 REFERENCE_NETWORK_GBPS = 400.0  # p5.48xlarge, 3200 Gbps EFA
+
+
+@dataclass(frozen=True)
+class Ring:
+    """An all-reduce ring over a job's GPUs: its slowest bandwidth and per-hop latencies."""
+
+    gpus: int
+    gbps: float
+    intra_us: float  # a hop inside a node
+    nodes: int = 1
+    inter_us: float = 0.0  # a hop between nodes
+
+    def latency_us(self) -> float:
+        """NCCL's ring all-reduce latency (tuning.cc): base + (2(n-1) - 2 nodes) intra-node hops
+        + 2 nodes network hops (no network hop for one node)."""
+        steps = 2 * (self.gpus - 1)
+        crossings = 2 * self.nodes if self.nodes > 1 else 0
+        return RING_BASE_LATENCY_US + (steps - crossings) * self.intra_us + crossings * self.inter_us
 
 
 @dataclass(frozen=True)
@@ -114,17 +134,17 @@ class TrainingStep:
     gradient_bytes: float = 4e9
     bucket_bytes: float = 25e6
 
-    def comm_s(self, gpus: int, *, gbps: float, hop_latency_us: float) -> float:
-        """Ring all-reduce of the gradients over ``gpus`` GPUs: 2(n-1)/n of the bytes through the
-        slowest link, plus 2(n-1) hops of latency per bucket."""
-        if gpus < 2:
+    def comm_s(self, ring: Ring) -> float:
+        """Ring all-reduce of the gradients: 2(n-1)/n of the bytes through the slowest link, and
+        per bucket NCCL's ring latency: 2(n-1) steps, 2 per node crossing the network."""
+        if ring.gpus < 2:
             return 0.0
-        volume = 2 * (gpus - 1) / gpus * self.gradient_bytes / (gbps * 1e9)
+        volume = 2 * (ring.gpus - 1) / ring.gpus * self.gradient_bytes / (ring.gbps * 1e9)
         buckets = math.ceil(self.gradient_bytes / self.bucket_bytes)
-        return volume + buckets * 2 * (gpus - 1) * hop_latency_us * 1e-6
+        return volume + buckets * ring.latency_us() * 1e-6
 
-    def step_s(self, gpus: int, *, gbps: float, hop_latency_us: float) -> float:
-        return self.compute_s + self.comm_s(gpus, gbps=gbps, hop_latency_us=hop_latency_us)
+    def step_s(self, ring: Ring) -> float:
+        return self.compute_s + self.comm_s(ring)
 
 
 @dataclass(frozen=True)
@@ -176,19 +196,16 @@ def job_timing(
     if gpus < 2:
         return JobTiming(SlowestLink.LOCAL, math.inf, 1.0)
     intra = [_intra_node(node, tuple(g)) for node, g in members if len(g) > 1]
-    slowest, gbps = min(intra, key=lambda c: c[1]) if intra else (SlowestLink.LOCAL, math.inf)
-    reference = (REFERENCE_NVLINK_GBPS, RING_HOP_LATENCY_US[SlowestLink.NVLINK])
-    latency = RING_HOP_LATENCY_US[slowest]
+    slowest, gbps = min(intra, key=lambda c: c[1]) if intra else (SlowestLink.NVLINK, math.inf)
+    nvlink_us = RING_HOP_LATENCY_US[SlowestLink.NVLINK]
+    actual = Ring(gpus, gbps, RING_HOP_LATENCY_US[slowest])
+    best = Ring(gpus, REFERENCE_NVLINK_GBPS, nvlink_us)
     if len(members) > 1:
         level = network_class([node.labels for node, _ in members], tier_labels=tier_labels)
         net = min(node_network_gbps(node) for node, _ in members) * TIER_BANDWIDTH_FACTOR[level]
         if net <= gbps:
             slowest, gbps = level, net
-        latency = max(latency, RING_HOP_LATENCY_US[level])
-        reference = (
-            min(REFERENCE_NVLINK_GBPS, REFERENCE_NETWORK_GBPS),
-            RING_HOP_LATENCY_US[SlowestLink.NET_BLOCK],
-        )
-    actual = step.step_s(gpus, gbps=gbps, hop_latency_us=latency)
-    best = step.step_s(gpus, gbps=reference[0], hop_latency_us=reference[1])
-    return JobTiming(slowest, gbps, max(1.0, actual / best))
+        nodes, block_us = len(members), RING_HOP_LATENCY_US[SlowestLink.NET_BLOCK]
+        actual = Ring(gpus, gbps, actual.intra_us, nodes, RING_HOP_LATENCY_US[level])
+        best = Ring(gpus, min(REFERENCE_NVLINK_GBPS, REFERENCE_NETWORK_GBPS), nvlink_us, nodes, block_us)
+    return JobTiming(slowest, gbps, max(1.0, step.step_s(actual) / step.step_s(best)))

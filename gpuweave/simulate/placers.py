@@ -52,6 +52,13 @@ class InventoryWatcher(Protocol):
 
 
 @runtime_checkable
+class SimulatedTime(Protocol):
+    """A scheduler with timers of its own (the extender's gang TTL), run on the simulated clock."""
+
+    def set_time(self, now_s: float) -> None: ...
+
+
+@runtime_checkable
 class MigPlacer(Protocol):
     """A scheduler that also places MIG pods on the MIG devices node agents publish."""
 

@@ -7,7 +7,7 @@ import pytest
 
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.fleet import FleetNode, build_fleet, network_labels
-from gpuweave.simulate.jobtime import SlowestLink, TrainingStep, job_timing
+from gpuweave.simulate.jobtime import Ring, SlowestLink, TrainingStep, job_timing
 from gpuweave.simulate.placers import make_placer
 from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
@@ -56,9 +56,11 @@ def test_a_worse_set_inside_a_node_takes_longer() -> None:
 
 def test_the_step_is_compute_plus_ring_all_reduce() -> None:
     step = TrainingStep(compute_s=1.0, gradient_bytes=8e9, bucket_bytes=8e9)
-    # 2(n-1)/n of 8 GB at 100 GB/s = 0.12 s for n = 4; one bucket, 6 hops of 10 us
-    assert step.step_s(4, gbps=100.0, hop_latency_us=10.0) == pytest.approx(1.0 + 0.12 + 6e-5)
-    assert step.comm_s(1, gbps=1.0, hop_latency_us=1.0) == 0.0
+    # 2(n-1)/n of 8 GB at 100 GB/s = 0.12 s for n = 4; one bucket: 8.4 us + 6 hops of 10 us
+    assert step.step_s(Ring(4, 100.0, 10.0)) == pytest.approx(1.0 + 0.12 + 68.4e-6)
+    # two nodes of 8: 30 steps, 4 of them across the network
+    assert Ring(16, 100.0, 3.0, nodes=2, inter_us=20.0).latency_us() == pytest.approx(8.4 + 26 * 3 + 4 * 20)
+    assert step.comm_s(Ring(1, 1.0, 1.0)) == 0.0
 
 
 def _gang_completion(nodes_per_block: int) -> float:
