@@ -275,6 +275,9 @@ def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
         names = [s["policy"] for s in summaries]
         values = [s[key] if s[key] is not None else 0.0 for s in summaries]
         axis.bar(names, values, color=[COLOURS.get(n, "tab:gray") for n in names])
+        for position, summary in enumerate(summaries):
+            if summary[key] is None:  # e.g. no training job evicted by a fault: nothing to measure
+                axis.text(position, 0, "n/a", ha="center", va="bottom", fontsize=8)
         axis.set_title(label)
         axis.tick_params(axis="x", rotation=25, labelsize=8)
         axis.grid(axis="y", alpha=0.3)
