@@ -1,0 +1,299 @@
+"""Gangs through the real kube-scheduler: all or nothing, in the one network block that holds them.
+
+Four Nodes of 8 H100 GPUs each (Node objects with their status and GpuNodeInventory objects, no
+kubelet: bound pods stay Pending, which is all scheduling needs), in two network blocks
+(``topology.k8s.aws/network-node-layer-3``): block A holds ``gang-a1`` (free, but half its CPUs
+taken by a CPU-only pod, so kube-scheduler's MostAllocated prefers it for a lone 8-GPU pod) and
+``gang-a2`` (4 of 8 GPUs taken); block B holds ``gang-b1`` and ``gang-b2``, both free. Only
+block B can hold a gang of two 8-GPU pods.
+
+A second kube-scheduler (profile ``gpuweave-gang-scheduler``, manifests/scheduler/'s
+configuration otherwise) calls its own ``gpuweave extender --gang-ttl 15``, so these tests run
+beside the session's scheduler without sharing pods; the Nodes carry a taint only these pods
+tolerate.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from deviceplugin.published import inventory_object
+from scheduler_ext.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
+from scheduler_ext.samples import profile_inventory
+from tests.e2e.cluster import (
+    ControlPlane,
+    Process,
+    render_scheduler_config,
+    start_extender,
+    start_scheduler,
+    wait_for,
+)
+from tests.e2e.pods import GPU, scheduling_failure
+from topology.assignment import ContainerAssignment, PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT
+from topology.network import LABEL_AWS_LAYER_3
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "e2e-gang"
+SCHEDULER = "gpuweave-gang-scheduler"
+TTL_S = 15
+BLOCKS = {
+    "gang-a1": "e2e-block-a",
+    "gang-a2": "e2e-block-a",
+    "gang-b1": "e2e-block-b",
+    "gang-b2": "e2e-block-b",
+}
+NODE_LABEL = "e2e.gpuweave.io/gang-node"
+TAINT = {"key": "e2e.gpuweave.io/gang-tests", "value": "only", "effect": "NoSchedule"}
+FILLERS = ("filler-a1-cpu", "filler-a2-gpus")
+
+
+class GangCluster:
+    """The gang scheduler and its extender; ``restart_extender`` replaces the extender process."""
+
+    def __init__(self, plane: ControlPlane, kubeconfig: Path) -> None:
+        self.plane = plane
+        self._kubeconfig = kubeconfig
+        self.starts = 0
+        self.extender, self.url = self._start_extender(port=None)
+        config = render_scheduler_config(
+            plane, extender_url=self.url, kubeconfig=kubeconfig, scheduler_name=SCHEDULER
+        )
+        self.scheduler = start_scheduler(plane, config_path=config, name="gang-kube-scheduler")
+
+    def _start_extender(self, *, port: int | None) -> tuple[Process, str]:
+        self.starts += 1
+        return start_extender(
+            self.plane,
+            kubeconfig=self._kubeconfig,
+            port=port,
+            extra_args=("--gang-ttl", str(TTL_S)),
+            name=f"gang-extender-{self.starts}",
+        )
+
+    def restart_extender(self) -> None:
+        port = int(self.url.rsplit(":", 1)[1])
+        self.extender.stop()
+        self.extender, self.url = self._start_extender(port=port)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        self.extender.stop()
+
+
+def _create_node(plane: ControlPlane, name: str) -> PodAssignment:
+    """A Node with 8 GPUs in its block, and its GpuNodeInventory; returns its 8 GPUs as one set."""
+    labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true", LABEL_AWS_LAYER_3: BLOCKS[name]}
+    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e gang node"}
+    plane.core.patch_node_status(
+        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    )
+    inventory = profile_inventory("dgx-h100", name)
+    body = inventory_object(inventory)
+    custom = client.CustomObjectsApi(plane.api)
+    args = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
+    custom.create_cluster_custom_object(*args, {k: v for k, v in body.items() if k != "status"})
+    custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
+    gpus = [g.uuid for g in inventory.gpus]
+    return PodAssignment(node=name, containers={"main": ContainerAssignment(devices={GPU: gpus})})
+
+
+def _pod(
+    name: str, *, gpus: int = 8, gang: str | None = None, size: int = 2, only_on: str | None = None
+) -> dict[str, Any]:
+    annotations = {ANNOTATION_GANG: gang, ANNOTATION_GANG_SIZE: str(size)} if gang else {}
+    selector = {NODE_LABEL: "true", **({"kubernetes.io/hostname": only_on} if only_on else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{**TAINT, "operator": "Equal"}],
+            "nodeSelector": selector,
+            "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {GPU: str(gpus)}}}],
+        },
+    }
+
+
+def _bound_filler(
+    name: str, node: str, *, limits: dict[str, str], annotations: dict[str, str]
+) -> dict[str, Any]:
+    pod = _pod(name)
+    pod["metadata"]["annotations"] = annotations
+    pod["spec"]["nodeName"] = node
+    pod["spec"]["containers"][0]["resources"] = {"limits": limits, "requests": limits}
+    return pod
+
+
+@pytest.fixture(scope="module")
+def gangs(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[GangCluster]:
+    plane.ensure_namespace(NAMESPACE)
+    whole = {name: _create_node(plane, name) for name in BLOCKS}
+    half = PodAssignment(
+        node="gang-a2",
+        containers={
+            "main": ContainerAssignment(devices={GPU: sorted(whole["gang-a2"].all_device_ids())[:4]})
+        },
+    )
+    plane.core.create_namespaced_pod(
+        NAMESPACE, _bound_filler(FILLERS[0], "gang-a1", limits={"cpu": "48"}, annotations={})
+    )
+    plane.core.create_namespaced_pod(
+        NAMESPACE,
+        _bound_filler(
+            FILLERS[1],
+            "gang-a2",
+            limits={GPU: "4"},
+            annotations={ANNOTATION_ASSIGNMENT: half.to_annotation()},
+        ),
+    )
+    cluster = GangCluster(plane, scheduler_kubeconfig)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        _delete_pods(plane, keep=())
+        custom = client.CustomObjectsApi(plane.api)
+        for name in BLOCKS:
+            plane.core.delete_node(name)
+            custom.delete_cluster_custom_object("gpuweave.io", "v1alpha1", "gpunodeinventories", name)
+
+
+def _delete_pods(plane: ControlPlane, *, keep: tuple[str, ...] = FILLERS) -> None:
+    names = [
+        p.metadata.name
+        for p in plane.core.list_namespaced_pod(NAMESPACE).items
+        if p.metadata.name not in keep
+    ]
+    for name in names:
+        try:
+            plane.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for(
+        "gang test pods to be deleted",
+        lambda: not {p.metadata.name for p in plane.core.list_namespaced_pod(NAMESPACE).items} & set(names),
+    )
+
+
+def _bound_node(plane: ControlPlane, name: str) -> str | None:
+    return plane.core.read_namespaced_pod(name, NAMESPACE).spec.node_name or None
+
+
+def _wait_bound(plane: ControlPlane, name: str, *, timeout: float = 60) -> str:
+    return wait_for(f"pod {NAMESPACE}/{name} to be bound", lambda: _bound_node(plane, name), timeout=timeout)
+
+
+def _wait_unschedulable(plane: ControlPlane, name: str) -> str:
+    return wait_for(f"{name} declared unschedulable", lambda: scheduling_failure(plane, NAMESPACE, name))
+
+
+def _held_devices(plane: ControlPlane) -> dict[str, list[str]]:
+    """node/device -> the pods whose assignment annotation names it."""
+    held: dict[str, list[str]] = {}
+    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
+        raw = (pod.metadata.annotations or {}).get(ANNOTATION_ASSIGNMENT)
+        if raw:
+            assignment = PodAssignment.from_annotation(raw)
+            for device in assignment.all_device_ids():
+                held.setdefault(f"{assignment.node}/{device}", []).append(pod.metadata.name)
+    return held
+
+
+def test_gang_lands_all_or_nothing_in_the_one_block_that_holds_it(
+    plane: ControlPlane, gangs: GangCluster
+) -> None:
+    try:
+        for index in range(2):
+            plane.core.create_namespaced_pod(NAMESPACE, _pod(f"train-{index}", gang="train"))
+        nodes = {_wait_bound(plane, f"train-{index}") for index in range(2)}
+        print(f"gang train bound to {sorted(nodes)}")
+        assert nodes == {"gang-b1", "gang-b2"}
+        held = _held_devices(plane)
+        assert all(len(pods) == 1 for pods in held.values())
+        assert sum(1 for pods in held.values() if pods[0].startswith("train-")) == 16
+        assert gangs.metric('gpuweave_extender_gangs_total{outcome="completed"}') == 1
+        assert gangs.metric("gpuweave_extender_gang_reserved_devices") == 0
+    finally:
+        _delete_pods(plane)
+
+
+def test_gang_that_cannot_fit_leaves_every_member_pending_and_holds_nothing(
+    plane: ControlPlane, gangs: GangCluster
+) -> None:
+    """With block B taken, no domain holds two 8-GPU members (gang-a2 has 4 free): none is bound."""
+    try:
+        for node in ("gang-b1", "gang-b2"):
+            plane.core.create_namespaced_pod(NAMESPACE, _pod(f"holder-{node}", only_on=node))
+            assert _wait_bound(plane, f"holder-{node}") == node
+        started = time.monotonic()
+        for index in range(2):
+            plane.core.create_namespaced_pod(NAMESPACE, _pod(f"big-{index}", gang="big"))
+        for index in range(2):
+            message = _wait_unschedulable(plane, f"big-{index}")
+            print(f"big-{index}: {message}")
+            assert "gang e2e-gang/gang:big needs 2 more member(s)" in message
+            assert "no device is held for it" in message
+        time.sleep(max(0.0, TTL_S + 1 - (time.monotonic() - started)))
+        assert all(_bound_node(plane, f"big-{index}") is None for index in range(2))
+        assert gangs.metric("gpuweave_extender_gang_reserved_devices") == 0
+        assert gangs.metric("gpuweave_extender_gang_reservations") == 0
+        # nothing is held for the gang: a lone 8-GPU pod takes gang-a1 at once
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("lone"))
+        assert _wait_bound(plane, "lone") == "gang-a1"
+        assert all(len(pods) == 1 for pods in _held_devices(plane).values())
+    finally:
+        _delete_pods(plane)
+
+
+def test_after_an_extender_restart_no_device_is_held_twice(plane: ControlPlane, gangs: GangCluster) -> None:
+    """The first member binds and the second's place is held. A second member kube-scheduler cannot
+    place (a node selector no node matches) is pending while the extender restarts: the new
+    extender holds the open place again from the cluster's pods, so a lone pod created then does
+    not take it, and a second member created later does."""
+    try:
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("resume-0", gang="resume"))
+        first = _wait_bound(plane, "resume-0")
+        assert first in ("gang-b1", "gang-b2")
+        wait_for("the bind seen", lambda: gangs.metric("gpuweave_extender_gang_reserved_devices") == 8)
+        stuck = _pod("resume-stuck", gang="resume")
+        stuck["spec"]["nodeSelector"]["e2e.gpuweave.io/no-such-label"] = "x"
+        plane.core.create_namespaced_pod(NAMESPACE, stuck)
+        gangs.restart_extender()
+        wait_for(
+            "the open place held again", lambda: gangs.metric("gpuweave_extender_gang_reserved_devices") == 8
+        )
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("after"))
+        assert _wait_bound(plane, "after") == "gang-a1"  # not the gang's held place
+        plane.core.delete_namespaced_pod("resume-stuck", NAMESPACE, grace_period_seconds=0)
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("resume-1", gang="resume"))
+        second = _wait_bound(plane, "resume-1")
+        print(f"gang resume: {first} before the restart, {second} after; the lone pod on gang-a1")
+        assert {first, second} == {"gang-b1", "gang-b2"}
+        held = _held_devices(plane)
+        assert all(len(pods) == 1 for pods in held.values()), {d: p for d, p in held.items() if len(p) > 1}
+        assert len(held) == 4 + 3 * 8  # the filler's 4 GPUs, two members and the lone pod
+        assert gangs.metric("gpuweave_extender_gang_reserved_devices") == 0
+    finally:
+        _delete_pods(plane)
