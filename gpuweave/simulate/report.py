@@ -62,6 +62,10 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
         "job_completion_p95_min": _percentile(done, 0.95),
         "jobs_completed": len(done),
         "training_completion_mean_min": _mean(training),
+        "job_completion_by_kind_mean_min": {
+            kind: _mean([c.completion_s / 60.0 for c in ledger.completions if c.kind == kind])
+            for kind in sorted({c.kind for c in ledger.completions})
+        },
         "training_stretch_mean": _mean([p.stretch for p in ledger.training]),
         "multi_node_gang_stretch_mean": _mean([p.stretch for p in multi]) if multi else None,
         "training_slowest_links": dict(sorted(links.items())),
