@@ -38,7 +38,7 @@ class PodGroupSizes:
     """``NS/NAME`` -> ``minMember`` of the PodGroups seen (fed by a watch when the CRD exists)."""
 
     def __init__(self) -> None:
-        self.sizes: dict[str, int] = {}
+        self.sizes: dict[str, object] = {}  # minMember as the object gives it (``gang_of`` checks it)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         entry = pod_group_entry(obj)

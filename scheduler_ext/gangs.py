@@ -114,11 +114,12 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, int]) -> Gang | None:
+def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gang | None:
     """The pod's gang, None when it is in none (or its PodGroup's size is unknown).
 
-    ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches.
-    Raises ``BadGangError`` for a size it cannot accept."""
+    ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches, as
+    the objects give it (validated here: a pod of a PodGroup with an unusable minMember is refused
+    with the reason, not placed alone). Raises ``BadGangError`` for a size it cannot accept."""
     found = _identity(pod)
     if found is None:
         return None
@@ -134,6 +135,8 @@ def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, int]) -> Gang |
         size = parse_size(explicit)
     elif source == "pod-group":
         group = min_members.get(f"{namespace}/{labels[LABEL_POD_GROUP]}")
+        if group == 0:
+            return None  # minMember 0: the PodGroup asks for no gang
         if group is not None:
             size = parse_size(group, what=f"PodGroup {namespace}/{labels[LABEL_POD_GROUP]} minMember")
         elif explicit is not None:
@@ -150,14 +153,12 @@ def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, int]) -> Gang |
     return Gang(key=key, size=size, source=source)
 
 
-def pod_group_entry(obj: Mapping[str, Any]) -> tuple[str, int] | None:
-    """(NS/NAME, minMember) of a PodGroup object; None when its minMember is missing or invalid."""
+def pod_group_entry(obj: Mapping[str, Any]) -> tuple[str, object] | None:
+    """(NS/NAME, minMember as given) of a PodGroup object; None when it has no name or no
+    minMember (its pods then need ``gpuweave.io/gang-size``). ``gang_of`` validates the value."""
     metadata = _mapping(obj.get("metadata"))
     name, namespace = metadata.get("name"), str(metadata.get("namespace") or "default")
     if not isinstance(name, str) or not name:
         return None
-    try:
-        size = parse_size(_mapping(obj.get("spec")).get("minMember"), what="minMember")
-    except BadGangError:
-        return None
-    return f"{namespace}/{name}", size
+    size = _mapping(obj.get("spec")).get("minMember")
+    return (f"{namespace}/{name}", size) if size is not None else None

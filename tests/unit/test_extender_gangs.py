@@ -305,15 +305,22 @@ def test_gang_ttl_zero_places_each_member_alone(tmp_path: Path) -> None:
     extender.close()
 
 
-def test_pod_group_sizes_follow_the_watch_and_drop_bad_min_members() -> None:
+def test_pod_group_sizes_follow_the_watch_and_a_bad_min_member_is_a_reason() -> None:
     sizes = PodGroupSizes()
     group = {"metadata": {"name": "pg", "namespace": "ml"}, "spec": {"minMember": 4}}
+    member = _pod(labels={LABEL_POD_GROUP: "pg"})
     sizes.apply("ADDED", group)
     assert sizes.sizes == {"ml/pg": 4}
-    assert gang_of(_pod(labels={LABEL_POD_GROUP: "pg"}), min_members=sizes.sizes) == Gang(
-        "ml/pod-group:pg", 4, "pod-group"
-    )
-    sizes.apply("MODIFIED", {**group, "spec": {"minMember": 99999}})  # out of range: size unknown
+    assert gang_of(member, min_members=sizes.sizes) == Gang("ml/pod-group:pg", 4, "pod-group")
+    sizes.apply("MODIFIED", {**group, "spec": {"minMember": 99999}})
+    with pytest.raises(BadGangError, match=r"PodGroup ml/pg minMember is 99999; a gang has 1\.\.4096 members"):
+        gang_of(member, min_members=sizes.sizes)
+    sizes.apply("MODIFIED", {**group, "spec": {"minMember": "lots"}})
+    with pytest.raises(BadGangError, match="PodGroup ml/pg minMember is 'lots'"):
+        gang_of(member, min_members=sizes.sizes)
+    sizes.apply("MODIFIED", {**group, "spec": {"minMember": 0}})
+    assert gang_of(member, min_members=sizes.sizes) is None  # no gang asked for
+    sizes.apply("MODIFIED", {**group, "spec": {}})
     assert sizes.sizes == {}
     sizes.apply("ADDED", group)
     sizes.apply("DELETED", group)
