@@ -110,15 +110,17 @@ class KubeBinder:
         metadata = pod.get("metadata") or {}
         name, namespace = str(metadata.get("name")), str(metadata.get("namespace") or "default")
         annotations = {ANNOTATION_ASSIGNMENT: assignment.to_annotation()} if assignment is not None else None
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                namespace=namespace,
-                uid=str(metadata.get("uid") or "") or None,
-                annotations=annotations,
-            ),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if metadata.get("uid"):
+            meta["uid"] = str(metadata["uid"])
+        if annotations is not None:
+            meta["annotations"] = annotations
+        body: Any = {  # a plain dict: the client sends it as is (no model walk per bind)
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
             finish(self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False))
         except (ApiException, HTTPError) as exc:
