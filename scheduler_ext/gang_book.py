@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_TTL_S = 60.0
 SLOT_PREFIX = "gang-slot:"
 WAITING_SHARE = 0.25  # nodes kept for waiting gangs, all together, at most this share of the cluster
+MAX_REMEMBERED_GANGS = 10_000  # gang families whose last nodes are remembered (for recovery)
 
 Clock = Callable[[], float]
 
@@ -96,6 +98,7 @@ class GangBook:
         self._reservations: dict[str, Reservation] = {}
         self._waiting: dict[str, Waiting] = {}
         self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
+        self._last_nodes: OrderedDict[str, frozenset[str]] = OrderedDict()  # gang family -> its nodes
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
 
     def get(self, key: str) -> Reservation | None:
@@ -165,6 +168,17 @@ class GangBook:
     def waiting(self) -> list[Waiting]:
         with self.lock:
             return list(self._waiting.values())
+
+    def remember_nodes(self, family: str, nodes: Iterable[str]) -> None:
+        """Where a gang (family: ``gangs.gang_family``) ran, for the plan of its next attempt."""
+        with self.lock:
+            self._last_nodes[family] = frozenset(nodes)
+            self._last_nodes.move_to_end(family)
+            while len(self._last_nodes) > MAX_REMEMBERED_GANGS:
+                self._last_nodes.popitem(last=False)
+
+    def last_nodes(self, family: str) -> frozenset[str]:
+        return self._last_nodes.get(family, frozenset())
 
     def reservations(self) -> list[Reservation]:
         with self.lock:

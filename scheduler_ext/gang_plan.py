@@ -17,10 +17,12 @@ How the plan is chosen:
    wins. Past the last tier the whole offered set is one domain. Members already placed (bound
    before an extender restart, or before a reservation expired) pin the domain: only the domain
    that holds them all at that tier counts.
-3. **Inside a domain** nodes that hold more members come first (members on one node talk over
-   NVLink), then the better topology score (the core's quality), then the name; among domains of
-   the winning tier the higher summed quality wins, then the one with less spare room (bigger
-   domains stay whole for bigger gangs), then the name.
+3. **Inside a domain** the nodes of the gang's previous attempt come first (``preferred``:
+   recovery after a restart of every member keeps the surviving nodes and adds a spare beside
+   them), then nodes that hold more members (members on one node talk over NVLink), then the
+   better topology score (the core's quality), then the name; among domains of the winning tier
+   the one reusing more previous nodes wins, then the higher summed quality, then the one with
+   less spare room (bigger domains stay whole for bigger gangs), then the name.
 
 If no domain holds the gang, the answer is a ``GangMiss`` with the reason; nothing is held.
 """
@@ -85,23 +87,26 @@ def plan_gang(
     decide: Decide,
     tier_labels: Sequence[str] = DEFAULT_TIER_LABELS,
     placed_nodes: Sequence[str] = (),
+    preferred: frozenset[str] = frozenset(),
 ) -> GangPlan | GangMiss:
-    """Plan ``needed`` members of gang ``key`` on ``candidates`` (see module doc)."""
+    """Plan ``needed`` members of gang ``key`` on ``candidates`` (see module doc). ``preferred``:
+    the nodes the gang's previous attempt ran on (recovery keeps it where it was)."""
     slots = _slots_per_node(candidates, states, decide, needed=needed)
     best_seen = (0, "")
     for tier in range(len(tier_labels) + 1):
         groups = _domains(slots, labels, tier, tier_labels=tier_labels, placed_nodes=placed_nodes)
         options = []
         for domain, names in groups.items():
-            chosen, capacity = _fill([slots[n] for n in names], needed)
+            chosen, capacity = _fill([slots[n] for n in names], needed, preferred=preferred)
             if chosen is None:
                 if capacity > best_seen[0]:
                     best_seen = (capacity, _where(tier, domain, tier_labels))
                 continue
             quality = round(sum(q for _, q in chosen), 6)
-            options.append((-quality, capacity - needed, domain, chosen))
+            again = sum(1 for n, _ in chosen if n in preferred)
+            options.append((-again, -quality, capacity - needed, domain, chosen))
         if options:
-            _, _, domain, chosen = min(options, key=lambda o: (o[0], o[1], o[2]))
+            *_, domain, chosen = min(options, key=lambda o: (o[0], o[1], o[2], o[3]))
             return GangPlan(_materialize(chosen, slots, states), tier=tier, domain=domain)
     waiting = _waiting_domain(
         slots, candidates, states, labels, needed=needed, tier_labels=tier_labels, placed_nodes=placed_nodes
@@ -189,12 +194,16 @@ def _domains(
     return {domain: groups[domain]} if domain in groups else {}
 
 
-def _fill(nodes: list[_NodeSlots], needed: int) -> tuple[list[tuple[str, float]] | None, int]:
+def _fill(
+    nodes: list[_NodeSlots], needed: int, *, preferred: frozenset[str]
+) -> tuple[list[tuple[str, float]] | None, int]:
     """(node, quality) per member from these nodes, or None when they hold fewer; and their room."""
     capacity = sum(len(n.plans) for n in nodes)
     if capacity < needed:
         return None, capacity
-    ordered = sorted(nodes, key=lambda n: (-min(len(n.plans), needed), -n.plans[0][0], n.name))
+    ordered = sorted(
+        nodes, key=lambda n: (n.name not in preferred, -min(len(n.plans), needed), -n.plans[0][0], n.name)
+    )
     chosen: list[tuple[str, float]] = []
     for node in ordered:
         for quality, _ in node.plans[: needed - len(chosen)]:

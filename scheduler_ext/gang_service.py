@@ -22,7 +22,7 @@ from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.gang_book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
 from scheduler_ext.gang_plan import GangMiss, GangPlan, plan_gang
-from scheduler_ext.gangs import BadGangError, Gang, gang_of, pod_group_entry
+from scheduler_ext.gangs import BadGangError, Gang, gang_family, gang_of, pod_group_entry
 from scheduler_ext.host import HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_request
@@ -122,6 +122,7 @@ class GangCoordinator:
             decide=lambda state: self.core.decide(request, state, host=host),
             tier_labels=self.tier_labels,
             placed_nodes=sorted({r.node for r in placed if r.node}),
+            preferred=self.book.last_nodes(gang_family(gang.key)),
         )
         if isinstance(outcome, GangMiss):
             self.on_outcome("missed")
@@ -269,6 +270,10 @@ class GangCoordinator:
         slot.bound = True
         if self.book.finish_if_done(reservation):
             self.on_outcome("completed")
+            placed = {r.node for r in self.cache.gang_members(reservation.key) if r.node}
+            self.book.remember_nodes(
+                gang_family(reservation.key), placed | {s.node for s in reservation.slots}
+            )
 
     # ---- expiry -----------------------------------------------------------------------------
     def sweep(self) -> None:

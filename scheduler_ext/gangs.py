@@ -114,6 +114,15 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def gang_family(key: str) -> str:
+    """What stays the same across a gang's restarts: a JobSet replicated job without its restart
+    attempt; any other gang key as it is (a PyTorchJob or PodGroup re-creates pods under it)."""
+    namespace, _, rest = key.partition("/")
+    if rest.startswith("jobset:"):
+        return f"{namespace}/{rest.rpartition('/')[0]}"
+    return key
+
+
 def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gang | None:
     """The pod's gang, None when it is in none (or its PodGroup's size is unknown).
 

@@ -380,3 +380,32 @@ def test_waiting_gangs_keep_at_most_a_quarter_of_the_nodes(tmp_path: Path) -> No
     _filter(extender.service, _member("big", 0, size=5))  # its closest domain, layer 2, is 4 of 5 nodes
     assert extender.gangs is not None and not extender.gangs.book.kept_nodes()
     extender.close()
+
+
+def _jobset_member(index: int, *, attempt: int) -> dict[str, Any]:
+    pod = pod_object(f"js-{attempt}-{index}", namespace="ml", limits={RESOURCE_GPU: 8})
+    pod["metadata"]["labels"] = {
+        LABEL_JOBSET_NAME: "js",
+        LABEL_REPLICATED_JOB: "workers",
+        LABEL_JOBSET_REPLICAS: "2",
+        LABEL_JOBSET_RESTART: str(attempt),
+    }
+    return pod
+
+
+def test_a_restarted_jobset_keeps_its_surviving_node_and_adds_a_spare_beside_it(tmp_path: Path) -> None:
+    """Attempt 0 runs on b0 and b1; a GPU of b0 fails and JobSet re-creates both members (attempt
+    1). Blocks A and B could each hold the gang now; the plan keeps b1 and takes b2 beside it."""
+    blocks = {"a0": "block-a", "a1": "block-a", "b0": "block-b", "b1": "block-b", "b2": "block-b"}
+    extender = _extender(tmp_path, Clock(), _nodes(blocks=blocks))
+    names = list(blocks)
+    _bind(extender.service, pod_object("busy-a1", limits={RESOURCE_GPU: 8}), ["a1"])
+    first = [_jobset_member(i, attempt=0) for i in range(2)]
+    assert {_bind(extender.service, m, names) for m in first} == {"b0", "b1"}
+    for pod in (*first, pod_object("busy-a1")):
+        extender.cache.delete_pod(pod["metadata"]["uid"])
+    broken = profile_inventory("dgx-h100", "b0")
+    extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[3].uuid,)))
+    second = [_jobset_member(i, attempt=1) for i in range(2)]
+    assert {_bind(extender.service, m, names) for m in second} == {"b1", "b2"}
+    extender.close()
