@@ -18,10 +18,10 @@ from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.faults import (
     DEFAULT_FAULTS,
-    DETECTION_S,
     FaultKind,
     FaultRecord,
     FaultSpec,
+    detection_s,
     inject_efa_loss,
     inject_gpu_fault,
     restore,
@@ -39,27 +39,14 @@ from gpuweave.simulate.placers import (
     SimulatedTime,
 )
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
+from gpuweave.simulate.timeline import Sample, take_sample
 from gpuweave.simulate.workload import Job, JobKind
 from topology.errors import InvalidInputError
-from topology.fragmentation import MILLI_PER_GPU, FragmentModel
+from topology.fragmentation import FragmentModel
 from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
-
-
-@dataclass
-class Sample:
-    t_s: float
-    allocation: float  # % of healthy GPU capacity allocated
-    fragmentation: float  # FGD fragment, % of healthy GPU capacity
-    pending: int
-    running: int
-    # GPU capacity the waiting jobs ask for, % of healthy GPUs (MIG pods by compute slices): what
-    # allocation would gain if they all fit. Big when multi-node gangs wait for whole EFA nodes.
-    waiting_demand: float
-    withheld_gpus: int
-    mig_gpus: int
 
 
 @dataclass
@@ -222,7 +209,7 @@ class Simulation:
             self._deliver_published(self._node_index(healed.node))
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
-            self._fault = FaultContext(spec.kind.value, now, _detection_s(spec.kind))
+            self._fault = FaultContext(spec.kind.value, now, detection_s(spec.kind))
             record = self._inject(spec, now)
             self._fault = None
             if record is None:
@@ -419,29 +406,4 @@ class Simulation:
         return TopologyOutcome(job.job_id, node.name, job.gpus_per_pod, chosen, best_value)
 
     def _sample(self, now: float) -> Sample:
-        healthy = max(self.state.healthy_gpus(), 1) * MILLI_PER_GPU
-        modes = [m for node in self.state.modes for m in node]
-        return Sample(
-            t_s=now,
-            allocation=100.0 * self.state.used_gpu_milli() / healthy,
-            fragmentation=100.0 * float(self.state.cluster.node_fragment.sum()) / healthy,
-            pending=len(self._queue),
-            running=len(self.state.pods),
-            waiting_demand=100.0 * sum(_demand_milli(q.job) for q in self._queue) / healthy,
-            withheld_gpus=sum(1 for m in modes if m == 2),
-            mig_gpus=sum(1 for m in modes if m == 1),
-        )
-
-
-def _detection_s(kind: FaultKind) -> float:
-    """The signal path's nominal detection latency (``faults.DETECTION_S``)."""
-    source = {FaultKind.XID_79: "xid", FaultKind.ECC_DBE: "ecc", FaultKind.EFA_LINK: "efa"}[kind]
-    return DETECTION_S[source]
-
-
-def _demand_milli(job: Job) -> float:
-    """The milli-GPU a job asks for: all its pods, or a MIG slice's compute slices out of 7."""
-    if job.kind is JobKind.MIG:
-        slices = int(job.mig_profile.split("g.", 1)[0]) if "g." in job.mig_profile else 1
-        return slices * MILLI_PER_GPU / 7
-    return float(job.pods * job.gpus_per_pod * job.gpu_milli)
+        return take_sample(self.state, [q.job for q in self._queue], now=now)

@@ -136,3 +136,9 @@ def restore(state: SimState, record: FaultRecord, *, now: float) -> None:
     if record.gpu is None:
         state.efa_down.discard(node)
     record.restored_at_s = now
+
+
+def detection_s(kind: FaultKind) -> float:
+    """The signal path's nominal detection latency for a fault of ``kind`` (``DETECTION_S``)."""
+    source = {FaultKind.XID_79: "xid", FaultKind.ECC_DBE: "ecc", FaultKind.EFA_LINK: "efa"}[kind]
+    return DETECTION_S[source]

@@ -13,7 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from gpuweave.simulate.engine import RunResult, Sample
+from gpuweave.simulate.engine import RunResult
+from gpuweave.simulate.timeline import Sample
 from gpuweave.simulate.workload import JobKind
 
 COLOURS = {
