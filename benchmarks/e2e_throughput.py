@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -80,6 +81,28 @@ class PhaseResult:
     cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # process -> CPU ms per bound pod
     extender_rss_mib: float | None = None
     extender_peak_rss_mib: float | None = None
+    # kube-apiserver requests served in the phase per bound pod, "VERB resource[/subresource]"
+    # (apiserver_request_total; every client together, the benchmark's own pod creation included)
+    api_requests_per_pod: dict[str, float] = field(default_factory=dict)
+
+
+def api_requests(plane: ControlPlane) -> Counter[str]:
+    """kube-apiserver's apiserver_request_total so far, summed per verb and resource."""
+    method, url, headers, body, _ = plane.api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = plane.api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    counts: Counter[str] = Counter()
+    for line in response.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+        labels = dict(part.split("=", 1) for part in labels_text.split(",") if "=" in part)
+        label = {k: v.strip('"') for k, v in labels.items()}
+        resource = label.get("resource", "")
+        if label.get("subresource"):
+            resource += "/" + label["subresource"]
+        counts[f"{label.get('verb', '?')} {resource or label.get('component', '?')}"] += int(float(value))
+    return counts
 
 
 def cpu_seconds(pid: int) -> float:
@@ -202,9 +225,11 @@ def run_phase(
         if extender is not None:
             processes["extender"] = extender
         before = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
+        requests_before = api_requests(plane)
         try:
             bound, seconds = binds.wait(pods)
             spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
+            requests = api_requests(plane) - requests_before
             memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
         finally:
             scheduler.stop()
@@ -219,6 +244,9 @@ def run_phase(
         cpu_ms_per_pod={name: round(1000 * cpu / max(bound, 1), 2) for name, cpu in spent.items()},
         extender_rss_mib=memory[0],
         extender_peak_rss_mib=memory[1],
+        api_requests_per_pod={
+            key: round(count / max(bound, 1), 2) for key, count in sorted(requests.items()) if count
+        },
     )
 
 
@@ -315,6 +343,9 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
         print(f"{r.phase:<10} {r.pods:>6} {r.bound:>6} {r.seconds:>8.2f} {r.pods_per_s:>8.1f}   {cpu}")
     verdict = "meets" if ratio >= 0.8 else "misses"
     print(f"extender/baseline = {ratio:.2f}; {verdict} the 0.8x target")
+    for r in results:
+        top = sorted(r.api_requests_per_pod.items(), key=lambda kv: -kv[1])[:6]
+        print(f"{r.phase} API requests per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
     print(f"extender RSS {ours.extender_rss_mib} MiB (peak {ours.extender_peak_rss_mib} MiB)")
     calls = (f"{verb} {verbs['calls'][verb]} ({ms:.1f})" for verb, ms in sorted(verbs["mean_ms"].items()))
     print("extender calls (mean ms): " + ", ".join(calls))
