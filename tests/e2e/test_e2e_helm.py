@@ -115,6 +115,8 @@ def test_helm_schema_refuses_an_unknown_mig_mode_and_tls_without_a_secret() -> N
         render_chart(sets=["scheduler.extender.tls.enabled=true"])
     with pytest.raises(RenderError, match="additional properties"):
         render_chart(sets=["nodeAgent.sharng.default.mode=fractional"])
+    with pytest.raises(RenderError, match="gangTtlSeconds"):
+        render_chart(sets=["scheduler.extender.gangTtlSeconds=-1"])
 
 
 OPERATOR_VALUES: dict[str, Any] = {
@@ -140,7 +142,12 @@ OPERATOR_VALUES: dict[str, Any] = {
     },
     "scheduler": {
         "replicas": 1,
-        "extender": {"weight": 7, "tls": {"enabled": True, "secretName": "gpuweave-extender-tls"}},
+        "extender": {
+            "weight": 7,
+            "tls": {"enabled": True, "secretName": "gpuweave-extender-tls"},
+            "gangTtlSeconds": 120,
+            "networkTierLabels": ["nvidia.com/gpu.clique", "example.com/ib-leaf"],
+        },
     },
 }
 
@@ -199,6 +206,7 @@ def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
         "/etc/gpuweave-extender-tls/tls.crt",
         "/etc/gpuweave-extender-tls/tls.key",
     )
+    assert (args.gang_ttl, args.network_tier_labels) == (120.0, "nvidia.com/gpu.clique,example.com/ib-leaf")
     for name in ("kube-scheduler", "extender"):
         assert {
             "name": "extender-tls",
