@@ -409,3 +409,16 @@ def test_a_restarted_jobset_keeps_its_surviving_node_and_adds_a_spare_beside_it(
     second = [_jobset_member(i, attempt=1) for i in range(2)]
     assert {_bind(extender.service, m, names) for m in second} == {"b1", "b2"}
     extender.close()
+
+
+def test_a_gang_pinned_to_a_block_is_planned_only_there(tmp_path: Path) -> None:
+    """Kueue TAS pins a gang with a node selector on a tier label; kube-scheduler then offers only
+    that block's nodes, and the plan stays inside them even where block B would hold the gang."""
+    extender = _extender(tmp_path, Clock(), _nodes())
+    block_a = ["a1", "a2"]
+    assert {_bind(extender.service, _member("pinned", i, size=2), block_a) for i in range(2)} == {"a1", "a2"}
+    _busy(extender, "b1", 1)
+    result = _filter(extender.service, _member("pinned-b", 0, size=2), ["a1", "a2", "b1"])
+    assert not result.NodeNames  # b2 is not offered: no domain of the offered nodes holds it
+    assert "the 3 node(s) offered do not hold them" in next(iter(result.FailedAndUnresolvableNodes.values()))
+    extender.close()
