@@ -1,7 +1,9 @@
 """Regenerate the Python stubs of the kubelet APIs we speak from their ``.proto`` files.
 
-The kubelet APIs: the device-plugin API (``proto/v1beta1/api.proto``, package ``v1beta1``) and the
-pod-resources API (``proto/podresources/v1/api.proto``, package ``v1``). Run
+The kubelet APIs: the device-plugin API (``proto/v1beta1/api.proto``, package ``v1beta1``), the
+pod-resources API (``proto/podresources/v1/api.proto``, package ``v1``), the DRA plugin API
+(``proto/dra/v1`` and ``proto/dra/v1beta1``, packages ``k8s.io.kubelet.pkg.apis.dra.v1[beta1]``) and
+the plugin watcher's registration API (``proto/pluginregistration/v1``, package ``pluginregistration``). Run
 ``python -m proto.generate`` from the repository root after editing a ``.proto``. The stubs are
 committed so installs need no code generator; ``tests/unit/test_deviceplugin_proto.py``
 regenerates into a temporary directory and fails when a committed file is stale or missing.
@@ -19,7 +21,13 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_FILES = ("proto/v1beta1/api.proto", "proto/podresources/v1/api.proto")
+PROTO_FILES = (
+    "proto/v1beta1/api.proto",
+    "proto/podresources/v1/api.proto",
+    "proto/dra/v1/api.proto",
+    "proto/dra/v1beta1/api.proto",
+    "proto/pluginregistration/v1/api.proto",
+)
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 
 

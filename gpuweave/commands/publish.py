@@ -3,6 +3,10 @@
 The same builders the running agent uses (``deviceplugin.published``): the cluster-scoped
 ``GpuNodeInventory`` named after the node and the Node's GFD-compatible labels, printed as a
 Kubernetes ``List`` in YAML (or JSON with ``--json``), all devices healthy.
+
+With ``--dra`` it prints instead the node's ``resource.k8s.io/v1`` ResourceSlices as the agent's DRA
+mode publishes them (``deviceplugin.dra``): YAML, one document per slice (a ``List`` with
+``--json``); ``--dra-mig dynamic`` publishes MIG-capable GPUs as partitionable devices (docs/dra.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from deviceplugin.dra.devices import MigPublishing
+from deviceplugin.dra.slices import pool_slices
 from deviceplugin.published import published_list
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from hardware.profiles import load_profile
@@ -32,6 +38,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--node-name", default=None, help="node name (default: the profile's name)")
     parser.add_argument("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML")
     parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="print the node's DRA ResourceSlices (resource.k8s.io/v1) instead, one YAML document each",
+    )
+    parser.add_argument(
+        "--dra-mig",
+        choices=[m.value for m in MigPublishing],
+        default=MigPublishing.STATIC.value,
+        help="with --dra: static publishes the MIG devices that exist; dynamic publishes MIG-capable GPUs "
+        "as partitionable devices (shared counters, every placement; docs/dra.md). Default: static",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -44,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         inventory = backend.discover()
     finally:
         backend.close()
+    if args.dra:
+        return _print_slices(pool_slices(inventory, mig=MigPublishing(args.dra_mig)), as_json=args.json)
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
     objects = published_list(inventory, sharing=sharing)
     if args.json:
@@ -51,4 +71,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         yaml.safe_dump(objects, sys.stdout, sort_keys=False)
+    return 0
+
+
+def _print_slices(slices: list[dict[str, Any]], *, as_json: bool) -> int:
+    if as_json:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": slices}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        yaml.safe_dump_all(slices, sys.stdout, sort_keys=False)
     return 0

@@ -1,0 +1,1 @@
+"""Kubelet DRA plugin API: the NodePrepareResources / NodeUnprepareResources service a DRA driver serves."""
