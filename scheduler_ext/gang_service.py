@@ -99,12 +99,21 @@ class GangCoordinator:
                 if not isinstance(planned, Reservation):
                     return planned
                 reservation = planned
+            self._free_slots_of_gone_members(reservation)
             slot = reservation.claim(request.uid, names)
         if slot is None:
             taken = len(reservation.slots)
             reason = f"gang {gang.key}: all {taken} planned places are claimed by other members"
             return GangAnswer([], hopeless=dict.fromkeys(names, reason))
         return self._steer(gang, slot, request, names, host)
+
+    def _free_slots_of_gone_members(self, reservation: Reservation) -> None:
+        """A member deleted before its bind leaves its slot to the pod that replaces it."""
+        for slot in reservation.slots:
+            member = slot.member
+            gone = bool(member) and self.cache.pod_object(uid=member) is None
+            if gone and not slot.bound and self.cache.holding(member) is None:  # not mid-bind
+                slot.member = ""
 
     def _plan(
         self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest

@@ -422,3 +422,20 @@ def test_a_gang_pinned_to_a_block_is_planned_only_there(tmp_path: Path) -> None:
     assert not result.NodeNames  # b2 is not offered: no domain of the offered nodes holds it
     assert "the 3 node(s) offered do not hold them" in next(iter(result.FailedAndUnresolvableNodes.values()))
     extender.close()
+
+
+def test_a_member_deleted_before_its_bind_leaves_its_slot_to_its_replacement(tmp_path: Path) -> None:
+    extender = _extender(tmp_path, Clock(), _nodes())
+    members = [_member("swap", i, size=2) for i in range(2)]
+    planned = [(_filter(extender.service, m).NodeNames or [""])[0] for m in members]
+    assert {BLOCKS[n] for n in planned} == {"block-a"} and len(set(planned)) == 2
+    extender.cache.delete_pod(members[0]["metadata"]["uid"])
+    replacement = pod_object(
+        "swap-0",
+        namespace="ml",
+        uid="uid-swap-0-again",
+        limits={RESOURCE_GPU: 8},
+        annotations=members[0]["metadata"]["annotations"],
+    )
+    assert _filter(extender.service, replacement).NodeNames == [planned[0]]
+    extender.close()
