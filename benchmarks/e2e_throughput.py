@@ -88,7 +88,9 @@ class PhaseResult:
 
 def api_requests(plane: ControlPlane) -> Counter[str]:
     """kube-apiserver's apiserver_request_total so far, summed per verb and resource."""
-    method, url, headers, body, _ = plane.api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    method, url, headers, body, _ = plane.api.param_serialize(
+        "GET", "/metrics", auth_settings=["BearerToken"]
+    )
     response = plane.api.call_api(method, url, header_params=headers, body=body)
     response.read()
     counts: Counter[str] = Counter()
@@ -266,7 +268,9 @@ class Profiler:
             print("--profile: py-spy is not installed (pip install py-spy); not profiling")
             return
         argv = [spy, "record", "--pid", str(pid), "--format", "speedscope", "--output", str(self.out)]
-        self._recorder = subprocess.Popen([*argv, "--rate", "50", "--nonblocking"])
+        # --gil: only the thread holding the GIL is sampled, so the profile shows where the CPU
+        # goes, not threads blocked in a socket read (which py-spy would count as running)
+        self._recorder = subprocess.Popen([*argv, "--rate", "100", "--nonblocking", "--gil"])
 
     def stop(self) -> None:
         if self._recorder is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from itertools import compress
 from operator import not_
 
@@ -114,6 +115,8 @@ class DecisionCore:
         verdict = memo.get(token)  # an identical node earlier in this same call may have filled it
         if verdict is None:
             verdict = self._decide_uncached(request, node, host)
+            if verdict.fits and node.holders:  # equal tokens hold equally many devices
+                verdict = replace(verdict, held=len(node.holders))
             self._remember(memo, token, verdict)
         return verdict
 

@@ -27,7 +27,6 @@ from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores, ranks
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
 from scheduler_ext.shortlist import shortlist, weighs_soft_preferences
-from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -47,8 +46,7 @@ BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the sa
 _FITS = attrgetter("fits")
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")
-_HOLDERS = attrgetter("holders")
-_NO_STATE = NodeState(name="")  # a node deleted while filter runs: nothing held
+_HELD = attrgetter("held")
 
 
 def _rejections(
@@ -142,9 +140,7 @@ class ExtenderService:
         names = list(compress(names, fits))
         verdicts = list(compress(verdicts, fits))
         ranked = ranks(verdicts, self._reservation_costs(request, pod, names))
-        states = self.cache.states()
-        held = map(len, map(_HOLDERS, map(states.get, names, repeat(_NO_STATE))))  # C-level passes
-        fullness = np.fromiter(held, dtype=np.int64, count=len(names))
+        fullness = np.array(list(map(_HELD, verdicts)), dtype=np.int64)
         return shortlist(names, ranked, fullness, keep=self.keep, seed=request.uid or request.key)
 
     @staticmethod

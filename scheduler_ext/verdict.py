@@ -47,6 +47,7 @@ class Verdict:
     quality: float = -1.0  # 0..1, what prioritize ranks fitting nodes by (``ranking``); -1: from score
     level: float | None = None  # fragment increase (milli-GPU, rounded) behind ``quality``, if FGD-scored
     idle: float = 0.0  # idle milli-GPU left on the node's share GPUs (packing among equals)
+    held: int = 0  # devices held on the node when it was decided (filter's shortlist: fuller first)
     priority: int = field(init=False)  # the node's own 0..10 score when it fits, else 0
 
     def __post_init__(self) -> None:
