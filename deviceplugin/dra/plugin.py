@@ -1,0 +1,201 @@
+"""The kubelet DRA plugin: registration through the plugin watcher and the DRA gRPC service.
+
+Two unix sockets, as the kubelet's DRA manager (``pkg/kubelet/cm/dra``) expects of a driver:
+
+- ``<kubelet root>/plugins/gpuweave.io/dra.sock`` serves ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``
+  and the same calls as ``...dra.v1beta1.DRAPlugin`` (a 1.32-1.33 kubelet uses v1beta1);
+- ``<kubelet root>/plugins_registry/gpuweave.io-reg.sock`` serves ``pluginregistration.Registration``:
+  ``GetInfo`` answers type ``DRAPlugin``, name ``gpuweave.io``, the DRA socket's path as endpoint and
+  the services ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (the kubelet picks the first it knows);
+  ``NotifyRegistrationStatus`` records whether the kubelet accepted us.
+
+The DRA socket is bound before the registration socket appears, so the kubelet never dials an
+endpoint that is not there yet. Each claim's outcome is its own: a claim that cannot be prepared
+gets an error string in the response and the others are prepared. A request the service cannot
+decode, or a claim without a UID (the response is keyed by it), is ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from deviceplugin.dra.claims import ClaimError, ClaimPreparer, ClaimRef
+from deviceplugin.dra.devices import DRIVER
+from proto.dra.v1 import api_pb2 as dra_v1
+from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from proto.pluginregistration.v1 import api_pb2 as registration_pb2
+from topology.errors import GpuweaveError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+REGISTRATION_SERVICE = "pluginregistration.Registration"
+WORKERS = 4
+MAX_UNIX_PATH = 107
+
+
+def _parsed(message_type: type[Message], method: Callable[[Any, grpc.ServicerContext], Any]) -> Any:
+    def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            request = message_type.FromString(raw)
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
+        return method(request, context)
+
+    return handler
+
+
+def _unary(methods: Mapping[str, tuple[type[Message], Callable[[Any, grpc.ServicerContext], Any]]]) -> Any:
+    return {
+        name: grpc.unary_unary_rpc_method_handler(
+            _parsed(message, method), response_serializer=lambda m: m.SerializeToString()
+        )
+        for name, (message, method) in methods.items()
+    }
+
+
+class DraService:
+    """NodePrepareResources / NodeUnprepareResources for one API version's messages."""
+
+    def __init__(self, preparer: ClaimPreparer, pb: ModuleType) -> None:
+        self._preparer = preparer
+        self._pb = pb
+
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        pb = self._pb
+        methods = {
+            "NodePrepareResources": (pb.NodePrepareResourcesRequest, self.NodePrepareResources),
+            "NodeUnprepareResources": (pb.NodeUnprepareResourcesRequest, self.NodeUnprepareResources),
+        }
+        return grpc.method_handlers_generic_handler(f"{pb.DESCRIPTOR.package}.DRAPlugin", _unary(methods))
+
+    @staticmethod
+    def _refs(request: Any, context: grpc.ServicerContext) -> list[ClaimRef]:
+        refs = [ClaimRef(c.uid, c.namespace, c.name) for c in request.claims]
+        if any(not ref.uid for ref in refs):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "every claim needs its uid (the response is keyed by it)"
+            )
+        return refs
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        response = self._pb.NodePrepareResourcesResponse()
+        for ref in self._refs(request, context):
+            answer = response.claims[ref.uid]
+            try:
+                if not ref.namespace or not ref.name:
+                    raise ClaimError(f"claim uid {ref.uid}: namespace and name are required")
+                for device in self._preparer.prepare(ref):
+                    answer.devices.append(
+                        self._pb.Device(
+                            request_names=list(device.request_names),
+                            pool_name=device.pool_name,
+                            device_name=device.device_name,
+                            cdi_device_ids=list(device.cdi_device_ids),
+                        )
+                    )
+            except ClaimError as exc:
+                answer.error = str(exc)
+            except Exception as exc:  # one claim's surprise must not fail the others, nor the agent
+                log.exception("preparing %s failed", ref.describe())
+                answer.error = f"{ref.describe()}: internal error in the gpuweave node agent: {exc}"
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for ref in self._refs(request, context):
+            answer = response.claims[ref.uid]
+            try:
+                self._preparer.unprepare(ref)
+            except ClaimError as exc:
+                answer.error = str(exc)
+            except Exception as exc:
+                log.exception("unpreparing %s failed", ref.describe())
+                answer.error = f"{ref.describe()}: internal error in the gpuweave node agent: {exc}"
+        return response
+
+
+class RegistrationService:
+    """``pluginregistration.Registration`` for the kubelet's plugin watcher."""
+
+    def __init__(self, endpoint: Path) -> None:
+        self.endpoint = endpoint
+        self.registered = threading.Event()
+        self.error = ""
+        self.notifications = 0
+
+    def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        methods = {
+            "GetInfo": (registration_pb2.InfoRequest, self.GetInfo),
+            "NotifyRegistrationStatus": (registration_pb2.RegistrationStatus, self.NotifyRegistrationStatus),
+        }
+        return grpc.method_handlers_generic_handler(REGISTRATION_SERVICE, _unary(methods))
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return registration_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=DRIVER,
+            endpoint=str(self.endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.notifications += 1
+        self.error = request.error
+        if request.plugin_registered:
+            self.registered.set()
+            log.warning("registered with the kubelet as DRA driver %s (%s)", DRIVER, self.endpoint)
+        else:
+            self.registered.clear()
+            log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error or "no reason given")
+        return registration_pb2.RegistrationStatusResponse()
+
+
+def _serve(path: Path, handlers: list[grpc.GenericRpcHandler[Any, Any]], name: str) -> grpc.Server:
+    if len(str(path)) > MAX_UNIX_PATH:
+        raise GpuweaveError(f"socket path {path} is {len(str(path))} characters (max {MAX_UNIX_PATH})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=name))
+    server.add_generic_rpc_handlers(handlers)
+    if server.add_insecure_port(f"unix:{path}") == 0:
+        raise GpuweaveError(f"cannot bind {path}: check the directory exists and is writable")
+    server.start()
+    os.chmod(path, 0o600)
+    return server
+
+
+class DraPluginServer:
+    """Both sockets of the DRA plugin under the kubelet's root directory."""
+
+    def __init__(self, preparer: ClaimPreparer, *, kubelet_root: Path) -> None:
+        self.socket_path = kubelet_root / "plugins" / DRIVER / "dra.sock"
+        self.registration_path = kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
+        self.registration = RegistrationService(self.socket_path)
+        self._services = [DraService(preparer, dra_v1), DraService(preparer, dra_v1beta1)]
+        self._servers: list[tuple[grpc.Server, Path]] = []
+
+    def start(self) -> None:
+        dra = _serve(self.socket_path, [s.handler() for s in self._services], "dra")
+        self._servers.append((dra, self.socket_path))
+        registration = _serve(self.registration_path, [self.registration.handler()], "dra-reg")
+        self._servers.append((registration, self.registration_path))
+        log.info("DRA plugin serving %s, registration at %s", self.socket_path, self.registration_path)
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Registration socket first (the kubelet deregisters), then the service."""
+        for server, path in reversed(self._servers):
+            server.stop(grace).wait()
+            path.unlink(missing_ok=True)
+        self._servers.clear()
