@@ -12,15 +12,23 @@ of each becomes the most expensive part of a bind on both sides.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+import urllib3
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from topology.errors import InvalidInputError
 
 CONNECTIONS = 64  # pooled API server connections per client (see the module docstring)
+AUTH_REFRESH_S = 60.0  # how often a ``Writer`` reads the client's credentials again
+WRITE_TIMEOUT = urllib3.Timeout(connect=10.0, read=30.0)
 
 
 @dataclass(frozen=True)
@@ -86,3 +94,52 @@ def finish(response: Any) -> bytes:
     data: bytes = response.data
     return data
 
+
+class Writer:
+    """POSTs a JSON body to one API path through the client's own connection pool and
+    credentials, for writes made once per scheduled pod (a Binding, an Event).
+
+    The generated API methods validate their arguments, walk the body for serialization, rebuild
+    the auth settings (running the kubeconfig's refresh hook) and wrap the answer, on every call:
+    a third of the extender's CPU per bound pod went there. This sends the encoded body as is and
+    reads the credentials again every ``AUTH_REFRESH_S`` (a rotated token is picked up within
+    that time). A failure raises what the generated call would: ``ApiException`` with the status
+    for an answer of 300 or more, urllib3's ``HTTPError`` when no answer came."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self._host = str(api.configuration.host).rstrip("/")
+        self._headers: dict[str, str] = {}
+        self._read_at = -AUTH_REFRESH_S
+        self._lock = threading.Lock()
+
+    def post(self, path: str, body: Mapping[str, Any]) -> bytes:
+        response = self._api.rest_client.pool_manager.request(
+            "POST",
+            self._host + path,
+            body=orjson.dumps(body),
+            headers=self._current_headers(),
+            timeout=WRITE_TIMEOUT,
+            retries=False,
+        )
+        data: bytes = response.data  # read whole: the connection goes back to the pool
+        if response.status >= 300:
+            raise ApiException(
+                status=response.status, reason=response.reason, body=data.decode(errors="replace")
+            )
+        return data
+
+    def _current_headers(self) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._read_at >= AUTH_REFRESH_S:
+                headers = {
+                    **self._api.default_headers,
+                    "Content-Type": "application/json",
+                    "Accept": "application/json",
+                }
+                for setting in self._api.configuration.auth_settings().values():
+                    if setting.get("in") == "header" and setting.get("value"):
+                        headers[str(setting["key"])] = str(setting["value"])
+                self._headers, self._read_at = headers, now
+            return self._headers

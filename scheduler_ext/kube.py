@@ -19,12 +19,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from kubeio.client import api_client, finish
+from kubeio.client import Writer, api_client, finish
 from kubeio.errors import KubeApiError, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
@@ -101,7 +102,7 @@ class KubeBinder:
     """One Binding per pod; it carries the assignment annotation and the pod's UID as a precondition."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self._core = client.CoreV1Api(api)
+        self._writer = Writer(api)
 
     def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None:
         """kube-apiserver copies the Binding's annotations onto the pod in the update that sets
@@ -122,7 +123,9 @@ class KubeBinder:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            finish(self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False))
+            self._writer.post(
+                f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding", body
+            )
         except (ApiException, HTTPError) as exc:
             raise BindError(
                 f"binding pod {namespace}/{name} to node {node} failed: {describe(exc)}"
@@ -135,7 +138,7 @@ class KubeEventSink:
     Called on the event writer thread only (``events.EventRecorder``), never on a request."""
 
     def __init__(self, api: client.ApiClient, *, instance: str | None = None) -> None:
-        self._core = client.CoreV1Api(api)
+        self._writer = Writer(api)
         self._instance = instance or socket.gethostname()
 
     def __call__(self, event: PodEvent) -> None:
@@ -163,7 +166,7 @@ class KubeEventSink:
             "count": 1,
         }
         try:
-            finish(self._core.create_namespaced_event(event.namespace, body, _preload_content=False))
+            self._writer.post(f"/api/v1/namespaces/{quote(event.namespace, safe='')}/events", body)
         except (ApiException, HTTPError) as exc:
             raise KubeApiError(
                 f"writing Event {event.reason} on pod {event.namespace}/{event.name} failed: {describe(exc)}",
