@@ -5,7 +5,10 @@ package main
 // through it the plugin's GetPreferredAllocation and Allocate), then the predicate handler. The
 // devices the device manager assigned are recorded in the pod's status as condition
 // `e2e.gpuweave.io/DevicesAllocated` (message: JSON) and in <kubelet-dir>/allocations/.
-// A pod being deleted keeps its devices for its grace period, then is deleted for good.
+// Pods with resourceClaims are prepared through the kubelet's DRA manager before they "run", and
+// unprepared once their containers stopped (dra.go); the prepared devices and CDI device IDs are
+// recorded in the same JSON. A pod being deleted keeps its devices for its grace period, then
+// is deleted for good.
 
 import (
 	"context"
@@ -27,10 +30,13 @@ import (
 // AllocatedCondition is the pod condition type that carries the device manager's allocation.
 const AllocatedCondition v1.PodConditionType = "e2e.gpuweave.io/DevicesAllocated"
 
-// containerAllocation is what the device manager gave one container.
+// containerAllocation is what the device manager gave one container, and what DRA drivers
+// prepared for its resource claims (the devices and the CDI device IDs the runtime would get).
 type containerAllocation struct {
-	Devices map[string][]string `json:"devices"`
-	Env     map[string]string   `json:"env,omitempty"`
+	Devices      map[string][]string `json:"devices"`
+	Env          map[string]string   `json:"env,omitempty"`
+	ClaimDevices []claimDevice       `json:"claimDevices,omitempty"`
+	CDIDevices   []string            `json:"cdiDevices,omitempty"`
 }
 
 // podAllocation is the JSON recorded for a pod.
@@ -70,16 +76,24 @@ func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 	if result.Admit {
 		result = n.predAdm.Admit(ctx, attrs)
 	}
-	n.mu.Lock()
-	n.admitted.Insert(string(pod.UID))
-	n.mu.Unlock()
 	if !result.Admit {
+		n.markAdmitted(pod)
 		logger.Info("pod rejected at admission", "pod", klog.KObj(pod), "reason", result.Reason,
 			"message", result.Message)
 		return n.writePodStatus(ctx, pod, func(s *v1.PodStatus) {
 			s.Phase, s.Reason, s.Message = v1.PodFailed, result.Reason, result.Message
 		})
 	}
+	if hasResourceClaims(pod) {
+		// As the kubelet's SyncPod: claims are prepared before any container starts; a failure
+		// leaves the pod Pending and is retried (the queue's backoff), admission is not repeated
+		// for the device manager (its allocation is kept per container).
+		if err := n.dra.PrepareResources(ctx, pod); err != nil {
+			logger.Error(err, "preparing resource claims", "pod", klog.KObj(pod))
+			return err
+		}
+	}
+	n.markAdmitted(pod)
 	alloc, err := n.allocationOf(ctx, pod)
 	if err != nil {
 		return err
@@ -99,6 +113,12 @@ func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 		return err
 	}
 	return n.writePodStatus(ctx, pod, func(s *v1.PodStatus) { markRunning(pod, s, string(raw)) })
+}
+
+func (n *simNode) markAdmitted(pod *v1.Pod) {
+	n.mu.Lock()
+	n.admitted.Insert(string(pod.UID))
+	n.mu.Unlock()
 }
 
 func (n *simNode) otherActivePods(pod *v1.Pod) []*v1.Pod {
@@ -134,6 +154,9 @@ func (n *simNode) allocationOf(ctx context.Context, pod *v1.Pod) (podAllocation,
 			for _, e := range opts.Envs {
 				got.Env[e.Name] = e.Value
 			}
+		}
+		if got.ClaimDevices, got.CDIDevices, err = n.claimDevicesOf(pod, c); err != nil {
+			return alloc, fmt.Errorf("prepared claims of %s/%s: %w", pod.Name, c.Name, err)
 		}
 		alloc.Containers[c.Name] = got
 	}
@@ -216,6 +239,7 @@ func (n *simNode) startTermination(ctx context.Context, pod *v1.Pod) {
 		if err := n.runtime.stop(pod); err != nil {
 			klog.FromContext(ctx).Error(err, "recording stopped containers", "pod", klog.KObj(pod))
 		}
+		n.unprepareUntilDone(ctx, pod) // after the containers stopped, before the pod is gone
 		opts := metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)),
 			Preconditions: &metav1.Preconditions{UID: &pod.UID}}
 		err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)

@@ -1,7 +1,8 @@
 // Command harness runs the real Kubernetes control-plane components on loopback for gpuweave's
 // end-to-end tests: `control-plane` (embedded etcd + kube-apiserver), `kube-scheduler` (the
 // upstream command itself, flags passed through) and `node` (a simulated node whose device
-// handling is the kubelet's device manager and admission path). See docs/e2e.md.
+// handling is the kubelet's device manager, DRA manager and admission path) and `controllers`
+// (the ResourceClaim and device taint eviction controllers). See docs/e2e.md.
 package main
 
 import (
@@ -19,7 +20,11 @@ commands:
   kube-scheduler [flags]       the upstream kube-scheduler command (e.g. --config FILE)
   node --name N --kubelet-dir D --control-plane-dir DIR
                                a node: Node object, kubelet device manager on
-                               D/device-plugins/kubelet.sock, pod admission
+                               D/device-plugins/kubelet.sock, DRA manager and plugin
+                               watcher on D/plugins_registry, pod admission
+  controllers --control-plane-dir DIR
+                               the DRA controllers of kube-controller-manager: ResourceClaim
+                               controller and device taint eviction
 `
 
 func main() {
@@ -37,6 +42,8 @@ func main() {
 		err = cmd.Execute()
 	case "node":
 		err = runNode(os.Args[2:])
+	case "controllers":
+		err = runControllers(os.Args[2:])
 	case "kustomize":
 		err = runKustomize(os.Args[2:])
 	case "podresources":

@@ -1,7 +1,8 @@
 package main
 
 // The node's control loops: Node registration and status (capacity/allocatable from the device
-// manager), and a pod informer feeding one admission worker, as the kubelet admits pods one by one.
+// manager), the DRA manager and plugin watcher (dra.go), and a pod informer feeding one
+// admission worker, as the kubelet admits pods one by one.
 
 import (
 	"context"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
@@ -36,6 +38,8 @@ type simNode struct {
 	flags    nodeFlags
 	client   kubernetes.Interface
 	devices  *devicemanager.ManagerImpl
+	dra      *dra.Manager // the kubelet's DRA manager (dra.go)
+	ready    config.SourcesReady
 	topology topologymanager.Manager
 	predAdm  lifecycle.PodAdmitHandler
 	pods     cache.Indexer
@@ -73,6 +77,10 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 	if err := n.register(ctx); err != nil {
 		return err
 	}
+	if err := n.startDRA(ctx, n.ready); err != nil { // after the Node exists: drivers register against it
+		return fmt.Errorf("DRA manager: %w", err)
+	}
+	defer n.dra.Stop()
 	n.startPodInformer(ctx)
 	if err := n.servePodResources(ctx); err != nil {
 		return fmt.Errorf("pod-resources API: %w", err)
@@ -102,9 +110,9 @@ func (n *simNode) startManagers(logger klog.Logger) error {
 	n.topology, n.devices = tm, dm
 	n.predAdm = lifecycle.NewPredicateAdmitHandler(n.getNode, lifecycle.NewAdmissionFailureHandlerStub(),
 		dm.UpdatePluginResources)
-	ready := config.NewSourcesReady(func(sets.Set[string]) bool { return n.sourcesReady.Load() })
+	n.ready = config.NewSourcesReady(func(sets.Set[string]) bool { return n.sourcesReady.Load() })
 	containers, running := n.runtime.initial()
-	if err := dm.Start(logger, n.activePods, ready, containers, running); err != nil {
+	if err := dm.Start(logger, n.activePods, n.ready, containers, running); err != nil {
 		return fmt.Errorf("device manager start (plugin registration server): %w", err)
 	}
 	logger.Info("device manager serving", "socket", "/var/lib/kubelet/device-plugins/kubelet.sock",
