@@ -76,6 +76,9 @@ class AgentConfig:
     poll_interval: float = 0.1
     rediscover_interval: float = 0.0  # seconds between periodic re-discoveries; 0: only on request
     device_listing: DeviceListing = field(default_factory=DeviceListing)  # how Allocate names devices
+    # False in DRA mode (``gpuweave node-agent --dra``): the lists and health are kept as always, but
+    # no device-plugin socket is served or registered, so the kubelet gets no resource from here
+    serve_device_plugins: bool = True
 
 
 @dataclass
@@ -233,7 +236,8 @@ class NodeAgent:
             on_error=partial(self._preference_failed, name),
         )
         server = ResourceServer(service, resource=name, kubelet_dir=self.config.kubelet_dir)
-        server.start()  # serving before the watcher registers it
+        if self.config.serve_device_plugins:
+            server.start()  # serving before the watcher registers it
         self._resources[name] = _Resource(state, server)
 
     def _apply(self, catalogue: dict[str, tuple[PluginDevice, ...]] | None = None) -> bool:
@@ -344,6 +348,8 @@ class NodeAgent:
 
     # ---- introspection ---------------------------------------------------------------------
     def _servers(self) -> list[ResourceServer]:
+        if not self.config.serve_device_plugins:
+            return []  # DRA mode: nothing for the kubelet's device manager
         with self._lock:
             return [r.server for r in self._resources.values()]
 
@@ -371,8 +377,10 @@ class NodeAgent:
                 }
                 for name, r in self._resources.items()
             }
+        serving = self.config.serve_device_plugins
         return {
-            "ready": bool(resources) and all(r["registered"] for r in resources.values()),
+            "ready": bool(resources) and (not serving or all(r["registered"] for r in resources.values())),
+            "device_plugins": serving,
             "pid": os.getpid(),
             "node": self._inventory.name if self._inventory else "",
             "kubelet_dir": str(self.config.kubelet_dir),

@@ -122,6 +122,10 @@ def _resolve(
         device = by_name.get(name)
         if device is None:
             raise ClaimError(f"{ref.describe()}: device {name} is not in this node's pool any more")
+        if device.lost:
+            raise ClaimError(
+                f"{ref.describe()}: GPU {name} is unreachable (off the bus); it cannot be prepared"
+            )
         if device.plugin is None:
             raise ClaimError(
                 f"{ref.describe()}: device {name} is a MIG placement with no MIG instance; creating MIG "

@@ -9,7 +9,9 @@ exactly what Allocate would. Names are DNS labels, unique in the node's pool:
 - ``gpu-<index>-mig-<gi>-<ci>``: a MIG device that exists (``MigPublishing.STATIC``);
 - ``gpu-<index>-mig-<profile>-<start>``: a MIG placement that may be created (``DYNAMIC``), e.g.
   ``gpu-0-mig-3g-40gb-4``; it consumes the GPU's counters (``deviceplugin.dra.slices``);
-- ``efa-<adapter>``: an EFA adapter (its name lower-cased, other characters as ``-``).
+- ``efa-<adapter>``: an EFA adapter (its name lower-cased, other characters as ``-``);
+- a GPU the driver counts but cannot reach keeps ``gpu-<index>``, with only ``type``, ``index`` and
+  ``uuid``, and is tainted NoExecute (``deviceplugin.dra.taints``).
 
 Attributes (domain ``gpuweave.io`` unless named): ``type`` (gpu, mig, efa), ``uuid``, ``index``,
 ``productName``, ``architecture``, ``computeCapability`` (string "9.0"), ``cudaComputeCapability``
@@ -31,7 +33,7 @@ from typing import Any
 
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
 from deviceplugin.sharing import SharingPlan
-from topology.inventory import Gpu, MigDevice, Nic, NicType, NodeInventory
+from topology.inventory import Gpu, LostGpu, MigDevice, Nic, NicType, NodeInventory
 from topology.mig_catalog import GiProfile, MigCatalogError, default_catalog
 
 DRIVER = "gpuweave.io"
@@ -71,6 +73,7 @@ class DraDevice:
     gpu_uuid: str | None = None  # the physical GPU behind a GPU or MIG device
     consumes: dict[str, int] = field(default_factory=dict, hash=False)  # counter -> amount
     counter_set: str | None = None  # the GPU's counter set it consumes from (partitionable only)
+    lost: bool = False  # a GPU the driver counts but cannot reach: published tainted, never prepared
     mig_profile: str | None = None
     placement_start: int | None = None
 
@@ -284,6 +287,23 @@ def _partitionable(gpu: Gpu, inventory: NodeInventory, plugin: PluginDevice | No
     return devices
 
 
+def _lost_gpu(lost: LostGpu) -> DraDevice:
+    """A GPU off the bus keeps its name in the pool, tainted NoExecute (``taints``): a device that
+    just disappeared from a slice would evict nothing, and its claims' pods must go."""
+    attrs: dict[str, dict[str, Any]] = {ATTR_TYPE: _s(DraKind.GPU.value), "index": {"int": lost.index}}
+    if lost.uuid:
+        attrs["uuid"] = _s(lost.uuid)
+    return DraDevice(
+        name=f"gpu-{lost.index}",
+        kind=DraKind.GPU,
+        attributes=attrs,
+        capacity={},
+        plugin=None,
+        gpu_uuid=lost.uuid or None,
+        lost=True,
+    )
+
+
 def _efa_device(nic: Nic, plugin: PluginDevice) -> DraDevice:
     name = dns_part(nic.name)
     attrs = {
@@ -318,6 +338,8 @@ def dra_devices(
             ]
         else:
             devices.append(_whole_gpu(gpu, inventory, plugin_by_id.get(gpu.uuid)))
+    present = {d.name for d in devices}
+    devices += [_lost_gpu(lost) for lost in inventory.lost_gpus if f"gpu-{lost.index}" not in present]
     for nic in sorted(inventory.nics, key=lambda n: n.name):
         if nic.type is NicType.EFA and nic.name in plugin_by_id:
             devices.append(_efa_device(nic, plugin_by_id[nic.name]))

@@ -12,7 +12,7 @@ all (an admin's debugging pod, say):
 A GPU's state fans out to every device backed by it (its MIG devices and MIG placements), never to
 its siblings; a MIG device's own fault taints that MIG device only. Faults and withholdings the agent
 records itself (a GPU off the bus, the NVSwitch fabric not trained, a MIG reshape in progress) are
-Failed and Suspect respectively.
+Failed and Suspect respectively; a GPU off the bus is published with the value ``lost``, NoExecute.
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ def conditions_from(
     withheld: Mapping[str, str] | None = None,
 ) -> dict[str, DeviceCondition]:
     """Device ID or GPU UUID -> condition, from the health monitor's snapshot and the agent's own
-    maps (``NodeAgent.health_maps``); the worse state wins where both name a device."""
+    maps (``NodeAgent.health_maps``). The monitor pushes every withheld device to the agent as a
+    fault, so for a device the snapshot tracks its state decides (Suspect stays NoSchedule); the
+    agent's faults count for the rest, and its withholdings (fabric, MIG reshape) everywhere, the
+    worse state winning."""
     conditions: dict[str, DeviceCondition] = {}
 
     def put(key: str, state: DeviceState, reason: str) -> None:
@@ -68,7 +71,9 @@ def conditions_from(
         if old is None or worst(old.state, state) is not old.state:
             conditions[key] = DeviceCondition(state, reason)
 
+    tracked: set[str] = set()
     if snapshot is not None:
+        tracked = {*snapshot.gpus, *snapshot.migs, *snapshot.efa_up}
         for key, record in [*snapshot.gpus.items(), *snapshot.migs.items()]:
             put(key, record.state, record.reason)
         for name, up in snapshot.efa_up.items():
@@ -77,7 +82,8 @@ def conditions_from(
     for key, reason in (withheld or {}).items():
         put(key, DeviceState.SUSPECT, reason)
     for key, reason in (faults or {}).items():
-        put(key, DeviceState.FAILED, reason)
+        if key not in tracked:
+            put(key, DeviceState.FAILED, reason)
     return conditions
 
 
@@ -88,6 +94,9 @@ def device_taints(
     device's own condition and its GPU's)."""
     taints: dict[str, tuple[Taint, ...]] = {}
     for device in devices:
+        if device.lost:
+            taints[device.name] = (Taint(key=TAINT_KEY, value="lost", effect=NO_EXECUTE),)
+            continue
         found = [conditions[key] for key in device.health_keys if key in conditions]
         if not found:
             continue

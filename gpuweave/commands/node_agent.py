@@ -27,6 +27,7 @@ from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
+from gpuweave.node_dra import add_dra_arguments, check_dra_arguments, start_node_dra
 from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes
@@ -94,6 +95,7 @@ def register(subparsers: Any) -> None:
         "with --simulate the simulated one; docs/device-plugin.md)",
     )
     add_cdi_arguments(parser)
+    add_dra_arguments(parser)
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
@@ -206,6 +208,7 @@ def build_agent(
         sharing=sharing,
         rediscover_interval=args.rediscover_interval,
         device_listing=device_listing(args, backend),
+        serve_device_plugins=not args.dra,
     )
     return NodeAgent(
         config,
@@ -213,7 +216,7 @@ def build_agent(
         chooser_for=gpu_chooser_for,
         handoff=kube.handoff if kube else None,
         metrics=metrics,
-        cdi=cdi_publisher(args, backend),
+        cdi=None if args.dra else cdi_publisher(args, backend),  # DRA writes a spec per prepared claim
     )
 
 
@@ -252,7 +255,22 @@ def check_args(args: argparse.Namespace) -> bool:
         )
     if args.correct_assignments and not with_kube:
         raise GpuweaveError("--correct-assignments patches pods: give --kubeconfig too (or --in-cluster)")
+    check_dra_arguments(args, with_kube=with_kube)
     return with_kube
+
+
+def open_dra(
+    args: argparse.Namespace, *, agent: NodeAgent, backend: GpuBackend, kube: KubeParts | None, health: Any
+) -> Callable[[], None]:
+    """DRA mode's plugin and slice publisher (``--dra``; needs the API server, checked at start);
+    returns what stops them."""
+    if not args.dra or kube is None:
+        log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
+        return lambda: None
+    dra = start_node_dra(
+        args, agent=agent, backend=backend, api=kube.api, health=health, node=node_name(args)
+    )
+    return dra.stop
 
 
 def run(args: argparse.Namespace) -> int:
@@ -268,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
     inventory = backend.discover()
     try:  # before any socket or registration of ours
         served = build_catalogue(inventory, agent.config.sharing)
-        refuse_if_served_by_another(args.kubelet_dir, resources=served)
+        if not args.dra:  # DRA mode registers no device-plugin resource
+            refuse_if_served_by_another(args.kubelet_dir, resources=served)
         mps = open_mps(args, agent, inventory)
     except GpuweaveError:
         backend.close()
@@ -307,13 +326,14 @@ def run(args: argparse.Namespace) -> int:
             kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
             correct_assignments=args.correct_assignments,
         )
+    stop_dra = open_dra(args, agent=agent, backend=backend, kube=kube, health=health)
     stop_metrics = open_metrics(args.metrics_address, metrics) if args.metrics_address else None
-    log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
     try:
         stop.wait()
     finally:
         if stop_metrics is not None:
             stop_metrics()
+        stop_dra()
         if layout is not None:
             layout.stop()
         health.stop()

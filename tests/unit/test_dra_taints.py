@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from deviceplugin.dra.devices import MigPublishing, dra_devices
@@ -17,6 +19,7 @@ from deviceplugin.dra.taints import (
 from health.policy import DeviceRecord, DeviceState
 from health.scope import HealthSnapshot
 from tests.support.small_inventory import gpu_uuid, small_inventory
+from topology.inventory import LostGpu
 
 
 @pytest.mark.parametrize(
@@ -92,3 +95,23 @@ def test_time_added_is_carried_over_for_the_same_taint() -> None:
     assert carry_time_added(taints, old)["gpu-0"][0].time_added == "2026-12-01T00:00:00Z"
     changed = {"gpu-0": [{"key": TAINT_KEY, "effect": "NoSchedule", "timeAdded": "2026-12-01T00:00:00Z"}]}
     assert carry_time_added(taints, changed)["gpu-0"][0].time_added is None
+
+
+def test_the_monitors_pushed_fault_does_not_turn_suspect_into_no_execute() -> None:
+    snapshot = HealthSnapshot(gpus={gpu_uuid(0): DeviceRecord(state=DeviceState.SUSPECT, reason="ecc")})
+    conditions = conditions_from(snapshot, faults={gpu_uuid(0): "ecc", gpu_uuid(1): "lost"})
+    taints = device_taints(dra_devices(small_inventory()), conditions)
+    assert taints["gpu-0"][0].effect == "NoSchedule" and taints["gpu-1"][0].effect == "NoExecute"
+
+
+def test_a_gpu_off_the_bus_stays_in_the_pool_tainted_no_execute() -> None:
+    inventory = small_inventory()
+    lost = replace(
+        inventory,
+        gpus=inventory.gpus[:3],
+        lost_gpus=(LostGpu(index=3, uuid=gpu_uuid(3), pci_bus_id="", reason="fell off the bus"),),
+    )
+    devices = {d.name: d for d in dra_devices(lost)}
+    assert devices["gpu-3"].plugin is None and devices["gpu-3"].lost
+    taints = device_taints(devices.values(), {})
+    assert taints == {"gpu-3": (Taint(TAINT_KEY, "lost", "NoExecute"),)}

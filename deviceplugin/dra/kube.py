@@ -1,0 +1,168 @@
+"""The DRA driver's API-server side: reading claims at prepare, and publishing the node's pool.
+
+``KubeClaimSource`` reads a ResourceClaim as JSON (camelCase, as the API server sends it).
+``SlicePublisher`` keeps this node's ResourceSlices of driver ``gpuweave.io`` equal to what the
+builder gives: it lists the slices it finds for the node and driver, and when the devices, counters
+or taints differ it writes the whole pool again under the next generation (create or replace by
+name) and deletes slices the pool no longer has; nothing changes, nothing is written. It runs in a
+background thread, coalesces bursts and retries with back-off through an API server outage,
+never blocking the kubelet's gRPC path. A taint that stays keeps the ``timeAdded`` the API server
+stamped (``taints.carry_time_added``), so republishing never restarts a NoExecute toleration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from deviceplugin.dra.claims import ClaimError
+from deviceplugin.dra.devices import DRIVER
+from kubeio.client import finish
+from kubeio.errors import NOT_FOUND, describe, status_of
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+# generation, the taints already published (device name -> wire taints) -> the pool's slices
+PoolBuilder = Callable[[int, Mapping[str, list[Mapping[str, str]]]], list[dict[str, Any]]]
+
+
+class KubeClaimSource:
+    """``ClaimSource`` over the API server (needs ``resourceclaims get``)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._resource = client.ResourceV1Api(api)
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            raw = self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        except ApiException as exc:
+            if status_of(exc) == NOT_FOUND:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from None
+            raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: {describe(exc)}") from None
+        except Exception as exc:  # API server unreachable: the kubelet retries the claim
+            raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: {exc}") from None
+        data: Mapping[str, Any] = json.loads(finish(raw))
+        return data
+
+
+def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice's content without what the API server adds or the generation counts."""
+    devices = []
+    for device in spec.get("devices") or []:
+        taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or []]
+        devices.append(
+            {**device, "taints": taints} if taints else {k: v for k, v in device.items() if k != "taints"}
+        )
+    return {"devices": devices, "sharedCounters": spec.get("sharedCounters") or []}
+
+
+def published_taints(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, str]]]:
+    return {
+        d["name"]: list(d["taints"])
+        for s in slices
+        for d in s["spec"].get("devices") or []
+        if d.get("taints")
+    }
+
+
+class SlicePublisher:
+    """Writes this node's pool (see the module docstring); ``changed()`` wakes it."""
+
+    def __init__(self, api: client.ApiClient, *, node: str, build: PoolBuilder) -> None:
+        self._resource = client.ResourceV1Api(api)
+        self._node = node
+        self._build = build
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
+        self.published = 0  # pool generations written by this process
+
+    def start(self) -> None:
+        self._wake.set()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.publish_once()
+            except Exception as exc:  # API outage: keep serving the kubelet, retry later
+                log.warning("publishing ResourceSlices failed (%s); retrying in %.0f s", exc, RETRY_S)
+                if self._stop.wait(RETRY_S):
+                    return
+                self._wake.set()
+
+    def current(self) -> list[dict[str, Any]]:
+        """This node's slices of our driver as the API server has them."""
+        raw = self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self._node},spec.driver={DRIVER}", _preload_content=False
+        )
+        items: list[dict[str, Any]] = json.loads(finish(raw)).get("items") or []
+        return items
+
+    def publish_once(self) -> bool:
+        """One reconcile; True when the pool was written."""
+        existing = self.current()
+        generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
+        desired = self._build(max(generation, 1), published_taints(existing))
+        by_name = {s["metadata"]["name"]: s for s in existing}
+        same = set(by_name) == {s["metadata"]["name"] for s in desired} and all(
+            _comparable(by_name[s["metadata"]["name"]]["spec"]) == _comparable(s["spec"])
+            and by_name[s["metadata"]["name"]]["spec"]["pool"] == s["spec"]["pool"]
+            for s in desired
+        )
+        if same:
+            return False
+        desired = self._build(generation + 1, published_taints(existing))
+        for item in desired:
+            name = item["metadata"]["name"]
+            if name in by_name:
+                body = {
+                    **item,
+                    "metadata": {
+                        **item["metadata"],
+                        "resourceVersion": by_name[name]["metadata"]["resourceVersion"],
+                    },
+                }
+                self._resource.replace_resource_slice(name, cast(Any, body))
+            else:
+                self._resource.create_resource_slice(cast(Any, item))
+        for name in by_name.keys() - {s["metadata"]["name"] for s in desired}:
+            try:
+                self._resource.delete_resource_slice(name)
+            except ApiException as exc:
+                if status_of(exc) != NOT_FOUND:
+                    raise
+        self.published += 1
+        log.info(
+            "published %d ResourceSlices of pool %s, generation %d", len(desired), self._node, generation + 1
+        )
+        return True
+
+    def delete_all(self) -> None:
+        """Remove this node's pool (the agent leaves DRA mode, or the node goes)."""
+        for item in self.current():
+            try:
+                self._resource.delete_resource_slice(item["metadata"]["name"])
+            except ApiException as exc:
+                if status_of(exc) != NOT_FOUND:
+                    raise

@@ -1,0 +1,158 @@
+"""The node agent's DRA mode (``gpuweave node-agent --dra``; docs/dra.md): wiring for the composition root.
+
+With ``--dra`` every device of the node (GPUs, MIG devices, EFA adapters) is served through Dynamic
+Resource Allocation and none through the device-plugin API: the agent keeps its device model,
+health and MIG manager, publishes the node's ResourceSlices (health as device taints), registers
+with the kubelet's plugin watcher under ``<kubelet root>/plugins_registry`` and serves the DRA gRPC
+service at ``<kubelet root>/plugins/gpuweave.io/dra.sock``. The kubelet root is ``--kubelet-root``,
+by default the parent of ``--kubelet-dir`` when that is the kubelet's ``device-plugins`` directory.
+DRA mode reads claims from the API server, so it needs ``--kubeconfig`` or ``--in-cluster``, and it
+hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deviceplugin.agent import NodeAgent
+from deviceplugin.dra.claim_cdi import ClaimSpecWriter
+from deviceplugin.dra.claims import ClaimPreparer
+from deviceplugin.dra.devices import DraDevice, MigPublishing, dra_devices
+from deviceplugin.dra.plugin import DraPluginServer
+from deviceplugin.dra.slices import build_resource_slices
+from deviceplugin.dra.taints import carry_time_added, conditions_from, device_taints
+from deviceplugin.dra.validate import check_slices
+from gpuweave.node_cdi import host_root, spec_dir
+from hardware.backend import GpuBackend
+from hardware.device_nodes import read_host_device_nodes
+from health.service import HealthService
+from topology.errors import GpuweaveError
+from topology.inventory import NodeInventory
+
+if TYPE_CHECKING:  # the kubernetes client is imported only in DRA mode (start-up time, memory)
+    from kubernetes import client
+
+    from deviceplugin.dra.kube import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+
+def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="serve every GPU, MIG device and EFA adapter through Dynamic Resource Allocation "
+        "(ResourceSlices + the kubelet DRA plugin) and none through the device-plugin API (docs/dra.md)",
+    )
+    parser.add_argument(
+        "--dra-mig",
+        choices=[m.value for m in MigPublishing],
+        default=MigPublishing.STATIC.value,
+        help="with --dra: static publishes the MIG devices that exist; dynamic publishes MIG-capable "
+        "GPUs as partitionable devices (shared counters, every placement). Default: static",
+    )
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        default=None,
+        help="with --dra: the kubelet's root directory, holding plugins_registry/ and plugins/ "
+        "(default: the parent of --kubelet-dir when that ends in device-plugins, else --kubelet-dir)",
+    )
+
+
+def kubelet_root(args: argparse.Namespace) -> Path:
+    if args.kubelet_root is not None:
+        return Path(args.kubelet_root)
+    kubelet_dir = Path(args.kubelet_dir)
+    return kubelet_dir.parent if kubelet_dir.name == "device-plugins" else kubelet_dir
+
+
+def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
+    """Refuse a DRA command line that cannot work, in one line, before anything starts."""
+    if not args.dra:
+        return
+    if not with_kube:
+        raise GpuweaveError(
+            "--dra reads ResourceClaims and publishes ResourceSlices: give --kubeconfig or --in-cluster"
+        )
+    if spec_dir(args) is None:
+        raise GpuweaveError("--dra hands devices to containers as CDI devices: --cdi-spec-dir cannot be none")
+
+
+@dataclass
+class NodeDra:
+    server: DraPluginServer
+    publisher: SlicePublisher
+
+    def stop(self) -> None:
+        self.publisher.stop()
+        self.server.stop()
+
+
+def _node_owner(api: client.ApiClient, node: str) -> dict[str, Any] | None:
+    """An ownerReference to the Node, so its slices go with it (None when it cannot be read)."""
+    from kubernetes import client  # noqa: PLC0415 (deferred: DRA mode only)
+
+    try:
+        uid = client.CoreV1Api(api).read_node(node).metadata.uid  # type: ignore[union-attr]
+    except Exception as exc:
+        log.warning("cannot read Node %s (%s): its ResourceSlices get no owner reference", node, exc)
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+
+def start_node_dra(
+    args: argparse.Namespace,
+    *,
+    agent: NodeAgent,
+    backend: GpuBackend,
+    api: client.ApiClient,
+    health: HealthService | None,
+    node: str,
+) -> NodeDra:
+    """Start the DRA plugin and the slice publisher for a started agent."""
+    from deviceplugin.dra.kube import KubeClaimSource, SlicePublisher  # noqa: PLC0415 (deferred: DRA mode only)
+
+    mig = MigPublishing(args.dra_mig)
+    directory = spec_dir(args)
+    if directory is None:  # refused by check_dra_arguments already
+        raise GpuweaveError("--dra needs a CDI spec directory")
+
+    def devices() -> tuple[NodeInventory, tuple[DraDevice, ...]]:
+        inventory = agent.inventory
+        return inventory, dra_devices(inventory, mig=mig)
+
+    preparer = ClaimPreparer(
+        pool=node,
+        state_dir=args.state_dir,
+        source=KubeClaimSource(api),
+        devices=devices,
+        specs=ClaimSpecWriter(directory),
+        host=partial(read_host_device_nodes, host_root(backend)),
+    )
+    owner = _node_owner(api, node)
+
+    def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
+        inventory, pool = devices()
+        faults, withheld = agent.health_maps()
+        conditions = conditions_from(health.snapshot() if health else None, faults=faults, withheld=withheld)
+        taints = carry_time_added(device_taints(pool, conditions), published)
+        slices = build_resource_slices(inventory, pool, generation=generation, taints=taints, owner=owner)
+        check_slices(slices)
+        return slices
+
+    server = DraPluginServer(preparer, kubelet_root=kubelet_root(args))
+    server.start()
+    publisher = SlicePublisher(api, node=node, build=build)
+    agent.add_listener(publisher.changed)
+    if health is not None:
+        health.add_listener(lambda _snapshot: publisher.changed())
+    publisher.start()
+    log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
+    return NodeDra(server, publisher)
