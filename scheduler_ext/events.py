@@ -9,7 +9,10 @@ Nothing of this runs on the request path beyond a limiter check and a non-blocki
 one writer thread formats and writes (``EventSink``: the API in cluster mode). A pending pod is
 filtered again on every retry, so Events are limited: at most one per pod and reason per
 ``per_pod_s``, and a token bucket of ``rate_per_s`` (burst ``burst``) for all pods together; at
-1,000 pods/s that is a trickle, not a storm. What is left out is counted
+1,000 pods/s that is a trickle, not a storm. Assignment Events have their own, smaller bucket
+(``BOUND_RATE_PER_S``, ``BOUND_BURST``): each costs an API write, about as much control-plane CPU
+as the Binding itself, while the assignment is on the pod anyway (annotation, ``--explain``); in a
+scheduling burst they are a sample, and rejections never wait behind them. What is left out is counted
 (``gpuweave_extender_events_dropped{reason}``: pod-interval, rate, queue-full, write-failed).
 """
 
@@ -38,8 +41,10 @@ LOG = logging.getLogger(__name__)
 REJECTED_REASON = "GpuweaveUnschedulable"  # Warning: filter rejected every node it was asked about
 BOUND_REASON = "GpuweaveAssigned"  # Normal: bind wrote the assignment
 PER_POD_S = 60.0
-RATE_PER_S = 20.0
+RATE_PER_S = 20.0  # rejections (Warning): a stuck pod's reasons
 BURST = 100
+BOUND_RATE_PER_S = 1.0  # assignments (Normal): every pod in a quiet cluster, a sample in a burst
+BOUND_BURST = 10
 QUEUE_SIZE = 1024
 MAX_TRACKED_PODS = 100_000
 WARN_EVERY_S = 60.0
@@ -131,12 +136,14 @@ class EventRecorder:
         *,
         cache: ClusterCache,
         limiter: EventLimiter | None = None,
+        bound_limiter: EventLimiter | None = None,
         counts: EventCounts | None = None,
         queue_size: int = QUEUE_SIZE,
     ) -> None:
         self._sink = sink
         self._cache = cache
         self._limiter = limiter or EventLimiter()
+        self._bound_limiter = bound_limiter or EventLimiter(rate_per_s=BOUND_RATE_PER_S, burst=BOUND_BURST)
         self.counts = counts or EventCounts()
         self._queue: queue.Queue[tuple[PodEvent, Render]] = queue.Queue(maxsize=queue_size)
         self._halt = threading.Event()
@@ -160,12 +167,17 @@ class EventRecorder:
             counts = reason_counts([*failed.items(), *hopeless.items()])
             return rejection_message(len(failed) + len(hopeless), counts)
 
-        self._offer(pod, REJECTED_REASON, "Warning", render)
+        self._offer(pod, REJECTED_REASON, "Warning", render, self._limiter)
 
     def bound(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment) -> None:
-        self._offer(pod, BOUND_REASON, "Normal", lambda: bind_message(self._cache, node, assignment))
+        def render() -> str:
+            return bind_message(self._cache, node, assignment)
 
-    def _offer(self, pod: Mapping[str, Any], reason: str, kind: str, render: Render) -> None:
+        self._offer(pod, BOUND_REASON, "Normal", render, self._bound_limiter)
+
+    def _offer(
+        self, pod: Mapping[str, Any], reason: str, kind: str, render: Render, limiter: EventLimiter
+    ) -> None:
         metadata = pod.get("metadata") or {}
         event = PodEvent(
             namespace=str(metadata.get("namespace") or "default"),
@@ -175,7 +187,7 @@ class EventRecorder:
             type=kind,
             message="",
         )
-        refused = self._limiter.admit(f"{event.uid or event.namespace + '/' + event.name} {reason}")
+        refused = limiter.admit(f"{event.uid or event.namespace + '/' + event.name} {reason}")
         if refused:
             self.counts.dropped.labels(refused).inc()
             return

@@ -23,6 +23,7 @@ from scheduler_ext.samples import inventory_object, node_object, pod_object, pro
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.waiting import wait_until
+from topology.assignment import PodAssignment
 from topology.contracts import RESOURCE_GPU
 from topology.errors import GpuweaveError
 
@@ -161,3 +162,25 @@ def test_a_stuck_api_never_holds_up_filter() -> None:
     finally:
         release.set()
         stuck.close()
+
+
+def test_assignments_have_their_own_smaller_bucket_and_never_spend_the_rejections() -> None:
+    written: list[PodEvent] = []
+    clock = Clock()
+    recorder = EventRecorder(
+        written.append,
+        cache=_cache(),
+        limiter=EventLimiter(rate_per_s=20.0, burst=5, clock=clock),
+        bound_limiter=EventLimiter(rate_per_s=1.0, burst=2, clock=clock),
+        queue_size=100,
+    )
+    for i in range(6):  # a burst of binds: two Assigned Events, the rest left out
+        recorder.bound(pod_object(f"b{i}"), node="n1", assignment=PodAssignment(node="n1", containers={}))
+    for i in range(5):  # the rejections' bucket is untouched by them
+        recorder.rejected(pod_object(f"r{i}"), failed={"n1": "no room"}, hopeless={})
+    assert recorder.counts.dropped.labels("rate")._value.get() == 4
+    recorder.start()
+    wait_until("seven events written", lambda: len(written) == 7, timeout=10)
+    recorder.stop()
+    reasons = [e.reason for e in written]
+    assert reasons.count(BOUND_REASON) == 2 and reasons.count(REJECTED_REASON) == 5
