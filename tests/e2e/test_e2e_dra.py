@@ -104,3 +104,31 @@ def test_dra_example_claims_are_valid(dra_plane: ControlPlane) -> None:
     assert len(docs) == 3
     for doc in docs:
         ControlPlane.apply_one(dyn, {**doc, "metadata": {**doc["metadata"], "namespace": "e2e-dra-claims"}})
+
+
+def test_dra_slice_publisher_reconciles_the_pool(dra_plane: ControlPlane) -> None:
+    """Created, left alone when unchanged, rewritten under the next generation when the pool shrinks
+    (a dynamic-MIG pool becoming a static one), stale slices deleted, and removed on delete_all."""
+    from deviceplugin.dra.kube import SlicePublisher  # noqa: PLC0415 (the kubernetes client, e2e only)
+
+    inventory = _inventory("dgx-h100", "e2e-dra-publisher")
+    mode = {"mig": MigPublishing.DYNAMIC}
+
+    def build(generation: int, published: Any) -> list[dict[str, Any]]:
+        return pool_slices(inventory, mig=mode["mig"], generation=generation)
+
+    publisher = SlicePublisher(dra_plane.api, node=inventory.name, build=build)
+    assert publisher.publish_once() is True
+    first = publisher.current()
+    assert len(first) == 5 and {s["spec"]["pool"]["generation"] for s in first} == {1}
+    assert publisher.publish_once() is False  # nothing changed, nothing written
+    mode["mig"] = MigPublishing.STATIC
+    assert publisher.publish_once() is True
+    second = publisher.current()
+    assert len(second) == 1 and second[0]["spec"]["pool"] == {
+        "name": inventory.name,
+        "generation": 2,
+        "resourceSliceCount": 1,
+    }
+    publisher.delete_all()
+    assert publisher.current() == []
