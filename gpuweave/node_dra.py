@@ -7,7 +7,10 @@ with the kubelet's plugin watcher under ``<kubelet root>/plugins_registry`` and 
 service at ``<kubelet root>/plugins/gpuweave.io/dra.sock``. The kubelet root is ``--kubelet-root``,
 by default the parent of ``--kubelet-dir`` when that is the kubelet's ``device-plugins`` directory.
 DRA mode reads claims from the API server, so it needs ``--kubeconfig`` or ``--in-cluster``, and it
-hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec-dir``).
+hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec-dir``). With
+``--dra-mig dynamic`` the MIG manager makes the instance of an allocated MIG placement at prepare
+and removes it at unprepare (``deviceplugin.dra.mig_demand``); MIG demand mode, which reshapes for
+device-plugin pod requests, is refused beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from deviceplugin.agent import NodeAgent
 from deviceplugin.dra.claim_cdi import ClaimSpecWriter
 from deviceplugin.dra.claims import ClaimPreparer
 from deviceplugin.dra.devices import DraDevice, MigPublishing, dra_devices
+from deviceplugin.dra.mig_demand import MigOnDemand
 from deviceplugin.dra.plugin import DraPluginServer
 from deviceplugin.dra.slices import build_resource_slices
 from deviceplugin.dra.taints import carry_time_added, conditions_from, device_taints
@@ -32,6 +36,7 @@ from gpuweave.node_cdi import host_root, spec_dir
 from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
 from health.service import HealthService
+from mig.service import MigService
 from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
 
@@ -83,6 +88,11 @@ def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
         )
     if spec_dir(args) is None:
         raise GpuweaveError("--dra hands devices to containers as CDI devices: --cdi-spec-dir cannot be none")
+    if args.dra_mig == MigPublishing.DYNAMIC.value and (args.mig_demand or args.mig_mode == "demand"):
+        raise GpuweaveError(
+            "--dra-mig dynamic makes MIG instances for allocated claims; --mig-mode demand would reshape "
+            "for nvidia.com/mig-* pod requests on the same GPUs: use --mig-mode off or declared"
+        )
 
 
 @dataclass
@@ -115,6 +125,7 @@ def start_node_dra(
     api: client.ApiClient,
     health: HealthService | None,
     node: str,
+    mig_service: MigService | None = None,
 ) -> NodeDra:
     """Start the DRA plugin and the slice publisher for a started agent."""
     from deviceplugin.dra.kube import KubeClaimSource, SlicePublisher  # noqa: PLC0415 (deferred: DRA mode only)
@@ -135,6 +146,11 @@ def start_node_dra(
         devices=devices,
         specs=ClaimSpecWriter(directory),
         host=partial(read_host_device_nodes, host_root(backend)),
+        mig=(
+            MigOnDemand(mig_service.reconciler, refresh=agent.refresh_inventory)
+            if mig is MigPublishing.DYNAMIC and mig_service is not None
+            else None
+        ),
     )
     owner = _node_owner(api, node)
 

@@ -14,6 +14,10 @@ atomically) before the answer goes back, so:
   missing for a checkpointed claim is written again, and a spec file without a checkpoint entry
   (a crash between the two writes) is removed, since the kubelet was never told about it.
 
+With ``--dra-mig dynamic`` (``mig``), an allocated MIG placement with no instance gets one before the
+spec is written (``mig_demand``), recorded as pending first; a pending claim found at start (the agent
+stopped mid-prepare) has its instances removed, and unprepare removes the instances its claim made.
+
 A claim that cannot be prepared raises ``ClaimError`` with the reason, which becomes that claim's
 error in the response (the kubelet retries); other claims of the same call are unaffected.
 """
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 
 from deviceplugin.dra.claim_cdi import ClaimSpecWriter, cdi_id, claim_spec
 from deviceplugin.dra.devices import DRIVER, DraDevice
+from deviceplugin.dra.mig_demand import MigOnDemand
 from hardware.device_nodes import HostDeviceNodes
 from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
@@ -113,6 +118,27 @@ def allocated_here(claim: Mapping[str, Any], *, ref: ClaimRef, pool: str) -> lis
     return ours
 
 
+Placement = tuple[int, str, int]  # GPU index, MIG profile, first memory slot
+
+
+def placements_to_make(wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]) -> list[Placement]:
+    """The allocated MIG placements that have no instance yet (``--dra-mig dynamic``)."""
+    by_name = {d.name: d for d in devices}
+    made: list[Placement] = []
+    for _, name in wanted:
+        device = by_name.get(name)
+        if device is None or device.plugin is not None or device.lost or device.mig_profile is None:
+            continue
+        placement = (
+            int(device.attributes["index"]["int"]),
+            device.mig_profile,
+            int(device.placement_start or 0),
+        )
+        if placement not in made:
+            made.append(placement)
+    return made
+
+
 def _resolve(
     ref: ClaimRef, wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]
 ) -> list[DraDevice]:
@@ -126,11 +152,14 @@ def _resolve(
             raise ClaimError(
                 f"{ref.describe()}: GPU {name} is unreachable (off the bus); it cannot be prepared"
             )
+        if device.plugin is None and device.mig_profile is not None:
+            raise ClaimError(
+                f"{ref.describe()}: device {name} is a MIG placement with no MIG instance and none was "
+                "made for it (this agent makes MIG instances only with --dra-mig dynamic)"
+            )
         if device.plugin is None:
             raise ClaimError(
-                f"{ref.describe()}: device {name} is a MIG placement with no MIG instance; creating MIG "
-                "instances at prepare is not supported yet: create it (gpuweave mig apply) or use "
-                "--dra-mig static"
+                f"{ref.describe()}: GPU {name} is in MIG mode; a whole GPU is prepared only with MIG off"
             )
         if device not in chosen:
             chosen.append(device)
@@ -138,7 +167,8 @@ def _resolve(
 
 
 class ClaimPreparer:
-    """Prepares and unprepares claims, checkpointed in ``state_dir``."""
+    """Prepares and unprepares claims, checkpointed in ``state_dir``; with ``mig``, makes the MIG
+    instances of allocated placements at prepare and removes them at unprepare."""
 
     def __init__(
         self,
@@ -149,6 +179,7 @@ class ClaimPreparer:
         devices: Callable[[], tuple[NodeInventory, Sequence[DraDevice]]],
         specs: ClaimSpecWriter,
         host: Callable[[], HostDeviceNodes],
+        mig: MigOnDemand | None = None,
     ) -> None:
         self.pool = pool
         self._path = Path(state_dir) / CHECKPOINT_FILE
@@ -156,9 +187,10 @@ class ClaimPreparer:
         self._devices = devices
         self._specs = specs
         self._host = host
+        self._mig = mig
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = self._load()
-        self._restore_specs()
+        self._restore()
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
@@ -174,12 +206,33 @@ class ClaimPreparer:
             raise GpuweaveError(f"DRA claim checkpoint {self._path} is not version {CHECKPOINT_VERSION}")
         return dict(data.get("claims") or {})
 
-    def _restore_specs(self) -> None:
-        for uid, entry in self._claims.items():
-            if not self._specs.exists(uid):
+    def _restore(self) -> None:
+        """Specs of prepared claims written again; a claim whose MIG instances were being made when
+        the agent stopped (never answered to the kubelet) has them removed; stray specs removed."""
+        for uid, entry in list(self._claims.items()):
+            if entry.get("pending"):
+                self._undo_mig(uid, entry.get("mig") or [])
+                del self._claims[uid]
+            elif not self._specs.exists(uid):
                 self._specs.write(uid, entry["spec"])
+        self._save()
         for uid in self._specs.remove_all_but(self._claims):
             log.warning("removed the CDI spec of claim %s: written but never checkpointed", uid)
+
+    def _undo_mig(self, uid: str, placements: Sequence[Sequence[Any]]) -> None:
+        for index, profile, start in placements:
+            try:
+                if self._mig is not None:
+                    self._mig.destroy(int(index), str(profile), int(start))
+            except Exception as exc:  # reported; the instance stays for an operator (gpuweave mig apply)
+                log.error(
+                    "cannot remove MIG %s at slot %s on GPU %s of claim %s: %s",
+                    profile,
+                    start,
+                    index,
+                    uid,
+                    exc,
+                )
 
     def _save(self) -> None:
         write_json_atomically(self._path, {"version": CHECKPOINT_VERSION, "claims": self._claims})
@@ -187,15 +240,65 @@ class ClaimPreparer:
     def prepared(self) -> dict[str, list[PreparedDevice]]:
         with self._lock:
             return {
-                uid: [PreparedDevice.from_wire(d) for d in e["devices"]] for uid, e in self._claims.items()
+                uid: [PreparedDevice.from_wire(d) for d in e["devices"]]
+                for uid, e in self._claims.items()
+                if not e.get("pending")
             }
 
-    def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+    def _done(self, uid: str) -> list[PreparedDevice] | None:
         with self._lock:
-            entry = self._claims.get(ref.uid)
-        if entry is not None:
-            return [PreparedDevice.from_wire(d) for d in entry["devices"]]
+            entry = self._claims.get(uid)
+        if entry is None or entry.get("pending"):
+            return None
+        return [PreparedDevice.from_wire(d) for d in entry["devices"]]
+
+    def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        done = self._done(ref.uid)
+        if done is not None:
+            return done
         wanted = allocated_here(self._source.get_claim(ref.namespace, ref.name), ref=ref, pool=self.pool)
+        made = self._make_mig(ref, wanted)
+        try:
+            return self._finish(ref, wanted, made)
+        except Exception:
+            if made:
+                self._undo_mig(ref.uid, made)
+                with self._lock:
+                    self._claims.pop(ref.uid, None)
+                    self._save()
+            raise
+
+    def _make_mig(self, ref: ClaimRef, wanted: Sequence[tuple[str, str]]) -> list[Placement]:
+        """Make the MIG instances the claim's placements need, recorded as pending first so a crash
+        in between leaves nothing behind after the next start."""
+        needed = placements_to_make(wanted, self._devices()[1])
+        if not needed or self._mig is None:
+            return []
+        with self._lock:
+            self._claims[ref.uid] = {
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "pending": True,
+                "mig": needed,
+            }
+            self._save()
+        made: list[Placement] = []
+        try:
+            for index, profile, start in needed:
+                self._mig.create(index, profile, start)
+                made.append((index, profile, start))
+        except Exception as exc:
+            self._undo_mig(ref.uid, made)
+            with self._lock:
+                self._claims.pop(ref.uid, None)
+                self._save()
+            raise ClaimError(f"{ref.describe()}: cannot make its MIG instance: {exc}") from None
+        log.info("made MIG instances for %s: %s", ref.describe(), made)
+        return made
+
+    def _finish(
+        self, ref: ClaimRef, wanted: Sequence[tuple[str, str]], made: list[Placement]
+    ) -> list[PreparedDevice]:
         inventory, devices = self._devices()
         chosen = _resolve(ref, wanted, devices)
         spec, problems = claim_spec(ref.uid, inventory, chosen, host=self._host())
@@ -209,15 +312,13 @@ class ClaimPreparer:
             for d in chosen
         ]
         with self._lock:
-            if ref.uid in self._claims:  # prepared meanwhile by a concurrent call
-                return [PreparedDevice.from_wire(d) for d in self._claims[ref.uid]["devices"]]
+            if ref.uid in self._claims and not self._claims[ref.uid].get("pending"):
+                return [
+                    PreparedDevice.from_wire(d) for d in self._claims[ref.uid]["devices"]
+                ]  # a concurrent call
             self._specs.write(ref.uid, spec)
-            self._claims[ref.uid] = {
-                "namespace": ref.namespace,
-                "name": ref.name,
-                "devices": [p.to_wire() for p in prepared],
-                "spec": spec,
-            }
+            entry = {"namespace": ref.namespace, "name": ref.name, "devices": [p.to_wire() for p in prepared]}
+            self._claims[ref.uid] = {**entry, "spec": spec, "mig": made}
             try:
                 self._save()
             except OSError as exc:
@@ -229,10 +330,22 @@ class ClaimPreparer:
 
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:
-            entry = self._claims.pop(ref.uid, None)
-            if entry is None:
-                self._specs.remove(ref.uid)  # never prepared, or already unprepared
-                return
+            entry = self._claims.get(ref.uid)
+        if entry is None:
+            self._specs.remove(ref.uid)  # never prepared, or already unprepared
+            return
+        for index, profile, start in entry.get("mig") or []:
+            if self._mig is None:
+                break
+            try:
+                self._mig.destroy(int(index), str(profile), int(start))
+            except Exception as exc:  # the kubelet retries the unprepare
+                raise ClaimError(
+                    f"{ref.describe()}: cannot remove its MIG instance {profile} at slot {start} "
+                    f"on GPU {index}: {exc}"
+                ) from None
+        with self._lock:
+            self._claims.pop(ref.uid, None)
             try:
                 self._save()
             except OSError as exc:

@@ -31,8 +31,17 @@ NAMESPACE = "e2e-dra"
 
 
 class DraAgent:
-    def __init__(self, plane: ControlPlane, kubeconfig: Path) -> None:
-        base = plane.work / "dra-agent"
+    def __init__(
+        self,
+        plane: ControlPlane,
+        kubeconfig: Path,
+        *,
+        node: str = NODE,
+        profile: str = "p5.48xlarge",
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.node, self.profile, self.extra = node, profile, extra
+        base = plane.work / f"dra-{node}"
         self.kubelet = base / "kubelet"
         (self.kubelet / "device-plugins").mkdir(parents=True)
         self.state = base / "state"
@@ -45,10 +54,17 @@ class DraAgent:
 
     def start(self) -> Process:
         self.starts += 1
-        argv = [*gpuweave_command(), "node-agent", "--simulate", "p5.48xlarge", "--node-name", NODE]
+        argv = [*gpuweave_command(), "node-agent", "--simulate", self.profile, "--node-name", self.node]
         argv += ["--kubelet-dir", str(self.kubelet / "device-plugins"), "--state-dir", str(self.state)]
-        argv += ["--kubeconfig", str(self.kubeconfig), "--health-config", str(self.health), "--dra"]
-        return Process(f"dra-agent-{self.starts}", argv, log_dir=self.plane.work)
+        argv += [
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--health-config",
+            str(self.health),
+            "--dra",
+            *self.extra,
+        ]
+        return Process(f"dra-{self.node}-{self.starts}", argv, log_dir=self.plane.work)
 
     @property
     def registration(self) -> Path:
@@ -76,21 +92,28 @@ def agent(plane: ControlPlane) -> Iterator[DraAgent]:
         started.process.stop()
 
 
-def slices(plane: ControlPlane) -> list[Any]:
-    found = client.ResourceV1Api(plane.api).list_resource_slice(field_selector=f"spec.nodeName={NODE}")
+def slices(plane: ControlPlane, node: str = NODE) -> list[Any]:
+    found = client.ResourceV1Api(plane.api).list_resource_slice(field_selector=f"spec.nodeName={node}")
     return list(found.items)
+
+
+def published_device(plane: ControlPlane, device: str, node: str = NODE) -> Any:
+    for item in slices(plane, node):
+        for d in item.spec.devices or []:
+            if d.name == device:
+                return d
+    return None
 
 
 def taints_of(plane: ControlPlane, device: str) -> list[str] | None:
     """The device's taint effects; None while the pool does not list it."""
-    for item in slices(plane):
-        for d in item.spec.devices or []:
-            if d.name == device:
-                return [t.effect for t in d.taints or []]
-    return None
+    found = published_device(plane, device)
+    return None if found is None else [t.effect for t in found.taints or []]
 
 
-def _allocated_claim(plane: ControlPlane, name: str, device: str) -> str:
+def _allocated_claim(
+    plane: ControlPlane, name: str, device: str, *, node: str = NODE, klass: str = "gpu"
+) -> str:
     resource = client.ResourceV1Api(plane.api)
     body = {
         "metadata": {"name": name},
@@ -99,7 +122,7 @@ def _allocated_claim(plane: ControlPlane, name: str, device: str) -> str:
         },
     }
     created = resource.create_namespaced_resource_claim(NAMESPACE, body)
-    result = {"request": "gpu", "driver": "gpuweave.io", "pool": NODE, "device": device}
+    result = {"request": "gpu", "driver": "gpuweave.io", "pool": node, "device": device}
     status = {"status": {"allocation": {"devices": {"results": [result]}}}}
     resource.patch_namespaced_resource_claim_status(name, NAMESPACE, status)
     return str(created.metadata.uid)
@@ -177,3 +200,47 @@ def test_dra_agent_untaints_a_gpu_after_probation(agent: DraAgent) -> None:
     wait_for(
         "gpu-2 listed and untainted after probation", lambda: taints_of(plane, "gpu-2") == [], timeout=90
     )
+
+
+@pytest.fixture(scope="module")
+def mig_agent(agent: DraAgent) -> Iterator[DraAgent]:
+    plane = agent.plane
+    plane.core.create_node({"metadata": {"name": "e2e-dra-mig"}})
+    extra = ("--dra-mig", "dynamic", "--pod-resources-socket", "none")
+    started = DraAgent(plane, agent.kubeconfig, node="e2e-dra-mig", profile="dgx-h100", extra=extra)
+    try:
+        yield started
+    finally:
+        started.process.stop()
+
+
+def _uuid_of(plane: ControlPlane, device: str) -> str | None:
+    found = published_device(plane, device, "e2e-dra-mig")
+    if found is None:
+        return None
+    value = (found.attributes or {}).get("uuid")
+    return value.string if value is not None else ""
+
+
+def test_dra_agent_makes_a_mig_instance_at_prepare_and_removes_it_at_unprepare(mig_agent: DraAgent) -> None:
+    plane, placement = mig_agent.plane, "gpu-1-mig-3g-40gb-4"
+    wait_for(
+        f"{placement} published without an instance", lambda: _uuid_of(plane, placement) == "", timeout=90
+    )
+    uid = _allocated_claim(plane, "mig-half", placement, node="e2e-dra-mig", klass="mig")
+    claims = [dra_pb2.Claim(uid=uid, namespace=NAMESPACE, name="mig-half")]
+    answer = mig_agent.dra().NodePrepareResources(
+        dra_pb2.NodePrepareResourcesRequest(claims=claims), timeout=45
+    )
+    assert answer.claims[uid].error == "" and answer.claims[uid].devices[0].device_name == placement
+    spec = json.loads((mig_agent.state / "cdi" / f"gpuweave.io-claim_{uid}.json").read_text())
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes[0] == "/dev/nvidia1" and any(p.startswith("/dev/nvidia-caps/") for p in nodes)
+    assert spec["containerEdits"]["env"][0].startswith("NVIDIA_VISIBLE_DEVICES=MIG-")
+    wait_for(
+        "the instance's uuid in the slice", lambda: (_uuid_of(plane, placement) or "").startswith("MIG-")
+    )
+    unprepare = dra_pb2.NodeUnprepareResourcesRequest(claims=claims)
+    assert mig_agent.dra().NodeUnprepareResources(unprepare, timeout=45).claims[uid].error == ""
+    wait_for("the instance removed from the slice", lambda: _uuid_of(plane, placement) == "", timeout=60)
+    assert not (mig_agent.state / "cdi" / f"gpuweave.io-claim_{uid}.json").exists()
