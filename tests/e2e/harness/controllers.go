@@ -42,6 +42,9 @@ func runControllers(args []string) error {
 	if *dir == "" {
 		return errors.New("controllers: --control-plane-dir is required")
 	}
+	if err := enableDRAFeatureGates(); err != nil {
+		return err
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(*dir, "admin.kubeconfig"))
 	if err != nil {
 		return err

@@ -91,6 +91,7 @@ func apiserverArgs(keys pki, etcdURL string, port int) []string {
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 		"--shutdown-delay-duration=0s",
+		draFeatureGateFlag(), // features.go
 	}
 }
 

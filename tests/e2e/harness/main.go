@@ -17,7 +17,8 @@ const usage = `usage: harness <command> [flags]
 commands:
   control-plane --dir DIR      embedded etcd + kube-apiserver; writes DIR/admin.kubeconfig,
                                DIR/scheduler.kubeconfig, then DIR/ready
-  kube-scheduler [flags]       the upstream kube-scheduler command (e.g. --config FILE)
+  kube-scheduler [flags]       the upstream kube-scheduler command (e.g. --config FILE),
+                               with the DRA feature gates of features.go
   node --name N --kubelet-dir D --control-plane-dir DIR
                                a node: Node object, kubelet device manager on
                                D/device-plugins/kubelet.sock, DRA manager and plugin
@@ -38,7 +39,7 @@ func main() {
 		err = runControlPlane(os.Args[2:])
 	case "kube-scheduler":
 		cmd := schedulerapp.NewSchedulerCommand()
-		cmd.SetArgs(os.Args[2:])
+		cmd.SetArgs(append([]string{draFeatureGateFlag()}, os.Args[2:]...)) // features.go
 		err = cmd.Execute()
 	case "node":
 		err = runNode(os.Args[2:])

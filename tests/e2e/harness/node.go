@@ -74,6 +74,9 @@ func runNode(args []string) error {
 	if os.Getenv(inNamespaceEnv) != "1" {
 		return reexecInMountNamespace(f, args)
 	}
+	if err := enableDRAFeatureGates(); err != nil { // features.go
+		return err
+	}
 	if err := mountKubeletDir(f.kubeletDir); err != nil {
 		return fmt.Errorf("node %s: %w", f.name, err)
 	}

@@ -1,0 +1,21 @@
+package main
+
+// The feature gates every component of the e2e cluster runs with for DRA. In 1.37 both are on
+// by default (pkg/features/kube_features.go: DRAPartitionableDevices beta since 1.36,
+// DRADeviceTaints GA in 1.37, not locked); they are set explicitly so that a Kubernetes bump
+// that changes a default does not silently drop shared counters or device taints, which the API
+// server discards without an error when its gate is off. kube-apiserver and kube-scheduler get
+// them as --feature-gates; harness node (the kubelet's DRA manager) and harness controllers set
+// them on the process's default gate.
+
+import (
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+)
+
+const draFeatureGates = "DRAPartitionableDevices=true,DRADeviceTaints=true"
+
+func draFeatureGateFlag() string { return "--feature-gates=" + draFeatureGates }
+
+func enableDRAFeatureGates() error {
+	return utilfeature.DefaultMutableFeatureGate.Set(draFeatureGates)
+}
