@@ -4,7 +4,8 @@
 ``harness control-plane`` (embedded etcd + kube-apiserver) and applies manifests with the real
 ``kubernetes`` client. ``SimNode`` runs ``harness node`` (the kubelet's
 device manager and admission) next to ``gpuweave node-agent --simulate`` on the same kubelet
-directory. ``start_scheduler`` runs the upstream kube-scheduler with the gpuweave-scheduler
+directory. ``start_controllers`` runs the kube-controller-manager controllers DRA needs.
+``start_scheduler`` runs the upstream kube-scheduler with the gpuweave-scheduler
 profile from manifests/scheduler/, pointed at a ``gpuweave extender`` process.
 """
 
@@ -48,6 +49,7 @@ __all__ = [
     "gpuweave_command",
     "harness_binary",
     "render_scheduler_config",
+    "start_controllers",
     "start_extender",
     "start_scheduler",
     "stopping",
@@ -67,7 +69,8 @@ def free_port() -> int:
 
 
 class SimNode:
-    """A Node: ``harness node`` (kubelet device manager) + ``gpuweave node-agent --simulate``."""
+    """A Node: ``harness node`` (kubelet device manager, DRA manager and plugin watcher) +
+    ``gpuweave node-agent --simulate`` (``agent_args`` added, e.g. ``--dra``)."""
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class SimNode:
         agent_kubeconfig: Path | None,
         health_config: Path | None = None,
         topology_policy: str = "none",
+        agent_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.topology_policy = topology_policy
@@ -88,6 +92,7 @@ class SimNode:
         self.state_dir = base / "state"
         self.state_dir.mkdir(parents=True)
         self.kubelet_starts = 0
+        self.agent_starts = 1
         self.kubelet = self._start_kubelet()
         wait_for(f"{name}'s device manager socket", self._kubelet_socket_ready, timeout=60)
         kube = ["--kubeconfig", str(agent_kubeconfig)] if agent_kubeconfig else ["--no-kube"]
@@ -107,6 +112,7 @@ class SimNode:
                 "--state-dir",
                 str(self.state_dir),
                 *kube,
+                *agent_args,
             ],
             log_dir=plane.work,
         )
@@ -140,6 +146,14 @@ class SimNode:
             return node if (node.status.allocatable or {}).get(resource) == str(allocatable) else None
 
         return wait_for(f"{self.name} allocatable {resource}={allocatable}", check, timeout=timeout)
+
+    def restart_agent(self) -> None:
+        """Stop the node agent and start it again with the same command line and state (its log:
+        ``node-agent-<node>-<n>.log`` for the n-th restart)."""
+        argv = [str(a) for a in self.agent.popen.args]  # type: ignore[union-attr]
+        self.agent.stop()
+        self.agent_starts += 1
+        self.agent = Process(f"node-agent-{self.name}-{self.agent_starts}", argv, log_dir=self.plane.work)
 
     def inject(self, *args: str) -> None:
         run_sim_inject(self.state_dir, *args).check_returncode()
@@ -187,6 +201,12 @@ def start_scheduler(plane: ControlPlane, *, config_path: Path, name: str = "kube
         ],
         log_dir=plane.work,
     )
+
+
+def start_controllers(plane: ControlPlane) -> Process:
+    """``harness controllers``: the ResourceClaim and device taint eviction controllers."""
+    argv = [str(harness_binary()), "controllers", "--control-plane-dir", str(plane.dir)]
+    return Process("controllers", argv, log_dir=plane.work)
 
 
 def start_extender(

@@ -1,5 +1,9 @@
-"""DRA objects against the real kube-apiserver (1.37): the ResourceSlices `gpuweave publish --dra`
-prints and the agent publishes, the DeviceClasses and RBAC of manifests/dra/, the example claims.
+"""DRA against the real Kubernetes components (1.37): the ResourceSlices `gpuweave publish --dra`
+prints and the agent publishes, the DeviceClasses and RBAC of manifests/dra/, the example claims;
+then pods with claims end to end: kube-scheduler's DynamicResources plugin allocates, the
+ResourceClaim controller creates the claims from templates, the kubelet's DRA manager in
+`harness node` prepares them through `gpuweave node-agent --dra` (CDI), and the device taint
+eviction controller evicts the pod of a GPU that failed.
 
 What the API server keeps is read back: a field behind a feature gate that is off is dropped on
 write without an error, so "accepted" means the taints, shared counters and counter consumption
@@ -9,17 +13,31 @@ are still there.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client, config, dynamic
+from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.dra.devices import MigPublishing
 from deviceplugin.dra.slices import Taint, pool_slices
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
-from tests.e2e.cluster import REPO, ControlPlane
+from tests.e2e.cluster import (
+    REPO,
+    ControlPlane,
+    SimNode,
+    render_scheduler_config,
+    start_controllers,
+    start_scheduler,
+    stopping,
+    wait_for,
+)
+from tests.e2e.conftest import add_taint
+from tests.e2e.test_e2e_cdi import paths, resolve
 from topology.inventory import NodeInventory
 
 pytestmark = pytest.mark.e2e
@@ -132,3 +150,271 @@ def test_dra_slice_publisher_reconciles_the_pool(dra_plane: ControlPlane) -> Non
     }
     publisher.delete_all()
     assert publisher.current() == []
+
+
+# ---- DRA end to end: kube-scheduler's DynamicResources plugin, the ResourceClaim controller, the
+# kubelet's DRA manager (harness node) and `gpuweave node-agent --dra` on one node ------------------
+
+DRA_NODE = "e2e-dra-p5"
+DRA_SCHEDULER = "e2e-dra-scheduler"
+DRA_NAMESPACE = "e2e-dra-pods"
+DRA_TAINT = {"key": "e2e.gpuweave.io/dra-tests", "value": "only", "effect": "NoSchedule"}
+NVLINK_QUAD = ("gpu-4", "gpu-5", "gpu-6", "gpu-7")
+
+
+def _split_nvlink_profile(work: Path) -> Path:
+    """p5.48xlarge with its NVSwitch replaced by an NVLink quad on GPUs 4-7 and a pair on 0-1 (2
+    and 3 have no NVLink): the first four GPUs in the pool span three domains, so a claim for four
+    NVLink-connected GPUs is met only by the quad."""
+    profile = yaml.safe_load((REPO / "hardware" / "builtin_profiles" / "p5.48xlarge.yaml").read_text())
+    profile["metadata"]["name"] = "p5-split-nvlink"
+    del profile["spec"]["nvswitch"]
+    quad = [[a, b] for a in range(4, 8) for b in range(a + 1, 8)]
+    profile["spec"]["nvlinks"] = [{"gpus": pair, "links": 6} for pair in [[0, 1], *quad]]
+    path = work / "p5-split-nvlink.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def _pool(plane: ControlPlane) -> dict[str, Any]:
+    """This node's devices of driver gpuweave.io, by name, as the API server stores them."""
+    found = client.ResourceV1Api(plane.api).list_resource_slice(field_selector=f"spec.nodeName={DRA_NODE}")
+    return {d.name: d for s in found.items for d in s.spec.devices or []}
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(
+    dra_plane: ControlPlane, agent_kubeconfig: Path, scheduler_kubeconfig: Path
+) -> Iterator[SimNode]:
+    """One DRA node (harness node + `gpuweave node-agent --dra`), its own kube-scheduler (the
+    gpuweave-scheduler's configuration without the extender, which DRA-only pods never call) and
+    `harness controllers`; the node is tainted so only these tests' pods land there."""
+    work = dra_plane.work
+    health = work / "dra-health.yaml"
+    health.write_text(yaml.safe_dump({"health": {"round_interval_s": 1, "startup_rounds": 1}}))
+    node = SimNode(
+        dra_plane,
+        name=DRA_NODE,
+        profile=str(_split_nvlink_profile(work)),
+        agent_kubeconfig=agent_kubeconfig,
+        health_config=health,
+        agent_args=("--dra",),
+    )
+    config_path = render_scheduler_config(
+        dra_plane, extender_url=None, kubeconfig=scheduler_kubeconfig, scheduler_name=DRA_SCHEDULER
+    )
+    scheduler = start_scheduler(dra_plane, config_path=config_path, name="kube-scheduler-dra")
+    controllers = start_controllers(dra_plane)
+    with stopping(node, scheduler, controllers):
+        wait_for(
+            f"{DRA_NODE}'s ResourceSlices",
+            lambda: node.agent.alive_and(lambda: bool(_pool(dra_plane))),
+            timeout=90,
+        )
+        add_taint(dra_plane, DRA_NODE, DRA_TAINT)
+        dra_plane.ensure_namespace(DRA_NAMESPACE)
+        templates = yaml.safe_load_all((REPO / "manifests" / "dra" / "example-claims.yaml").read_text())
+        dyn = dynamic.DynamicClient(dra_plane.api)  # type: ignore[no-untyped-call]
+        for doc in [*templates, _one_gpu_template()]:
+            ControlPlane.apply_one(dyn, {**doc, "metadata": {**doc["metadata"], "namespace": DRA_NAMESPACE}})
+        yield node
+
+
+def _one_gpu_template() -> dict[str, Any]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuweave.io"}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu"},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def _claim_pod(name: str, template: str, *, grace_s: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": DRA_SCHEDULER,
+            "terminationGracePeriodSeconds": grace_s,
+            "nodeSelector": {"kubernetes.io/hostname": DRA_NODE},
+            "tolerations": [{**DRA_TAINT, "operator": "Equal"}],
+            "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": template}],
+            "containers": [
+                {"name": "main", "image": "e2e/none", "resources": {"claims": [{"name": "devices"}]}}
+            ],
+        },
+    }
+
+
+def _pod_or_none(plane: ControlPlane, name: str) -> Any:
+    try:
+        return plane.core.read_namespaced_pod(name, DRA_NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _run_claim_pod(plane: ControlPlane, name: str, template: str) -> tuple[Any, dict[str, Any]]:
+    """Create the pod; once the kubelet's DRA manager prepared its claim, the pod and what the
+    harness recorded for its container (claimDevices, cdiDevices)."""
+    plane.core.create_namespaced_pod(DRA_NAMESPACE, _claim_pod(name, template))
+
+    def prepared() -> tuple[Any, dict[str, Any]] | None:
+        pod = plane.core.read_namespaced_pod(name, DRA_NAMESPACE)
+        if pod.status.phase == "Failed":
+            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}")
+        allocation = plane.allocation_of(DRA_NAMESPACE, name)
+        return (pod, allocation["containers"]["main"]) if allocation else None
+
+    return wait_for(f"pod {name} running with its claim prepared", prepared, timeout=90)
+
+
+def _claim_of(plane: ControlPlane, pod: Any) -> Any:
+    """The ResourceClaim the ResourceClaim controller generated for the pod's only claim."""
+    statuses = pod.status.resource_claim_statuses or []
+    assert [s.name for s in statuses] == ["devices"], statuses
+    return client.ResourceV1Api(plane.api).read_namespaced_resource_claim(
+        statuses[0].resource_claim_name, DRA_NAMESPACE
+    )
+
+
+def _delete_and_wait_gone(plane: ControlPlane, *names: str) -> None:
+    for name in names:
+        if _pod_or_none(plane, name) is not None:
+            plane.core.delete_namespaced_pod(name, DRA_NAMESPACE)
+    for name in names:
+        wait_for(f"pod {name} gone", partial(_gone, plane, name), timeout=60)
+
+
+def _gone(plane: ControlPlane, name: str) -> bool:
+    return _pod_or_none(plane, name) is None
+
+
+def _claim_specs(node: SimNode) -> set[str]:
+    """Claim UIDs that have a CDI spec in the agent's spec directory."""
+    prefix = "gpuweave.io-claim_"
+    return {p.stem.removeprefix(prefix) for p in (node.state_dir / "cdi").glob(f"{prefix}*.json")}
+
+
+def test_dra_four_hopper_gpus_on_one_nvlink_domain_prepared_with_cdi(dra_cluster: SimNode) -> None:
+    plane = dra_cluster.plane
+    pod, got = _run_claim_pod(plane, "dra-four-nvlink", "four-hopper-nvlink")
+    try:
+        claim = _claim_of(plane, pod)
+        results = claim.status.allocation.devices.results
+        assert {(r.driver, r.pool) for r in results} == {("gpuweave.io", DRA_NODE)}
+        assert sorted(r.device for r in results) == list(NVLINK_QUAD)  # gpu-0..3 span three domains
+        pool = _pool(plane)
+        domains = {pool[r.device].attributes["nvlinkDomain"].string for r in results}
+        assert len(domains) == 1
+        assert [r.uid for r in claim.status.reserved_for] == [pod.metadata.uid]
+        # the kubelet's DRA manager got these devices and their CDI IDs from NodePrepareResources
+        assert sorted(d["device"] for d in got["claimDevices"]) == list(NVLINK_QUAD)
+        uid = claim.metadata.uid
+        expected = sorted(f"gpuweave.io/claim={uid}-{d}" for d in NVLINK_QUAD)
+        assert sorted(got["cdiDevices"]) == expected
+        assert uid in _claim_specs(dra_cluster)
+        status, report = resolve(
+            dra_cluster.state_dir / "cdi", [{"devices": got["cdiDevices"], "annotations": {}}]
+        )
+        assert (status, report["specErrors"]) == (0, {}), report
+        container = report["containers"][0]
+        assert {f"/dev/nvidia{i}" for i in range(4, 8)} <= set(paths(container))
+        visible = [e for e in container["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+        gpu_uuids = {pool[d].attributes["uuid"].string for d in NVLINK_QUAD}
+        assert len(visible) == 1 and set(visible[0].split("=", 1)[1].split(",")) == gpu_uuids
+    finally:
+        _delete_and_wait_gone(plane, "dra-four-nvlink")
+    # unprepared at termination (spec removed); the ResourceClaim controller releases the claim
+    wait_for("the claim's CDI spec removed", lambda: claim.metadata.uid not in _claim_specs(dra_cluster))
+    wait_for("the generated claim released", lambda: _released(plane, claim.metadata.name))
+
+
+def _released(plane: ControlPlane, name: str) -> bool:
+    """The claim is deleted, or no longer reserved nor allocated. Deleting a generated claim whose
+    pod is gone is the garbage collector's job (owner reference), which the harness does not run;
+    the ResourceClaim controller removes the reservation and the allocation."""
+    found = client.ResourceV1Api(plane.api).list_namespaced_resource_claim(DRA_NAMESPACE)
+    claims: list[Any] = [c for c in found.items if c.metadata and c.metadata.name == name]
+    return not claims or not (claims[0].status.reserved_for or claims[0].status.allocation)
+
+
+def test_dra_gpu_and_efa_on_one_pcie_root(dra_cluster: SimNode) -> None:
+    plane = dra_cluster.plane
+    pod, got = _run_claim_pod(plane, "dra-gpu-efa", "gpu-with-efa")
+    try:
+        results = _claim_of(plane, pod).status.allocation.devices.results
+        by_request = {r.request: r.device for r in results}
+        assert set(by_request) == {"gpu", "efa"}
+        pool = _pool(plane)
+        root = "resource.kubernetes.io/pcieRoot"
+        gpu, efa = pool[by_request["gpu"]], pool[by_request["efa"]]
+        assert gpu.attributes["type"].string == "gpu"
+        assert efa.attributes["type"].string == "efa"
+        assert gpu.attributes[root].string == efa.attributes[root].string
+        assert sorted(d["device"] for d in got["claimDevices"]) == sorted(by_request.values())
+        status, report = resolve(
+            dra_cluster.state_dir / "cdi", [{"devices": got["cdiDevices"], "annotations": {}}]
+        )
+        assert status == 0, report
+        assert any("uverbs" in p for p in paths(report["containers"][0]))  # the EFA adapter's node
+    finally:
+        _delete_and_wait_gone(plane, "dra-gpu-efa")
+
+
+def test_dra_agent_restart_keeps_prepared_claims(dra_cluster: SimNode) -> None:
+    plane = dra_cluster.plane
+    pod, got = _run_claim_pod(plane, "dra-before-restart", "one-gpu")
+    uid = _claim_of(plane, pod).metadata.uid
+    try:
+        dra_cluster.restart_agent()
+        registration = dra_cluster.kubelet_dir / "plugins_registry" / "gpuweave.io-reg.sock"
+        wait_for(
+            "the restarted agent's registration", lambda: dra_cluster.agent.alive_and(registration.exists)
+        )
+        # the running pod keeps its claim: still Running, still reserved, its spec still there
+        assert _pod_or_none(plane, "dra-before-restart").status.phase == "Running"
+        assert uid in _claim_specs(dra_cluster)
+        # the restarted agent prepares a new claim on another GPU, and unprepares the old one
+        _, after = _run_claim_pod(plane, "dra-after-restart", "one-gpu")
+        assert {d["device"] for d in after["claimDevices"]}.isdisjoint(
+            {d["device"] for d in got["claimDevices"]}
+        )
+        _delete_and_wait_gone(plane, "dra-before-restart")
+        assert uid not in _claim_specs(dra_cluster)
+    finally:
+        _delete_and_wait_gone(plane, "dra-before-restart", "dra-after-restart")
+
+
+def test_dra_xid_79_taints_the_device_and_evicts_only_its_pod(dra_cluster: SimNode) -> None:
+    plane = dra_cluster.plane
+    victim, victim_got = _run_claim_pod(plane, "dra-xid-victim", "one-gpu")
+    _, bystander_got = _run_claim_pod(plane, "dra-xid-bystander", "one-gpu")
+    try:
+        (device,) = [d["device"] for d in victim_got["claimDevices"]]
+        (other,) = [d["device"] for d in bystander_got["claimDevices"]]
+        index = int(_pool(plane)[device].attributes["index"].int)
+        victim_claim = _claim_of(plane, victim).metadata.uid
+        dra_cluster.inject("--gpu", str(index), "--xid", "79")
+
+        def no_execute() -> bool:
+            return any(t.effect == "NoExecute" for t in _pool(plane)[device].taints or [])
+
+        wait_for(f"a NoExecute taint on {device}", no_execute, timeout=60)
+        assert not _pool(plane)[other].taints
+        # the device taint eviction controller deletes the pod; the node unprepares its claim
+        wait_for("the victim pod evicted", lambda: _pod_or_none(plane, "dra-xid-victim") is None, timeout=60)
+        events = plane.core.list_namespaced_event(
+            DRA_NAMESPACE, field_selector="involvedObject.name=dra-xid-victim"
+        )
+        assert "DeviceTaintManagerEviction" in {e.reason for e in events.items}  # by the controller
+        wait_for("the victim's claim unprepared", lambda: victim_claim not in _claim_specs(dra_cluster))
+        bystander = _pod_or_none(plane, "dra-xid-bystander")
+        assert bystander is not None and bystander.status.phase == "Running"
+        assert bystander.metadata.deletion_timestamp is None
+        assert _claim_of(plane, bystander).metadata.uid in _claim_specs(dra_cluster)
+    finally:
+        _delete_and_wait_gone(plane, "dra-xid-victim", "dra-xid-bystander")
