@@ -198,7 +198,7 @@ def dra_cluster(
         profile=str(_split_nvlink_profile(work)),
         agent_kubeconfig=agent_kubeconfig,
         health_config=health,
-        agent_args=("--dra",),
+        agent_args=("--dra", "--dra-mig", "dynamic"),
     )
     config_path = render_scheduler_config(
         dra_plane, extender_url=None, kubeconfig=scheduler_kubeconfig, scheduler_name=DRA_SCHEDULER
@@ -363,6 +363,37 @@ def test_dra_gpu_and_efa_on_one_pcie_root(dra_cluster: SimNode) -> None:
         assert any("uverbs" in p for p in paths(report["containers"][0]))  # the EFA adapter's node
     finally:
         _delete_and_wait_gone(plane, "dra-gpu-efa")
+
+
+def test_dra_mig_claim_gets_an_instance_made_at_prepare_and_removed_after_the_pod(
+    dra_cluster: SimNode,
+) -> None:
+    plane = dra_cluster.plane
+    pod, got = _run_claim_pod(plane, "dra-mig", "mig-20gb")
+    claim = _claim_of(plane, pod)
+    try:
+        (result,) = claim.status.allocation.devices.results
+        placement = result.device  # a partitionable placement, e.g. gpu-0-mig-3g-40gb-4
+        assert "-mig-" in placement and [d["device"] for d in got["claimDevices"]] == [placement]
+        uuid = wait_for(f"{placement}'s new instance in the slice", lambda: _mig_uuid(plane, placement))
+        status, report = resolve(
+            dra_cluster.state_dir / "cdi", [{"devices": got["cdiDevices"], "annotations": {}}]
+        )
+        assert status == 0, report
+        container = report["containers"][0]
+        assert any(p.startswith("/dev/nvidia-caps/") for p in paths(container))
+        assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in container["env"]
+    finally:
+        _delete_and_wait_gone(plane, "dra-mig")
+    wait_for(f"{placement}'s instance removed", lambda: _mig_uuid(plane, placement) is None, timeout=60)
+    assert claim.metadata.uid not in _claim_specs(dra_cluster)
+
+
+def _mig_uuid(plane: ControlPlane, placement: str) -> str | None:
+    """The MIG instance's UUID the slice lists for a placement; None while it has none."""
+    attribute = (_pool(plane)[placement].attributes or {}).get("uuid")
+    value = attribute.string if attribute is not None else ""
+    return value if value and value.startswith("MIG-") else None
 
 
 def test_dra_agent_restart_keeps_prepared_claims(dra_cluster: SimNode) -> None:
