@@ -71,6 +71,7 @@ class DecisionCore:
         tokens: Mapping[str, int] | None = None,
         *,
         host: HostRequest = NO_HOST,
+        looked_up: list[int | None] | None = None,
     ) -> list[Verdict]:
         """One verdict per name; a name missing from ``states`` is a node the cache does not know.
 
@@ -79,6 +80,7 @@ class DecisionCore:
 
         The hot path of filter and prioritize. With ``tokens`` (name -> state token, kept by the
         cache) the memo hits are two ``map`` passes in C; only misses run Python code.
+        ``looked_up``: the names' tokens, looked up by the caller (who keeps them), saving a pass.
         """
         if not request.interested:
             return [PASS_THROUGH] * len(names)
@@ -93,7 +95,8 @@ class DecisionCore:
                 memo = self._memo.setdefault(key, {})
         if tokens is None:
             tokens = {n: self._token(s) for n, s in states.items()}
-        verdicts: list[Verdict | None] = list(map(memo.get, map(tokens.get, names)))  # type: ignore[arg-type]
+        keys = looked_up if looked_up is not None else map(tokens.get, names)
+        verdicts: list[Verdict | None] = list(map(memo.get, keys))  # type: ignore[arg-type]
         # Verdicts are always truthy, so ``all`` and ``not_`` find the misses at C speed (``None in``
         # would call the dataclass ``__eq__`` per element, a Python loop would cost a step per node).
         if not all(verdicts):

@@ -109,3 +109,41 @@ def test_shortlist_orders_by_rank_then_fullness_then_a_random_order_fixed_per_po
 )
 def test_soft_preferences_are_recognised(spec: dict[str, Any], weighs: bool) -> None:
     assert weighs_soft_preferences({"spec": spec}) is weighs
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{RESOURCE_GPU: 1}, {RESOURCE_GPU: 2}, {RESOURCE_GPU: 4}, {RESOURCE_GPU: 8}],
+)
+def test_on_a_mixed_cluster_the_shortlist_is_never_ranked_below_a_node_left_out(
+    tmp_path: Path, limits: dict[str, int]
+) -> None:
+    """Ranks are computed once per node state (token) in filter; prioritize ranks every node."""
+    items: list[dict[str, Any]] = []
+    names: list[str] = []
+    for i in range(24):
+        name, profile = f"m{i:02d}", ("dgx-h100", "l40s-pcie-8", "p4d.24xlarge")[i % 3]
+        inventory = profile_inventory(profile, name)
+        names.append(name)
+        items += [node_object(name, gpus=len(inventory.gpus)), inventory_object(inventory)]
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(cluster_list(items)))
+    extender = build_snapshot_extender(path, keep=5)
+    service = extender.service
+    for i, node in enumerate(names[:12]):  # varied free states
+        _place(service, f"hold-{node}", 1 + i % 4, node)
+    pod = pod_object("probe", limits=limits)
+    args = parse(ExtenderArgs, {"Pod": pod, "NodeNames": names})
+    result = service.filter(args, pod)
+    passed = list(result.NodeNames or [])
+    fitting = [
+        n
+        for n in names
+        if n not in (result.FailedNodes or {}) and n not in (result.FailedAndUnresolvableNodes or {})
+    ]
+    hosts, scores = service.prioritize(parse(ExtenderArgs, {"Pod": pod, "NodeNames": fitting}), pod)
+    rank = dict(zip(hosts, scores, strict=True))
+    assert len(fitting) > 5 and len(passed) == 5
+    left_out = set(fitting) - set(passed)
+    assert min(rank[n] for n in passed) >= max((rank[n] for n in left_out), default=0)
+    extender.close()
