@@ -27,9 +27,10 @@ from deviceplugin.agent import NodeAgent
 from deviceplugin.dra.claim_cdi import ClaimSpecWriter
 from deviceplugin.dra.claims import ClaimPreparer
 from deviceplugin.dra.devices import DraDevice, MigPublishing, dra_devices
+from deviceplugin.dra.health_stream import HealthStream
 from deviceplugin.dra.mig_demand import MigOnDemand
 from deviceplugin.dra.plugin import DraPluginServer
-from deviceplugin.dra.slices import build_resource_slices
+from deviceplugin.dra.slices import Taint, build_resource_slices
 from deviceplugin.dra.taints import carry_time_added, conditions_from, device_taints
 from deviceplugin.dra.validate import check_slices
 from gpuweave.node_cdi import host_root, spec_dir
@@ -154,21 +155,38 @@ def start_node_dra(
     )
     owner = _node_owner(api, node)
 
-    def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
+    def taints_now() -> tuple[NodeInventory, tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
         inventory, pool = devices()
         faults, withheld = agent.health_maps()
         conditions = conditions_from(health.snapshot() if health else None, faults=faults, withheld=withheld)
-        taints = carry_time_added(device_taints(pool, conditions), published)
-        slices = build_resource_slices(inventory, pool, generation=generation, taints=taints, owner=owner)
+        return inventory, pool, device_taints(pool, conditions)
+
+    def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
+        inventory, pool, taints = taints_now()
+        kept = carry_time_added(taints, published)
+        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=owner)
         check_slices(slices)
         return slices
 
-    server = DraPluginServer(preparer, kubelet_root=kubelet_root(args))
+    def report() -> list[tuple[str, bool, str]]:
+        _, pool, taints = taints_now()
+        return [
+            (
+                d.name,
+                d.name not in taints,
+                "; ".join(f"{t.key}={t.value} ({t.effect})" for t in taints.get(d.name, ())),
+            )
+            for d in pool
+        ]
+
+    stream = HealthStream(report, pool=node)
+    server = DraPluginServer(preparer, kubelet_root=kubelet_root(args), health=stream)
     server.start()
     publisher = SlicePublisher(api, node=node, build=build)
-    agent.add_listener(publisher.changed)
-    if health is not None:
-        health.add_listener(lambda _snapshot: publisher.changed())
+    for changed in (publisher.changed, stream.changed):
+        agent.add_listener(changed)
+        if health is not None:
+            health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
     publisher.start()
     log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
     return NodeDra(server, publisher)

@@ -2,7 +2,8 @@
 
 The kubelet APIs: the device-plugin API (``proto/v1beta1/api.proto``, package ``v1beta1``), the
 pod-resources API (``proto/podresources/v1/api.proto``, package ``v1``), the DRA plugin API
-(``proto/dra/v1`` and ``proto/dra/v1beta1``, packages ``k8s.io.kubelet.pkg.apis.dra.v1[beta1]``) and
+(``proto/dra/v1`` and ``proto/dra/v1beta1``, packages ``k8s.io.kubelet.pkg.apis.dra.v1[beta1]``), its
+resource-health API (``proto/dra/health/v1``, package ``v1``) and
 the plugin watcher's registration API (``proto/pluginregistration/v1``, package ``pluginregistration``). Run
 ``python -m proto.generate`` from the repository root after editing a ``.proto``. The stubs are
 committed so installs need no code generator; ``tests/unit/test_deviceplugin_proto.py``
@@ -26,6 +27,7 @@ PROTO_FILES = (
     "proto/podresources/v1/api.proto",
     "proto/dra/v1/api.proto",
     "proto/dra/v1beta1/api.proto",
+    "proto/dra/health/v1/api.proto",
     "proto/pluginregistration/v1/api.proto",
 )
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")

@@ -6,7 +6,8 @@ Two unix sockets, as the kubelet's DRA manager (``pkg/kubelet/cm/dra``) expects 
   and the same calls as ``...dra.v1beta1.DRAPlugin`` (a 1.32-1.33 kubelet uses v1beta1);
 - ``<kubelet root>/plugins_registry/gpuweave.io-reg.sock`` serves ``pluginregistration.Registration``:
   ``GetInfo`` answers type ``DRAPlugin``, name ``gpuweave.io``, the DRA socket's path as endpoint and
-  the services ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (the kubelet picks the first it knows);
+  the services ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` (the kubelet picks the first it knows) and,
+  with a health stream, ``v1.DRAResourceHealth`` (``health_stream``), served on the DRA socket;
   ``NotifyRegistrationStatus`` records whether the kubelet accepted us.
 
 The DRA socket is bound before the registration socket appears, so the kubelet never dials an
@@ -31,6 +32,7 @@ from google.protobuf.message import DecodeError, Message
 
 from deviceplugin.dra.claims import ClaimError, ClaimPreparer, ClaimRef
 from deviceplugin.dra.devices import DRIVER
+from deviceplugin.dra.health_stream import HealthStream
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.pluginregistration.v1 import api_pb2 as registration_pb2
@@ -40,8 +42,9 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE = "v1.DRAResourceHealth"
 REGISTRATION_SERVICE = "pluginregistration.Registration"
-WORKERS = 4
+WORKERS = 8  # prepare and unprepare calls, plus one long-lived health stream per kubelet
 MAX_UNIX_PATH = 107
 
 
@@ -129,8 +132,9 @@ class DraService:
 class RegistrationService:
     """``pluginregistration.Registration`` for the kubelet's plugin watcher."""
 
-    def __init__(self, endpoint: Path) -> None:
+    def __init__(self, endpoint: Path, *, versions: tuple[str, ...] = SUPPORTED_VERSIONS) -> None:
         self.endpoint = endpoint
+        self.versions = versions
         self.registered = threading.Event()
         self.error = ""
         self.notifications = 0
@@ -147,7 +151,7 @@ class RegistrationService:
             type=PLUGIN_TYPE,
             name=DRIVER,
             endpoint=str(self.endpoint),
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=list(self.versions),
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
@@ -179,15 +183,23 @@ def _serve(path: Path, handlers: list[grpc.GenericRpcHandler[Any, Any]], name: s
 class DraPluginServer:
     """Both sockets of the DRA plugin under the kubelet's root directory."""
 
-    def __init__(self, preparer: ClaimPreparer, *, kubelet_root: Path) -> None:
+    def __init__(
+        self, preparer: ClaimPreparer, *, kubelet_root: Path, health: HealthStream | None = None
+    ) -> None:
+        """``health``: also serve ``v1.DRAResourceHealth`` (and advertise it)."""
         self.socket_path = kubelet_root / "plugins" / DRIVER / "dra.sock"
         self.registration_path = kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
-        self.registration = RegistrationService(self.socket_path)
+        versions = SUPPORTED_VERSIONS + ((HEALTH_SERVICE,) if health is not None else ())
+        self.registration = RegistrationService(self.socket_path, versions=versions)
         self._services = [DraService(preparer, dra_v1), DraService(preparer, dra_v1beta1)]
+        self._health = health
         self._servers: list[tuple[grpc.Server, Path]] = []
 
     def start(self) -> None:
-        dra = _serve(self.socket_path, [s.handler() for s in self._services], "dra")
+        handlers = [s.handler() for s in self._services]
+        if self._health is not None:
+            handlers.append(self._health.handler())
+        dra = _serve(self.socket_path, handlers, "dra")
         self._servers.append((dra, self.socket_path))
         registration = _serve(self.registration_path, [self.registration.handler()], "dra-reg")
         self._servers.append((registration, self.registration_path))
@@ -195,6 +207,8 @@ class DraPluginServer:
 
     def stop(self, grace: float = 0.5) -> None:
         """Registration socket first (the kubelet deregisters), then the service."""
+        if self._health is not None:
+            self._health.stop()  # ends open health streams, so the server's stop does not wait on them
         for server, path in reversed(self._servers):
             server.stop(grace).wait()
             path.unlink(missing_ok=True)

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from proto.dra.health.v1 import api_pb2 as health_pb2
+from proto.dra.health.v1 import api_pb2_grpc as health_grpc
 from proto.dra.v1 import api_pb2 as dra_pb2
 from proto.dra.v1 import api_pb2_grpc as dra_grpc
 from proto.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -139,6 +141,7 @@ def test_dra_agent_publishes_its_pool_and_registers(agent: DraAgent) -> None:
         reg_pb2.InfoRequest(), timeout=10
     )
     assert (info.type, info.name) == ("DRAPlugin", "gpuweave.io")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
     assert not list((agent.kubelet / "device-plugins").glob("gpuweave-*.sock"))  # no device-plugin resource
 
 
@@ -190,6 +193,15 @@ def test_dra_agent_taints_a_gpu_no_execute_after_xid_79(agent: DraAgent) -> None
     assert taints_of(plane, "gpu-4") == []  # siblings untouched
     time.sleep(3)
     assert taints_of(plane, "gpu-5") == ["NoExecute"]  # off the bus: it stays tainted, listed
+    stream = health_grpc.DRAResourceHealthStub(
+        grpc.insecure_channel(f"unix:{agent.kubelet}/plugins/gpuweave.io/dra.sock")
+    )
+    responses = stream.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), timeout=30)
+    health = {d.device.device_name: d for d in next(responses).devices}
+    responses.cancel()
+    assert len(health) == 40 and health["gpu-4"].health == health_pb2.HEALTHY
+    assert health["gpu-5"].health == health_pb2.UNHEALTHY
+    assert health["gpu-5"].message.startswith("gpuweave.io/unhealthy=")
 
 
 def test_dra_agent_untaints_a_gpu_after_probation(agent: DraAgent) -> None:

@@ -17,8 +17,11 @@ import pytest
 from deviceplugin.dra.claim_cdi import CLAIM_KIND, ClaimSpecWriter, claim_file_name
 from deviceplugin.dra.claims import CHECKPOINT_FILE, ClaimError, ClaimPreparer
 from deviceplugin.dra.devices import DraDevice, dra_devices
+from deviceplugin.dra.health_stream import HealthStream
 from deviceplugin.dra.plugin import DraPluginServer
 from hardware.device_nodes import CharDevice, HostDeviceNodes
+from proto.dra.health.v1 import api_pb2 as health_pb2
+from proto.dra.health.v1 import api_pb2_grpc as health_grpc
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -236,3 +239,45 @@ def test_corrupt_checkpoint_refuses_to_start(plugin: Plugin) -> None:
     (plugin.state / CHECKPOINT_FILE).write_text("{not json")
     with pytest.raises(Exception, match="DRA claim checkpoint"):
         plugin.start()
+
+
+def test_health_is_streamed_and_advertised() -> None:
+    base = short_temp_dir()
+    healthy = {"gpu-0": True, "gpu-1": True}
+
+    def report() -> list[tuple[str, bool, str]]:
+        return [(n, ok, "" if ok else "gpuweave.io/unhealthy=failed") for n, ok in healthy.items()]
+
+    stream = HealthStream(report, pool=NODE, resend_s=30)
+    preparer = ClaimPreparer(
+        pool=NODE,
+        state_dir=base,
+        source=ApiClaims(),
+        devices=lambda: (small_inventory(), dra_devices(small_inventory())),
+        specs=ClaimSpecWriter(base / "cdi"),
+        host=lambda: HOST,
+    )
+    server = DraPluginServer(preparer, kubelet_root=base / "kubelet", health=stream)
+    server.start()
+    try:
+        registration = reg_grpc.RegistrationStub(grpc.insecure_channel(f"unix:{server.registration_path}"))
+        info = registration.GetInfo(reg_pb2.InfoRequest(), timeout=10)
+        assert "v1.DRAResourceHealth" in info.supported_versions
+        watch = health_grpc.DRAResourceHealthStub(grpc.insecure_channel(f"unix:{server.socket_path}"))
+        responses = watch.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), timeout=20)
+        first = next(responses)
+        assert {(d.device.pool_name, d.device.device_name, d.health) for d in first.devices} == {
+            (NODE, "gpu-0", health_pb2.HEALTHY),
+            (NODE, "gpu-1", health_pb2.HEALTHY),
+        }
+        assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in first.devices)
+        stream.changed()  # nothing differs: nothing is sent
+        healthy["gpu-1"] = False
+        stream.changed()
+        second = next(responses)
+        bad = [d for d in second.devices if d.health == health_pb2.UNHEALTHY]
+        assert [(d.device.device_name, d.message) for d in bad] == [("gpu-1", "gpuweave.io/unhealthy=failed")]
+        responses.cancel()
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Kubelet DRA resource-health API v1: api.proto and its generated stubs."""
