@@ -180,9 +180,11 @@ def start_node_dra(
         ]
 
     stream = HealthStream(report, pool=node)
-    server = DraPluginServer(preparer, kubelet_root=kubelet_root(args), health=stream)
-    server.start()
     publisher = SlicePublisher(api, node=node, build=build)
+    server = DraPluginServer(
+        preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.changed
+    )
+    server.start()
     for changed in (publisher.changed, stream.changed):
         agent.add_listener(changed)
         if health is not None:

@@ -5,7 +5,8 @@
 builder gives: it lists the slices it finds for the node and driver, and when the devices, counters
 or taints differ it writes the whole pool again under the next generation (create or replace by
 name) and deletes slices the pool no longer has; nothing changes, nothing is written. It runs in a
-background thread, coalesces bursts and retries with back-off through an API server outage,
+background thread, coalesces bursts, reconciles at least every ``RESYNC_S`` seconds (the kubelet
+deletes a driver's slices when it loses the plugin's registration) and retries through an outage,
 never blocking the kubelet's gRPC path. A taint that stays keeps the ``timeAdded`` the API server
 stamped (``taints.carry_time_added``), so republishing never restarts a NoExecute toleration.
 """
@@ -29,6 +30,8 @@ from kubeio.errors import NOT_FOUND, describe, status_of
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
+RESYNC_S = 30.0  # a reconcile at least this often: the kubelet wipes a driver's slices when it
+# loses the plugin's registration (its own restart included), and nothing else would tell us
 # generation, the taints already published (device name -> wire taints) -> the pool's slices
 PoolBuilder = Callable[[int, Mapping[str, list[Mapping[str, str]]]], list[dict[str, Any]]]
 
@@ -75,8 +78,11 @@ def published_taints(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapp
 class SlicePublisher:
     """Writes this node's pool (see the module docstring); ``changed()`` wakes it."""
 
-    def __init__(self, api: client.ApiClient, *, node: str, build: PoolBuilder) -> None:
+    def __init__(
+        self, api: client.ApiClient, *, node: str, build: PoolBuilder, resync_s: float = RESYNC_S
+    ) -> None:
         self._resource = client.ResourceV1Api(api)
+        self._resync_s = resync_s
         self._node = node
         self._build = build
         self._wake = threading.Event()
@@ -99,7 +105,7 @@ class SlicePublisher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait()
+            self._wake.wait(self._resync_s)
             self._wake.clear()
             if self._stop.is_set():
                 return

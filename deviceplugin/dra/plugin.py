@@ -132,9 +132,16 @@ class DraService:
 class RegistrationService:
     """``pluginregistration.Registration`` for the kubelet's plugin watcher."""
 
-    def __init__(self, endpoint: Path, *, versions: tuple[str, ...] = SUPPORTED_VERSIONS) -> None:
+    def __init__(
+        self,
+        endpoint: Path,
+        *,
+        versions: tuple[str, ...] = SUPPORTED_VERSIONS,
+        on_registered: Callable[[], None] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.versions = versions
+        self._on_registered = on_registered
         self.registered = threading.Event()
         self.error = ""
         self.notifications = 0
@@ -159,6 +166,8 @@ class RegistrationService:
         self.error = request.error
         if request.plugin_registered:
             self.registered.set()
+            if self._on_registered is not None:  # a (re)started kubelet wiped our slices: publish again
+                self._on_registered()
             log.warning("registered with the kubelet as DRA driver %s (%s)", DRIVER, self.endpoint)
         else:
             self.registered.clear()
@@ -184,13 +193,21 @@ class DraPluginServer:
     """Both sockets of the DRA plugin under the kubelet's root directory."""
 
     def __init__(
-        self, preparer: ClaimPreparer, *, kubelet_root: Path, health: HealthStream | None = None
+        self,
+        preparer: ClaimPreparer,
+        *,
+        kubelet_root: Path,
+        health: HealthStream | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
-        """``health``: also serve ``v1.DRAResourceHealth`` (and advertise it)."""
+        """``health``: also serve ``v1.DRAResourceHealth`` (and advertise it); ``on_registered``: called
+        whenever the kubelet reports the registration accepted."""
         self.socket_path = kubelet_root / "plugins" / DRIVER / "dra.sock"
         self.registration_path = kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
         versions = SUPPORTED_VERSIONS + ((HEALTH_SERVICE,) if health is not None else ())
-        self.registration = RegistrationService(self.socket_path, versions=versions)
+        self.registration = RegistrationService(
+            self.socket_path, versions=versions, on_registered=on_registered
+        )
         self._services = [DraService(preparer, dra_v1), DraService(preparer, dra_v1beta1)]
         self._health = health
         self._servers: list[tuple[grpc.Server, Path]] = []

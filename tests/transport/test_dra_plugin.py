@@ -18,7 +18,7 @@ from deviceplugin.dra.claim_cdi import CLAIM_KIND, ClaimSpecWriter, claim_file_n
 from deviceplugin.dra.claims import CHECKPOINT_FILE, ClaimError, ClaimPreparer
 from deviceplugin.dra.devices import DraDevice, dra_devices
 from deviceplugin.dra.health_stream import HealthStream
-from deviceplugin.dra.plugin import DraPluginServer
+from deviceplugin.dra.plugin import DraPluginServer, RegistrationService
 from hardware.device_nodes import CharDevice, HostDeviceNodes
 from proto.dra.health.v1 import api_pb2 as health_pb2
 from proto.dra.health.v1 import api_pb2_grpc as health_grpc
@@ -281,3 +281,11 @@ def test_health_is_streamed_and_advertised() -> None:
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_accepted_registration_calls_back() -> None:
+    calls: list[int] = []
+    service = RegistrationService(Path("/x/dra.sock"), on_registered=lambda: calls.append(1))
+    service.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=False, error="e"), None)  # type: ignore[arg-type]
+    service.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True), None)  # type: ignore[arg-type]
+    assert calls == [1]
