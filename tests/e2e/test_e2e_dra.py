@@ -420,6 +420,39 @@ def test_dra_agent_restart_keeps_prepared_claims(dra_cluster: SimNode) -> None:
         _delete_and_wait_gone(plane, "dra-before-restart", "dra-after-restart")
 
 
+def test_dra_kubelet_restart_keeps_prepared_claims_and_the_pool_comes_back(dra_cluster: SimNode) -> None:
+    """The restarted kubelet side reads its DRA manager checkpoint (the running pod is re-admitted
+    without a new NodePrepareResources) and, as the kubelet does at start, deletes the node's
+    ResourceSlices; the agent, registered again by the plugin watcher, publishes its pool again."""
+    plane = dra_cluster.plane
+    pod, got = _run_claim_pod(plane, "dra-kubelet-restart", "one-gpu")
+    uid = _claim_of(plane, pod).metadata.uid
+    before = set(_pool(plane))
+    slice_uids = _slice_uids(plane)
+    try:
+        dra_cluster.restart_kubelet()
+
+        def republished() -> bool:
+            uids = _slice_uids(plane)
+            return bool(uids) and not uids & slice_uids and set(_pool(plane)) == before
+
+        wait_for("the pool wiped and published again", republished, timeout=60)
+        again = plane.allocation_of(DRA_NAMESPACE, "dra-kubelet-restart")
+        assert again is not None and again["containers"]["main"] == got
+        assert _pod_or_none(plane, "dra-kubelet-restart").status.phase == "Running"
+        assert uid in _claim_specs(dra_cluster)
+        _, after = _run_claim_pod(plane, "dra-after-kubelet-restart", "one-gpu")
+        assert after["cdiDevices"]
+    finally:
+        _delete_and_wait_gone(plane, "dra-kubelet-restart", "dra-after-kubelet-restart")
+    assert uid not in _claim_specs(dra_cluster)
+
+
+def _slice_uids(plane: ControlPlane) -> set[str]:
+    found = client.ResourceV1Api(plane.api).list_resource_slice(field_selector=f"spec.nodeName={DRA_NODE}")
+    return {s.metadata.uid for s in found.items}
+
+
 def test_dra_xid_79_taints_the_device_and_evicts_only_its_pod(dra_cluster: SimNode) -> None:
     plane = dra_cluster.plane
     victim, victim_got = _run_claim_pod(plane, "dra-xid-victim", "one-gpu")
