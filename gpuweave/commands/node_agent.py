@@ -59,8 +59,9 @@ DEFAULT_STATE_DIR = "/var/run/gpuweave"
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "node-agent",
-        help="run the node agent: device plugin servers, health, MIG, publishing",
-        description="Serve the kubelet device-plugin API for GPUs, MIG devices, fractional GPUs and EFA.",
+        help="run the node agent: device plugin servers (or a DRA driver: --dra), health, MIG, publishing",
+        description="Serve the kubelet device-plugin API for GPUs, MIG devices, fractional GPUs and EFA, "
+        "or with --dra serve every device through Dynamic Resource Allocation instead (docs/dra.md).",
     )
     add = parser.add_argument
     add("--kubelet-dir", type=Path, default=Path(DEFAULT_KUBELET_DIR), help="kubelet device-plugin directory")
