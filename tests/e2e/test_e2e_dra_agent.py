@@ -6,6 +6,7 @@ pool, serves no device-plugin resource, registers as DRAPlugin, prepares a claim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -17,6 +18,7 @@ import grpc
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from proto.dra.health.v1 import api_pb2 as health_pb2
 from proto.dra.health.v1 import api_pb2_grpc as health_grpc
@@ -82,16 +84,36 @@ class DraAgent:
         subprocess.run(command, check=True, cwd=REPO, capture_output=True, timeout=60)
 
 
+def _create_node(plane: ControlPlane, name: str) -> None:
+    """A Node no kubelet runs: cordoned and tainted, so the session's other tests schedule nothing
+    onto it; removed with its published inventory when the module ends (``_remove_node``)."""
+    taint = {"key": "e2e.gpuweave.io/dra-agent-only", "effect": "NoSchedule"}
+    plane.core.create_node({"metadata": {"name": name}, "spec": {"unschedulable": True, "taints": [taint]}})
+
+
+def _remove_node(plane: ControlPlane, name: str) -> None:
+    with contextlib.suppress(ApiException):
+        plane.core.delete_node(name)
+    with contextlib.suppress(ApiException):
+        client.CustomObjectsApi(plane.api).delete_cluster_custom_object(
+            "gpuweave.io", "v1alpha1", "gpunodeinventories", name
+        )
+    for item in slices(plane, name):
+        with contextlib.suppress(ApiException):
+            client.ResourceV1Api(plane.api).delete_resource_slice(item.metadata.name)
+
+
 @pytest.fixture(scope="module")
 def agent(plane: ControlPlane) -> Iterator[DraAgent]:
     plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
-    plane.core.create_node({"metadata": {"name": NODE}})
+    _create_node(plane, NODE)
     plane.ensure_namespace(NAMESPACE)
     started = DraAgent(plane, plane.service_account_kubeconfig("gpuweave-node-agent"))
     try:
         yield started
     finally:
         started.process.stop()
+        _remove_node(plane, NODE)
 
 
 def slices(plane: ControlPlane, node: str = NODE) -> list[Any]:
@@ -217,13 +239,14 @@ def test_dra_agent_untaints_a_gpu_after_probation(agent: DraAgent) -> None:
 @pytest.fixture(scope="module")
 def mig_agent(agent: DraAgent) -> Iterator[DraAgent]:
     plane = agent.plane
-    plane.core.create_node({"metadata": {"name": "e2e-dra-mig"}})
+    _create_node(plane, "e2e-dra-mig")
     extra = ("--dra-mig", "dynamic", "--pod-resources-socket", "none")
     started = DraAgent(plane, agent.kubeconfig, node="e2e-dra-mig", profile="dgx-h100", extra=extra)
     try:
         yield started
     finally:
         started.process.stop()
+        _remove_node(plane, "e2e-dra-mig")
 
 
 def _uuid_of(plane: ControlPlane, device: str) -> str | None:
