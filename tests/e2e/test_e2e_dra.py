@@ -12,6 +12,8 @@ are still there.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -30,6 +32,7 @@ from tests.e2e.cluster import (
     REPO,
     ControlPlane,
     SimNode,
+    harness_binary,
     render_scheduler_config,
     start_controllers,
     start_scheduler,
@@ -326,11 +329,31 @@ def test_dra_four_hopper_gpus_on_one_nvlink_domain_prepared_with_cdi(dra_cluster
         visible = [e for e in container["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
         gpu_uuids = {pool[d].attributes["uuid"].string for d in NVLINK_QUAD}
         assert len(visible) == 1 and set(visible[0].split("=", 1)[1].split(",")) == gpu_uuids
+        # the kubelet's pod-resources API lists the claim with its devices
+        listed = _pod_resources_claims(dra_cluster, "dra-four-nvlink")
+        assert [(c["claim_name"], c["claim_namespace"]) for c in listed] == [
+            (claim.metadata.name, DRA_NAMESPACE)
+        ]
+        assert sorted(r["device_name"] for r in listed[0]["claim_resources"]) == list(NVLINK_QUAD)
+        assert {r["driver_name"] for r in listed[0]["claim_resources"]} == {"gpuweave.io"}
     finally:
         _delete_and_wait_gone(plane, "dra-four-nvlink")
     # unprepared at termination (spec removed); the ResourceClaim controller releases the claim
     wait_for("the claim's CDI spec removed", lambda: claim.metadata.uid not in _claim_specs(dra_cluster))
     wait_for("the generated claim released", lambda: _released(plane, claim.metadata.name))
+
+
+def _pod_resources_claims(node: SimNode, pod: str) -> list[dict[str, Any]]:
+    """The dynamic resources the kubelet's pod-resources List gives the pod's container."""
+    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    out = subprocess.run(
+        [str(harness_binary()), "podresources", str(socket)], check=True, capture_output=True, text=True
+    ).stdout
+    for entry in json.loads(out)["list"]["pod_resources"]:
+        if (entry["name"], entry["namespace"]) == (pod, DRA_NAMESPACE):
+            (container,) = entry["containers"]
+            return list(container.get("dynamic_resources") or [])
+    pytest.fail(f"pod-resources List has no pod {pod}")
 
 
 def _released(plane: ControlPlane, name: str) -> bool:

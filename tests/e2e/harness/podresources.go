@@ -3,8 +3,8 @@ package main
 // The kubelet's pod-resources API (k8s.io/kubernetes/pkg/kubelet/apis/podresources, v1), served
 // as the kubelet serves it on /var/lib/kubelet/pod-resources/kubelet.sock (in this node's mount
 // namespace; <kubelet-dir>/pod-resources/kubelet.sock from outside), backed by this node's device
-// manager and pods. No CPU, memory or DRA managers run here, so those lists are empty, as on a
-// kubelet with the none policies.
+// manager, its DRA manager (prepared claims) and pods. No CPU or memory managers run here, so
+// those lists are empty, as on a kubelet with the none policies.
 
 import (
 	"context"
@@ -93,16 +93,41 @@ func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesap
 func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
 func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
 
-type noDynamicResources struct{}
+// draResources lists a container's prepared claims from the DRA manager's claim cache, as the
+// kubelet's container manager does (GetDynamicResources in container_manager_linux.go, whose
+// shape is kept: the CDI IDs of a claim's devices accumulate per driver, so a device's entry
+// also lists those of the devices before it).
+type draResources struct{ n *simNode }
 
-func (noDynamicResources) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
-	return nil
+func (d draResources) GetDynamicResources(logger klog.Logger, pod *v1.Pod, c *v1.Container) []*podresourcesapi.DynamicResource {
+	infos, err := d.n.dra.GetContainerClaimInfos(pod, c)
+	if err != nil {
+		logger.Error(err, "Unable to get container claim info state")
+		return []*podresourcesapi.DynamicResource{}
+	}
+	var out []*podresourcesapi.DynamicResource
+	for _, info := range infos {
+		var resources []*podresourcesapi.ClaimResource
+		for driver, state := range info.DriverState {
+			var cdi []*podresourcesapi.CDIDevice
+			for _, device := range state.Devices {
+				for _, id := range device.CDIDeviceIDs {
+					cdi = append(cdi, &podresourcesapi.CDIDevice{Name: id})
+				}
+				resources = append(resources, &podresourcesapi.ClaimResource{CdiDevices: cdi, DriverName: driver,
+					PoolName: device.PoolName, DeviceName: device.DeviceName, ShareId: (*string)(device.ShareID)})
+			}
+		}
+		out = append(out, &podresourcesapi.DynamicResource{ClaimName: info.ClaimName,
+			ClaimNamespace: info.Namespace, ClaimResources: resources})
+	}
+	return out
 }
 
 // servePodResources listens on the kubelet's pod-resources socket until ctx ends.
 func (n *simNode) servePodResources(ctx context.Context) error {
 	providers := podresources.PodResourcesProviders{Pods: podsProvider{n}, Devices: devicesProvider{n.devices},
-		Cpus: noCPUs{}, Memory: noMemory{}, DynamicResources: noDynamicResources{}}
+		Cpus: noCPUs{}, Memory: noMemory{}, DynamicResources: draResources{n}}
 	if err := os.MkdirAll("/var/lib/kubelet/pod-resources", 0o750); err != nil {
 		return err
 	}
