@@ -65,14 +65,27 @@ def default_socket_for(kubelet_dir: Path) -> Path | None:
     return kubelet_dir.parent / POD_RESOURCES_DIR / POD_RESOURCES_SOCKET
 
 
+# (driver, pool, device name) of a DRA claim's device -> the device ID it stands for, or None
+DraResolver = Callable[[str, str, str], str | None]
+
+
 class PodResourcesClient:
-    """Asks the kubelet which devices pods hold; every call has a deadline of ``timeout`` seconds."""
+    """Asks the kubelet which devices pods hold; every call has a deadline of ``timeout`` seconds.
+
+    In DRA mode (``resolve_dra_with``) the devices of pods' ResourceClaims count too: the kubelet
+    lists them as a container's ``dynamic_resources``, named by driver, pool and device name, and the
+    resolver turns ours back into device IDs (GPU or MIG UUID, adapter name), so the MIG manager's
+    busy check and health's eviction see DRA pods as they see device-plugin pods."""
 
     def __init__(self, socket_path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         if timeout <= 0:
             raise ValueError(f"pod-resources timeout must be positive, got {timeout}")
         self.socket_path = socket_path
         self.timeout = timeout
+        self._dra: DraResolver | None = None
+
+    def resolve_dra_with(self, resolver: DraResolver) -> None:
+        self._dra = resolver
 
     def list_devices(self) -> dict[str, PodRef]:
         """Every device ID the kubelet has allocated, mapped to its pod; raises when it cannot tell."""
@@ -84,6 +97,20 @@ class PodResourcesClient:
                     ref = PodRef(pod.namespace, pod.name, container.name, devices.resource_name)
                     for device_id in devices.device_ids:
                         held[device_id] = ref
+                held |= self._claimed(pod.namespace, pod.name, container)
+        return held
+
+    def _claimed(self, namespace: str, name: str, container: api_pb2.ContainerResources) -> dict[str, PodRef]:
+        """The container's DRA devices that the resolver knows, by device ID."""
+        held: dict[str, PodRef] = {}
+        if self._dra is None:
+            return held
+        for claim in container.dynamic_resources:
+            ref = PodRef(namespace, name, container.name, f"claim {claim.claim_namespace}/{claim.claim_name}")
+            for resource in claim.claim_resources:
+                device_id = self._dra(resource.driver_name, resource.pool_name, resource.device_name)
+                if device_id:
+                    held[device_id] = ref
         return held
 
     def pod_devices(self) -> dict[tuple[str, str], frozenset[str]]:

@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 from deviceplugin.agent import NodeAgent
 from deviceplugin.dra.claim_cdi import ClaimSpecWriter
 from deviceplugin.dra.claims import ClaimPreparer
-from deviceplugin.dra.devices import DraDevice, MigPublishing, dra_devices
+from deviceplugin.dra.devices import DRIVER, DraDevice, MigPublishing, dra_devices
 from deviceplugin.dra.health_stream import HealthStream
 from deviceplugin.dra.mig_demand import MigOnDemand
 from deviceplugin.dra.plugin import DraPluginServer
 from deviceplugin.dra.slices import Taint, build_resource_slices
 from deviceplugin.dra.taints import carry_time_added, conditions_from, device_taints
 from deviceplugin.dra.validate import check_slices
+from deviceplugin.podresources import PodResourcesClient
 from gpuweave.node_cdi import host_root, spec_dir
 from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
@@ -127,6 +128,7 @@ def start_node_dra(
     health: HealthService | None,
     node: str,
     mig_service: MigService | None = None,
+    pod_resources: PodResourcesClient | None = None,
 ) -> NodeDra:
     """Start the DRA plugin and the slice publisher for a started agent."""
     from deviceplugin.dra.kube import KubeClaimSource, SlicePublisher  # noqa: PLC0415 (deferred: DRA mode only)
@@ -179,6 +181,17 @@ def start_node_dra(
             for d in pool
         ]
 
+    def device_id(driver: str, pool_name: str, name: str) -> str | None:
+        """A DRA device the kubelet lists for a pod, as the device ID health and MIG know."""
+        if driver != DRIVER or pool_name != node:
+            return None
+        found = next((d for d in devices()[1] if d.name == name), None)
+        if found is None:
+            return None
+        return found.plugin.id if found.plugin is not None else found.gpu_uuid
+
+    if pod_resources is not None:
+        pod_resources.resolve_dra_with(device_id)
     stream = HealthStream(report, pool=node)
     publisher = SlicePublisher(api, node=node, build=build)
     server = DraPluginServer(

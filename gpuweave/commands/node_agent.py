@@ -268,6 +268,7 @@ def open_dra(
     kube: KubeParts | None,
     health: Any,
     mig: MigService,
+    pod_resources: PodResourcesClient | None,
 ) -> Callable[[], None]:
     """DRA mode's plugin and slice publisher (``--dra``; needs the API server, checked at start);
     returns what stops them."""
@@ -275,7 +276,14 @@ def open_dra(
         log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
         return lambda: None
     dra = start_node_dra(
-        args, agent=agent, backend=backend, api=kube.api, health=health, node=node_name(args), mig_service=mig
+        args,
+        agent=agent,
+        backend=backend,
+        api=kube.api,
+        health=health,
+        node=node_name(args),
+        mig_service=mig,
+        pod_resources=pod_resources,
     )
     return dra.stop
 
@@ -333,7 +341,9 @@ def run(args: argparse.Namespace) -> int:
             kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
             correct_assignments=args.correct_assignments,
         )
-    stop_dra = open_dra(args, agent=agent, backend=backend, kube=kube, health=health, mig=mig)
+    stop_dra = open_dra(
+        args, agent=agent, backend=backend, kube=kube, health=health, mig=mig, pod_resources=pod_resources
+    )
     stop_metrics = open_metrics(args.metrics_address, metrics) if args.metrics_address else None
     try:
         stop.wait()
