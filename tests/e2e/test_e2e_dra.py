@@ -208,7 +208,7 @@ def dra_cluster(
     )
     scheduler = start_scheduler(dra_plane, config_path=config_path, name="kube-scheduler-dra")
     controllers = start_controllers(dra_plane)
-    with stopping(node, scheduler, controllers):
+    with stopping(_Forget(dra_plane), node, scheduler, controllers):
         wait_for(
             f"{DRA_NODE}'s ResourceSlices",
             lambda: node.agent.alive_and(lambda: bool(_pool(dra_plane))),
@@ -221,6 +221,28 @@ def dra_cluster(
         for doc in [*templates, _one_gpu_template()]:
             ControlPlane.apply_one(dyn, {**doc, "metadata": {**doc["metadata"], "namespace": DRA_NAMESPACE}})
         yield node
+
+
+class _Forget:
+    """Stopped last: the DRA node's Node, inventory and ResourceSlices are deleted, as when a node
+    leaves (no garbage collector runs here), so later modules of the session do not see it."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+
+    def stop(self) -> None:
+        resource = client.ResourceV1Api(self.plane.api)
+        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={DRA_NODE}")
+        custom = client.CustomObjectsApi(self.plane.api)
+        for delete in (
+            partial(custom.delete_cluster_custom_object, "gpuweave.io", "v1alpha1", "gpunodeinventories"),
+            self.plane.core.delete_node,
+        ):
+            try:
+                delete(DRA_NODE)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
 
 def _one_gpu_template() -> dict[str, Any]:
