@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_ext.claims import ClaimBook
 from scheduler_ext.host import host_allocatable
 from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
 from scheduler_ext.registry import LayoutRegistry
@@ -66,6 +67,7 @@ class ClusterCache:
         self._kinds = KindTotals()  # free GPU capacity by node kind, for reservation (``reservation``)
         self._node_locks: dict[str, threading.RLock] = {}
         self._meta_lock = threading.Lock()  # guards the lock table and pod bookkeeping only
+        self.claims = ClaimBook()  # ResourceClaims and gpuweave.io ResourceSlices (DRA pods' scores)
         self.synced = threading.Event()
 
     # ---- reads (no lock) ----------------------------------------------------------------------

@@ -193,6 +193,42 @@ def pod_group_kind(api: client.ApiClient, sizes: PodGroupSizes) -> WatchedKind |
     return WatchedKind("podgroups", list_pod_groups, sizes.apply)
 
 
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+
+
+def dra_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKind, ...]:
+    """ResourceSlices (of every driver; the book keeps gpuweave.io's) and ResourceClaims, for the
+    ``prioritize-claims`` scores, when the API serves ``resource.k8s.io/v1`` and lets the
+    extender list them: checked once at start. Otherwise claim pods score 0 everywhere."""
+    custom = client.CustomObjectsApi(api)
+
+    def lister(plural: str) -> Callable[..., Any]:
+        def list_call(**kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, **kwargs)
+
+        return list_call
+
+    claims = cache.claims
+
+    def on_slice(kind: str, obj: Mapping[str, Any]) -> None:
+        claims.delete_slice(obj) if kind == "DELETED" else claims.upsert_slice(obj)
+
+    def on_claim(kind: str, obj: Mapping[str, Any]) -> None:
+        claims.delete_claim(obj) if kind == "DELETED" else claims.upsert_claim(obj)
+
+    kinds = (
+        WatchedKind("resourceslices", lister("resourceslices"), on_slice),
+        WatchedKind("resourceclaims", lister("resourceclaims"), on_claim),
+    )
+    for kind in kinds:
+        try:
+            finish(kind.list_call(limit=1, _preload_content=False))
+        except (ApiException, HTTPError) as exc:
+            LOG.info("not watching %s (%s): ResourceClaim pods are not scored", kind.name, describe(exc))
+            return ()
+    return kinds
+
+
 class KubeFeed:
     """The watcher threads of one extender; ``stop`` ends them."""
 
@@ -206,7 +242,7 @@ class KubeFeed:
     ) -> None:
         self._halt = threading.Event()
         self._api = api
-        kinds = watched_kinds(cache, api)
+        kinds = (*dra_kinds(cache, api), *watched_kinds(cache, api))
         if pod_groups is not None and (groups := pod_group_kind(api, pod_groups)) is not None:
             kinds = (groups, *kinds)  # sizes known before the pods that name them
         remaining = [len(kinds)]

@@ -215,6 +215,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         return {
             "filter": self._filter,
             "prioritize": self._prioritize,
+            "prioritize-claims": self._prioritize_claims,
             "bind": self._bind,
             "preempt": self._preempt,
         }
@@ -229,6 +230,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         args, pod = self._args(ExtenderArgs, body)
         assert isinstance(args, ExtenderArgs)
         hosts, scores = self.server.service.prioritize(args, pod)
+        return self.server.priorities.encode(hosts, scores)
+
+    def _prioritize_claims(self, body: object) -> bytes:
+        args, pod = self._args(ExtenderArgs, body)
+        assert isinstance(args, ExtenderArgs)
+        hosts, scores = self.server.service.prioritize_claims(args, pod)
         return self.server.priorities.encode(hosts, scores)
 
     def _bind(self, body: object) -> bytes:

@@ -189,6 +189,13 @@ class ExtenderService:
         verdicts = self._verdicts(request, names, host_requests(pod))
         return names, ranked_scores(verdicts, self._reservation_costs(request, pod, names))
 
+    def prioritize_claims(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> tuple[list[str], list[int]]:
+        """The ``prioritize-claims`` verb (the second extender entry, which kube-scheduler calls for
+        every pod): 0..10 per node for a pod whose ResourceClaims ask for gpuweave.io GPUs or EFA
+        adapters (``claims.score_node``); all 0, with no per-node step, for any other pod."""
+        names = self._names(args)
+        return names, self.cache.claims.scores(pod, names)
+
     def _reservation_costs(
         self, request: PodRequest, pod: Mapping[str, Any], names: list[str]
     ) -> list[float] | None:

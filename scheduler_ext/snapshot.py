@@ -22,7 +22,8 @@ from topology.errors import InvalidInputError
 
 
 def load_snapshot(path: Path, cache: ClusterCache) -> dict[str, int]:
-    """Feed every Node, GpuNodeInventory and Pod in the file into the cache; returns counts by kind."""
+    """Feed every Node, GpuNodeInventory, Pod, ResourceSlice and ResourceClaim in the file into
+    the cache; returns counts by kind."""
     counts = apply_objects(iter(read_objects(path)), cache)
     cache.synced.set()
     return counts
@@ -46,6 +47,10 @@ def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> 
             cache.upsert_node(obj)
         elif kind == NODE_INVENTORY_KIND:
             cache.upsert_inventory(obj)
+        elif kind == "ResourceSlice":
+            cache.claims.upsert_slice(obj)
+        elif kind == "ResourceClaim":
+            cache.claims.upsert_claim(obj)
         elif kind == "Pod":
             pods.append(obj)  # after the nodes, so holdings land on known nodes
         else:

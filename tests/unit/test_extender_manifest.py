@@ -27,8 +27,22 @@ def _extender() -> dict[str, Any]:
     config = yaml.safe_load(CONFIG.read_text())
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
-    (extender,) = config["extenders"]
+    extender, claims = config["extenders"]
+    assert claims["prioritizeVerb"] == "prioritize-claims"
     return dict(extender)
+
+
+def test_the_claims_entry_only_prioritizes_every_pod_on_the_same_sidecar() -> None:
+    """Pods with only ResourceClaims request no managed resource, so kube-scheduler skips the
+    first entry for them (extender IsInterested); the second has no managedResources, so it is
+    called for every pod, and only to prioritize."""
+    config = yaml.safe_load(CONFIG.read_text())
+    extender, claims = config["extenders"]
+    assert claims["urlPrefix"] == extender["urlPrefix"]
+    assert "managedResources" not in claims
+    assert not {"filterVerb", "preemptVerb", "bindVerb"} & set(claims)
+    assert claims["ignorable"] is True and claims["nodeCacheCapable"] is True
+    assert claims["weight"] > 0 and claims["enableHTTPS"] == extender["enableHTTPS"]
 
 
 def test_extender_uses_every_verb_and_names_only() -> None:

@@ -37,23 +37,25 @@ imagePullPolicy: {{ . }}
 
 {{/*
 The scheduler configuration: manifests/scheduler/scheduler-config.yaml with the extender's weight
-and, with TLS, its HTTPS settings put in. Each edited line must be found exactly once, so a
-reformatted base file fails the render instead of being left unedited.
+(the first entry's; the claims entry's weight line carries a comment, so it is not matched) and,
+with TLS, the HTTPS settings of both entries (same sidecar) put in. Each edited line must be found
+exactly as often as stated, so a reformatted base file fails the render instead of being left
+unedited.
 */}}
 {{- define "gpuweave.schedulerConfig" -}}
 {{- $config := include "gpuweave.baseFile" (dict "root" . "file" "files/scheduler-config.yaml") -}}
-{{- $edits := list (list "(?m)^    weight: [0-9]+$" (printf "    weight: %d" (int .Values.scheduler.extender.weight))) -}}
+{{- $edits := list (list "(?m)^    weight: [0-9]+$" (printf "    weight: %d" (int .Values.scheduler.extender.weight)) 1) -}}
 {{- $tls := .Values.scheduler.extender.tls -}}
 {{- if $tls.enabled -}}
 {{- $tlsConfig := dict "caFile" "/etc/gpuweave-extender-tls/ca.crt" -}}
 {{- with $tls.serverName }}{{ $_ := set $tlsConfig "serverName" . }}{{ end -}}
-{{- $edits = append $edits (list "(?m)^  - urlPrefix: http://127\\.0\\.0\\.1:8888$" "  - urlPrefix: https://127.0.0.1:8888") -}}
-{{- $edits = append $edits (list "(?m)^    enableHTTPS: false.*$" (printf "    enableHTTPS: true\n    tlsConfig: %s" (toJson $tlsConfig))) -}}
+{{- $edits = append $edits (list "(?m)^  - urlPrefix: http://127\\.0\\.0\\.1:8888$" "  - urlPrefix: https://127.0.0.1:8888" 2) -}}
+{{- $edits = append $edits (list "(?m)^    enableHTTPS: false.*$" (printf "    enableHTTPS: true\n    tlsConfig: %s" (toJson $tlsConfig)) 2) -}}
 {{- end -}}
 {{- range $edits -}}
 {{- $found := regexFindAll (index . 0) $config -1 | len -}}
-{{- if ne $found 1 -}}
-{{- fail (printf "scheduler-config.yaml: %d lines match %s, want 1" $found (index . 0)) -}}
+{{- if ne $found (index . 2) -}}
+{{- fail (printf "scheduler-config.yaml: %d lines match %s, want %d" $found (index . 0) (index . 2)) -}}
 {{- end -}}
 {{- $config = regexReplaceAll (index . 0) $config (index . 1) -}}
 {{- end -}}
