@@ -68,20 +68,22 @@ class SliceEntry:
 
 @dataclass(frozen=True)
 class Demand:
-    """What a pod's claims ask of one node: whole GPUs and EFA adapters of gpuweave.io, and
-    whether a ``matchAttribute`` constraint requires one NVLink domain or one PCIe root."""
+    """What a pod's claims ask of one node: whole GPUs and EFA adapters of gpuweave.io, and the
+    ``matchAttribute`` constraints that bind them: per ``nvlinkDomain`` constraint the GPUs that
+    must share a domain; per ``pcieRoot`` constraint over GPUs and EFA adapters the (GPUs,
+    adapters) that must share a root."""
 
     gpus: int = 0
     efas: int = 0
-    nvlink_required: bool = False
-    root_required: bool = False
+    nvlink_groups: tuple[int, ...] = ()
+    root_groups: tuple[tuple[int, int], ...] = ()
 
     def __add__(self, other: Demand) -> Demand:
         return Demand(
             self.gpus + other.gpus,
             self.efas + other.efas,
-            self.nvlink_required or other.nvlink_required,
-            self.root_required or other.root_required,
+            self.nvlink_groups + other.nvlink_groups,
+            self.root_groups + other.root_groups,
         )
 
     @property
@@ -250,7 +252,7 @@ def claim_demand(obj: Mapping[str, Any]) -> tuple[Demand | None, str]:
     except ValidationError as exc:
         return None, f"spec.devices does not parse: {exc.errors()[0].get('msg', 'invalid')}"
     gpus, efas = 0, 0
-    kinds: dict[str, str] = {}
+    kinds: dict[str, tuple[str, int]] = {}  # request name -> (gpu | efa, count)
     for request in claim.requests:
         exactly = request.exactly
         if exactly is None:  # firstAvailable: the allocator picks among subrequests; not scored
@@ -266,21 +268,23 @@ def claim_demand(obj: Mapping[str, Any]) -> tuple[Demand | None, str]:
             return None, f"request {request.name!r} has allocationMode {exactly.allocation_mode!r}"
         if exactly.count > MAX_COUNT:
             return None, f"request {request.name!r} asks for {exactly.count} devices (at most {MAX_COUNT})"
-        if exactly.device_class == GPU_CLASS:
+        kind = "gpu" if exactly.device_class == GPU_CLASS else "efa"
+        kinds[request.name] = (kind, exactly.count)
+        if kind == "gpu":
             gpus += exactly.count
-            kinds[request.name] = "gpu"
         else:
             efas += exactly.count
-            kinds[request.name] = "efa"
-    nvlink = root = False
+    nvlink: list[int] = []
+    roots: list[tuple[int, int]] = []
     for constraint in claim.constraints:
         covered = set(constraint.requests) if constraint.requests else set(kinds)
-        covered_kinds = {kinds[name] for name in covered if name in kinds}
-        if constraint.match_attribute in MATCH_NVLINK and "gpu" in covered_kinds:
-            nvlink = True
-        if constraint.match_attribute in MATCH_PCIE_ROOT and covered_kinds == {"gpu", "efa"}:
-            root = True
-    return Demand(gpus=gpus, efas=efas, nvlink_required=nvlink, root_required=root), ""
+        group_gpus = sum(kinds[n][1] for n in covered if n in kinds and kinds[n][0] == "gpu")
+        group_efas = sum(kinds[n][1] for n in covered if n in kinds and kinds[n][0] == "efa")
+        if constraint.match_attribute in MATCH_NVLINK and group_gpus > 1:
+            nvlink.append(group_gpus)
+        if constraint.match_attribute in MATCH_PCIE_ROOT and group_gpus and group_efas:
+            roots.append((group_gpus, group_efas))
+    return Demand(gpus=gpus, efas=efas, nvlink_groups=tuple(nvlink), root_groups=tuple(roots)), ""
 
 
 # ---- scoring (pure) ------------------------------------------------------------------------------
@@ -314,12 +318,29 @@ def _aligned_efas(roots: Sequence[tuple[str, int]], efa: Mapping[str, int], gpus
     return aligned
 
 
+def _place_root_groups(
+    roots: Sequence[tuple[str, int]], efa: Mapping[str, int], groups: Sequence[tuple[int, int]]
+) -> bool:
+    """Can every (GPUs, adapters) group that must share a PCIe root get one, from these GPUs?
+    Largest groups first, each on the root it fills most tightly (a heuristic, not a search)."""
+    free = dict(roots)
+    adapters = dict(efa)
+    for want_gpus, want_efas in sorted(groups, reverse=True):
+        fits = [r for r, n in free.items() if n >= want_gpus and adapters.get(r, 0) >= want_efas]
+        if not fits:
+            return False
+        root = min(fits, key=lambda r: (free[r] - want_gpus, adapters.get(r, 0) - want_efas, r))
+        free[root] -= want_gpus
+        adapters[root] -= want_efas
+    return True
+
+
 def score_node(summary: NodeSummary, demand: Demand) -> int:
-    """0..10 for one node: 0 when its free devices cannot meet the demand (or a required
-    ``matchAttribute`` cannot hold there); 2 when they can only as a set split across NVLink
-    domains; +5 when one NVLink domain holds all the GPUs; +2 when the EFA adapters can sit on
-    the chosen GPUs' PCIe roots (always, without EFA); +1 when that domain is filled exactly
-    (no GPU of it is stranded). A GPU-less demand scores 10 wherever its adapters fit."""
+    """0..10 for one node: 0 when its free devices cannot meet the demand or a ``matchAttribute``
+    constraint cannot hold there (the allocator would refuse the node); 2 when the GPUs can only
+    come from several NVLink domains; 7 when one domain holds them all, +2 when the EFA adapters
+    can sit on the chosen GPUs' PCIe roots (always, without EFA), +1 when that domain is filled
+    exactly (no GPU of it is stranded). A GPU-less demand scores 10 wherever its adapters fit."""
     gpus, efas = demand.gpus, demand.efas
     free_gpus = sum(n for roots in summary.domains for _, n in roots)
     efa = dict(summary.efa)
@@ -327,24 +348,26 @@ def score_node(summary: NodeSummary, demand: Demand) -> int:
         return 0
     if gpus == 0:
         return MAX_SCORE
+    sizes = [sum(n for _, n in roots) for roots in summary.domains]
+    if any(group > max(sizes) for group in demand.nvlink_groups):
+        return 0  # a set that must share an NVLink domain fits in none
+    loose_efas = efas - sum(e for _, e in demand.root_groups)  # adapters no constraint places
     best: tuple[int, int] | None = None  # (points, -domain size), larger is better
-    for roots in summary.domains:
-        size = sum(n for _, n in roots)
-        if size < gpus:
+    for roots, size in zip(summary.domains, sizes, strict=True):
+        if size < gpus or not _place_root_groups(roots, efa, demand.root_groups):
             continue
-        if demand.root_required:
-            aligned_ok = any(n >= gpus and efa.get(root, 0) >= efas for root, n in roots)
-        else:
-            aligned_ok = efas == 0 or _aligned_efas(roots, efa, gpus) >= efas
-        if demand.root_required and not aligned_ok:
-            continue
-        points = 5 + (2 if aligned_ok else 0) + (1 if size == gpus else 0)
+        aligned = loose_efas <= 0 or _aligned_efas(roots, efa, gpus) >= efas
+        points = 5 + (2 if aligned else 0) + (1 if size == gpus else 0)
         if best is None or (points, -size) > best:
             best = (points, -size)
     if best is not None:
         return 2 + best[0]
-    if demand.nvlink_required or demand.root_required:
-        return 0  # the allocator cannot meet the constraint here
+    every_root: Counter[str] = Counter()
+    for roots in summary.domains:
+        for root, n in roots:
+            every_root[root] += n
+    if not _place_root_groups(tuple(every_root.items()), efa, demand.root_groups):
+        return 0
     return 2
 
 

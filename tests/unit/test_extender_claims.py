@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deviceplugin.dra.slices import pool_slices
 from hardware.profiles import load_profile
@@ -15,11 +17,14 @@ from scheduler_ext.claims import (
     MAX_REQUESTS,
     ClaimBook,
     Demand,
+    DraDevice,
     claim_demand,
     parse_slice,
     score_node,
     summarize,
 )
+
+REPO = Path(__file__).parents[2]
 
 
 def _attrs(kind: str, domain: str = "", root: str = "") -> dict[str, Any]:
@@ -238,7 +243,7 @@ def test_hostile_claims_cost_bounded_work_and_score_zero(
     assert book.scores(pod, ["whole"]) == [0]
 
 
-def test_the_agents_own_slices_parse_with_their_domains_and_roots() -> None:
+def _p5_book() -> ClaimBook:
     backend = SimulatedBackend(load_profile("p5.48xlarge"), node_name="p5")
     try:
         inventory = backend.discover()
@@ -247,6 +252,11 @@ def test_the_agents_own_slices_parse_with_their_domains_and_roots() -> None:
     book = ClaimBook()
     for obj in pool_slices(inventory):
         book.upsert_slice(obj)
+    return book
+
+
+def test_the_agents_own_slices_parse_with_their_domains_and_roots() -> None:
+    book = _p5_book()
     summary = book.summary("p5")
     assert summary is not None
     assert len(summary.domains) == 1 and sum(n for _, n in summary.domains[0]) == 8  # one NVSwitch domain
@@ -257,3 +267,26 @@ def test_the_agents_own_slices_parse_with_their_domains_and_roots() -> None:
         _claim("want", [_gpus(1, "gpu"), _efa(2)], [{"requests": ["gpu", "efa"], "matchAttribute": ROOT}])
     )
     assert book.scores(_pod("want"), ["p5"])[0] >= 9
+
+
+def test_the_shipped_topology_example_scores_high_on_p5_and_one_root_for_two_gpus_zero() -> None:
+    """manifests/dra/example-claims-topology.yaml: each GPU with an adapter on its own root, the
+    pair in one NVLink domain, is met on a p5.48xlarge; one root for both GPUs is not (every H100
+    has its own root there), which the allocator would refuse too."""
+    template = yaml.safe_load((REPO / "manifests" / "dra" / "example-claims-topology.yaml").read_text())
+    demand, problem = claim_demand({"spec": template["spec"]["spec"]})
+    assert demand == Demand(gpus=2, efas=2, nvlink_groups=(2,), root_groups=((1, 1), (1, 1))), problem
+    book = _p5_book()
+    assert score_node(book.summary("p5"), demand) == 9  # type: ignore[arg-type]  # 8 in the domain: no exact fit
+    one_root = Demand(gpus=2, efas=2, nvlink_groups=(2,), root_groups=((2, 2),))
+    assert score_node(book.summary("p5"), one_root) == 0  # type: ignore[arg-type]
+
+
+def test_an_nvlink_group_that_fits_no_domain_scores_zero_but_a_loose_split_scores_two() -> None:
+    summary = summarize(
+        [DraDevice(f"gpu-{i}", "gpu", f"nvl{i // 2}", f"r{i}", False) for i in range(4)], frozenset()
+    )
+    assert score_node(summary, Demand(gpus=4, nvlink_groups=(4,))) == 0
+    assert score_node(summary, Demand(gpus=4, nvlink_groups=(2, 2))) == 2
+    assert score_node(summary, Demand(gpus=4)) == 2
+    assert score_node(summary, Demand(gpus=2, nvlink_groups=(2,))) == 10
