@@ -148,6 +148,27 @@ def _pod(name: str, claim: str) -> dict[str, Any]:
         "spec": {
             "schedulerName": SCHEDULER,
             "nodeSelector": {NODE_LABEL: "true"},
+            # the in-tree plugins prefer the other node (NodeAffinity, weight 2: 200 points), so
+            # only the extender's claim score (10 vs 2, x weight 12 x 10: 960 points) sends the
+            # pod to the node where its GPUs form an NVLink pair; without it the pod would go there
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "preference": {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [PAIRS_SPLIT],
+                                    }
+                                ]
+                            },
+                        }
+                    ]
+                }
+            },
             "tolerations": [{**TAINT, "operator": "Equal"}],
             "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
             "containers": [
