@@ -91,11 +91,13 @@ def load_profile_scoring(
     except (OSError, yaml.YAMLError) as error:
         raise SchedulerProfileError(f"cannot read scheduler configuration {path}: {error}") from error
     profiles = [p for p in config.get("profiles") or [] if p.get("schedulerName") == scheduler_name]
-    extenders = [e for e in config.get("extenders") or [] if e.get("prioritizeVerb")]
+    # The entry GPU pods go through filters and prioritizes; an entry that only prioritizes (the
+    # one for DRA claim pods) scores 0 for every pod the simulation places, so it adds nothing.
+    extenders = [e for e in config.get("extenders") or [] if e.get("prioritizeVerb") and e.get("filterVerb")]
     if not profiles or len(extenders) != 1:
         raise SchedulerProfileError(
-            f"{path}: expected a profile {scheduler_name!r} and one prioritizing extender, found "
-            f"{len(profiles)} and {len(extenders)}; fix the file or point the simulation at another one"
+            f"{path}: expected a profile {scheduler_name!r} and one extender with filter and prioritize,"
+            f" found {len(profiles)} and {len(extenders)}; fix the file or point at another"
         )
     strategy = _scoring_strategy(profiles[0])
     kind = str(strategy.get("type", "LeastAllocated"))
