@@ -1,7 +1,8 @@
 """Offline mode: the cluster from a Kubernetes ``List`` file, binds applied in memory only.
 
 A snapshot is what ``kubectl get nodes,gpunodeinventories,pods -A -o yaml`` prints (a ``List``), or
-several YAML documents, or the JSON form; nested Lists are flattened. It lets the extender run
+several YAML documents, or the JSON form; nested Lists are flattened. ResourceSlices and
+ResourceClaims in it (``kubectl get resourceslices,resourceclaims -A``) feed the claim scores. It lets the extender run
 with no cluster: for what-if runs, tests and benchmarks.
 """
 
