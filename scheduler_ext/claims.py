@@ -46,6 +46,7 @@ MAX_COUNT = 64  # devices per request
 MAX_CLAIMS = 64  # claims per pod looked at
 MAX_DEVICES = 1024  # devices per slice (the API server allows 128)
 MAX_SCORE = 10
+MAX_INTERNED = 100_000  # distinct node summaries kept for sharing (cleared past this)
 
 
 # ---- values ------------------------------------------------------------------------------------
@@ -382,6 +383,7 @@ class ClaimBook:
         self._claims: dict[str, ClaimEntry] = {}  # namespace/name -> entry
         self._held: dict[str, Counter[str]] = {}  # pool -> device -> claims allocated it
         self._summaries: dict[str, NodeSummary] = {}  # node -> summary, dropped on change
+        self._interned: dict[NodeSummary, NodeSummary] = {}  # one object per distinct summary
 
     # ---- writes ----
     def upsert_slice(self, obj: Mapping[str, Any]) -> None:
@@ -463,6 +465,9 @@ class ClaimBook:
             for pool in pools:
                 held.update(self._held.get(pool, ()))
             summary = summarize(devices, frozenset(held))
+            if len(self._interned) > MAX_INTERNED:
+                self._interned.clear()
+            summary = self._interned.setdefault(summary, summary)
             self._summaries[node] = summary
             return summary
 
@@ -506,15 +511,15 @@ class ClaimBook:
         demand = self.pod_demand(pod)
         if demand is None or demand.empty:
             return [0] * len(names)
-        memo: dict[NodeSummary, int] = {}
-        out = []
-        for name in names:
-            summary = self.summary(name)
-            if summary is None:
-                out.append(0)
-                continue
-            score = memo.get(summary)
-            if score is None:
-                score = memo[summary] = score_node(summary, demand)
-            out.append(score)
-        return out
+        # Per node only C-level passes and dict lookups: cached summaries first, the few
+        # missing ones built, then one score per distinct summary.
+        summaries: list[NodeSummary | None] = list(map(self._summaries.get, names))
+        pooled = self._by_node
+        for i in [i for i, summary in enumerate(summaries) if summary is None]:
+            if names[i] in pooled:
+                summaries[i] = self.summary(names[i])
+        keys = list(map(id, summaries))  # summaries are interned: equal ones are one object
+        memo: dict[int, int] = {id(None): 0}
+        for summary in {id(x): x for x in summaries if x is not None}.values():
+            memo[id(summary)] = score_node(summary, demand)
+        return list(map(memo.__getitem__, keys))
