@@ -195,7 +195,7 @@ def start_node_dra(
     stream = HealthStream(report, pool=node)
     publisher = SlicePublisher(api, node=node, build=build)
     server = DraPluginServer(
-        preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.changed
+        preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.resync
     )
     server.start()
     for changed in (publisher.changed, stream.changed):

@@ -9,6 +9,11 @@ background thread, coalesces bursts, reconciles at least every ``RESYNC_S`` seco
 deletes a driver's slices when it loses the plugin's registration) and retries through an outage,
 never blocking the kubelet's gRPC path. A taint that stays keeps the ``timeAdded`` the API server
 stamped (``taints.carry_time_added``), so republishing never restarts a NoExecute toleration.
+
+A wake from ``changed()`` (every health round calls it) compares the new build with the slices
+as this process last read or wrote them, without a LIST: only the periodic resync, ``resync()``
+(the kubelet accepted the registration: it may have wiped the pool) and the first reconcile after
+a failure list from the API server. A slice gone under a replace (404) is created again at once.
 """
 
 from __future__ import annotations
@@ -89,6 +94,10 @@ class SlicePublisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
         self.published = 0  # pool generations written by this process
+        self.listed = 0  # LISTs of the pool sent to the API server
+        self._known: list[dict[str, Any]] | None = None  # the pool as last read or written
+        self._relist = threading.Event()
+        self._relist.set()
 
     def start(self) -> None:
         self._wake.set()
@@ -101,21 +110,28 @@ class SlicePublisher:
             self._thread.join()
 
     def changed(self) -> None:
+        """The devices or their health may have changed: compare with the pool as last known."""
+        self._wake.set()
+
+    def resync(self) -> None:
+        """The pool on the API server may have changed under us: list it before comparing."""
+        self._relist.set()
         self._wake.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._resync_s)
+            if not self._wake.wait(self._resync_s):
+                self._relist.set()  # the periodic resync
             self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                self.publish_once()
+                self.publish_once(relist=self._relist.is_set())
             except Exception as exc:  # API outage: keep serving the kubelet, retry later
                 log.warning("publishing ResourceSlices failed (%s); retrying in %.0f s", exc, RETRY_S)
                 if self._stop.wait(RETRY_S):
                     return
-                self._wake.set()
+                self.resync()
 
     def current(self) -> list[dict[str, Any]]:
         """This node's slices of our driver as the API server has them."""
@@ -123,11 +139,19 @@ class SlicePublisher:
             field_selector=f"spec.nodeName={self._node},spec.driver={DRIVER}", _preload_content=False
         )
         items: list[dict[str, Any]] = json.loads(finish(raw)).get("items") or []
+        self.listed += 1
         return items
 
-    def publish_once(self) -> bool:
-        """One reconcile; True when the pool was written."""
-        existing = self.current()
+    def publish_once(self, *, relist: bool = True) -> bool:
+        """One reconcile; True when the pool was written. ``relist=False`` compares with the pool
+        as this process last read or wrote it (no LIST) when it has one."""
+        if relist or self._known is None:
+            self._relist.clear()
+            self._known = None
+            existing = self.current()
+            self._known = existing
+        else:
+            existing = self._known
         generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
         desired = self._build(max(generation, 1), published_taints(existing))
         by_name = {s["metadata"]["name"]: s for s in existing}
@@ -139,25 +163,29 @@ class SlicePublisher:
         if same:
             return False
         desired = self._build(generation + 1, published_taints(existing))
+        self._known = None  # until every write below went through
+        written: list[dict[str, Any]] = []
         for item in desired:
             name = item["metadata"]["name"]
             if name in by_name:
-                body = {
-                    **item,
-                    "metadata": {
-                        **item["metadata"],
-                        "resourceVersion": by_name[name]["metadata"]["resourceVersion"],
-                    },
-                }
-                self._resource.replace_resource_slice(name, cast(Any, body))
+                version = by_name[name]["metadata"]["resourceVersion"]
+                body = {**item, "metadata": {**item["metadata"], "resourceVersion": version}}
+                try:
+                    raw = self._resource.replace_resource_slice(name, cast(Any, body), _preload_content=False)
+                except ApiException as exc:
+                    if status_of(exc) != NOT_FOUND:
+                        raise
+                    raw = self._resource.create_resource_slice(cast(Any, item), _preload_content=False)
             else:
-                self._resource.create_resource_slice(cast(Any, item))
+                raw = self._resource.create_resource_slice(cast(Any, item), _preload_content=False)
+            written.append(json.loads(finish(raw)))
         for name in by_name.keys() - {s["metadata"]["name"] for s in desired}:
             try:
                 self._resource.delete_resource_slice(name)
             except ApiException as exc:
                 if status_of(exc) != NOT_FOUND:
                     raise
+        self._known = written
         self.published += 1
         log.info(
             "published %d ResourceSlices of pool %s, generation %d", len(desired), self._node, generation + 1

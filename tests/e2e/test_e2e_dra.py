@@ -151,6 +151,19 @@ def test_dra_slice_publisher_reconciles_the_pool(dra_plane: ControlPlane) -> Non
         "generation": 2,
         "resourceSliceCount": 1,
     }
+    lists = publisher.listed
+    assert publisher.publish_once(relist=False) is False  # a health round: compared, no LIST
+    assert publisher.listed == lists
+    resource = client.ResourceV1Api(dra_plane.api)
+    resource.delete_resource_slice(second[0]["metadata"]["name"])  # as the kubelet's wipe does
+    mode["mig"] = MigPublishing.DYNAMIC  # the next write replaces a slice that is gone: created
+    assert publisher.publish_once(relist=False) is True and publisher.listed == lists
+    third = publisher.current()
+    assert len(third) == 5 and {s["spec"]["pool"]["generation"] for s in third} == {3}
+    resource.delete_resource_slice(third[0]["metadata"]["name"])
+    assert publisher.publish_once(relist=False) is False  # unseen without a LIST ...
+    assert publisher.publish_once(relist=True) is True  # ... the resync puts it back
+    assert len(publisher.current()) == 5
     publisher.delete_all()
     assert publisher.current() == []
 
