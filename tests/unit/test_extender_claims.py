@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.dra.slices import pool_slices
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from scheduler_ext.app import build_core
 from scheduler_ext.claims import (
     MAX_COUNT,
     MAX_REQUESTS,
@@ -23,6 +26,7 @@ from scheduler_ext.claims import (
     score_node,
     summarize,
 )
+from scheduler_ext.kube import dra_kinds
 
 REPO = Path(__file__).parents[2]
 
@@ -290,3 +294,33 @@ def test_an_nvlink_group_that_fits_no_domain_scores_zero_but_a_loose_split_score
     assert score_node(summary, Demand(gpus=4, nvlink_groups=(2, 2))) == 2
     assert score_node(summary, Demand(gpus=4)) == 2
     assert score_node(summary, Demand(gpus=2, nvlink_groups=(2,))) == 10
+
+
+def test_dra_watches_are_skipped_when_the_api_does_not_serve_or_allow_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An older cluster (no resource.k8s.io/v1) or an identity without the RBAC: no watch that
+    would retry forever and hold readiness back; claim pods then score 0."""
+    cache, _ = build_core()
+    calls: list[str] = []
+
+    def refuse(self: object, group: str, version: str, plural: str, **kwargs: object) -> object:
+        calls.append(f"{group}/{version}/{plural}")
+        raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(client.CustomObjectsApi, "list_cluster_custom_object", refuse)
+    assert dra_kinds(cache, client.ApiClient()) == ()
+    assert calls == ["resource.k8s.io/v1/resourceslices"]
+
+    class Served:
+        data = b"{}"
+
+    monkeypatch.setattr(client.CustomObjectsApi, "list_cluster_custom_object", lambda *a, **k: Served())
+    kinds = dra_kinds(cache, client.ApiClient())
+    assert [k.name for k in kinds] == ["resourceslices", "resourceclaims"]
+    slices, claims = kinds
+    slices.apply("ADDED", _slice("n", TWO_DOMAINS))
+    claims.apply("ADDED", _claim("want", [_gpus(4)]))
+    assert cache.claims.scores(_pod("want"), ["n"])[0] > 0
+    slices.apply("DELETED", {"metadata": {"name": "n-gpuweave.io-0"}})
+    assert cache.claims.scores(_pod("want"), ["n"]) == [0]
