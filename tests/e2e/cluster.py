@@ -164,15 +164,25 @@ class SimNode:
 
 
 def render_scheduler_config(
-    plane: ControlPlane, *, extender_url: str | None, kubeconfig: Path, scheduler_name: str | None = None
+    plane: ControlPlane,
+    *,
+    extender_url: str | None,
+    kubeconfig: Path,
+    scheduler_name: str | None = None,
+    claims: bool = False,
 ) -> Path:
     """manifests/scheduler/scheduler-config.yaml, adapted to this cluster.
 
     Only what differs between a pod and this loopback run changes: the client kubeconfig, no
     leader election, the extender's URL (or no extender, for the baseline); ``scheduler_name``
-    renames the profile, for a second scheduler beside the session's (its own file).
+    renames the profile, for a second scheduler beside the session's (its own file); ``claims``
+    appends the entry of manifests/scheduler/claims-extender.yaml, as the chart's
+    scheduler.extender.claims.enabled does.
     """
     source = yaml.safe_load((REPO / "manifests" / "scheduler" / "scheduler-config.yaml").read_text())
+    if claims and extender_url is not None:
+        entry = REPO / "manifests" / "scheduler" / "claims-extender.yaml"
+        source["extenders"] += yaml.safe_load(entry.read_text())
     source["clientConnection"] = {"kubeconfig": str(kubeconfig), "qps": 200, "burst": 400}
     source["leaderElection"] = {"leaderElect": False}
     if extender_url is None:

@@ -1,6 +1,7 @@
 """The extender's claim scores against the real kube-scheduler 1.37 (DynamicResources on) and
-kube-apiserver: the shipped scheduler configuration with both extender entries, the extender
-process with the gpuweave-scheduler identity (its RBAC reads ResourceClaims and ResourceSlices).
+kube-apiserver: the shipped scheduler configuration with the claims entry appended
+(manifests/scheduler/claims-extender.yaml), the extender process with the gpuweave-scheduler
+identity (its RBAC reads ResourceClaims and ResourceSlices).
 
 Two DRA nodes publish the agent's own pool for a100-pcie-nvbridge-4 (two NVLink pairs, gpu-0/1 in
 nvl0 and gpu-2/3 in nvl1). A claim allocated by hand holds gpu-2 on one node and gpu-0 + gpu-2 on
@@ -133,7 +134,7 @@ def scoring_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator
         raise
     extender, url = start_extender(plane, kubeconfig=scheduler_kubeconfig, name="dra-scoring-extender")
     config = render_scheduler_config(
-        plane, extender_url=url, kubeconfig=scheduler_kubeconfig, scheduler_name=SCHEDULER
+        plane, extender_url=url, kubeconfig=scheduler_kubeconfig, scheduler_name=SCHEDULER, claims=True
     )
     scheduler = start_scheduler(plane, config_path=config, name="dra-scoring-kube-scheduler")
     with stopping(cleanup, extender, scheduler):

@@ -147,6 +147,7 @@ OPERATOR_VALUES: dict[str, Any] = {
             "tls": {"enabled": True, "secretName": "gpuweave-extender-tls"},
             "gangTtlSeconds": 120,
             "networkTierLabels": ["nvidia.com/gpu.clique", "example.com/ib-leaf"],
+            "claims": {"enabled": True},
         },
     },
 }
@@ -198,6 +199,14 @@ def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
     assert {
         k: v for k, v in extender.items() if k not in ("weight", "urlPrefix", "enableHTTPS", "tlsConfig")
     } == {k: v for k, v in base["extenders"][0].items() if k not in ("weight", "urlPrefix", "enableHTTPS")}
+    (claims,) = config["extenders"][1:]  # claims.enabled appended the claims entry, over HTTPS too
+    (shipped,) = yaml.safe_load((REPO / "manifests" / "scheduler" / "claims-extender.yaml").read_text())
+    assert (claims["prioritizeVerb"], claims["weight"], claims["urlPrefix"]) == (
+        "prioritize-claims",
+        shipped["weight"],
+        "https://127.0.0.1:8888",
+    )
+    assert claims["enableHTTPS"] is True and claims["tlsConfig"] == extender["tlsConfig"]
     deployment = _one(docs, "Deployment")["spec"]["template"]["spec"]
     assert deployment["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
     containers = {c["name"]: c for c in deployment["containers"]}

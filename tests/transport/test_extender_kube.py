@@ -188,7 +188,7 @@ def _scheduler_config(directory: Path, *, extender_url: str, kubeconfig: str) ->
     shipped = yaml.safe_load((ROOT / "manifests" / "scheduler" / "scheduler-config.yaml").read_text())
     shipped["leaderElection"] = {"leaderElect": False}
     shipped["clientConnection"] = {"kubeconfig": kubeconfig}
-    for extender in shipped["extenders"]:  # both entries: the claims entry is on the same sidecar
+    for extender in shipped["extenders"]:
         extender["urlPrefix"] = extender_url
     path = directory / "scheduler-config.yaml"
     path.write_text(yaml.safe_dump(shipped))

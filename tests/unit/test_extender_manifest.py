@@ -19,6 +19,7 @@ from topology.contracts import (
 from topology.mig_catalog import default_catalog
 
 CONFIG = Path(__file__).parents[2] / "manifests" / "scheduler" / "scheduler-config.yaml"
+CLAIMS_ENTRY = CONFIG.with_name("claims-extender.yaml")
 # Extended resource names: a DNS-1123 prefix, "/", and a qualified name (no "+").
 RESOURCE_NAME = re.compile(r"^[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -27,17 +28,17 @@ def _extender() -> dict[str, Any]:
     config = yaml.safe_load(CONFIG.read_text())
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
-    extender, claims = config["extenders"]
-    assert claims["prioritizeVerb"] == "prioritize-claims"
+    (extender,) = config["extenders"]  # the claims entry is opt-in (claims-extender.yaml)
     return dict(extender)
 
 
 def test_the_claims_entry_only_prioritizes_every_pod_on_the_same_sidecar() -> None:
     """Pods with only ResourceClaims request no managed resource, so kube-scheduler skips the
-    first entry for them (extender IsInterested); the second has no managedResources, so it is
-    called for every pod, and only to prioritize."""
-    config = yaml.safe_load(CONFIG.read_text())
-    extender, claims = config["extenders"]
+    first entry for them (extender IsInterested); the claims entry (appended on request) has no
+    managedResources, so it is called for every pod, and only to prioritize."""
+    (extender,) = yaml.safe_load(CONFIG.read_text())["extenders"]
+    (claims,) = yaml.safe_load(CLAIMS_ENTRY.read_text())
+    assert claims["prioritizeVerb"] == "prioritize-claims"
     assert claims["urlPrefix"] == extender["urlPrefix"]
     assert "managedResources" not in claims
     assert not {"filterVerb", "preemptVerb", "bindVerb"} & set(claims)

@@ -36,21 +36,28 @@ imagePullPolicy: {{ . }}
 {{- end -}}
 
 {{/*
-The scheduler configuration: manifests/scheduler/scheduler-config.yaml with the extender's weight
-(the first entry's; the claims entry's weight line carries a comment, so it is not matched) and,
-with TLS, the HTTPS settings of both entries (same sidecar) put in. Each edited line must be found
+The scheduler configuration: manifests/scheduler/scheduler-config.yaml, with
+scheduler.extender.claims.enabled the entry of manifests/scheduler/claims-extender.yaml appended
+to its extenders, the extender's weight (the first entry's; the claims entry's weight line carries
+a comment, so it is not matched) and, with TLS, the HTTPS settings of every entry (same sidecar)
+put in. Each edited line must be found
 exactly as often as stated, so a reformatted base file fails the render instead of being left
 unedited.
 */}}
 {{- define "gpuweave.schedulerConfig" -}}
 {{- $config := include "gpuweave.baseFile" (dict "root" . "file" "files/scheduler-config.yaml") -}}
+{{- $entries := 1 -}}
+{{- if .Values.scheduler.extender.claims.enabled -}}
+{{- $config = printf "%s\n%s" (trimSuffix "\n" $config) (include "gpuweave.baseFile" (dict "root" . "file" "files/claims-extender.yaml")) -}}
+{{- $entries = 2 -}}
+{{- end -}}
 {{- $edits := list (list "(?m)^    weight: [0-9]+$" (printf "    weight: %d" (int .Values.scheduler.extender.weight)) 1) -}}
 {{- $tls := .Values.scheduler.extender.tls -}}
 {{- if $tls.enabled -}}
 {{- $tlsConfig := dict "caFile" "/etc/gpuweave-extender-tls/ca.crt" -}}
 {{- with $tls.serverName }}{{ $_ := set $tlsConfig "serverName" . }}{{ end -}}
-{{- $edits = append $edits (list "(?m)^  - urlPrefix: http://127\\.0\\.0\\.1:8888$" "  - urlPrefix: https://127.0.0.1:8888" 2) -}}
-{{- $edits = append $edits (list "(?m)^    enableHTTPS: false.*$" (printf "    enableHTTPS: true\n    tlsConfig: %s" (toJson $tlsConfig)) 2) -}}
+{{- $edits = append $edits (list "(?m)^  - urlPrefix: http://127\\.0\\.0\\.1:8888$" "  - urlPrefix: https://127.0.0.1:8888" $entries) -}}
+{{- $edits = append $edits (list "(?m)^    enableHTTPS: false.*$" (printf "    enableHTTPS: true\n    tlsConfig: %s" (toJson $tlsConfig)) $entries) -}}
 {{- end -}}
 {{- range $edits -}}
 {{- $found := regexFindAll (index . 0) $config -1 | len -}}
