@@ -2,8 +2,8 @@
 
 A snapshot is what ``kubectl get nodes,gpunodeinventories,pods -A -o yaml`` prints (a ``List``), or
 several YAML documents, or the JSON form; nested Lists are flattened. ResourceSlices and
-ResourceClaims in it (``kubectl get resourceslices,resourceclaims -A``) feed the claim scores. It lets the extender run
-with no cluster: for what-if runs, tests and benchmarks.
+ResourceClaims in it (``kubectl get resourceslices,resourceclaims -A``) feed the claim scores. It
+lets the extender run with no cluster: for what-if runs, tests and benchmarks.
 """
 
 from __future__ import annotations
