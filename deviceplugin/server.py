@@ -144,7 +144,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
 
-def _parsed(
+def decoding_handler(
     message_type: type[Message], method: Callable[[Any, grpc.ServicerContext], Any]
 ) -> Callable[[bytes, grpc.ServicerContext], Any]:
     """Wrap an RPC so undecodable request bytes get INVALID_ARGUMENT instead of INTERNAL."""
@@ -169,12 +169,13 @@ def strict_handler(service: DevicePluginService) -> grpc.GenericRpcHandler[Any, 
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(
-            _parsed(message, method), response_serializer=lambda m: m.SerializeToString()
+            decoding_handler(message, method), response_serializer=lambda m: m.SerializeToString()
         )
         for name, (message, method) in unary.items()
     }
     handlers["ListAndWatch"] = grpc.unary_stream_rpc_method_handler(
-        _parsed(api_pb2.Empty, service.ListAndWatch), response_serializer=lambda m: m.SerializeToString()
+        decoding_handler(api_pb2.Empty, service.ListAndWatch),
+        response_serializer=lambda m: m.SerializeToString(),
     )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 

@@ -28,11 +28,12 @@ from types import ModuleType
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from deviceplugin.dra.claims import ClaimError, ClaimPreparer, ClaimRef
 from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.health_stream import HealthStream
+from deviceplugin.server import decoding_handler
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.pluginregistration.v1 import api_pb2 as registration_pb2
@@ -48,21 +49,10 @@ WORKERS = 8  # prepare and unprepare calls, plus one long-lived health stream pe
 MAX_UNIX_PATH = 107
 
 
-def _parsed(message_type: type[Message], method: Callable[[Any, grpc.ServicerContext], Any]) -> Any:
-    def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
-        try:
-            request = message_type.FromString(raw)
-        except DecodeError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
-        return method(request, context)
-
-    return handler
-
-
 def _unary(methods: Mapping[str, tuple[type[Message], Callable[[Any, grpc.ServicerContext], Any]]]) -> Any:
     return {
         name: grpc.unary_unary_rpc_method_handler(
-            _parsed(message, method), response_serializer=lambda m: m.SerializeToString()
+            decoding_handler(message, method), response_serializer=lambda m: m.SerializeToString()
         )
         for name, (message, method) in methods.items()
     }
