@@ -34,6 +34,7 @@ from deviceplugin.dra.slices import Taint, build_resource_slices
 from deviceplugin.dra.taints import carry_time_added, conditions_from, device_taints
 from deviceplugin.dra.validate import check_slices
 from deviceplugin.podresources import PodResourcesClient
+from gpuweave.dra_flags import add_dra_mig_argument
 from gpuweave.node_cdi import host_root, spec_dir
 from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
@@ -57,13 +58,7 @@ def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve every GPU, MIG device and EFA adapter through Dynamic Resource Allocation "
         "(ResourceSlices + the kubelet DRA plugin) and none through the device-plugin API (docs/dra.md)",
     )
-    parser.add_argument(
-        "--dra-mig",
-        choices=[m.value for m in MigPublishing],
-        default=MigPublishing.STATIC.value,
-        help="with --dra: static publishes the MIG devices that exist; dynamic publishes MIG-capable "
-        "GPUs as partitionable devices (shared counters, every placement). Default: static",
-    )
+    add_dra_mig_argument(parser)
     parser.add_argument(
         "--kubelet-root",
         type=Path,

@@ -23,6 +23,7 @@ from deviceplugin.dra.devices import MigPublishing
 from deviceplugin.dra.slices import pool_slices
 from deviceplugin.published import published_list
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
+from gpuweave.dra_flags import add_dra_mig_argument
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from topology.errors import GpuweaveError
@@ -43,13 +44,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print the node's DRA ResourceSlices (resource.k8s.io/v1) instead, one YAML document each",
     )
-    parser.add_argument(
-        "--dra-mig",
-        choices=[m.value for m in MigPublishing],
-        default=MigPublishing.STATIC.value,
-        help="with --dra: static publishes the MIG devices that exist; dynamic publishes MIG-capable GPUs "
-        "as partitionable devices (shared counters, every placement; docs/dra.md). Default: static",
-    )
+    add_dra_mig_argument(parser)
     parser.set_defaults(handler=run)
 
 
