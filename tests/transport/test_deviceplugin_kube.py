@@ -75,6 +75,8 @@ def test_publishes_inventory_labels_and_health(running: Running) -> None:
     published = running.inventory()
     assert published is not None
     assert len(published["spec"]["gpus"]) == 8
+    # one publish writes the inventory, then its status, then the Node's labels
+    wait("Node labels", lambda: bool(running.core.read_node(NODE).metadata.labels))
     labels = running.core.read_node(NODE).metadata.labels
     assert labels["nvidia.com/gpu.count"] == "8"
     assert labels["gpuweave.io/topology"] == "nvswitch-8"
