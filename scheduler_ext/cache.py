@@ -18,6 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from scheduler_ext.by_state import TokenTable
 from scheduler_ext.claims import ClaimBook
 from scheduler_ext.host import host_allocatable
 from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
@@ -53,7 +56,7 @@ class ClusterCache:
         self._label_keys = tuple(label_keys)
         self._labels: dict[str, Mapping[str, str]] = {}  # node -> its labels among ``label_keys``
         self._states: dict[str, NodeState] = {}
-        self._tokens: dict[str, int] = {}  # name -> its state's memo token, for C-speed bulk lookups
+        self._tokens = TokenTable()  # name -> its state's memo token, for bulk lookups (``by_state``)
         self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
         self._known_nodes: set[str] = set()
         self._holdings: dict[str, Holding] = {}  # pod UID -> devices held
@@ -80,7 +83,11 @@ class ClusterCache:
 
     def tokens(self) -> Mapping[str, int]:
         """The live name -> memo token map (do not mutate)."""
-        return self._tokens
+        return self._tokens.mapping()
+
+    def token_keys(self, names: list[str]) -> np.ndarray:
+        """The names' memo tokens as int64, -1 for a name not in the cache (``by_state``)."""
+        return self._tokens.keys(names)
 
     def node_names(self) -> list[str]:
         return list(self._states)
@@ -282,7 +289,7 @@ class ClusterCache:
         base = self._bases.get(name)
         if base is None and name not in self._known_nodes:
             self._states.pop(name, None)
-            self._tokens.pop(name, None)
+            self._tokens.drop(name)
             self._kinds.put(name, None, 0, 0.0)
             return
         holders = _holders(self.holdings_on(name))
@@ -291,7 +298,7 @@ class ClusterCache:
         else:
             state = self.registry.tokenized(base.with_holders(holders).with_host_free(self._host_free(name)))
         self._states[name] = state
-        self._tokens[name] = state.token
+        self._tokens.set(name, state.token)
         self._kinds.put(name, *kind_and_free(state, self._allocatable.get(name)))
 
     @property

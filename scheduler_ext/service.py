@@ -10,11 +10,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, not_
 from typing import Any, Protocol
 
 import numpy as np
 
+from scheduler_ext.by_state import Filtered, StateGroups, held_per_state
 from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.flights import FlightTimeoutError, SingleFlight
@@ -43,27 +43,6 @@ from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the same pod
-_FITS = attrgetter("fits")
-_REASON = attrgetter("reason")
-_UNRESOLVABLE = attrgetter("unresolvable")
-_HELD = attrgetter("held")
-
-
-def _rejections(
-    names: list[str], verdicts: list[Verdict], fits: list[bool]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(failed, unresolvable) name -> reason maps of the rejected nodes, built in C-level passes:
-    an 8-GPU pod is rejected by most of a large cluster, and a Python step per node would show."""
-    rejected = list(map(not_, fits))
-    names = list(compress(names, rejected))
-    verdicts = list(compress(verdicts, rejected))
-    hopeless_flags = list(map(_UNRESOLVABLE, verdicts))
-    failed_flags = list(map(not_, hopeless_flags))
-    return _reasons(names, verdicts, failed_flags), _reasons(names, verdicts, hopeless_flags)
-
-
-def _reasons(names: list[str], verdicts: list[Verdict], selected: list[bool]) -> dict[str, str]:
-    return dict(zip(compress(names, selected), map(_REASON, compress(verdicts, selected)), strict=False))
 
 
 class BindError(GpuweaveError):
@@ -113,54 +92,48 @@ class ExtenderService:
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
                     self._observe("filter", len(answer.passed), answer.failed, answer.hopeless)
                     return self._filter_result(args, answer.passed, answer.failed, answer.hopeless)
-        tokens = list(map(self.cache.tokens().get, names))
-        verdicts = self._verdicts(request, names, host_requests(pod), tokens)
-        fits = list(map(_FITS, verdicts))
-        passed = list(compress(names, fits))
-        failed: dict[str, str] = {}
-        hopeless: dict[str, str] = {}
-        if len(passed) < len(names):
-            failed, hopeless = _rejections(names, verdicts, fits)
-        self._observe("filter", len(passed), failed, hopeless)
-        if self.gangs is not None and (kept := self.gangs.keep_places(names, fits)) is not None:
-            fits = kept  # nodes kept for a waiting gang go only to pods that fit nowhere else
-            passed = list(compress(names, fits))
+        groups = StateGroups.of(self.cache.token_keys(names))
+        representatives = groups.representatives(names)  # one name per state, decided for all
+        verdicts = self._verdicts(request, representatives, host_requests(pod), groups.tokens)
+        spread = Filtered.spread(names, groups, verdicts)
+        fits = spread.fits
+        self._observe("filter", int(fits.sum()), spread.failed, spread.hopeless)
+        if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
+            fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
+        passed: list[str] = list(compress(names, fits.tolist()))
         if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
-            passed = self._best(request, pod, names, verdicts, fits, tokens=tokens)
-        return self._filter_result(args, passed, failed, hopeless)
+            passed = self._best(
+                request, pod, passed, states=(groups, representatives, verdicts), fits=fits
+            )
+        return self._filter_result(args, passed, spread.failed, spread.hopeless)
 
     def _best(
         self,
         request: PodRequest,
         pod: Mapping[str, Any],
-        names: list[str],
-        verdicts: list[Verdict],
-        fits: list[bool],
+        passed: list[str],
         *,
-        tokens: list[int | None],
+        states: tuple[StateGroups, list[str], list[Verdict]],
+        fits: np.ndarray,
     ) -> list[str]:
         """The ``keep`` fitting nodes prioritize would rank best, fuller nodes first among equals.
 
-        Ranked per node state, not per node: a token names a node's state (layout, hence kind, and
-        free devices), so its verdict, reservation cost and devices held are the same on every
-        node that has it, and 15,000 nodes have a few dozen. Per node: C and numpy passes only."""
-        names = list(compress(names, fits))
-        verdicts = list(compress(verdicts, fits))
-        try:
-            keys = np.array(list(compress(tokens, fits)), dtype=np.int64)
-        except TypeError:  # a node that came into the cache during this call has no token here
-            keys = np.array([-1 - i if t is None else t for i, t in enumerate(compress(tokens, fits))])
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        picks = first.tolist()
-        chosen = [verdicts[i] for i in picks]
+        Ranked per node state, not per node (``by_state``): a state's verdict, reservation cost and
+        devices held are the same on every node that has it. The states ranked are those with a
+        passing node, as prioritize would rank the passing nodes. Per node: numpy passes only."""
+        groups, representatives, verdicts = states
+        present, local = np.unique(groups.inverse[fits], return_inverse=True)
+        ranked_states = present.tolist()
+        chosen = [verdicts[i] for i in ranked_states]
         per_kind = self._per_kind_costs(request, pod)
         costs = None
         if per_kind is not None:
             number_of = self.cache.kinds.number_of
-            costs = [per_kind.get(number_of.get(names[i]), 0.0) for i in picks]
-        ranked = ranks(chosen, costs)[inverse]
-        fullness = np.array([v.held for v in chosen], dtype=np.int64)[inverse]
-        return shortlist(names, ranked, fullness, keep=self.keep, seed=request.uid or request.key)
+            costs = [per_kind.get(number_of.get(representatives[i]), 0.0) for i in ranked_states]
+        local = local.reshape(-1)
+        ranked = ranks(chosen, costs)[local]
+        fullness = held_per_state(chosen)[local]
+        return shortlist(passed, ranked, fullness, keep=self.keep, seed=request.uid or request.key)
 
     @staticmethod
     def _filter_result(
