@@ -9,11 +9,13 @@ kubelet admits pods one at a time in the order its watch (``spec.nodeName=<node>
 them, which is the order in which they became bound to the node, and a pod's containers in spec
 order. The agent's own watch on the same selector sees the same order; the resourceVersion of
 the first event in which it saw a pod bound ranks it (as integers when every candidate's parses,
-as etcd's do; else the order this agent saw them). None → when this agent's watch was busy a
-moment ago it may simply not have seen the pod yet, so it waits for the watch (at most
-``CATCH_UP_S``) and looks again; then no hint, and the local optimum from the same scoring code
-is used. No lock held across the wait and no API call on the kubelet's path: the pod view is
-kept fresh by a watcher in the background (``deviceplugin.kube``).
+as etcd's do; else the order this agent saw them). None → this agent's watch may simply not have
+shown the pod yet (the kubelet's watch of the same binding can be ahead of it, after a quiet spell
+as well as in a burst), so it waits for the watch (at most ``CATCH_UP_S``) and looks again; then
+no hint, and the local optimum from the same scoring code is used. A GPU pod the extender did not
+place therefore waits ``CATCH_UP_S`` per resource at admission. No lock held across the wait and
+no API call on the kubelet's path: the pod view is kept fresh by a watcher in the background
+(``deviceplugin.kube``).
 
 Every outcome is counted; when the kubelet then allocates something other than the hint, or a
 pending assignment names devices that are not offered, a mismatch is counted and reported.
@@ -39,7 +41,6 @@ log = logging.getLogger(__name__)
 
 Reporter = Callable[["PendingPod", str, str], None]  # (pod, reason, message)
 CATCH_UP_S = 0.2  # longest a preference waits for this agent's pod watch to show the pod
-BUSY_WINDOW_S = 2.0  # a watch event this recent means a burst may still be arriving
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -100,15 +101,13 @@ def _fit(ids: tuple[str, ...], *, offered: tuple[str, ...], must: set[str]) -> t
 class PodView:
     """Thread-safe set of this node's live pods that carry an assignment, with their bound order."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pods: dict[str, PendingPod] = {}
         self._bound: dict[str, str] = {}  # every pod seen on the node: uid -> first resourceVersion
         self._arrivals = 0
         self._version = 0
-        self._last_event = float("-inf")
 
     def upsert(
         self,
@@ -149,7 +148,6 @@ class PodView:
 
     def _touch(self) -> None:
         self._version += 1
-        self._last_event = self._clock()
         self._changed.notify_all()
 
     def pending(self) -> list[PendingPod]:
@@ -161,11 +159,6 @@ class PodView:
         """Every live pod with an assignment, admitted or not (the backstop compares these)."""
         with self._lock:
             return list(self._pods.values())
-
-    def busy(self, *, within_s: float) -> bool:
-        """Whether the watch delivered something in the last ``within_s`` seconds."""
-        with self._lock:
-            return self._clock() - self._last_event <= within_s
 
     def version(self) -> int:
         with self._lock:
@@ -233,11 +226,11 @@ class HandoffMatcher:
         return fits, misfits
 
     def _candidates_caught_up(self, request: PreferenceRequest) -> tuple[list[_Hint], list[_Hint]]:
-        """Candidates; when there are none while the watch is busy (a burst still arriving), wait
-        up to ``catch_up_s`` for the view to show the pod. The watch delivers pods in bound
-        order, so a view that lags shows a prefix: the pod being admitted is missing, not replaced."""
+        """Candidates; when there are none, wait up to ``catch_up_s`` for the view to show the pod.
+        The watch delivers pods in bound order, so a view that lags shows a prefix: the pod being
+        admitted is missing, not replaced."""
         fits, misfits = self._candidates(request)
-        if fits or misfits or self._catch_up_s <= 0 or not self._view.busy(within_s=BUSY_WINDOW_S):
+        if fits or misfits or self._catch_up_s <= 0:
             return fits, misfits
         deadline = self._clock() + self._catch_up_s
         while not fits and not misfits and (left := deadline - self._clock()) > 0:

@@ -102,8 +102,9 @@ class Publisher:
             self._custom.patch_cluster_custom_object(
                 *args, name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
             )
-        self._custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
+        # the Node's labels before the status: a reader that sees this round's status sees its labels
         self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+        self._custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
         self.published += 1
 
 

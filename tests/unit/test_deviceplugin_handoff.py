@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.handoff import BUSY_WINDOW_S, HandoffMatcher, PodView, admission_ranks, corrections
+from deviceplugin.handoff import HandoffMatcher, PodView, admission_ranks, corrections
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
 from tests.support.small_inventory import gpu_uuid
@@ -48,7 +48,7 @@ def outcome(metrics: AgentMetrics, name: str) -> float | None:
 
 
 def test_a_burst_is_served_in_bound_order_not_arrival_order() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     matcher = HandoffMatcher(view, node="node-a", metrics=AgentMetrics(), catch_up_s=0)
     bind(view, "burst-0", [gpu_uuid(0)], rv="1000")
     bind(view, "burst-1", [gpu_uuid(1)], rv="1030")
@@ -59,7 +59,7 @@ def test_a_burst_is_served_in_bound_order_not_arrival_order() -> None:
 
 
 def test_the_bound_resource_version_is_the_first_one_seen() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     bind(view, "a", [gpu_uuid(0)], rv="50")
     bind(view, "b", [gpu_uuid(1)], rv="60")
     bind(view, "a", [gpu_uuid(0)], rv="70")  # a later update of a (a status write) keeps its place
@@ -73,27 +73,36 @@ def test_the_bound_resource_version_is_the_first_one_seen() -> None:
 
 
 def test_opaque_resource_versions_fall_back_to_arrival_order() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     bind(view, "x", [gpu_uuid(0)], rv="zz9")
     bind(view, "y", [gpu_uuid(1)], rv="1")
     ranks = admission_ranks(view.pending())
     assert ranks["x"] < ranks["y"]
 
 
-def test_no_wait_when_the_watch_is_quiet() -> None:
-    clock = FakeClock()
-    view, metrics = PodView(clock=clock), AgentMetrics()
-    matcher = HandoffMatcher(view, node="node-a", metrics=metrics, catch_up_s=30, clock=clock)
+def test_a_pod_the_view_never_shows_is_waited_for_at_most_the_catch_up() -> None:
+    view, metrics = PodView(), AgentMetrics()
+    matcher = HandoffMatcher(view, node="node-a", metrics=metrics, catch_up_s=0.05)
     bind(view, "running", [gpu_uuid(0)], rv="5", phase="Running")
-    clock.now += BUSY_WINDOW_S + 1
-    assert matcher.hint(request(), {}) is None  # would block 30 s if it waited
-    assert outcome(metrics, "waited") is None
+    assert matcher.hint(request(), {}) is None  # a pod the extender did not place: no hint
+    assert outcome(metrics, "waited") == 1
     assert outcome(metrics, "no_assignment") == 1
+
+
+def test_after_a_quiet_spell_the_watch_is_waited_for_until_the_pod_shows() -> None:
+    view, metrics = PodView(), AgentMetrics()
+    matcher = HandoffMatcher(view, node="node-a", metrics=metrics, catch_up_s=30)
+    late = threading.Timer(0.1, bind, args=(view, "late", [gpu_uuid(2)]), kwargs={"rv": "9"})
+    late.start()  # nothing arrived before: the kubelet's watch is ahead of this agent's
+    try:
+        assert matcher.hint(request(), {}) == [gpu_uuid(2)]
+    finally:
+        late.join()
 
 
 def test_a_busy_watch_is_waited_for_until_the_pod_shows() -> None:
     clock = FakeClock()  # never advances: only the pod's arrival ends the wait
-    view, metrics = PodView(clock=clock), AgentMetrics()
+    view, metrics = PodView(), AgentMetrics()
     matcher = HandoffMatcher(view, node="node-a", metrics=metrics, catch_up_s=30, clock=clock)
     bind(view, "done", [gpu_uuid(0)], rv="5", phase="Running")  # the watch just delivered something
     late = threading.Thread(target=bind, args=(view, "late", [gpu_uuid(2)]), kwargs={"rv": "9"})
@@ -105,7 +114,7 @@ def test_a_busy_watch_is_waited_for_until_the_pod_shows() -> None:
 
 
 def test_corrections_name_the_kubelets_devices() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     bind(view, "p", [gpu_uuid(0), gpu_uuid(1)], rv="7", phase="Running")
     bind(view, "q", [gpu_uuid(2)], rv="8")
     held = {
@@ -119,7 +128,7 @@ def test_corrections_name_the_kubelets_devices() -> None:
 
 
 def test_share_units_of_the_same_gpu_are_corrected_but_are_no_mismatch() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     units = [f"{gpu_uuid(1)}::compute-{k}" for k in (0, 1)]
     view.upsert(
         uid="s",
@@ -136,7 +145,7 @@ def test_share_units_of_the_same_gpu_are_corrected_but_are_no_mismatch() -> None
 
 
 def test_terminal_pods_and_unlisted_containers_are_not_compared() -> None:
-    view = PodView(clock=FakeClock())
+    view = PodView()
     bind(view, "gone", [gpu_uuid(0)], rv="1", phase="Succeeded")
     bind(view, "waiting", [gpu_uuid(1)], rv="2")
     held = {("ml", "gone"): {"main": {RESOURCE_GPU: frozenset({gpu_uuid(3)})}}}
