@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from operator import attrgetter
 
 import numpy as np
@@ -40,12 +41,23 @@ class StateGroups:
         if missing.size:  # tokens are never negative: each missing one gets a key of its own below 0
             keys = tokens.copy()
             keys[missing] = -1 - missing
-        unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        unique, inverse = np.unique(keys, return_inverse=True)  # no return_index: a stable sort
+        inverse = inverse.reshape(-1)
+        first = np.empty(len(unique), dtype=np.int64)
+        first[inverse[::-1]] = np.arange(len(keys) - 1, -1, -1)  # the last write is the first name
         return StateGroups(
             first=first.tolist(),
-            inverse=inverse.reshape(-1),
+            inverse=inverse,
             tokens=[None if k < 0 else k for k in unique.tolist()],
         )
+
+    def present(self, mask: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The states that some name in ``mask`` has, in state order, and each masked name's
+        position among them (a count per state, no sort)."""
+        states = self.inverse[mask]
+        seen = np.bincount(states, minlength=len(self.first)) > 0
+        position = np.cumsum(seen) - 1
+        return np.flatnonzero(seen).tolist(), position[states]
 
     def representatives(self, names: Sequence[str]) -> list[str]:
         """One name per state, in state order (the name each state is decided on)."""
@@ -59,23 +71,31 @@ class Filtered:
     fits: np.ndarray  # bool per name
     failed: dict[str, str]  # rejected, preemption may help
     hopeless: dict[str, str]  # rejected, nothing on the node can help
+    rejected: dict[str, int]  # names rejected per distinct reason (counted per state: no pass per name)
 
     @staticmethod
     def spread(names: Sequence[str], groups: StateGroups, verdicts: Sequence[Verdict]) -> Filtered:
         fits = np.fromiter(map(_FITS, verdicts), dtype=bool, count=len(verdicts))[groups.inverse]
         if fits.all():
-            return Filtered(fits, {}, {})
+            return Filtered(fits, {}, {}, {})
         unresolvable = np.fromiter(map(_UNRESOLVABLE, verdicts), dtype=bool, count=len(verdicts))
         reasons = np.array(list(map(_REASON, verdicts)), dtype=object)
         states = groups.inverse
         hopeless_mask = ~fits & unresolvable[states]
         failed_mask = ~fits & ~hopeless_mask
-        table = np.array(names, dtype=object)
-        return Filtered(
-            fits,
-            dict(zip(table[failed_mask].tolist(), reasons[states[failed_mask]].tolist(), strict=True)),
-            dict(zip(table[hopeless_mask].tolist(), reasons[states[hopeless_mask]].tolist(), strict=True)),
-        )
+        per_name = reasons[states]
+        rejected: dict[str, int] = {}
+        per_state = np.bincount(states[~fits], minlength=len(verdicts)).tolist()
+        for reason, count in zip(reasons.tolist(), per_state, strict=True):
+            if count:
+                rejected[reason] = rejected.get(reason, 0) + count
+        failed, hopeless = _named(names, failed_mask, per_name), _named(names, hopeless_mask, per_name)
+        return Filtered(fits, failed, hopeless, rejected)
+
+
+def _named(names: Sequence[str], mask: np.ndarray, reasons: np.ndarray) -> dict[str, str]:
+    """name -> reason for the masked names (compress over the list: no object array of names)."""
+    return dict(zip(compress(names, mask.tolist()), reasons[mask].tolist(), strict=True))
 
 
 def held_per_state(verdicts: Sequence[Verdict]) -> np.ndarray:

@@ -8,9 +8,8 @@ node kind (GPU product and GPUs per node) are read from the cache's running tota
 
 from __future__ import annotations
 
-import collections
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -101,16 +100,16 @@ class ExtenderMetrics:
         """Export GPU capacity and idle GPU per node kind from ``kinds`` (the cache's running totals)."""
         self.registry.register(CapacityCollector(kinds))
 
-    def decided(self, verb: str, *, passed: int, rejected: Sequence[Mapping[str, str]]) -> None:
+    def decided(self, verb: str, *, passed: int, rejected: Mapping[str, int]) -> None:
+        """``rejected``: nodes rejected per reason (counted per distinct reason, not per node)."""
         self.decisions.labels(verb, "passed").inc(passed)
-        failed = sum(map(len, rejected))
+        failed = sum(rejected.values())
         if failed:
             self.decisions.labels(verb, "failed").inc(failed)
             counts: dict[str, int] = {}
-            for reasons in rejected:  # count per distinct reason in C, classify each reason once
-                for reason, count in collections.Counter(reasons.values()).items():
-                    label = reason_class(reason)
-                    counts[label] = counts.get(label, 0) + count
+            for reason, count in rejected.items():  # classify each distinct reason once
+                label = reason_class(reason)
+                counts[label] = counts.get(label, 0) + count
             for label, count in counts.items():
                 self.rejections.labels(label).inc(count)
 

@@ -7,7 +7,8 @@ this module decides nothing about HTTP and the core decides nothing about Kubern
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any, Protocol
@@ -58,8 +59,8 @@ class Binder(Protocol):
 class Observer(Protocol):
     """Where decisions are counted (metrics); a no-op is fine."""
 
-    def decided(self, verb: str, *, passed: int, rejected: Sequence[Mapping[str, str]]) -> None:
-        """``rejected``: maps of node name -> reason (failed and unresolvable, kept apart: no copy)."""
+    def decided(self, verb: str, *, passed: int, rejected: Mapping[str, int]) -> None:
+        """``rejected``: how many nodes were rejected for each distinct reason."""
 
 
 @dataclass
@@ -82,7 +83,7 @@ class ExtenderService:
             request = pod_request(pod)
             gang = self.gangs.gang_of(pod) if self.gangs is not None else None
         except (BadPodRequestError, BadGangError) as exc:
-            self._observe("filter", 0, dict.fromkeys(names, str(exc)))
+            self._observe("filter", 0, {str(exc): len(names)})
             return self._filter_result(args, [], {}, {n: str(exc) for n in names})
         self._learn(request, pod)
         if self.gangs is not None:
@@ -90,14 +91,15 @@ class ExtenderService:
             if gang is not None:
                 answer = self.gangs.filter(gang, request, names, host_requests(pod))
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
-                    self._observe("filter", len(answer.passed), answer.failed, answer.hopeless)
+                    rejected = Counter([*answer.failed.values(), *answer.hopeless.values()])
+                    self._observe("filter", len(answer.passed), rejected)
                     return self._filter_result(args, answer.passed, answer.failed, answer.hopeless)
         groups = StateGroups.of(self.cache.token_keys(names))
         representatives = groups.representatives(names)  # one name per state, decided for all
         verdicts = self._verdicts(request, representatives, host_requests(pod), groups.tokens)
         spread = Filtered.spread(names, groups, verdicts)
         fits = spread.fits
-        self._observe("filter", int(fits.sum()), spread.failed, spread.hopeless)
+        self._observe("filter", int(fits.sum()), spread.rejected)
         if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
@@ -122,15 +124,13 @@ class ExtenderService:
         devices held are the same on every node that has it. The states ranked are those with a
         passing node, as prioritize would rank the passing nodes. Per node: numpy passes only."""
         groups, representatives, verdicts = states
-        present, local = np.unique(groups.inverse[fits], return_inverse=True)
-        ranked_states = present.tolist()
+        ranked_states, local = groups.present(fits)
         chosen = [verdicts[i] for i in ranked_states]
         per_kind = self._per_kind_costs(request, pod)
         costs = None
         if per_kind is not None:
             number_of = self.cache.kinds.number_of
             costs = [per_kind.get(number_of.get(representatives[i]), 0.0) for i in ranked_states]
-        local = local.reshape(-1)
         ranked = ranks(chosen, costs)[local]
         fullness = held_per_state(chosen)[local]
         return shortlist(passed, ranked, fullness, keep=self.keep, seed=request.uid or request.key)
@@ -221,7 +221,7 @@ class ExtenderService:
             request, names, self.cache.states(), self.cache.tokens(), host=host, looked_up=tokens
         )
 
-    def _observe(self, verb: str, passed: int, *rejected: Mapping[str, str]) -> None:
+    def _observe(self, verb: str, passed: int, rejected: Mapping[str, int]) -> None:
         if self.observer is not None:
             self.observer.decided(verb, passed=passed, rejected=rejected)
 

@@ -78,3 +78,8 @@ def test_spread_answers_as_one_verdict_per_node_would() -> None:
     pairs = list(zip(names, expected, strict=True))
     assert spread.failed == {n: v.reason for n, v in pairs if not v.fits and not v.unresolvable}
     assert spread.hopeless == {n: v.reason for n, v in pairs if v.unresolvable}
+    counted: dict[str, int] = {}
+    for _, v in pairs:
+        if not v.fits:
+            counted[v.reason] = counted.get(v.reason, 0) + 1
+    assert spread.rejected == counted
