@@ -3,8 +3,9 @@
 The cluster mixes the built-in machine profiles, some nodes with shared GPUs, and is pre-loaded
 with bound pods so node states differ. Each measured pod is one filter call with every node name
 (``percentageOfNodesToScore: 100``, the worst case kube-scheduler sends with
-``nodeCacheCapable: true``) and one prioritize call with the nodes that passed (at most
-``--shortlist``, as the deployed extender passes); the pod is then
+``nodeCacheCapable: true``), in a new order for each pod (kube-scheduler's filter runs on 16
+goroutines and lists the feasible nodes in the order they finish), and one prioritize call with
+the nodes that passed (at most ``--shortlist``, as the deployed extender passes); the pod is then
 bound, so states keep changing and the memo sees misses as it would in a cluster.
 
 - ``in-process``: JSON decode, validation, decisions and JSON encode, no socket;
@@ -207,9 +208,11 @@ def measure(size: int, *, pods: int, seed: int, keep: int = DEFAULT_KEEP) -> lis
             warm = pod_object(f"warm-{i}", limits=limits, annotations=annotations)
             for caller in callers.values():
                 one_pod(caller, warm, names)
+        order = random.Random(seed)
         for i in range(pods):
             limits, annotations = POD_MIX[i % len(POD_MIX)]
             pod = pod_object(f"bench-{i}", limits=limits, annotations=annotations)
+            order.shuffle(names)  # kube-scheduler's parallel filter lists feasible nodes as they finish
             results = {mode: one_pod(caller, pod, names) for mode, caller in callers.items()}
             for mode, (elapsed, _) in results.items():
                 modes[mode].append(elapsed)

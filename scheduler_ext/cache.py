@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler_ext.by_state import TokenTable
+from scheduler_ext.by_state import TokenIndex
 from scheduler_ext.claims import ClaimBook
 from scheduler_ext.host import host_allocatable
 from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
@@ -56,7 +56,7 @@ class ClusterCache:
         self._label_keys = tuple(label_keys)
         self._labels: dict[str, Mapping[str, str]] = {}  # node -> its labels among ``label_keys``
         self._states: dict[str, NodeState] = {}
-        self._tokens = TokenTable()  # name -> its state's memo token, for bulk lookups (``by_state``)
+        self._tokens = TokenIndex()  # name -> its state's memo token, for bulk lookups (``by_state``)
         self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
         self._known_nodes: set[str] = set()
         self._holdings: dict[str, Holding] = {}  # pod UID -> devices held

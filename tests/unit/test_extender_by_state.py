@@ -1,53 +1,37 @@
-"""Filter's per-state work (scheduler_ext.by_state): the token table's remembered name list and
-the spread of one verdict per state back to every name."""
+"""Filter's per-state work (scheduler_ext.by_state): names grouped by state, and one verdict per
+state spread back to every name as one verdict per node would answer."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from scheduler_ext.by_state import Filtered, StateGroups, TokenTable
+from scheduler_ext.by_state import Filtered, StateGroups, TokenIndex
 from scheduler_ext.verdict import Verdict, fail, unresolvable
 
 
-def test_an_equal_list_reads_the_tokens_of_now_not_of_the_last_call() -> None:
-    table = TokenTable()
-    for i, name in enumerate(("a", "b", "c")):
-        table.set(name, 10 + i)
-    assert table.keys(["c", "a", "b"]).tolist() == [12, 10, 11]
-    table.set("a", 99)  # the node's state changed after the list was remembered
-    assert table.keys(["c", "a", "b"]).tolist() == [12, 99, 11]
+def test_the_index_reads_each_names_token_of_now_in_any_order() -> None:
+    index = TokenIndex()
+    names = [f"node-{i:05d}" for i in range(500)]
+    for i, name in enumerate(names):
+        index.set(name, 1000 + i)
+    shuffled = [names[(i * 7919) % 500] for i in range(500)]  # another order, same names
+    assert index.keys(shuffled).tolist() == [index.mapping()[n] for n in shuffled]
+    index.set(names[3], 7)  # a token change after the table was built is written in place
+    assert index.keys([names[3], names[4]]).tolist() == [7, 1004]
 
 
-def test_a_node_that_left_reads_minus_one_and_one_that_came_back_its_new_token() -> None:
-    table = TokenTable()
-    table.set("a", 1)
-    table.set("b", 2)
-    names = ["a", "b"]
-    assert table.keys(names).tolist() == [1, 2]
-    table.drop("b")
-    assert table.keys(["a", "b"]).tolist() == [1, -1]
-    assert "b" not in table.mapping()
-    table.set("b", 7)  # back under a new slot: the remembered slots must not be used
-    assert table.keys(["a", "b"]).tolist() == [1, 7]
-
-
-def test_unknown_names_read_minus_one() -> None:
-    table = TokenTable()
-    table.set("a", 3)
-    assert table.keys(["x", "a"]).tolist() == [-1, 3]
-
-
-def test_slots_are_handed_out_anew_when_most_names_left() -> None:
-    table = TokenTable()
-    for round_ in range(5):  # 5 x 1,000 names, each round's names leaving before the next come
-        names = [f"n{round_}-{i}" for i in range(1000)]
-        for i, name in enumerate(names):
-            table.set(name, i)
-        assert table.keys(names).tolist() == list(range(1000))
-        for name in names[1:]:
-            table.drop(name)
-    assert table.keys(["n4-0", "n3-0", "n0-0"]).tolist() == [0, 0, 0]
-    assert len(table.mapping()) == 5
+def test_the_index_follows_names_that_come_and_go() -> None:
+    index = TokenIndex()
+    index.set("a", 1)
+    index.set("b", 2)
+    assert index.keys(["b", "a", "x"]).tolist() == [2, 1, -1]
+    index.drop("b")
+    index.set("c", 3)
+    assert index.keys(["a", "b", "c"]).tolist() == [1, -1, 3]
+    assert dict(index.mapping()) == {"a": 1, "c": 3}
+    index.drop("a")
+    index.drop("c")
+    assert index.keys(["a", "c"]).tolist() == [-1, -1]
 
 
 def test_groups_give_each_missing_name_a_state_of_its_own() -> None:
