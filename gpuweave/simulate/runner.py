@@ -20,6 +20,7 @@ from gpuweave.simulate.fleet import (
 )
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
+    add_common_completion,
     fault_table,
     plot_summary,
     plot_timeline,
@@ -142,6 +143,7 @@ def run_simulation(options: SimulateOptions) -> int:
     )
     results = [_run_one(p, fleet=fleet, jobs=jobs, models=models, options=options) for p in policies]
     summaries = [summarize(r) for r in results]
+    add_common_completion(results, summaries)
     print()
     print(summary_table(summaries))
     print()

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from gpuweave.cli import main
-from gpuweave.simulate.engine import Simulation
+from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
+from gpuweave.simulate.outcomes import JobCompletion
 from gpuweave.simulate.placers import make_placer
-from gpuweave.simulate.report import summarize, summary_table
+from gpuweave.simulate.report import add_common_completion, summarize, summary_table
 from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
@@ -72,3 +73,19 @@ def test_every_policy_reports_the_job_figures_in_json_and_the_table(
     assert "job completion, mean (min)" in table and "GPU-hours lost to faults" in table
     assert summary_table(report["summaries"]) in table
     assert "gang recovery: median (back / evicted)" in table
+
+
+def test_the_common_mean_covers_only_the_jobs_every_run_finished() -> None:
+    def run(policy: str, ends: dict[str, float]) -> RunResult:
+        result = RunResult(policy=policy)
+        for job_id, end in ends.items():
+            result.ledger.completions.append(JobCompletion(job_id, "single-gpu", 0.0, end, 0))
+        return result
+
+    # b finishes a job the others never do: its own mean pays for it, the common mean does not
+    results = [run("a", {"j1": 600.0, "j2": 1200.0}), run("b", {"j1": 600.0, "j2": 1800.0, "j3": 7200.0})]
+    summaries = [{"policy": r.policy} for r in results]
+    add_common_completion(results, summaries)
+    assert [s["jobs_completed_by_all"] for s in summaries] == [2, 2]
+    assert summaries[0]["job_completion_common_mean_min"] == pytest.approx(15.0)
+    assert summaries[1]["job_completion_common_mean_min"] == pytest.approx(20.0)
