@@ -54,8 +54,11 @@ def blockable_control(root: Path) -> tuple[Path, Path]:
 
 
 class MpsNode(AgentNode):
-    def __init__(self, *, round_s: float = 0.3, retired: tuple[int, ...] = ()) -> None:
-        """``retired``: GPUs on the node's bad-hardware list before the agent starts."""
+    def __init__(
+        self, *, round_s: float = 0.3, retired: tuple[int, ...] = (), probation_rounds: int = 2
+    ) -> None:
+        """``retired``: GPUs on the node's bad-hardware list before the agent starts;
+        ``probation_rounds``: clean health rounds before a faulted GPU is Healthy again."""
         root = short_temp_dir()
         (root / "s").mkdir()
         bad = {
@@ -68,7 +71,8 @@ class MpsNode(AgentNode):
         self.sharing = root / "sharing.yaml"
         self.sharing.write_text(sharing_yaml((0, 1)))
         health = root / "health.yaml"
-        health.write_text(yaml.safe_dump({"health": {"round_interval_s": round_s, "startup_rounds": 1}}))
+        settings = {"round_interval_s": round_s, "startup_rounds": 1, "probation_rounds": probation_rounds}
+        health.write_text(yaml.safe_dump({"health": settings}))
         wrapper, self.block = blockable_control(root)
         extra = ("--sharing-config", str(self.sharing), "--health-config", str(health))
         super().__init__(str(profile), extra=(*extra, "--mps-control", str(wrapper)), root=root)

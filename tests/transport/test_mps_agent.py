@@ -29,8 +29,10 @@ HEALTHY = "Healthy"
 
 
 @pytest.fixture
-def node() -> Iterator[MpsNode]:
-    started = MpsNode(round_s=ROUND_S)
+def node(request: pytest.FixtureRequest) -> Iterator[MpsNode]:
+    # a test may keep a faulted GPU in probation longer (``indirect`` parameter), so that its
+    # fault is still to be seen however long the steps before the look took
+    started = MpsNode(round_s=ROUND_S, probation_rounds=getattr(request, "param", 2))
     try:
         assert started.kubelet.wait_for(
             lambda: (
@@ -87,6 +89,7 @@ def test_mps_killed_daemon_withholds_only_its_gpu_then_the_restart_brings_it_bac
         watch.close()
 
 
+@pytest.mark.parametrize("node", [1000], indirect=True)  # the MPS fault stays in probation
 def test_mps_share_is_never_granted_while_its_daemon_is_down(node: MpsNode) -> None:
     node.block.touch()
     assert run_sim_inject(node.state_dir, "--gpu", "0", "--kill-mps-daemon").returncode == 0
