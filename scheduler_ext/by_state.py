@@ -35,13 +35,13 @@ class StateGroups:
 
     @staticmethod
     def of(tokens: np.ndarray) -> StateGroups:
-        """From the names' tokens (``TokenTable.keys``: -1 where a name has none)."""
+        """From the names' tokens (``TokenIndex.keys``: -1 where a name has none)."""
         missing = np.flatnonzero(tokens < 0)
         keys = tokens
         if missing.size:  # tokens are never negative: each missing one gets a key of its own below 0
             keys = tokens.copy()
             keys[missing] = -1 - missing
-        unique, inverse = np.unique(keys, return_inverse=True)  # no return_index: a stable sort
+        unique, inverse = np.unique(keys, return_inverse=True)  # return_index would take a stable sort
         inverse = inverse.reshape(-1)
         first = np.empty(len(unique), dtype=np.int64)
         first[inverse[::-1]] = np.arange(len(keys) - 1, -1, -1)  # the last write is the first name
