@@ -12,6 +12,10 @@ A gang that does not fit keeps its place instead (``wait``): the nodes with room
 closest to holding it are kept from pods that fit elsewhere, for the TTL after each of its
 tries, and all waiting gangs together keep at most ``WAITING_SHARE`` of the nodes.
 
+A gang that ran before (a recovery: its family's nodes are remembered) and does not fit may be
+allowed to preempt (``allow_preemption``): for the TTL, the nodes of the domain where it fits once
+lower-priority pods are gone are the only ones its members' preemption may evict on.
+
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
 calls are the coordinator's (``gang_service``). Thread-safe.
 """
@@ -89,6 +93,15 @@ class Waiting:
     until: float
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """Nodes where a recovering gang's members may preempt lower-priority pods, until ``until``."""
+
+    key: str
+    nodes: frozenset[str]
+    until: float
+
+
 class GangBook:
     """Reservations by gang key, with their expiry; and the places kept for waiting gangs."""
 
@@ -99,6 +112,7 @@ class GangBook:
         self._waiting: dict[str, Waiting] = {}
         self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
         self._last_nodes: OrderedDict[str, frozenset[str]] = OrderedDict()  # gang family -> its nodes
+        self._preempting: dict[str, Preemption] = {}
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
 
     def get(self, key: str) -> Reservation | None:
@@ -138,6 +152,7 @@ class GangBook:
             gone = [r for r in self._reservations.values() if r.expires_at <= now]
             for reservation in gone:
                 del self._reservations[reservation.key]
+            self._preempting = {k: p for k, p in self._preempting.items() if p.until > now}
             if any(w.until <= now for w in self._waiting.values()):
                 self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
                 self._kept = _union(self._waiting.values())
@@ -160,6 +175,23 @@ class GangBook:
             with self.lock:
                 self._waiting.pop(key, None)
                 self._kept = _union(self._waiting.values())
+
+    def allow_preemption(self, key: str, nodes: Iterable[str]) -> None:
+        """Let gang ``key``'s members preempt on ``nodes`` for the TTL (renewed by each try)."""
+        with self.lock:
+            self._preempting[key] = Preemption(key, frozenset(nodes), self.clock() + self.ttl_s)
+
+    def stop_preempting(self, key: str) -> None:
+        with self.lock:
+            self._preempting.pop(key, None)
+
+    def preemption_nodes(self, key: str) -> frozenset[str]:
+        """Where gang ``key``'s members may preempt now (empty: nowhere)."""
+        with self.lock:
+            entry = self._preempting.get(key)
+            if entry is None or entry.until <= self.clock():
+                return frozenset()
+            return entry.nodes
 
     def kept_nodes(self) -> frozenset[str]:
         """Nodes kept for waiting gangs now (lock-free: the hot path of every filter reads it)."""

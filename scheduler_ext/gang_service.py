@@ -7,6 +7,13 @@ holding, so no other pod can take them and no device is held twice (the cache re
 booking). Nothing survives a restart but what the cluster says: members already bound hold their
 devices through their assignment annotations; once the cache is synced, ``rebuild`` holds the
 places of partly bound gangs again, and any other member filtered later plans the rest around them.
+
+Recovery may preempt: a gang that ran before (its family's nodes are remembered) and does not fit
+now is planned again as if every pod of lower priority than its members were gone; where that
+plan holds it, the nodes of the plan's domain that such an eviction would open for a member are
+answered as resolvable (kube-scheduler's preemption may run there), and ``preemption_room`` names
+them to the preempt verb, which narrows kube-scheduler's candidates to them. Every other gang
+that does not fit is answered unresolvable, and its members' preemption is refused.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ from scheduler_ext.gang_plan import GangMiss, GangPlan, plan_gang
 from scheduler_ext.gangs import BadGangError, Gang, gang_family, gang_of, pod_group_entry
 from scheduler_ext.host import HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
+from scheduler_ext.preempt import evictable
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_request
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import Verdict
-from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
+from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier, tier_domain
 
 LOG = logging.getLogger(__name__)
 Outcome = Callable[[str], None]  # planned | missed | expired | completed (the metric)
@@ -122,6 +130,8 @@ class GangCoordinator:
         needed = gang.size - len(placed)
         if needed <= 0:
             return None  # every member is placed: one more pod of the gang is an ordinary pod
+        placed_nodes = sorted({r.node for r in placed if r.node})
+        preferred = self.book.last_nodes(gang_family(gang.key))
         outcome = plan_gang(
             key=gang.key,
             needed=needed,
@@ -130,15 +140,91 @@ class GangCoordinator:
             labels=self.cache.node_labels(),
             decide=lambda state: self.core.decide(request, state, host=host),
             tier_labels=self.tier_labels,
-            placed_nodes=sorted({r.node for r in placed if r.node}),
-            preferred=self.book.last_nodes(gang_family(gang.key)),
+            placed_nodes=placed_nodes,
+            preferred=preferred,
         )
         if isinstance(outcome, GangMiss):
             self.on_outcome("missed")
+            room = self._room_by_preemption(
+                gang, request, names, host, needed=needed, placed_nodes=placed_nodes, preferred=preferred
+            )
+            if room:
+                self.book.stop_waiting(gang.key)
+                self.book.allow_preemption(gang.key, room)
+                reason = (
+                    f"gang {gang.key} is recovering and fits once pods of lower priority than its "
+                    f"members on {len(room)} node(s) of its network domain are preempted"
+                )
+                return GangAnswer(
+                    [],
+                    failed={n: reason for n in names if n in room},
+                    hopeless={n: outcome.reason for n in names if n not in room},
+                )
+            self.book.stop_preempting(gang.key)
             self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()))
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
         self.book.stop_waiting(gang.key)
+        self.book.stop_preempting(gang.key)
         return self._hold(gang, outcome, request, host)
+
+    def _room_by_preemption(
+        self,
+        gang: Gang,
+        request: PodRequest,
+        names: list[str],
+        host: HostRequest,
+        *,
+        needed: int,
+        placed_nodes: Sequence[str],
+        preferred: frozenset[str],
+    ) -> frozenset[str]:
+        """For a recovering gang (``preferred``: where its last attempt ran) that does not fit:
+        the nodes of the domain where it fits once lower-priority pods are gone, each of which
+        such an eviction opens for a member. Empty when the gang is not recovering or no
+        eviction of lower-priority pods makes it fit."""
+        if not preferred:
+            return frozenset()
+        states = self.cache.states()
+        freed: dict[str, NodeState] = {}
+        for name in dict.fromkeys(names):
+            state = states.get(name)
+            if state is None or state.layout is None:
+                continue
+            victims = [
+                r for r in self.cache.holdings_on(name) if evictable(r, request, set(), cache=self.cache)
+            ]
+            if victims:
+                freed[name] = self.core.registry.tokenized(_without_pods(state, victims))
+        if not freed:
+            return frozenset()
+        labels = self.cache.node_labels()
+        outcome = plan_gang(
+            key=gang.key,
+            needed=needed,
+            candidates=names,
+            states={**states, **freed},
+            labels=labels,
+            decide=lambda state: self.core.decide(request, state, host=host),
+            tier_labels=self.tier_labels,
+            placed_nodes=placed_nodes,
+            preferred=preferred,
+        )
+        if isinstance(outcome, GangMiss):
+            return frozenset()
+        if outcome.tier >= len(self.tier_labels):  # no labelled domain: only the plan's own nodes
+            domain = [s.node for s in outcome.slots if s.node in freed]
+        else:
+            domain = [
+                n
+                for n in freed
+                if tier_domain(labels.get(n, {}), outcome.tier, tier_labels=self.tier_labels)
+                == outcome.domain
+            ]
+        return frozenset(n for n in domain if self.core.decide(request, freed[n], host=host).fits)
+
+    def preemption_room(self, gang: Gang) -> frozenset[str]:
+        """Where the preempt verb may let this gang's member evict (empty: nowhere)."""
+        return self.book.preemption_nodes(gang.key)
 
     def _hold(
         self, gang: Gang, plan: GangPlan, request: PodRequest, host: HostRequest
@@ -315,6 +401,18 @@ def _slot_record(slot: Slot, request: PodRequest) -> PodRecord:
         cpu_milli=slot.cpu_milli,
         memory_mib=slot.memory_mib,
     )
+
+
+def _without_pods(state: NodeState, pods: Sequence[PodRecord]) -> NodeState:
+    """The node as it would be once ``pods`` are gone: their devices and host share free."""
+    gone = {p.uid for p in pods}
+    freed = state.with_holders({d: u for d, u in state.holders.items() if u not in gone})
+    if state.host_free is not None:
+        cpu, memory = state.host_free
+        freed = freed.with_host_free(
+            (cpu + sum(p.cpu_milli for p in pods), memory + sum(p.memory_mib for p in pods))
+        )
+    return freed
 
 
 def _without(state: NodeState, slot: Slot) -> NodeState:

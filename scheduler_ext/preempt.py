@@ -54,7 +54,7 @@ def _extra_victims(
     if hopeless:
         return None
     candidates = sorted(
-        (r for r in cache.holdings_on(state.name) if _evictable(r, request, removed, cache=cache)),
+        (r for r in cache.holdings_on(state.name) if evictable(r, request, removed, cache=cache)),
         key=lambda r: (r.priority, -len(r.devices), r.uid),
     )
     added: list[str] = []
@@ -74,7 +74,8 @@ def _extra_victims(
     return added
 
 
-def _evictable(record: PodRecord, request: PodRequest, removed: set[str], *, cache: ClusterCache) -> bool:
+def evictable(record: PodRecord, request: PodRequest, removed: set[str], *, cache: ClusterCache) -> bool:
+    """A bound pod of lower priority than ``request`` that holds devices and is not removed yet."""
     holding = cache.holding(record.uid)
     return (
         record.uid not in removed

@@ -104,9 +104,7 @@ class ExtenderService:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
         if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
-            passed = self._best(
-                request, pod, passed, states=(groups, representatives, verdicts), fits=fits
-            )
+            passed = self._best(request, pod, passed, states=(groups, representatives, verdicts), fits=fits)
         return self._filter_result(args, passed, spread.failed, spread.hopeless)
 
     def _best(
@@ -339,9 +337,16 @@ class ExtenderService:
         else:
             try:
                 request = pod_request(pod)
-            except BadPodRequestError:
+                gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+            except (BadPodRequestError, BadGangError):
                 return ExtenderPreemptionResult()
+            if gang is not None and self.gangs is not None:
+                # a gang member evicts only where its recovering gang's plan needs room (else nowhere)
+                room = self.gangs.preemption_room(gang)
+                proposed = {n: v for n, v in proposed.items() if n in room}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
+            if gang is not None:  # a node that needs no eviction brings the gang no closer
+                chosen = {n: v for n, v in chosen.items() if v[0]}
         return ExtenderPreemptionResult(
             NodeNameToMetaVictims={
                 node: MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=pdb)

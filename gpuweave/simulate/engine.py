@@ -3,7 +3,10 @@
 Each tick: finished pods leave, due faults fire (and faulted resources come back), new jobs
 queue, the MIG manager follows pending MIG demand, then the queue is scheduled in arrival order
 (a job that does not fit waits; later ones may pass it). A job of several pods (a multi-node
-training gang) is placed all or nothing. Metrics are sampled after every tick.
+training gang) is placed all or nothing. A job of priority above 0 that does not fit gets the
+scheduler's preemption, where it has one (``Preemptor``: kube-scheduler's, with the extender's
+``/preempt``): the victims' jobs are evicted and queued again, and the job starts
+``PREEMPTION_GRACE_S`` later, once they are gone. Metrics are sampled after every tick.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gpuweave.simulate.placers import (
     MigPlacer,
     Placer,
     PodPlacement,
+    Preemptor,
     SimulatedTime,
 )
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
@@ -47,6 +51,10 @@ from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
+# A preemptor's pods start once its victims are gone: their terminationGracePeriodSeconds
+# (Kubernetes' default, 30 s), as the victims' containers are asked to stop and given that long
+PREEMPTION_GRACE_S = 30.0
+DRAIN_LIMIT_S = 24 * 3600.0  # the longest the loop runs on after the arrival window
 
 
 @dataclass
@@ -80,6 +88,9 @@ class RunResult:
     agents: str = ""  # what ran on the nodes (empty: no node agents)
     ledger: JobLedger = field(default_factory=JobLedger)  # per-job completion, recovery, faults' cost
     inventories_received: int = 0  # GpuNodeInventory objects the agents published to the extender
+    pods_preempted: int = 0  # pods evicted by the scheduler's preemption (their jobs queued again)
+    drained_s: float = 0.0  # simulated time run on after the arrival window until every job ended
+    jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
 
 
 @dataclass
@@ -109,6 +120,7 @@ class Simulation:
         self._now = 0.0
         self._fault: FaultContext | None = None  # the fault whose evictions are being made
         self._jobs = sorted(jobs, key=lambda j: j.arrival_s)
+        self._next_job = 0  # the first job not yet arrived
         self._placer = placer
         self._duration = duration_s
         self._tick = tick_s
@@ -122,6 +134,7 @@ class Simulation:
         self._watcher = placer if agents is not None and isinstance(placer, InventoryWatcher) else None
         self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
         self._queue: list[_Queued] = []
+        self._preempted: list[_Queued] = []  # victims' jobs of this tick's preemptions, queued again
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
@@ -134,28 +147,39 @@ class Simulation:
         self._efa = np.asarray([n.has_efa for n in self.state.fleet], dtype=bool)
 
     def run(self, *, on_tick: TickHook | None = None) -> RunResult:
-        next_job = 0
+        """The arrival window (sampled every tick), then the drain: the loop runs on without
+        arrivals until every job has finished (at most ``DRAIN_LIMIT_S`` more), so every policy's
+        job completion times cover the same jobs; the cluster metrics stay the window's."""
         ticks = int(np.ceil(self._duration / self._tick))
         for tick in range(ticks + 1):
-            now = tick * self._tick
-            self._now = now
-            if isinstance(self._placer, SimulatedTime):
-                self._placer.set_time(now)
-            self._deliver_published()
-            self._depart(now)
-            self._fire_faults(now)
-            while next_job < len(self._jobs) and self._jobs[next_job].arrival_s <= now:
-                self._queue.append(_Queued(self._jobs[next_job], self._jobs[next_job].arrival_s))
-                next_job += 1
-            demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
-            self._reconcile_mig(demand, now)
-            self._schedule(now)
-            self.result.samples.append(self._sample(now))
+            self._advance(tick * self._tick)
+            self.result.samples.append(self._sample(tick * self._tick))
             if on_tick is not None:
                 on_tick(1)
-        self.result.reshapes = list(self._mig.reshapes)
         self.result.jobs_pending_at_end = len(self._queue)
+        for tick in range(ticks + 1, ticks + 1 + int(np.ceil(DRAIN_LIMIT_S / self._tick))):
+            if not self._queue and not self._ends:
+                break
+            self._advance(tick * self._tick)
+        self.result.drained_s = self._now - ticks * self._tick
+        self.result.jobs_unfinished = len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
+        self.result.reshapes = list(self._mig.reshapes)
         return self.result
+
+    def _advance(self, now: float) -> None:
+        """One tick: the extender's clock and watch, departures, faults, arrivals, MIG, scheduling."""
+        self._now = now
+        if isinstance(self._placer, SimulatedTime):
+            self._placer.set_time(now)
+        self._deliver_published()
+        self._depart(now)
+        self._fire_faults(now)
+        while self._next_job < len(self._jobs) and self._jobs[self._next_job].arrival_s <= now:
+            self._queue.append(_Queued(self._jobs[self._next_job], self._jobs[self._next_job].arrival_s))
+            self._next_job += 1
+        demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
+        self._reconcile_mig(demand, now)
+        self._schedule(now)
 
     def _deliver_published(self, *nodes: int) -> None:
         """The agents' changed GpuNodeInventory objects reach the extender (its watch); ``nodes``
@@ -272,13 +296,43 @@ class Simulation:
 
     def _schedule(self, now: float) -> None:
         waiting: list[_Queued] = []
+        self._preempted = []
         for queued in self._queue:
-            if self._start(queued.job, now):
+            if self._start(queued.job, now) or self._start_by_preemption(queued.job, now):
                 self.result.pending_times_s.append(now - queued.queued_s)
                 self.result.jobs_started += 1
             else:
                 waiting.append(queued)
-        self._queue = waiting
+        self._queue = waiting + self._preempted
+
+    def _start_by_preemption(self, job: Job, now: float) -> bool:
+        """The scheduler's preemption for a job of priority above 0 that did not fit: one round
+        per pod at most (each frees one node), the job tried again after each."""
+        if job.priority <= 0 or job.kind is JobKind.MIG or not isinstance(self._placer, Preemptor):
+            return False
+        request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
+        for _ in range(job.pods):
+            victims = self._placer.preempt(
+                self.state, request, allowed=self._allowed(job), rng=self._rng, priority=job.priority
+            )
+            if not victims:
+                return False
+            for pod_id in victims:
+                if pod_id in self.state.pods:
+                    self._preempt_job(self.state.pods[pod_id], now)
+            if self._start(job, now, delay_s=PREEMPTION_GRACE_S):
+                return True
+        return False
+
+    def _preempt_job(self, pod: RunningPod, now: float) -> None:
+        """Evict every pod of a preemption victim's job; the job is queued again as a new one."""
+        self.result.ledger.job_evicted(pod.job, fault=None)
+        for member in self.state.pods_of_job(pod.job.job_id):
+            self.result.ledger.pod_evicted(member, now=now)
+            self._stop(member.pod_id)
+            self._ends.pop(member.pod_id, None)
+            self.result.pods_preempted += 1
+        self._preempted.append(_Queued(pod.job, now))
 
     def _stop(self, pod_id: str) -> RunningPod:
         pod = self.state.stop_pod(pod_id)
@@ -298,14 +352,15 @@ class Simulation:
             allowed &= self._efa & ~down
         return allowed
 
-    def _start(self, job: Job, now: float) -> bool:
+    def _start(self, job: Job, now: float, *, delay_s: float = 0.0) -> bool:
+        """Place every pod of ``job`` (or none); they run from ``now + delay_s``."""
         if job.kind is JobKind.MIG:
             return self._start_mig(job, now)
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
         allowed = self._allowed(job)
         started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
-        gang = Gang(job.job_id, job.pods) if job.pods > 1 else None
+        gang = Gang(job.job_id, job.pods, job.priority) if job.pods > 1 else None
         for index in range(job.pods):
             pod_id = f"{job.job_id}-{index}"
             placement = self._placer.place(
@@ -321,8 +376,8 @@ class Simulation:
         timing = job_timing([(self.state.fleet[p.node], p.gpus) for p in started], step=self._step)
         run_s = job.duration_s * timing.stretch
         for pod in started:
-            self._ends[pod.pod_id] = now + run_s
-        self.result.ledger.started(job, now=now, timing=timing, run_s=run_s)
+            self._ends[pod.pod_id] = now + delay_s + run_s
+        self.result.ledger.started(job, now=now + delay_s, timing=timing, run_s=run_s)
         self.result.topology.extend(outcomes)
         return True
 

@@ -8,6 +8,13 @@ back from the ``gpuweave.io/assignment`` annotation the bind recorded. It also
 plays the API server's watch: pod deletions and inventory changes (a failed GPU) reach the
 extender's cache the way its informers would deliver them.
 
+After a cycle in which the filter passed no node, ``preempt`` plays kube-scheduler's
+DefaultPreemption: on each node the filter called resolvable, its dry run takes the pods of lower
+priority away and gives back (highest priority and longest-running first) every one the pod does
+not need gone for its CPU, memory and GPU count; the extender's ``/preempt`` narrows or extends
+those victims by device topology; the node whose victims have the lowest highest priority, then
+the lowest sum of priorities, then the fewest pods, then the name, is chosen.
+
 The winner of ``/prioritize`` is chosen as the gpuweave-scheduler profile would choose it: the
 extender's score times its weight plus NodeResourcesFit's MostAllocated score
 (``scheduler_profile``, weights from manifests/scheduler/scheduler-config.yaml), at random only
@@ -36,7 +43,7 @@ from scheduler_ext.gang_service import GangSettings
 from scheduler_ext.samples import pod_object
 from scheduler_ext.shortlist import DEFAULT_KEEP
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
 from topology.assignment import PodAssignment, parent_gpu_of_share
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from topology.errors import GpuweaveError
@@ -114,6 +121,8 @@ class ExtenderPlacer:
         )
         self._connection: http.client.HTTPConnection | None = None
         self.calls = 0
+        self._pod_ids: dict[str, str] = {}  # extender UID -> the simulation's pod ID
+        self._unplaced: tuple[dict[str, Any], list[str]] | None = None  # last pod no node passed for
         if transport == "in-process":
             self.transport = "extender in-process"
             return
@@ -162,6 +171,8 @@ class ExtenderPlacer:
         service = self._extender.service
         if verb == "bind":
             return {"Error": service.bind(parse(ExtenderBindingArgs, body))}
+        if verb == "preempt":
+            return service.preempt(parse(ExtenderPreemptionArgs, body), body["Pod"]).model_dump()
         args = parse(ExtenderArgs, body)
         if verb == "filter":
             return service.filter(args, body["Pod"]).model_dump()
@@ -189,7 +200,11 @@ class ExtenderPlacer:
             if gang is not None and gang.size > 1
             else None
         )
-        pod = pod_object(uid, uid=uid, limits=self._limits(request), annotations=annotations)
+        priority = gang.priority if gang is not None else 0
+        pod = pod_object(
+            uid, uid=uid, limits=self._limits(request), annotations=annotations, priority=priority
+        )
+        self._pod_ids[uid] = pod_id
         return self._schedule(pod, uid, names, rng, requests=self._requests(request))
 
     def place_mig(
@@ -213,9 +228,12 @@ class ExtenderPlacer:
         requests: dict[str, int],
     ) -> PodPlacement | None:
         """filter, prioritize, bind: as kube-scheduler calls them; the profile's total picks the host."""
-        passed = self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names}).get("NodeNames") or []
+        answer = self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+        passed = answer.get("NodeNames") or []
         if not passed:
+            self._unplaced = (pod, sorted(answer.get("FailedNodes") or {}))
             return None
+        self._unplaced = None
         scores = self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed}) or []
         host = self._select_host({s["Host"]: int(s["Score"]) for s in scores}, requests, rng)
         binding = {"PodName": uid, "PodNamespace": "default", "PodUID": uid, "Node": host}
@@ -224,6 +242,47 @@ class ExtenderPlacer:
             return None
         self._remember(uid, self._node_of[host], requests)
         return self._placement(uid, host)
+
+    def preempt(
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        priority: int,
+    ) -> list[str]:
+        """kube-scheduler's preemption for the pod whose filter passed no node last (module doc):
+        the simulation's IDs of the pods to evict, [] when no node's eviction helps."""
+        if self._unplaced is None:
+            return []
+        pod, resolvable = self._unplaced
+        self._unplaced = None
+        proposed: dict[str, list[str]] = {}
+        for name in resolvable:
+            node = self._node_of[name]
+            if allowed[node]:
+                victims = _dry_run(state, node, request, priority)
+                if victims is not None:
+                    proposed[name] = [_NAME.sub("-", v.lower()) for v in victims]
+        if not proposed:
+            return []
+        body = {
+            "Pod": pod,
+            "NodeNameToMetaVictims": {
+                n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in proposed.items()
+            },
+        }
+        answer = self._post("preempt", body).get("NodeNameToMetaVictims") or {}
+        candidates = []
+        for name, meta in answer.items():
+            victims = [self._pod_ids.get(str(p["UID"]), str(p["UID"])) for p in meta.get("Pods") or []]
+            ranks = [state.pods[v].job.priority for v in victims if v in state.pods]
+            if len(ranks) == len(victims):
+                candidates.append((max(ranks, default=0), sum(ranks), len(victims), name, victims))
+        if not candidates:
+            return []
+        return min(candidates)[-1]
 
     def _select_host(
         self, extender_scores: dict[str, int], requests: dict[str, int], rng: np.random.Generator
@@ -338,3 +397,32 @@ class ExtenderPlacer:
         if self._connection is not None:
             self._connection.close()
         self._extender.close()
+
+
+def _dry_run(state: SimState, node: int, request: Request, priority: int) -> list[str] | None:
+    """kube-scheduler's victims on ``node``: every pod of lower priority taken away, then given back,
+    most important first (higher priority, then earlier start), while the pod still fits its CPU,
+    memory and GPU count; None when it does not fit even with them all gone."""
+    lower = [
+        p
+        for p in state.pods.values()
+        if p.node == node and p.request is not None and p.job.priority < priority
+    ]
+    cluster = state.cluster
+    free = [
+        int(cluster.cpu_free[node]) + sum(p.request.cpu_milli for p in lower if p.request),
+        int(cluster.memory_free[node]) + sum(p.request.memory_mib for p in lower if p.request),
+        len(state.full_free_gpus(node)) + sum(len(p.gpus) for p in lower),
+    ]
+    need = (request.cpu_milli, request.memory_mib, request.gpu_count)
+    if any(f < n for f, n in zip(free, need, strict=True)):
+        return None
+    victims: list[str] = []
+    for pod in sorted(lower, key=lambda p: (-p.job.priority, p.started_s, p.pod_id)):
+        assert pod.request is not None
+        back = [free[0] - pod.request.cpu_milli, free[1] - pod.request.memory_mib, free[2] - len(pod.gpus)]
+        if all(f >= n for f, n in zip(back, need, strict=True)):
+            free = back
+        else:
+            victims.append(pod.pod_id)
+    return victims

@@ -42,6 +42,24 @@ class Gang:
 
     name: str
     size: int
+    priority: int = 0  # the members' PriorityClass value
+
+
+@runtime_checkable
+class Preemptor(Protocol):
+    """A scheduler that preempts after a failed cycle, as kube-scheduler's DefaultPreemption."""
+
+    def preempt(
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        priority: int,
+    ) -> list[str]:
+        """The pods to evict so the pod whose cycle just failed can be placed ([]: none helps)."""
+        ...
 
 
 @runtime_checkable

@@ -75,6 +75,9 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
         "gang_recovery_median_s": float(statistics.median(recovered)) if recovered else None,
         "gangs_not_recovered": sum(1 for r in ledger.recoveries if r.seconds is None),
         "inventories_received": result.inventories_received,
+        "pods_preempted": result.pods_preempted,
+        "drained_min": result.drained_s / 60.0,
+        "jobs_unfinished": result.jobs_unfinished,
     }
 
 
@@ -151,8 +154,10 @@ ROWS = (
     ("  training jobs, mean (min)", "training_completion_mean_min", "{:.1f}"),
     ("  training run time vs best set (mean)", "training_stretch_mean", "{:.3f}"),
     ("  multi-node gangs vs best set (mean)", "multi_node_gang_stretch_mean", "{:.3f}"),
-    ("jobs started / still pending", None, ""),
+    ("jobs started / pending at the window's end", None, ""),
+    ("  jobs not finished after the drain", "jobs_unfinished", "{}"),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
+    ("pods preempted", "pods_preempted", "{}"),
     ("GPU-hours lost to faults", "gpu_hours_lost_to_faults", "{:.1f}"),
     ("gang recovery: median (back / evicted)", "", ""),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),

@@ -28,6 +28,9 @@ MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb")
 MIG_WEIGHTS = (0.6, 0.25, 0.15)
 MIG_COMPUTE_SLICES = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 3, "4g.40gb": 4, "7g.80gb": 7}
 GPUS_PER_GANG_POD = 8
+# The PriorityClass value of multi-node training gangs (every other job: 0): the one thing it does
+# in the simulation is let a gang recovering from a fault preempt other work in its network domain
+TRAINING_GANG_PRIORITY = 1000
 
 
 class JobKind(StrEnum):
@@ -51,6 +54,7 @@ class Job:
     cpu_milli: int
     memory_mib: int
     mig_profile: str = ""
+    priority: int = 0  # the pods' PriorityClass value
 
     @property
     def gpu_milli_total(self) -> int:
@@ -90,7 +94,16 @@ def _make_job(rng: np.random.Generator, *, index: int, at: float, after_shift: b
     pods, per_pod = (size // GPUS_PER_GANG_POD, GPUS_PER_GANG_POD) if size > GPUS_PER_GANG_POD else (1, size)
     duration = float(rng.lognormal(np.log(3600), 0.6))
     return Job(
-        f"train-{index}", kind, at, duration, pods, per_pod, MILLI_PER_GPU, 11_000 * per_pod, 98_304 * per_pod
+        f"train-{index}",
+        kind,
+        at,
+        duration,
+        pods,
+        per_pod,
+        MILLI_PER_GPU,
+        11_000 * per_pod,
+        98_304 * per_pod,
+        priority=TRAINING_GANG_PRIORITY if pods > 1 else 0,
     )
 
 

@@ -28,7 +28,7 @@ from scheduler_ext.gangs import (
 )
 from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.service import ExtenderService
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from topology.network import LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
@@ -382,8 +382,8 @@ def test_waiting_gangs_keep_at_most_a_quarter_of_the_nodes(tmp_path: Path) -> No
     extender.close()
 
 
-def _jobset_member(index: int, *, attempt: int) -> dict[str, Any]:
-    pod = pod_object(f"js-{attempt}-{index}", namespace="ml", limits={RESOURCE_GPU: 8})
+def _jobset_member(index: int, *, attempt: int, priority: int = 0) -> dict[str, Any]:
+    pod = pod_object(f"js-{attempt}-{index}", namespace="ml", limits={RESOURCE_GPU: 8}, priority=priority)
     pod["metadata"]["labels"] = {
         LABEL_JOBSET_NAME: "js",
         LABEL_REPLICATED_JOB: "workers",
@@ -409,6 +409,83 @@ def test_a_restarted_jobset_keeps_its_surviving_node_and_adds_a_spare_beside_it(
     second = [_jobset_member(i, attempt=1) for i in range(2)]
     assert {_bind(extender.service, m, names) for m in second} == {"b1", "b2"}
     extender.close()
+
+
+def _recovery_cluster(tmp_path: Path, *, spare_priority: int) -> tuple[Extender, list[str]]:
+    """Attempt 0 of a priority-1000 JobSet ran on b0 and b1 and a GPU of b0 failed; b2 holds a
+    1-GPU pod of ``spare_priority`` and block A is full of priority-0 pods."""
+    blocks = {"a0": "block-a", "a1": "block-a", "b0": "block-b", "b1": "block-b", "b2": "block-b"}
+    extender = _extender(tmp_path, Clock(), _nodes(blocks=blocks))
+    names = list(blocks)
+    first = [_jobset_member(i, attempt=0, priority=1000) for i in range(2)]
+    for node in ("b2", "a0", "a1"):  # keep b2 and block A from attempt 0's plan
+        _bind(extender.service, pod_object(f"fill-{node}", limits={RESOURCE_GPU: 8}), [node])
+    assert {_bind(extender.service, m, names) for m in first} == {"b0", "b1"}
+    for pod in (*first, pod_object("fill-b2")):
+        extender.cache.delete_pod(pod["metadata"]["uid"])
+    spare = pod_object("low-b2", limits={RESOURCE_GPU: 1}, priority=spare_priority)
+    _bind(extender.service, spare, ["b2"])
+    broken = profile_inventory("dgx-h100", "b0")
+    extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[3].uuid,)))
+    return extender, names
+
+
+def _preempt(
+    service: ExtenderService, pod: dict[str, Any], victims: Mapping[str, list[str]]
+) -> dict[str, list[str]]:
+    """kube-scheduler's /preempt call with its dry run's victims (UIDs) per node; the answer's."""
+    body = {
+        "Pod": pod,
+        "NodeNameToMetaVictims": {
+            n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in victims.items()
+        },
+    }
+    answer = service.preempt(parse(ExtenderPreemptionArgs, body), pod)
+    return {n: [p.UID for p in meta.Pods or []] for n, meta in answer.NodeNameToMetaVictims.items()}
+
+
+def test_a_recovering_gang_may_preempt_lower_priority_pods_only_in_its_domain(tmp_path: Path) -> None:
+    """Attempt 1 fits nowhere now; once the priority-0 pod on b2 is gone it fits b1 + b2 (beside
+    its surviving node). Only b2 is answered resolvable, the preempt verb narrows kube-scheduler's
+    candidates to it, and after the eviction both members bind there."""
+    extender, names = _recovery_cluster(tmp_path, spare_priority=0)
+    second = [_jobset_member(i, attempt=1, priority=1000) for i in range(2)]
+    result = _filter(extender.service, second[0], names)
+    assert not result.NodeNames
+    assert set(result.FailedNodes) == {"b2"}
+    assert "is recovering and fits once pods of lower priority" in result.FailedNodes["b2"]
+    assert set(result.FailedAndUnresolvableNodes) == {"a0", "a1", "b0", "b1"}
+    low, fill_a0, fill_a1 = (_uid(extender, n) for n in ("low-b2", "fill-a0", "fill-a1"))
+    proposed = {"b2": [low], "a0": [fill_a0], "a1": [fill_a1]}
+    assert _preempt(extender.service, second[0], proposed) == {"b2": [low]}
+    extender.cache.delete_pod(low)  # kube-scheduler evicted it
+    assert {_bind(extender.service, m, names) for m in second} == {"b1", "b2"}
+    extender.close()
+
+
+def test_a_gang_preempts_only_lower_priority_pods_and_only_when_it_ran_before(tmp_path: Path) -> None:
+    """With b2's pod at the gang's own priority, block B cannot be opened: the recovering gang may
+    preempt only in block A (priority-0 pods); a gang that never ran may preempt nowhere."""
+    extender, names = _recovery_cluster(tmp_path, spare_priority=1000)
+    second = _jobset_member(0, attempt=1, priority=1000)
+    result = _filter(extender.service, second, names)
+    assert set(result.FailedNodes) == {"a0", "a1"}
+    low, fill_a0 = _uid(extender, "low-b2"), _uid(extender, "fill-a0")
+    assert _preempt(extender.service, second, {"b2": [low], "a0": [fill_a0]}) == {"a0": [fill_a0]}
+    extender.close()
+    extender, names = _recovery_cluster(tmp_path, spare_priority=0)
+    fresh = pod_object("new-0", namespace="ml", limits={RESOURCE_GPU: 8}, priority=1000)
+    fresh["metadata"]["annotations"] = {ANNOTATION_GANG: "new", ANNOTATION_GANG_SIZE: "2"}
+    result = _filter(extender.service, fresh, names)
+    assert not result.FailedNodes and set(result.FailedAndUnresolvableNodes) == set(names)
+    assert _preempt(extender.service, fresh, {"b2": [_uid(extender, "low-b2")]}) == {}
+    extender.close()
+
+
+def _uid(extender: Extender, name: str) -> str:
+    return next(
+        r.uid for n in extender.cache.states() for r in extender.cache.holdings_on(n) if r.name == name
+    )
 
 
 def test_a_gang_pinned_to_a_block_is_planned_only_there(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from gpuweave.cli import main
 from gpuweave.simulate.engine import RunResult, Simulation
+from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.outcomes import JobCompletion
@@ -48,6 +49,45 @@ def test_a_gang_evicted_by_an_efa_loss_recovers_on_spare_nodes_in_its_detection_
     assert done.restarts == 1
     assert done.completion_s >= fault_at + 3600.0  # restarted from the beginning, no checkpoint
     assert summary["job_completion_mean_min"] == pytest.approx(done.completion_s / 60.0)
+
+
+@pytest.mark.parametrize("policy", ["gpuweave", "random"])
+def test_a_recovering_gang_preempts_lower_priority_work_through_the_extender(policy: str) -> None:
+    """Three p5 nodes: the gang (priority 1000) runs on two, a priority-0 job on the third; the
+    EFA loss under a member leaves one node's room free. Through the extender, kube-scheduler's
+    preemption evicts the job and the gang runs again once it is gone (grace 30 s + detection 5 s);
+    the random baseline has no preemption, and the gang waits for the link to come back."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=3, nodes_per_block=3)
+    gang = Job("train-0", JobKind.GANG, 0.0, 3600.0, 2, 8, 1000, 88_000, 786_432, priority=1000)
+    filler = Job("single-1", JobKind.SINGLE, 60.0, 7200.0, 1, 1, 1000, 12_000, 65_536)
+    model = FragmentModel(typical_workload([TaskShape(88_000, 1000, 8)]), models=["p5.48xlarge"], max_gpus=8)
+    placer = (
+        ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+        if policy == "gpuweave"
+        else make_placer(policy, node_count=3, seed=1)
+    )
+    sim = Simulation(
+        fleet=fleet,
+        jobs=[gang, filler],
+        placer=placer,
+        metric_model=model,
+        duration_s=4 * 3600.0,
+        faults=(FaultSpec(FaultKind.EFA_LINK, 0.15, 1800.0),),
+        share_nodes=frozenset(),
+    )
+    try:
+        result = sim.run()
+    finally:
+        placer.close()
+    summary = summarize(result)
+    (recovery,) = summary["gang_recovery_s"]
+    if policy == "gpuweave":
+        assert recovery == 35.0 and summary["pods_preempted"] == 1
+        restarts = {c.job_id: c.restarts for c in result.ledger.completions}
+        assert restarts == {"train-0": 1, "single-1": 1}  # the victim ran again from its start
+    else:
+        assert recovery > 1800.0 and summary["pods_preempted"] == 0  # back only with the link
+    assert summary["jobs_unfinished"] == 0 and summary["jobs_completed"] == 2
 
 
 def test_every_policy_reports_the_job_figures_in_json_and_the_table(
