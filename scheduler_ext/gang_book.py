@@ -12,9 +12,9 @@ A gang that does not fit keeps its place instead (``wait``): the nodes with room
 closest to holding it are kept from pods that fit elsewhere, for the TTL after each of its
 tries, and all waiting gangs together keep at most ``WAITING_SHARE`` of the nodes.
 
-A gang that ran before (a recovery: its family's nodes are remembered) and does not fit may be
-allowed to preempt (``allow_preemption``): for the TTL, the nodes of the domain where it fits once
-lower-priority pods are gone are the only ones its members' preemption may evict on.
+A gang that ran before (a recovery: its family's nodes are remembered) and does not fit may
+preempt; the book keeps the nodes kube-scheduler last offered for it (``remember_offered``, for
+the TTL), which with the preempt call's candidates make the nodes its preemption is planned on.
 
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
 calls are the coordinator's (``gang_service``). Thread-safe.
@@ -94,11 +94,11 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Preemption:
-    """Nodes where a recovering gang's members may preempt lower-priority pods, until ``until``."""
+class Offered:
+    """The nodes kube-scheduler last offered for a recovering gang's member, until ``until``."""
 
     key: str
-    nodes: frozenset[str]
+    nodes: tuple[str, ...]
     until: float
 
 
@@ -112,7 +112,7 @@ class GangBook:
         self._waiting: dict[str, Waiting] = {}
         self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
         self._last_nodes: OrderedDict[str, frozenset[str]] = OrderedDict()  # gang family -> its nodes
-        self._preempting: dict[str, Preemption] = {}
+        self._offered: dict[str, Offered] = {}
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
 
     def get(self, key: str) -> Reservation | None:
@@ -152,7 +152,7 @@ class GangBook:
             gone = [r for r in self._reservations.values() if r.expires_at <= now]
             for reservation in gone:
                 del self._reservations[reservation.key]
-            self._preempting = {k: p for k, p in self._preempting.items() if p.until > now}
+            self._offered = {k: o for k, o in self._offered.items() if o.until > now}
             if any(w.until <= now for w in self._waiting.values()):
                 self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
                 self._kept = _union(self._waiting.values())
@@ -176,22 +176,21 @@ class GangBook:
                 self._waiting.pop(key, None)
                 self._kept = _union(self._waiting.values())
 
-    def allow_preemption(self, key: str, nodes: Iterable[str]) -> None:
-        """Let gang ``key``'s members preempt on ``nodes`` for the TTL (renewed by each try)."""
+    def remember_offered(self, key: str, nodes: Sequence[str]) -> None:
+        """The nodes kube-scheduler offered for recovering gang ``key`` (kept for the TTL)."""
         with self.lock:
-            self._preempting[key] = Preemption(key, frozenset(nodes), self.clock() + self.ttl_s)
+            self._offered[key] = Offered(key, tuple(nodes), self.clock() + self.ttl_s)
 
-    def stop_preempting(self, key: str) -> None:
-        with self.lock:
-            self._preempting.pop(key, None)
+    def forget_offered(self, key: str) -> None:
+        if key in self._offered:
+            with self.lock:
+                self._offered.pop(key, None)
 
-    def preemption_nodes(self, key: str) -> frozenset[str]:
-        """Where gang ``key``'s members may preempt now (empty: nowhere)."""
+    def offered(self, key: str) -> tuple[str, ...]:
+        """The nodes last offered for gang ``key`` (empty: none, or older than the TTL)."""
         with self.lock:
-            entry = self._preempting.get(key)
-            if entry is None or entry.until <= self.clock():
-                return frozenset()
-            return entry.nodes
+            entry = self._offered.get(key)
+            return entry.nodes if entry is not None and entry.until > self.clock() else ()
 
     def kept_nodes(self) -> frozenset[str]:
         """Nodes kept for waiting gangs now (lock-free: the hot path of every filter reads it)."""

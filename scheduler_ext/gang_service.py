@@ -11,9 +11,11 @@ places of partly bound gangs again, and any other member filtered later plans th
 Recovery may preempt: a gang that ran before (its family's nodes are remembered) and does not fit
 now is planned again as if every pod of lower priority than its members were gone; where that
 plan holds it, the nodes of the plan's domain that such an eviction would open for a member are
-answered as resolvable (kube-scheduler's preemption may run there), and ``preemption_room`` names
-them to the preempt verb, which narrows kube-scheduler's candidates to them. Every other gang
-that does not fit is answered unresolvable, and its members' preemption is refused.
+the gang's room. Filter answers the offered nodes in the room as resolvable; the preempt verb
+(``preemption_room``) plans over the nodes last offered plus kube-scheduler's candidates (nodes
+its own filters rejected, e.g. for too few free GPUs, reach only the preempt call) and narrows
+the candidates to the room. Every other gang that does not fit is answered unresolvable, and its
+members' preemption is refused.
 """
 
 from __future__ import annotations
@@ -148,9 +150,10 @@ class GangCoordinator:
             room = self._room_by_preemption(
                 gang, request, names, host, needed=needed, placed_nodes=placed_nodes, preferred=preferred
             )
+            if preferred:
+                self.book.remember_offered(gang.key, names)
             if room:
                 self.book.stop_waiting(gang.key)
-                self.book.allow_preemption(gang.key, room)
                 reason = (
                     f"gang {gang.key} is recovering and fits once pods of lower priority than its "
                     f"members on {len(room)} node(s) of its network domain are preempted"
@@ -160,11 +163,10 @@ class GangCoordinator:
                     failed={n: reason for n in names if n in room},
                     hopeless={n: outcome.reason for n in names if n not in room},
                 )
-            self.book.stop_preempting(gang.key)
             self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()))
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
         self.book.stop_waiting(gang.key)
-        self.book.stop_preempting(gang.key)
+        self.book.forget_offered(gang.key)
         return self._hold(gang, outcome, request, host)
 
     def _room_by_preemption(
@@ -222,9 +224,50 @@ class GangCoordinator:
             ]
         return frozenset(n for n in domain if self.core.decide(request, freed[n], host=host).fits)
 
-    def preemption_room(self, gang: Gang) -> frozenset[str]:
-        """Where the preempt verb may let this gang's member evict (empty: nowhere)."""
-        return self.book.preemption_nodes(gang.key)
+    def preemption_room(
+        self, gang: Gang, request: PodRequest, proposed: Sequence[str], host: HostRequest
+    ) -> frozenset[str]:
+        """The preempt verb's candidates (``proposed``) where evicting lower-priority pods opens a
+        place of this recovering gang's plan; empty for a gang that is not recovering, is planned
+        already, or fits nowhere even so. Planned over the nodes last offered for it, its previous
+        attempt's nodes, the nodes kube-scheduler nominated for its members (kube-scheduler counts
+        a nominated member there, so it neither offers nor proposes that node for the next one)
+        and ``proposed``: kube-scheduler offers the extender only nodes its own filters passed."""
+        preferred = self.book.last_nodes(gang_family(gang.key))
+        if not preferred or self.book.get(gang.key) is not None:
+            return frozenset()
+        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
+        needed = gang.size - len(placed)
+        if needed <= 0:
+            return frozenset()
+        candidates = list(
+            dict.fromkeys(
+                [*self.book.offered(gang.key), *sorted(preferred), *self._nominated(gang), *proposed]
+            )
+        )
+        room = self._room_by_preemption(
+            gang,
+            request,
+            candidates,
+            host,
+            needed=needed,
+            placed_nodes=sorted({r.node for r in placed if r.node}),
+            preferred=preferred,
+        )
+        return room & frozenset(proposed)
+
+    def _nominated(self, gang: Gang) -> list[str]:
+        """Nodes kube-scheduler nominated for the gang's pending members (as the cache last saw them)."""
+        nodes = []
+        for pod in self.cache.pod_objects():
+            nominated = (pod.get("status") or {}).get("nominatedNodeName")
+            if nominated and not (pod.get("spec") or {}).get("nodeName"):
+                try:
+                    if (found := self.gang_of(pod)) is not None and found.key == gang.key:
+                        nodes.append(str(nominated))
+                except BadGangError:
+                    continue
+        return nodes
 
     def _hold(
         self, gang: Gang, plan: GangPlan, request: PodRequest, host: HostRequest

@@ -342,7 +342,7 @@ class ExtenderService:
                 return ExtenderPreemptionResult()
             if gang is not None and self.gangs is not None:
                 # a gang member evicts only where its recovering gang's plan needs room (else nowhere)
-                room = self.gangs.preemption_room(gang)
+                room = self.gangs.preemption_room(gang, request, list(proposed), host_requests(pod))
                 proposed = {n: v for n, v in proposed.items() if n in room}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
             if gang is not None:  # a node that needs no eviction brings the gang no closer

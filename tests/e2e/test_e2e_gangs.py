@@ -297,3 +297,59 @@ def test_after_an_extender_restart_no_device_is_held_twice(plane: ControlPlane, 
         assert gangs.metric("gpuweave_extender_gang_reserved_devices") == 0
     finally:
         _delete_pods(plane)
+
+
+HIGH = "e2e-gang-high"
+
+
+def test_a_recovering_gang_preempts_a_lower_priority_pod_in_its_block(
+    plane: ControlPlane, gangs: GangCluster
+) -> None:
+    """The gang (PriorityClass value 1000) runs on gang-b1 and gang-b2, and both members are
+    re-created, as JobSet re-creates every member after a fault. Meanwhile a priority-0 pod took a
+    GPU of gang-b2 and a priority-1000 one a GPU of gang-a1, so no block holds the gang (gang-a2 has
+    4 free). kube-scheduler's preemption proposes gang-b2 and gang-a2 (its own filters rejected
+    both, so the extender's filter never saw them); the extender narrows it to the gang's block:
+    the priority-0 pod on gang-b2 is evicted, gang-a2's filler stays, and the gang runs again on
+    gang-b1 and gang-b2."""
+    scheduling = client.SchedulingV1Api(plane.api)
+    scheduling.create_priority_class(
+        {"metadata": {"name": HIGH}, "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
+    )
+    try:
+        members = [_pod(f"rec-{index}", gang="rec") for index in range(2)]
+        for member in members:
+            member["spec"]["priorityClassName"] = HIGH
+            plane.core.create_namespaced_pod(NAMESPACE, member)
+        assert {_wait_bound(plane, f"rec-{index}") for index in range(2)} == {"gang-b1", "gang-b2"}
+        _delete_pods(plane, keep=FILLERS)  # the members go; the gang's nodes stay remembered
+        squat_a1 = _pod("squat-a1", gpus=1, only_on="gang-a1")
+        squat_a1["spec"]["priorityClassName"] = HIGH
+        for pod in (squat_a1, _pod("squat-b2", gpus=1, only_on="gang-b2")):
+            plane.core.create_namespaced_pod(NAMESPACE, pod)
+            assert (
+                _wait_bound(plane, pod["metadata"]["name"])
+                == pod["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+            )
+        started = time.monotonic()
+        for member in members:
+            plane.core.create_namespaced_pod(NAMESPACE, member)
+        nodes = {_wait_bound(plane, f"rec-{index}", timeout=90) for index in range(2)}
+        print(
+            f"gang rec ran again on {sorted(nodes)} {time.monotonic() - started:.1f} s after its re-creation"
+        )
+        assert nodes == {"gang-b1", "gang-b2"}
+        preempted = {
+            e.involved_object.name: e.message
+            for e in plane.core.list_namespaced_event(NAMESPACE).items
+            if e.reason == "Preempted"
+        }
+        print(f"kube-scheduler's Preempted events: {preempted}")
+        assert list(preempted) == ["squat-b2"]
+        left = {p.metadata.name for p in plane.core.list_namespaced_pod(NAMESPACE).items}
+        assert "squat-b2" not in left and {"squat-a1", *FILLERS} <= left
+        held = _held_devices(plane)
+        assert all(len(pods) == 1 for pods in held.values())
+    finally:
+        _delete_pods(plane)
+        scheduling.delete_priority_class(HIGH)

@@ -106,7 +106,7 @@ def test_mps_share_is_never_granted_while_its_daemon_is_down(node: MpsNode) -> N
         gpus = call_agent(node.state_dir, "health.status", {})["gpus"]
         return gpus[gpu_uuid(0)]["state"] != HEALTHY and "MPS" in gpus[gpu_uuid(0)]["reason"]
 
-    assert node.kubelet.wait_for(faulted, timeout=30)  # three failed starts: a fault of GPU 0 in health
+    assert node.kubelet.wait_for(faulted, timeout=60)  # three failed starts: a fault of GPU 0 in health
     gpus = call_agent(node.state_dir, "health.status", {})["gpus"]
     assert {uuid for uuid, row in gpus.items() if row["state"] != HEALTHY} == {gpu_uuid(0)}
     with pytest.raises(grpc.RpcError):

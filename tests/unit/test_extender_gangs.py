@@ -463,6 +463,21 @@ def test_a_recovering_gang_may_preempt_lower_priority_pods_only_in_its_domain(tm
     extender.close()
 
 
+def test_a_recovering_gang_preempts_on_nodes_only_kube_schedulers_preemption_offers(tmp_path: Path) -> None:
+    """As the real kube-scheduler calls it: its own filters pass only b1 (b2 has 7 of 8 GPUs free,
+    block A none), so the filter sees b1 alone and no room; its preemption then proposes b2, a0
+    and a1 (their lower-priority pods removed), and the verb plans over the nodes offered before
+    plus those: b2 beside b1."""
+    extender, _ = _recovery_cluster(tmp_path, spare_priority=0)
+    member = _jobset_member(0, attempt=1, priority=1000)
+    result = _filter(extender.service, member, ["b1"])
+    assert not result.NodeNames and not result.FailedNodes
+    low, fill_a0, fill_a1 = (_uid(extender, n) for n in ("low-b2", "fill-a0", "fill-a1"))
+    proposed = {"b2": [low], "a0": [fill_a0], "a1": [fill_a1]}
+    assert _preempt(extender.service, member, proposed) == {"b2": [low]}
+    extender.close()
+
+
 def test_a_gang_preempts_only_lower_priority_pods_and_only_when_it_ran_before(tmp_path: Path) -> None:
     """With b2's pod at the gang's own priority, block B cannot be opened: the recovering gang may
     preempt only in block A (priority-0 pods); a gang that never ran may preempt nowhere."""
