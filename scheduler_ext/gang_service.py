@@ -229,10 +229,11 @@ class GangCoordinator:
     ) -> frozenset[str]:
         """The preempt verb's candidates (``proposed``) where evicting lower-priority pods opens a
         place of this recovering gang's plan; empty for a gang that is not recovering, is planned
-        already, or fits nowhere even so. Planned over the nodes last offered for it, its previous
-        attempt's nodes, the nodes kube-scheduler nominated for its members (kube-scheduler counts
-        a nominated member there, so it neither offers nor proposes that node for the next one)
-        and ``proposed``: kube-scheduler offers the extender only nodes its own filters passed."""
+        already, or fits nowhere even so. Planned over the nodes last offered for it, the nodes
+        kube-scheduler nominated for its members (it counts a nominated member there, so it
+        neither offers nor proposes that node for the next one) and ``proposed``: kube-scheduler
+        offers the extender only nodes its own filters passed, and no node it rejected for
+        another reason (a selector, a taint, an unusable network adapter) is planned on."""
         preferred = self.book.last_nodes(gang_family(gang.key))
         if not preferred or self.book.get(gang.key) is not None:
             return frozenset()
@@ -240,11 +241,7 @@ class GangCoordinator:
         needed = gang.size - len(placed)
         if needed <= 0:
             return frozenset()
-        candidates = list(
-            dict.fromkeys(
-                [*self.book.offered(gang.key), *sorted(preferred), *self._nominated(gang), *proposed]
-            )
-        )
+        candidates = list(dict.fromkeys([*self.book.offered(gang.key), *self._nominated(gang), *proposed]))
         room = self._room_by_preemption(
             gang,
             request,

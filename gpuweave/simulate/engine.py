@@ -135,6 +135,9 @@ class Simulation:
         self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
         self._queue: list[_Queued] = []
         self._preempted: list[_Queued] = []  # victims' jobs of this tick's preemptions, queued again
+        # job -> (its priority, nodes it preempted on): kube-scheduler's nominated nodes, kept from
+        # lower-priority pods until the job starts
+        self._nominated: dict[str, tuple[int, set[int]]] = {}
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
@@ -319,6 +322,9 @@ class Simulation:
                 return False
             for pod_id in victims:
                 if pod_id in self.state.pods:
+                    self._nominated.setdefault(job.job_id, (job.priority, set()))[1].add(
+                        self.state.pods[pod_id].node
+                    )
                     self._preempt_job(self.state.pods[pod_id], now)
             if self._start(job, now, delay_s=PREEMPTION_GRACE_S):
                 return True
@@ -345,8 +351,12 @@ class Simulation:
         return next(i for i, n in enumerate(self.state.fleet) if n.name == name)
 
     def _allowed(self, job: Job) -> np.ndarray:
-        """Share pods go to the shared pool, whole GPUs elsewhere; multi-node gangs need EFA up."""
+        """Share pods go to the shared pool, whole GPUs elsewhere; multi-node gangs need EFA up;
+        nodes a higher-priority job preempted on are kept for it (kube-scheduler's nomination)."""
         allowed = self._share_allowed.copy() if job.kind is JobKind.SHARE else ~self._share_allowed
+        for owner, (priority, nodes) in self._nominated.items():
+            if owner != job.job_id and priority > job.priority:
+                allowed[sorted(nodes)] = False
         if job.pods > 1:
             down = np.asarray([i in self.state.efa_down for i in range(len(allowed))], dtype=bool)
             allowed &= self._efa & ~down
@@ -378,6 +388,7 @@ class Simulation:
         for pod in started:
             self._ends[pod.pod_id] = now + delay_s + run_s
         self.result.ledger.started(job, now=now + delay_s, timing=timing, run_s=run_s)
+        self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         return True
 
