@@ -53,7 +53,8 @@ def test_filter_passes_at_most_keep_nodes_and_never_one_ranked_below_a_node_left
     assert len(passed) == 3
     left_out = set(NODES) - set(passed)
     assert min(rank[n] for n in passed) >= max(rank[n] for n in left_out)  # never a worse node kept
-    assert max(rank.values()) == rank["n2"] and "n2" in passed
+    best = {n for n in NODES if rank[n] == max(rank.values())}
+    assert best <= set(passed) and best <= {"n2", "n4", "n7", "n9"}  # the best are partly used nodes
     extender.close()
 
 
