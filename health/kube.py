@@ -34,6 +34,7 @@ from topology.contracts import (
     BAD_HARDWARE_PLURAL,
 )
 from topology.errors import InvalidInputError
+from topology.gangs import evicts_whole_gang, gang_key
 
 log = logging.getLogger(__name__)
 COMPONENT = "gpuweave-health"
@@ -47,6 +48,20 @@ def _now() -> datetime.datetime:
 def bad_hardware_name(uuid: str) -> str:
     """Object name of a GPU's ``GpuBadHardware`` (DNS-1123: lower case)."""
     return uuid.lower()
+
+
+def _pod_ref(pod: Any, devices: frozenset[str]) -> PodRef:
+    meta = pod.metadata
+    labels, annotations = dict(meta.labels or {}), dict(meta.annotations or {})
+    view = {"metadata": {"namespace": meta.namespace, "labels": labels, "annotations": annotations}}
+    return PodRef(
+        meta.namespace,
+        meta.name,
+        devices,
+        labels.get(ANNOTATION_OPT_OUT_EVICTION) == "true",
+        gang=gang_key(view),
+        whole_gang=evicts_whole_gang(view),
+    )
 
 
 class KubeCluster:
@@ -71,9 +86,18 @@ class KubeCluster:
                     devices = frozenset(PodAssignment.from_annotation(raw).all_device_ids())
             except InvalidInputError as exc:
                 log.warning("pod %s/%s: %s", meta.namespace, meta.name, exc)
-            opted_out = (meta.labels or {}).get(ANNOTATION_OPT_OUT_EVICTION) == "true"
-            found.append(PodRef(meta.namespace, meta.name, devices, opted_out))
+            found.append(_pod_ref(pod, devices))
         return found
+
+    def gang_pods(self, namespace: str, gang: str) -> list[PodRef]:
+        """The running pods of gang ``gang`` in ``namespace``, on any node."""
+        pods: Any = self._core.list_namespaced_pod(namespace)
+        return [
+            ref
+            for pod in pods.items
+            if pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
+            if (ref := _pod_ref(pod, frozenset())).gang == gang
+        ]
 
     def evict(self, pod: PodRef, *, grace_s: int) -> str:
         body = client.V1Eviction(

@@ -59,6 +59,8 @@ class PodRef:
     name: str
     devices: frozenset[str]  # device IDs from the pod's assignment annotation (and the kubelet)
     opted_out: bool = False  # labelled gpuweave.io/no-health-eviction=true
+    gang: str = ""  # the pod's gang key (``topology.gangs``), "" for none
+    whole_gang: bool = True  # a fault under it evicts its whole gang (gpuweave.io/gang-eviction)
 
 
 # (namespace, name) -> the device IDs the kubelet allocated to the pod; raises when it cannot tell.
@@ -78,6 +80,7 @@ class ClusterActions(Protocol):
 
     def pods_on_node(self) -> list[PodRef]: ...
     def evict(self, pod: PodRef, *, grace_s: int) -> str: ...
+    def gang_pods(self, namespace: str, gang: str) -> list[PodRef]: ...  # on every node
     def post_event(
         self, *, reason: str, message: str, pod: PodRef | None = None, warning: bool = True
     ) -> None: ...
@@ -114,6 +117,8 @@ class Remediator:
     wall_clock: WallClock = field(default=lambda: datetime.datetime.now(datetime.UTC))
     state: StateWriter | None = None  # the health state files; unsaved ones are retried every round
     _evicted: set[tuple[str, str]] = field(default_factory=set)
+    # (namespace, gang) -> (device, its record): gangs whose other members are still to be evicted
+    _gangs: dict[tuple[str, str], tuple[str, DeviceRecord]] = field(default_factory=dict)
     _published: dict[str, object] = field(default_factory=dict)
     _jobs: dict[str, _Job] = field(default_factory=dict)
     _in_use: dict[str, int] = field(default_factory=dict)  # device -> rounds its reset waited for users
@@ -136,6 +141,7 @@ class Remediator:
             self._reboot.pop(gone, None)
         for device, record in failed:
             self._remediate(monitor, device, record)
+        self._evict_gangs(monitor.settings.eviction_grace_s)
         self._sync_bad_list(monitor)
         self._publish_node(monitor, unsaved)
 
@@ -292,8 +298,43 @@ class Remediator:
             self._evicted.add(key)
             message = f"evicted: device {device} failed ({record.reason}); grace {grace_s} s"
             self.cluster.post_event(reason="GpuweaveDeviceFailed", message=message, pod=pod)
+            if pod.gang and pod.whole_gang:
+                self._gangs.setdefault((pod.namespace, pod.gang), (device, record))
         else:
             log.info("eviction of %s/%s %s; retrying next round", pod.namespace, pod.name, outcome)
+
+    def _evict_gangs(self, grace_s: int) -> None:
+        """Evict the other members, on any node, of every gang a member of which was evicted for a
+        failed device: a training gang makes no progress without it, and its job controller
+        re-creates the members together. Retried each round until every member is gone or
+        refused for good (opted out); a PodDisruptionBudget refusal waits for the next round."""
+        if self.cluster is None:
+            return
+        for (namespace, gang), (device, record) in list(self._gangs.items()):
+            try:
+                members = self.cluster.gang_pods(namespace, gang)
+            except Exception as exc:
+                log.warning("cannot list the pods of gang %s: %s; retrying next round", gang, exc)
+                continue
+            pending = False
+            for member in members:
+                key = (member.namespace, member.name)
+                if member.opted_out or key in self._evicted:
+                    continue
+                outcome = self.cluster.evict(member, grace_s=grace_s)
+                if self.metrics is not None:
+                    self.metrics.evictions.labels((record.cause or Cause.HARDWARE).value, outcome).inc()
+                if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+                    self._evicted.add(key)
+                    message = (
+                        f"evicted with its gang {gang}: a member's device {device} failed "
+                        f"({record.reason}); grace {grace_s} s"
+                    )
+                    self.cluster.post_event(reason="GpuweaveGangEvicted", message=message, pod=member)
+                else:
+                    pending = True
+            if not pending:
+                del self._gangs[(namespace, gang)]
 
     def _retire(self, monitor: HealthMonitor, device: str, reason: str) -> None:
         gpu = monitor.engine.mig_parent.get(device, device)

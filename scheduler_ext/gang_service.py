@@ -31,13 +31,13 @@ from scheduler_ext.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.core import DecisionCore
 from scheduler_ext.gang_book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
 from scheduler_ext.gang_plan import GangMiss, GangPlan, plan_gang
-from scheduler_ext.gangs import BadGangError, Gang, gang_family, gang_of, pod_group_entry
 from scheduler_ext.host import HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import evictable
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_request
 from scheduler_ext.state import NodeState
 from scheduler_ext.verdict import Verdict
+from topology.gangs import BadGangError, Gang, gang_family, gang_of, pod_group_entry
 from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier, tier_domain
 
 LOG = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.events import PodEvent
 from scheduler_ext.gang_service import GangSettings, PodGroupSizes
-from scheduler_ext.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 from scheduler_ext.service import BindError
 from topology.assignment import PodAssignment
 from topology.contracts import (
@@ -43,6 +42,7 @@ from topology.contracts import (
     NODE_INVENTORY_PLURAL,
 )
 from topology.fragmentation import TargetWorkload
+from topology.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 
 LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 240

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_ext.gangs import gang_key
 from scheduler_ext.host import host_requests
 from scheduler_ext.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT
 from topology.errors import InvalidInputError
+from topology.gangs import gang_key
 from topology.inventory import NodeInventory
 from topology.spec import NodeProfileSpec
 from topology.spec_templates import SpecTemplates

@@ -21,7 +21,6 @@ from scheduler_ext.core import DecisionCore
 from scheduler_ext.flights import FlightTimeoutError, SingleFlight
 from scheduler_ext.gang_book import Reservation, Slot
 from scheduler_ext.gang_service import GangCoordinator
-from scheduler_ext.gangs import BadGangError, gang_key
 from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.preempt import choose_victims
@@ -41,6 +40,7 @@ from scheduler_ext.wire import (
 from scheduler_ext.workload import pod_shape
 from topology.assignment import PodAssignment
 from topology.errors import GpuweaveError
+from topology.gangs import BadGangError, gang_key
 
 LOG = logging.getLogger(__name__)
 BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the same pod

@@ -27,7 +27,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.published import inventory_object
-from scheduler_ext.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from scheduler_ext.samples import profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
@@ -40,6 +39,7 @@ from tests.e2e.cluster import (
 from tests.e2e.pods import GPU, scheduling_failure
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT
+from topology.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from topology.network import LABEL_AWS_LAYER_3
 
 pytestmark = pytest.mark.e2e

@@ -24,6 +24,12 @@ from health.remediation import EvictionOutcome
 from health.scope import NodeCondition
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
+from topology.gangs import (
+    ANNOTATION_GANG_EVICTION,
+    LABEL_JOBSET_NAME,
+    LABEL_JOBSET_RESTART,
+    LABEL_REPLICATED_JOB,
+)
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
 
@@ -76,6 +82,9 @@ def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
                 if url.path == "/api/v1/pods":
                     node = parse_qs(url.query)["fieldSelector"][0].split("=")[1]
                     items = [p for p in api.pods.values() if p["spec"]["nodeName"] == node]
+                    return self.reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["pods"]:
+                    items = [p for (space, _), p in api.pods.items() if space == parts[3]]
                     return self.reply(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
                 if url.path == "/api/v1/nodes":
                     return self.reply(
@@ -155,6 +164,7 @@ def add_pod(
     *,
     labels: dict[str, str] | None = None,
     node: str = "node-a",
+    annotations: dict[str, str] | None = None,
 ) -> None:
     assignment = PodAssignment(
         node=node, containers={"main": ContainerAssignment(devices={"nvidia.com/gpu": devices})}
@@ -166,7 +176,7 @@ def add_pod(
             "name": name,
             "namespace": "ml",
             "labels": labels or {},
-            "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation()},
+            "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation(), **(annotations or {})},
         },
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
         "status": {"phase": "Running"},
@@ -240,3 +250,23 @@ def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube.add_bad_hardware(entry)  # 409 is fine: already listed
     assert list(api.bad) == [bad_hardware_name("GPU-AB-5")]
     assert kube.list_bad_hardware() == {"GPU-AB-5": entry}
+
+
+def test_gang_pods_are_found_on_every_node_by_the_gang_their_labels_name(
+    cluster: tuple[KubeCluster, ApiState],
+) -> None:
+    """A JobSet's workers on three nodes, one asking that a fault evict only the pods on the GPU."""
+    kube, api = cluster
+    jobset = {LABEL_JOBSET_NAME: "js", LABEL_REPLICATED_JOB: "workers", LABEL_JOBSET_RESTART: "2"}
+    add_pod(api, "js-0", ["GPU-5"], labels=jobset)
+    add_pod(api, "js-1", ["GPU-1"], labels=jobset, node="node-b")
+    add_pod(
+        api, "js-2", ["GPU-1"], labels=jobset, node="node-c", annotations={ANNOTATION_GANG_EVICTION: "pod"}
+    )
+    add_pod(api, "solo", ["GPU-2"], node="node-b")
+    (mine,) = kube.pods_on_node()
+    assert mine.gang == "ml/jobset:js/workers/2" and mine.whole_gang
+    members = {p.name: p for p in kube.gang_pods("ml", mine.gang)}
+    assert sorted(members) == ["js-0", "js-1", "js-2"]
+    assert not members["js-2"].whole_gang
+    assert kube.gang_pods("other", mine.gang) == []

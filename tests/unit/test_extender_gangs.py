@@ -13,7 +13,12 @@ import pytest
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.gang_book import SLOT_PREFIX, GangBook, Slot
 from scheduler_ext.gang_service import GangSettings, PodGroupSizes
-from scheduler_ext.gangs import (
+from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.service import ExtenderService
+from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
+from topology.assignment import PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from topology.gangs import (
     ANNOTATION_GANG,
     ANNOTATION_GANG_SIZE,
     LABEL_JOBSET_NAME,
@@ -26,11 +31,6 @@ from scheduler_ext.gangs import (
     gang_key,
     gang_of,
 )
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.service import ExtenderService
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from topology.network import LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
 
 BLOCKS = {"a1": "block-a", "a2": "block-a", "b1": "block-b", "b2": "block-b", "c1": "block-c"}

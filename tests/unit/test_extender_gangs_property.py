@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.gang_book import SLOT_PREFIX
 from scheduler_ext.gang_service import GangSettings
-from scheduler_ext.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from topology.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from topology.network import LABEL_AWS_LAYER_3
 
 NODES = {"n0": "dgx-h100", "n1": "dgx-h100", "n2": "p5.48xlarge", "n3": "l40s-pcie-8", "n4": "dgx-h100"}

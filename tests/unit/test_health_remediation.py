@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +33,24 @@ class RecordingCluster:
         self.taints: dict[str, str] = {TAINT_HEALTH_PENDING: ""}
         self.nodes_total, self.tainted_elsewhere = nodes_total, tainted_elsewhere
         self.bad: dict[str, BadGpu] = {}
+        self.elsewhere: list[PodRef] = []  # pods on other nodes
+        self.refuse_once: set[str] = set()
 
     def pods_on_node(self) -> list[PodRef]:
         return list(self.pods)
+
+    def gang_pods(self, namespace: str, gang: str) -> list[PodRef]:
+        return [p for p in self.pods + self.elsewhere if p.namespace == namespace and p.gang == gang]
 
     def evict(self, pod: PodRef, *, grace_s: int) -> str:
         if self.pdb_refusals:
             self.pdb_refusals -= 1
             return EvictionOutcome.BLOCKED
+        if pod.name in self.refuse_once:  # a PodDisruptionBudget refuses this pod's first eviction
+            self.refuse_once.discard(pod.name)
+            return EvictionOutcome.BLOCKED
         self.evicted.append(pod.name)
-        self.pods.remove(pod)  # terminates within the grace period
+        (self.pods if pod in self.pods else self.elsewhere).remove(pod)  # gone within the grace period
         return EvictionOutcome.EVICTED
 
     def post_event(
@@ -143,6 +152,46 @@ def test_failed_gpu_evicts_only_its_pods_then_resets_and_recovers(tmp_path: Path
     node_events = [reason for reason, subject in cluster.events if subject == "node"]
     assert "GpuweaveDeviceFailed" in node_events
     assert node_events[-1] == "GpuweaveDeviceHealthy"
+
+
+@pytest.mark.parametrize("whole_gang", [True, False])
+def test_a_failed_gpu_evicts_the_whole_gang_of_its_pod_unless_the_gang_says_pod(
+    tmp_path: Path, whole_gang: bool
+) -> None:
+    """The member on GPU 5 goes; its gang's members on other nodes go with it (one PDB refusal
+    waits a round), except with ``gpuweave.io/gang-eviction: pod``; other pods stay."""
+    key = "ml/gang:train"
+    member = replace(pod("train-0", gpu_uuid(5)), gang=key, whole_gang=whole_gang)
+    others = [replace(pod(f"train-{i}"), gang=key, whole_gang=whole_gang) for i in (1, 2)]
+    stranger = replace(pod("other-gang-0"), gang="ml/gang:other")
+    cluster = RecordingCluster([member, pod("bystander", gpu_uuid(4))])
+    cluster.elsewhere = [*others, stranger]
+    health, state, _ = service(tmp_path, cluster)
+    state.inject_xid(5, 79)
+    health.monitor.run_round()
+    if not whole_gang:
+        health.monitor.run_round()
+        assert cluster.evicted == ["train-0"]
+        return
+    assert sorted(cluster.evicted) == ["train-0", "train-1", "train-2"]
+    assert ("GpuweaveGangEvicted", "train-1") in cluster.events
+    assert cluster.elsewhere == [stranger] and [p.name for p in cluster.pods] == ["bystander"]
+
+
+def test_a_gang_member_refused_by_a_pdb_is_evicted_a_round_later(tmp_path: Path) -> None:
+    key = "ml/gang:train"
+    cluster = RecordingCluster([replace(pod("train-0", gpu_uuid(5)), gang=key)])
+    cluster.elsewhere = [replace(pod("train-1"), gang=key)]
+    cluster.refuse_once = {"train-1"}
+    health, state, _ = service(tmp_path, cluster)
+    state.inject_xid(5, 79)
+    health.monitor.run_round()
+    assert cluster.evicted == ["train-0"]
+    health.monitor.run_round()
+    assert cluster.evicted == ["train-0", "train-1"]
+    cluster.elsewhere.append(replace(pod("train-2"), gang=key))  # created after: not chased
+    health.monitor.run_round()
+    assert cluster.evicted == ["train-0", "train-1"]
 
 
 def test_reset_waits_for_processes_on_the_gpu(tmp_path: Path) -> None:

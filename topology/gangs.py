@@ -35,6 +35,10 @@ LABEL_JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_JOBSET_REPLICAS: Final = "jobset.sigs.k8s.io/replicatedjob-replicas"
 LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
+# What a fatal device fault under one member does to the rest of its gang (docs/health.md):
+# "gang" (default) evicts every member, "pod" only the pods on the failed device.
+ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
+GANG_EVICTION_MODES: Final = ("gang", "pod")
 POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
 POD_GROUP_VERSION: Final = "v1alpha1"
 POD_GROUP_PLURAL: Final = "podgroups"
@@ -112,6 +116,13 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         attempt = str(labels.get(LABEL_JOBSET_RESTART) or "0")
         return f"{namespace}/jobset:{jobset}/{job}/{attempt}", "jobset"
     return None
+
+
+def evicts_whole_gang(pod: Mapping[str, Any]) -> bool:
+    """Whether a fatal device fault under this gang member evicts the whole gang: yes unless the
+    pod says ``gpuweave.io/gang-eviction: pod`` (an unknown value keeps the default)."""
+    _, _, annotations = _meta(pod)
+    return str(annotations.get(ANNOTATION_GANG_EVICTION, "gang")).strip() != "pod"
 
 
 def gang_family(key: str) -> str:
