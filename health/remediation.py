@@ -287,27 +287,38 @@ class Remediator:
             return {}, False
 
     def _evict(self, pod: PodRef, device: str, record: DeviceRecord, grace_s: int) -> None:
-        key = (pod.namespace, pod.name)
-        if pod.opted_out or key in self._evicted or self.cluster is None:
+        if (pod.namespace, pod.name) in self._evicted:
             return
+        message = f"evicted: device {device} failed ({record.reason}); grace {grace_s} s"
+        evicted = self._evict_once(pod, record, grace_s, reason="GpuweaveDeviceFailed", message=message)
+        if evicted and pod.gang and pod.whole_gang:  # its gang follows (``_evict_gangs``)
+            self._gangs.setdefault((pod.namespace, pod.gang), (device, record))
+
+    def _evict_once(
+        self, pod: PodRef, record: DeviceRecord, grace_s: int, *, reason: str, message: str
+    ) -> bool:
+        """Evict the pod unless it opted out or went already; True once it is gone (an Event on
+        it), False while it stays (refused now, retried next round; or opted out)."""
+        key = (pod.namespace, pod.name)
+        if key in self._evicted:
+            return True
+        if pod.opted_out or self.cluster is None:
+            return False
         outcome = self.cluster.evict(pod, grace_s=grace_s)
-        cause = (record.cause or Cause.HARDWARE).value
         if self.metrics is not None:
-            self.metrics.evictions.labels(cause, outcome).inc()
-        if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
-            self._evicted.add(key)
-            message = f"evicted: device {device} failed ({record.reason}); grace {grace_s} s"
-            self.cluster.post_event(reason="GpuweaveDeviceFailed", message=message, pod=pod)
-            if pod.gang and pod.whole_gang:
-                self._gangs.setdefault((pod.namespace, pod.gang), (device, record))
-        else:
+            self.metrics.evictions.labels((record.cause or Cause.HARDWARE).value, outcome).inc()
+        if outcome not in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
             log.info("eviction of %s/%s %s; retrying next round", pod.namespace, pod.name, outcome)
+            return False
+        self._evicted.add(key)
+        self.cluster.post_event(reason=reason, message=message, pod=pod)
+        return True
 
     def _evict_gangs(self, grace_s: int) -> None:
         """Evict the other members, on any node, of every gang a member of which was evicted for a
         failed device: a training gang makes no progress without it, and its job controller
-        re-creates the members together. Retried each round until every member is gone or
-        refused for good (opted out); a PodDisruptionBudget refusal waits for the next round."""
+        re-creates the members together. Retried each round until every member is gone or opted
+        out; a PodDisruptionBudget refusal waits for the next round."""
         if self.cluster is None:
             return
         for (namespace, gang), (device, record) in list(self._gangs.items()):
@@ -316,24 +327,16 @@ class Remediator:
             except Exception as exc:
                 log.warning("cannot list the pods of gang %s: %s; retrying next round", gang, exc)
                 continue
-            pending = False
-            for member in members:
-                key = (member.namespace, member.name)
-                if member.opted_out or key in self._evicted:
-                    continue
-                outcome = self.cluster.evict(member, grace_s=grace_s)
-                if self.metrics is not None:
-                    self.metrics.evictions.labels((record.cause or Cause.HARDWARE).value, outcome).inc()
-                if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
-                    self._evicted.add(key)
-                    message = (
-                        f"evicted with its gang {gang}: a member's device {device} failed "
-                        f"({record.reason}); grace {grace_s} s"
-                    )
-                    self.cluster.post_event(reason="GpuweaveGangEvicted", message=message, pod=member)
-                else:
-                    pending = True
-            if not pending:
+            message = (
+                f"evicted with its gang {gang}: a member's device {device} failed ({record.reason}); "
+                f"grace {grace_s} s"
+            )
+            gone = [
+                m.opted_out
+                or self._evict_once(m, record, grace_s, reason="GpuweaveGangEvicted", message=message)
+                for m in members
+            ]
+            if all(gone):
                 del self._gangs[(namespace, gang)]
 
     def _retire(self, monitor: HealthMonitor, device: str, reason: str) -> None:
