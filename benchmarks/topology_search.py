@@ -58,24 +58,13 @@ class Row:
 
 def sixteen_gpu_node(*, nvswitch: bool) -> NodeInventory:
     """A 16-GPU node (HGX-2-like when ``nvswitch``): two sockets, two GPUs per PCIe switch."""
-    switches = tuple(
-        PcieSwitch(name=f"sw{s}", numa_node=s // 4, root=f"pci{s // 4:04x}:{s % 4 // 2:02x}")
-        for s in range(8)
-    )
+    switches = tuple(PcieSwitch(name=f"sw{s}", numa_node=s // 4, root=f"pci{s // 4:04x}:{s % 4 // 2:02x}")
+                     for s in range(8))
     gpus = tuple(
-        Gpu(
-            index=i,
-            uuid=f"GPU-00000000-0000-4000-8000-{i:012d}",
-            pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
-            product="Tesla V100-SXM3-32GB",
-            architecture=Architecture.VOLTA,
-            compute_capability="7.0",
-            memory_mib=32768,
-            numa_node=switches[i // 2].numa_node,
-            pcie_switch=switches[i // 2].name,
-            pcie_root=switches[i // 2].root,
-            minor=i,
-        )
+        Gpu(index=i, uuid=f"GPU-00000000-0000-4000-8000-{i:012d}", pci_bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            product="Tesla V100-SXM3-32GB", architecture=Architecture.VOLTA, compute_capability="7.0",
+            memory_mib=32768, numa_node=switches[i // 2].numa_node, pcie_switch=switches[i // 2].name,
+            pcie_root=switches[i // 2].root, minor=i)
         for i in range(16)
     )
     fabric = NvSwitchFabric(gpus=tuple(range(16)), links_per_gpu=6) if nvswitch else None
@@ -84,12 +73,8 @@ def sixteen_gpu_node(*, nvswitch: bool) -> NodeInventory:
 
 
 def nodes() -> list[TopologyGraph]:
-    inventories = [
-        load_profile("p5.48xlarge").to_inventory(),
-        load_profile("dgx1-v100").to_inventory(),
-        sixteen_gpu_node(nvswitch=True),
-        sixteen_gpu_node(nvswitch=False),
-    ]
+    inventories = [load_profile("p5.48xlarge").to_inventory(), load_profile("dgx1-v100").to_inventory(),
+                   sixteen_gpu_node(nvswitch=True), sixteen_gpu_node(nvswitch=False)]
     return [TopologyGraph.from_inventory(inventory) for inventory in inventories]
 
 
@@ -102,9 +87,8 @@ def draw_requests(graph: TopologyGraph, *, size: int, count: int, rng: random.Ra
     return requests
 
 
-def timed(
-    requests: list[Request], run: Callable[[Request], object], *, before: Callable[[], None] | None
-) -> list[float]:
+def timed(requests: list[Request], run: Callable[[Request], object], *,
+          before: Callable[[], None] | None) -> list[float]:
     """Milliseconds per request; ``before`` (untimed) runs ahead of each call."""
     samples = []
     for request in requests:
@@ -118,16 +102,9 @@ def timed(
 
 def summarize(graph: TopologyGraph, size: int, mode: str, samples: list[float]) -> Row:
     values = np.array(samples)
-    return Row(
-        node=graph.name,
-        gpus=len(graph.gpu_indices),
-        size=size,
-        mode=mode,
-        samples=len(samples),
-        p50_ms=float(np.percentile(values, 50)),
-        p99_ms=float(np.percentile(values, 99)),
-        mean_ms=float(values.mean()),
-    )
+    return Row(node=graph.name, gpus=len(graph.gpu_indices), size=size, mode=mode, samples=len(samples),
+               p50_ms=float(np.percentile(values, 50)), p99_ms=float(np.percentile(values, 99)),
+               mean_ms=float(values.mean()))
 
 
 def measure(graph: TopologyGraph, requests: list[Request]) -> list[Row]:
@@ -145,14 +122,10 @@ def measure(graph: TopologyGraph, requests: list[Request]) -> list[Row]:
     rows = [summarize(graph, size, "cold", timed(requests, ours, before=clear_search_caches))]
     timed(requests, ours, before=None)  # fill the caches
     rows.append(summarize(graph, size, "warm", timed(requests, ours, before=None)))
-    rows.append(
-        summarize(graph, size, "cold-no-lookahead", timed(requests, greedy, before=clear_search_caches))
-    )
-    rows.append(
-        summarize(
-            graph, size, "go-gpuallocator-like", timed(requests, baseline, before=clear_baseline_caches)
-        )
-    )
+    rows.append(summarize(graph, size, "cold-no-lookahead",
+                          timed(requests, greedy, before=clear_search_caches)))
+    rows.append(summarize(graph, size, "go-gpuallocator-like",
+                          timed(requests, baseline, before=clear_baseline_caches)))
     return rows
 
 
@@ -169,26 +142,21 @@ def baseline_best_share(graph: TopologyGraph, requests: list[Request]) -> float:
 
 
 def print_table(rows: list[Row], shares: dict[tuple[str, int], float]) -> None:
-    header = (
-        f"{'node':<18} {'gpus':>4} {'size':>4} {'mode':<21} {'n':>4} "
-        f"{'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}"
-    )
+    header = (f"{'node':<18} {'gpus':>4} {'size':>4} {'mode':<21} {'n':>4} "
+              f"{'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(
-            f"{row.node:<18} {row.gpus:>4} {row.size:>4} {row.mode:<21} {row.samples:>4} "
-            f"{row.p50_ms:>9.3f} {row.p99_ms:>9.3f} {row.mean_ms:>9.3f}"
-        )
+        print(f"{row.node:<18} {row.gpus:>4} {row.size:>4} {row.mode:<21} {row.samples:>4} "
+              f"{row.p50_ms:>9.3f} {row.p99_ms:>9.3f} {row.mean_ms:>9.3f}")
     print()
     print("share of requests where go-gpuallocator-like picks a set as good as ours (by our score):")
     for (node, size), share in shares.items():
         print(f"  {node:<18} size {size}: {share:6.1%}")
 
 
-def write_report(
-    output: Path, rows: list[Row], shares: dict[tuple[str, int], float], *, requests: int, seed: int
-) -> None:
+def write_report(output: Path, rows: list[Row], shares: dict[tuple[str, int], float], *,
+                 requests: int, seed: int) -> None:
     report = {
         "benchmark": "topology_search",
         "generated": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -197,9 +165,8 @@ def write_report(
         "requests_per_cell": requests,
         "seed": seed,
         "rows": [asdict(row) for row in rows],
-        "go_gpuallocator_best_share": [
-            {"node": node, "size": size, "share": share} for (node, size), share in shares.items()
-        ],
+        "go_gpuallocator_best_share": [{"node": node, "size": size, "share": share}
+                                       for (node, size), share in shares.items()],
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -47,29 +47,18 @@ def status_text(status: ClusterStatus) -> str:
     free = sum(n.free_gpus for n in status.nodes)
     percent = fragment_percent(status.fragment_milli, status.idle_milli)
     lines = [
-        fit(
-            f"{len(status.nodes)} GPU node{'' if len(status.nodes) == 1 else 's'}, {len(every)} GPUs: "
+        fit(f"{len(status.nodes)} GPU node{'' if len(status.nodes) == 1 else 's'}, {len(every)} GPUs: "
             f"{free} free, {held} in use, "
-            f"{withheld} withheld, {retired} retired"
-        ),
-        fit(
-            f"cluster fragment {gpus(status.fragment_milli):.2f} of {gpus(status.idle_milli):.2f} idle GPUs "
-            f"({percent:.1f}%), {status.mix}"
-        ),
+            f"{withheld} withheld, {retired} retired"),
+        fit(f"cluster fragment {gpus(status.fragment_milli):.2f} of {gpus(status.idle_milli):.2f} idle GPUs "
+            f"({percent:.1f}%), {status.mix}"),
     ]
     for node in status.nodes:
         lines += ["", *_node_lines(node)]
     if status.without_inventory:
         names = ", ".join(status.without_inventory)
-        lines += [
-            "",
-            *_wrapped(
-                f"{len(status.without_inventory)} node(s) without a GpuNodeInventory "
-                f"(no gpuweave node agent): {names}",
-                first="",
-                rest="  ",
-            ),
-        ]
+        lines += ["", *_wrapped(f"{len(status.without_inventory)} node(s) without a GpuNodeInventory "
+                                f"(no gpuweave node agent): {names}", first="", rest="  ")]
     lines += _bad_hardware_lines(status)
     return "\n".join(lines)
 
@@ -79,12 +68,8 @@ def _node_lines(node: NodeRow) -> list[str]:
     percent = fragment_percent(node.fragment_milli, node.idle_milli)
     lines = [fit(f"NODE {node.name}  {node.topology}  {node.pods} pod(s)")]
     lines += [fit(f"  {count} x {product}") for product, count in sorted(products.items())]
-    lines.append(
-        fit(
-            f"  {node.free_gpus} of {len(node.gpus)} GPUs free, fragment "
-            f"{gpus(node.fragment_milli):.2f} of {gpus(node.idle_milli):.2f} idle ({percent:.0f}%)"
-        )
-    )
+    lines.append(fit(f"  {node.free_gpus} of {len(node.gpus)} GPUs free, fragment "
+                     f"{gpus(node.fragment_milli):.2f} of {gpus(node.idle_milli):.2f} idle ({percent:.0f}%)"))
     lines.append(_row(GPU_COLUMNS, [name for name, _ in GPU_COLUMNS]))
     for gpu in node.gpus:
         lines += _gpu_lines(gpu, mixed=len(products) > 1)
@@ -103,18 +88,8 @@ def _gpu_lines(gpu: GpuRow, *, mixed: bool) -> list[str]:
     if gpu.reason:
         lines += _wrapped(gpu.reason, first="      ", rest="      ")
     for mig in gpu.migs:
-        lines.append(
-            _row(
-                GPU_COLUMNS,
-                [
-                    "",
-                    f" {mig.profile}",
-                    mig.health,
-                    "held" if mig.holder else "free" if mig.health == HEALTHY else "-",
-                    mig.holder,
-                ],
-            )
-        )
+        lines.append(_row(GPU_COLUMNS, ["", f" {mig.profile}", mig.health, "held" if mig.holder else
+                                        "free" if mig.health == HEALTHY else "-", mig.holder]))
         if mig.reason and mig.reason != gpu.reason:
             lines += _wrapped(mig.reason, first="        ", rest="        ")
     return lines
@@ -126,12 +101,8 @@ def _bad_hardware_lines(status: ClusterStatus) -> list[str]:
     count = len(status.bad_hardware)
     lines = ["", f"BAD-HARDWARE LIST ({count} GPU{'' if count == 1 else 's'}, kept out of service)"]
     for entry in status.bad_hardware:
-        lines.append(
-            fit(
-                f"  {entry.uuid}  node {entry.node or '?'}  {entry.strikes} strike(s)  "
-                f"since {entry.since or '?'}"
-            )
-        )
+        lines.append(fit(f"  {entry.uuid}  node {entry.node or '?'}  {entry.strikes} strike(s)  "
+                         f"since {entry.since or '?'}"))
         if entry.reason:
             lines += _wrapped(entry.reason, first="      ", rest="      ")
     return lines
@@ -156,25 +127,21 @@ def _pending_lines(answer: Pending) -> list[str]:
 
 
 def _placed_lines(answer: Placed) -> list[str]:
-    lines = _wrapped(
-        f"pod {answer.pod} runs on node {answer.node}; it asks for {answer.asks}", first="", rest="  "
-    )
+    lines = _wrapped(f"pod {answer.pod} runs on node {answer.node}; it asks for {answer.asks}",
+                     first="", rest="  ")
     several = len({g.container for g in answer.devices}) > 1
     devices = "; ".join(f"{g.container}: {g.text}" if several else g.text for g in answer.devices)
-    lines += _wrapped(
-        devices or "none recorded (no gpuweave.io/assignment annotation)", first="devices: ", rest="  "
-    )
+    lines += _wrapped(devices or "none recorded (no gpuweave.io/assignment annotation)",
+                      first="devices: ", rest="  ")
     score = answer.topology
     if score is not None:
         links = "all pairs NVLink" if score.all_nvlink else "not all pairs NVLink"
         relative = 100.0 * score.value / answer.best_value if answer.best_value else 100.0
-        text = (
-            f"{links}, slowest pair {score.bottleneck_gbps:.0f} GB/s, "
-            f"mean {score.mean_pair_gbps:.0f} GB/s, {score.numa_nodes} NUMA node(s), "
-            f"{score.pcie_switches} PCIe switch(es); set value {score.value:.1f} of "
-            f"{answer.best_value:.1f} for the best {len(score.gpus)} GPU(s) on this node "
-            f"({relative:.0f}%)"
-        )
+        text = (f"{links}, slowest pair {score.bottleneck_gbps:.0f} GB/s, "
+                f"mean {score.mean_pair_gbps:.0f} GB/s, {score.numa_nodes} NUMA node(s), "
+                f"{score.pcie_switches} PCIe switch(es); set value {score.value:.1f} of "
+                f"{answer.best_value:.1f} for the best {len(score.gpus)} GPU(s) on this node "
+                f"({relative:.0f}%)")
         lines += _wrapped(text, first="topology: ", rest="  ")
     lines.append("nodes ranked for its request (its own devices counted free; * its node):")
     lines.append(_row(RANK_COLUMNS, [name for name, _ in RANK_COLUMNS]))
@@ -216,3 +183,4 @@ def _camel(value: Any) -> Any:
 def _camel_key(key: str) -> str:
     head, *rest = key.split("_")
     return head + "".join(part.capitalize() for part in rest)
+

@@ -83,7 +83,9 @@ def assemble_inventory(
         pcie_switches=tuple(switches.values()),
         nvlinks=nvlinks,
         nvswitch=fabric,
-        nics=tuple(sorted((_nic(nic, place, names) for nic, place in nic_rows), key=lambda n: n.pci_bus_id)),
+        nics=tuple(
+            sorted((_nic(nic, place, names) for nic, place in nic_rows), key=lambda n: n.pci_bus_id)
+        ),
         mig_devices=tuple(_mig_devices(gpus)),
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
@@ -213,16 +215,10 @@ def _links(
 def _mig_devices(gpus: list[GpuFacts]) -> list[inv.MigDevice]:
     found = [
         inv.MigDevice(
-            uuid=m.uuid,
-            parent_uuid=g.uuid,
-            parent_index=g.index,
-            profile=m.profile,
-            gpu_instance_id=m.gpu_instance_id,
-            compute_instance_id=m.compute_instance_id,
-            placement_start=m.placement_start,
-            placement_size=m.placement_size,
-            memory_mib=m.memory_mib,
-            compute_slices=m.compute_slices,
+            uuid=m.uuid, parent_uuid=g.uuid, parent_index=g.index, profile=m.profile,
+            gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
+            placement_start=m.placement_start, placement_size=m.placement_size,
+            memory_mib=m.memory_mib, compute_slices=m.compute_slices,
         )
         for g in gpus
         for m in g.mig_devices

@@ -107,61 +107,45 @@ class FabricReader:
         try:
             pid = int(pid_file.read_text(encoding="utf-8").strip())
         except (OSError, ValueError):
-            return GpuFabric(
-                uuid,
-                FabricState.NOT_STARTED,
-                (
-                    f"Fabric Manager is not running (no pid in /{FM_PID_FILE}); start nvidia-fabricmanager "
-                    "on the host and mount /run/nvidia-fabricmanager into the agent"
-                ),
-            )
+            return GpuFabric(uuid, FabricState.NOT_STARTED, (
+                f"Fabric Manager is not running (no pid in /{FM_PID_FILE}); start nvidia-fabricmanager "
+                "on the host and mount /run/nvidia-fabricmanager into the agent"
+            ))
         comm = self._host_root / "proc" / str(pid) / "comm"
         try:
             name = comm.read_text(encoding="utf-8").strip()
         except OSError:
             name = ""
         if name != FM_PROCESS:
-            return GpuFabric(
-                uuid,
-                FabricState.NOT_STARTED,
-                (
-                    f"Fabric Manager pid {pid} is not a running {FM_PROCESS} in /proc "
-                    f"(found {name or 'nothing'}); restart nvidia-fabricmanager, and run the agent with "
-                    "hostPID to see it"
-                ),
-            )
+            return GpuFabric(uuid, FabricState.NOT_STARTED, (
+                f"Fabric Manager pid {pid} is not a running {FM_PROCESS} in /proc "
+                f"(found {name or 'nothing'}); restart nvidia-fabricmanager, and run the agent with "
+                "hostPID to see it"
+            ))
         return GpuFabric(uuid, FabricState.COMPLETED, f"Fabric Manager running (pid {pid})")
 
 
 def _from_info(uuid: str, info: Any) -> GpuFabric:
     state, status, mask = int(info.state), int(info.status), int(info.healthMask)
     if state == _STATE_NOT_STARTED:
-        return GpuFabric(
-            uuid,
-            FabricState.NOT_STARTED,
-            (
-                f"GPU {uuid}: fabric training not started; CUDA fails (error 802) until it completes: "
-                "check nvidia-fabricmanager (or NVLink Subnet Manager) on the host"
-            ),
-        )
+        return GpuFabric(uuid, FabricState.NOT_STARTED, (
+            f"GPU {uuid}: fabric training not started; CUDA fails (error 802) until it completes: "
+            "check nvidia-fabricmanager (or NVLink Subnet Manager) on the host"
+        ))
     if state == _STATE_IN_PROGRESS:
         return GpuFabric(uuid, FabricState.IN_PROGRESS, f"GPU {uuid}: fabric training in progress")
     if state != _STATE_COMPLETED:
         return GpuFabric(uuid, FabricState.FAILED, f"GPU {uuid}: unknown fabric state {state}")
     if status != 0:
-        return GpuFabric(
-            uuid,
-            FabricState.FAILED,
-            (f"GPU {uuid}: fabric training completed with NVML error {status}; see the Fabric Manager log"),
-        )
+        return GpuFabric(uuid, FabricState.FAILED, (
+            f"GPU {uuid}: fabric training completed with NVML error {status}; see the Fabric Manager log"
+        ))
     if (mask >> _ROUTE_SHIFT) & 0x3 == _ROUTE_UNHEALTHY_TRUE:
         detail = f"GPU {uuid}: fabric route unhealthy (health mask 0x{mask:x})"
         return GpuFabric(uuid, FabricState.FAILED, detail)
     config = (mask >> _CONFIG_SHIFT) & 0xF
     if config > _CONFIG_NONE:
-        return GpuFabric(
-            uuid,
-            FabricState.FAILED,
-            (f"GPU {uuid}: fabric incorrectly configured (code {config}, health mask 0x{mask:x})"),
-        )
+        return GpuFabric(uuid, FabricState.FAILED, (
+            f"GPU {uuid}: fabric incorrectly configured (code {config}, health mask 0x{mask:x})"
+        ))
     return GpuFabric(uuid, FabricState.COMPLETED, f"GPU {uuid}: fabric completed")

@@ -51,7 +51,8 @@ class GpuIdentities:
                 write_json_atomically(self._path, {"uuidByBusId": dict(sorted(self._uuid_by_bus.items()))})
             except OSError as exc:
                 LOG.warning(
-                    "cannot write GPU identities to %s (%s); a lost GPU may go unnamed", self._path, exc
+                    "cannot write GPU identities to %s (%s); a lost GPU may go unnamed",
+                    self._path, exc
                 )
 
     def name_lost(
@@ -78,9 +79,7 @@ def _unclaimed_by_position(
         LOG.warning(
             "%d GPU(s) do not answer but the PCI tree holds %d unclaimed NVIDIA GPU(s) (%s); "
             "naming them from remembered identities only",
-            len(indexes),
-            len(unclaimed),
-            ", ".join(unclaimed) or "none",
+            len(indexes), len(unclaimed), ", ".join(unclaimed) or "none",
         )
         return {}
     return dict(zip(sorted(indexes), unclaimed, strict=True))

@@ -203,12 +203,8 @@ class NvmlHealthProbe:
         with self._events_lock:
             event_set = self._event_set
             try:
-                data = (
-                    None
-                    if event_set is None
-                    else self._call(
-                        "nvmlEventSetWait", lambda: lib.nvmlEventSetWait_v2(event_set, timeout_ms)
-                    )
+                data = None if event_set is None else self._call(
+                    "nvmlEventSetWait", lambda: lib.nvmlEventSetWait_v2(event_set, timeout_ms)
                 )
             except ProbeError as exc:
                 if exc.kind == "timeout":

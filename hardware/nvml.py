@@ -30,15 +30,7 @@ from topology.spec_derive import normalize_bus_id
 
 LOG = logging.getLogger(__name__)
 _ARCHITECTURES = (
-    "KEPLER",
-    "MAXWELL",
-    "PASCAL",
-    "VOLTA",
-    "TURING",
-    "AMPERE",
-    "ADA",
-    "HOPPER",
-    "BLACKWELL",
+    "KEPLER", "MAXWELL", "PASCAL", "VOLTA", "TURING", "AMPERE", "ADA", "HOPPER", "BLACKWELL",
 )
 _MIB = 1024 * 1024
 

@@ -105,21 +105,12 @@ class NvmlRecorder:
     def _record_gpu(self, index: int, handle: Any) -> None:
         gpu = f"gpu{index}"
         for call in (
-            "nvmlDeviceGetName",
-            "nvmlDeviceGetUUID",
-            "nvmlDeviceGetMemoryInfo",
-            "nvmlDeviceGetPciInfo",
-            "nvmlDeviceGetMinorNumber",
-            "nvmlDeviceGetNumaNodeId",
-            "nvmlDeviceGetArchitecture",
-            "nvmlDeviceGetCudaComputeCapability",
-            "nvmlDeviceGetSupportedEventTypes",
-            "nvmlDeviceGetRemappedRows",
-            "nvmlDeviceGetRetiredPagesPendingStatus",
-            "nvmlDeviceGetCurrPcieLinkWidth",
-            "nvmlDeviceGetMaxPcieLinkWidth",
-            "nvmlDeviceGetCurrPcieLinkGeneration",
-            "nvmlDeviceGetMaxPcieLinkGeneration",
+            "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo",
+            "nvmlDeviceGetMinorNumber", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetArchitecture",
+            "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetSupportedEventTypes",
+            "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+            "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth",
+            "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
             "nvmlDeviceGetComputeRunningProcesses",
         ):
             self._gpu_call(call, handle, gpu)
@@ -182,9 +173,8 @@ class NvmlRecorder:
         count = ctypes.c_uint(len(array))
 
         def fill() -> Any:
-            self.caller.invoke(
-                "nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, array, ctypes.byref(count)
-            )
+            self.caller.invoke("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, array,
+                               ctypes.byref(count))
             return [(int(p.start), int(p.size)) for p in array[: count.value]]
 
         self.ask("nvmlDeviceGetGpuInstancePossiblePlacements", (gpu, profile_id), fill)
@@ -239,14 +229,8 @@ class NvmlRecorder:
             if mig is None:
                 continue
             label = f"{gpu}/mig{slot}"
-            for call in (
-                "nvmlDeviceGetGpuInstanceId",
-                "nvmlDeviceGetComputeInstanceId",
-                "nvmlDeviceGetUUID",
-                "nvmlDeviceGetName",
-                "nvmlDeviceGetAttributes",
-                "nvmlDeviceGetMemoryInfo",
-            ):
+            for call in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetUUID",
+                         "nvmlDeviceGetName", "nvmlDeviceGetAttributes", "nvmlDeviceGetMemoryInfo"):
                 self._gpu_call(call, mig, label)
 
 

@@ -103,6 +103,7 @@ def held_per_state(verdicts: Sequence[Verdict]) -> np.ndarray:
     return np.fromiter(map(_HELD, verdicts), dtype=np.int64, count=len(verdicts))
 
 
+
 @dataclass(frozen=True)
 class _HashTable:
     """The cache's names sorted by hash: ``hashes[i]`` is the hash of the name in slot

@@ -24,15 +24,13 @@ from topology.errors import TopologyError
 from topology.graph import TopologyGraph
 from topology.links import LinkClass
 
-GO_PCIE_SCORES = MappingProxyType(
-    {
-        LinkClass.PIX: 50,  # SingleSwitch
-        LinkClass.PXB: 40,  # MultiSwitch
-        LinkClass.PHB: 30,  # HostBridge
-        LinkClass.NODE: 20,  # SameCPU
-        LinkClass.SYS: 10,  # CrossCPU
-    }
-)
+GO_PCIE_SCORES = MappingProxyType({
+    LinkClass.PIX: 50,  # SingleSwitch
+    LinkClass.PXB: 40,  # MultiSwitch
+    LinkClass.PHB: 30,  # HostBridge
+    LinkClass.NODE: 20,  # SameCPU
+    LinkClass.SYS: 10,  # CrossCPU
+})
 GO_NVLINK_SCORE = 100  # per direct NVLink lane
 
 ScoreMatrix = tuple[tuple[int, ...], ...]
@@ -59,9 +57,8 @@ def go_gpuallocator_like(
     if not must_include <= available or len(must_include) > size or size > len(available):
         return None
     indices = graph.gpu_indices
-    scores = tuple(
-        tuple(0 if a == b else go_gpuallocator_pair_score(graph, a, b) for b in indices) for a in indices
-    )
+    scores = tuple(tuple(0 if a == b else go_gpuallocator_pair_score(graph, a, b) for b in indices)
+                   for a in indices)
     position = {index: p for p, index in enumerate(indices)}
     free = sorted(position[i] for i in available)
     must = sorted(position[i] for i in must_include)

@@ -20,6 +20,8 @@ _BUS_ID = re.compile(r"^([0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}):[0-9A-Fa-f]{2}:[0-9A-Fa-
 _UUID = re.compile(r"^GPU-[0-9A-Za-z-]+$")
 
 
+
+
 class NamedGpu(Protocol):
     @property
     def index(self) -> int: ...

@@ -95,9 +95,8 @@ def _nvlink_lanes(inventory: NodeInventory) -> dict[frozenset[int], int]:
     return lanes
 
 
-def _gpu_pair_link(
-    a: Gpu, b: Gpu, *, lanes: dict[frozenset[int], int], fabric: frozenset[int], fabric_links: int
-) -> PairLink:
+def _gpu_pair_link(a: Gpu, b: Gpu, *, lanes: dict[frozenset[int], int], fabric: frozenset[int],
+                   fabric_links: int) -> PairLink:
     """NVLink beats PCIe; an NVSwitch fabric beats direct lanes only when it is wider."""
     if a.index == b.index:
         return PairLink(LinkClass.X)
@@ -129,7 +128,7 @@ class TopologyGraph:
         fabric_links = inventory.nvswitch.links_per_gpu if inventory.nvswitch else 0
         edges: _Edges = {}
         for i, a in enumerate(inventory.gpus):
-            for b in inventory.gpus[i + 1 :]:
+            for b in inventory.gpus[i + 1:]:
                 link = _gpu_pair_link(a, b, lanes=lanes, fabric=fabric, fabric_links=fabric_links)
                 gbps = link_gbps(link, architectures=(a.architecture, b.architecture))
                 edges[frozenset((_gpu_node(a.index), _gpu_node(b.index)))] = (link, gbps)
@@ -192,9 +191,8 @@ class TopologyGraph:
         on_switch = sorted(name for link, name in links if link.link_class is LinkClass.PIX)
         if on_switch:
             return tuple(on_switch)
-        same_numa = [
-            (link.link_class.rank, name) for link, name in links if link.link_class is not LinkClass.SYS
-        ]
+        same_numa = [(link.link_class.rank, name) for link, name in links
+                     if link.link_class is not LinkClass.SYS]
         return tuple(name for _, name in sorted(same_numa))
 
     def nvlink_components(self, available: Iterable[int] | None = None) -> list[frozenset[int]]:
@@ -227,14 +225,10 @@ class TopologyGraph:
     def shape_key(self) -> TopologyShape:
         """The node's shape: equal for identical nodes, so it keys memoized searches."""
         order = list(self._gpus.values())
-        bandwidth = tuple(
-            tuple(0.0 if a.index == b.index else self.pair_bandwidth(a.index, b.index) for b in order)
-            for a in order
-        )
-        nvlinked = tuple(
-            tuple(a.index != b.index and self.pair_link(a.index, b.index).is_nvlink for b in order)
-            for a in order
-        )
+        bandwidth = tuple(tuple(0.0 if a.index == b.index else self.pair_bandwidth(a.index, b.index)
+                                for b in order) for a in order)
+        nvlinked = tuple(tuple(a.index != b.index and self.pair_link(a.index, b.index).is_nvlink
+                               for b in order) for a in order)
         return TopologyShape(
             bandwidth_gbps=bandwidth,
             nvlinked=nvlinked,
@@ -270,16 +264,16 @@ class TopologyGraph:
     def _nic_row(self, name: str) -> MatrixRow:
         nic = self._nics[name]
         cells = [self.gpu_nic_link(i, name).label for i in self._gpus]
-        cells += [
-            "X" if other == name else _pcie_class(_place_of(nic), _place_of(self._nics[other])).value
-            for other in self._nics
-        ]
+        cells += ["X" if other == name else _pcie_class(_place_of(nic), _place_of(self._nics[other])).value
+                  for other in self._nics]
         position = list(self._nics).index(name)
         return MatrixRow(name=f"NIC{position}", cells=tuple(cells), numa_affinity=str(nic.numa_node))
 
     def _require_gpu(self, index: int) -> None:
         if index not in self._gpus:
-            raise TopologyError(f"node {self._name} has no GPU {index}; GPUs are {list(self._gpus)}")
+            raise TopologyError(
+                f"node {self._name} has no GPU {index}; GPUs are {list(self._gpus)}"
+            )
 
 
 def _gpu_indices_of(nodes: Iterable[_Node]) -> frozenset[int]:

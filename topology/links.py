@@ -42,18 +42,16 @@ class LinkClass(StrEnum):
         return self in (LinkClass.NVLINK, LinkClass.NVSWITCH)
 
 
-_RANKS = MappingProxyType(
-    {
-        LinkClass.X: 0,
-        LinkClass.NVLINK: 1,
-        LinkClass.NVSWITCH: 1,
-        LinkClass.PIX: 2,
-        LinkClass.PXB: 3,
-        LinkClass.PHB: 4,
-        LinkClass.NODE: 5,
-        LinkClass.SYS: 6,
-    }
-)
+_RANKS = MappingProxyType({
+    LinkClass.X: 0,
+    LinkClass.NVLINK: 1,
+    LinkClass.NVSWITCH: 1,
+    LinkClass.PIX: 2,
+    LinkClass.PXB: 3,
+    LinkClass.PHB: 4,
+    LinkClass.NODE: 5,
+    LinkClass.SYS: 6,
+})
 
 
 @dataclass(frozen=True)
@@ -97,15 +95,13 @@ class PairLink:
 #   NODE 0.65 - nccl-tests issue #178: an A100 ring crossing NODE reached 20 GB/s on Gen4 (20/31).
 #   SYS 0.35 - NCCL src/graph/topo.h inter-socket figures: BDW_QPI 6 vs Gen3 16, SRP_QPI 22 vs
 #              Gen5 63; the socket interconnect, not PCIe, is the bottleneck.
-_PCIE_PATH_FACTOR = MappingProxyType(
-    {
-        LinkClass.PIX: 1.0,
-        LinkClass.PXB: 0.9,
-        LinkClass.PHB: 0.8,
-        LinkClass.NODE: 0.65,
-        LinkClass.SYS: 0.35,
-    }
-)
+_PCIE_PATH_FACTOR = MappingProxyType({
+    LinkClass.PIX: 1.0,
+    LinkClass.PXB: 0.9,
+    LinkClass.PHB: 0.8,
+    LinkClass.NODE: 0.65,
+    LinkClass.SYS: 0.35,
+})
 
 # NCCL's LOC_BW (src/graph/topo.h): a device talking to itself.
 LOCAL_GBPS = 5000.0

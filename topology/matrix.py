@@ -42,10 +42,8 @@ class TopologyMatrix:
         header = ["", *self.columns, "NUMA Affinity"]
         body = [[row.name, *row.cells, row.numa_affinity] for row in self.rows]
         widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-        lines = [
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-            for line in [header, *body]
-        ]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+                 for line in [header, *body]]
         lines += ["", "Legend:", "", *_LEGEND]
         if self.nic_legend:
             lines += ["", "NIC Legend:", ""] + [f"  {short}: {name}" for short, name in self.nic_legend]
@@ -54,8 +52,7 @@ class TopologyMatrix:
     def to_dict(self) -> dict[str, object]:
         return {
             "columns": list(self.columns),
-            "rows": [
-                {"name": r.name, "cells": list(r.cells), "numaAffinity": r.numa_affinity} for r in self.rows
-            ],
+            "rows": [{"name": r.name, "cells": list(r.cells), "numaAffinity": r.numa_affinity}
+                     for r in self.rows],
             "nicLegend": {short: name for short, name in self.nic_legend},
         }

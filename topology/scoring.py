@@ -109,22 +109,10 @@ def score_rows(arrays: ShapeArrays, sets: IntArray) -> RowScores:
     nic_aligned = arrays.nic_local[sets].mean(axis=1)
     numa_nodes = np.bitwise_count(np.bitwise_or.reduce(arrays.numa_bits[sets], axis=1)).astype(np.int64)
     switches = np.bitwise_count(np.bitwise_or.reduce(arrays.switch_bits[sets], axis=1)).astype(np.int64)
-    value = (
-        pair_term
-        * (1 + NIC_BONUS * nic_aligned)
-        * np.power(NUMA_FACTOR, numa_nodes - 1)
-        * np.power(SWITCH_FACTOR, switches - 1)
-    )
-    return RowScores(
-        bottleneck=bottleneck,
-        total=total,
-        mean=mean,
-        all_nvlink=all_nvlink,
-        nic_aligned=nic_aligned,
-        numa_nodes=numa_nodes,
-        pcie_switches=switches,
-        value=value,
-    )
+    value = (pair_term * (1 + NIC_BONUS * nic_aligned)
+             * np.power(NUMA_FACTOR, numa_nodes - 1) * np.power(SWITCH_FACTOR, switches - 1))
+    return RowScores(bottleneck=bottleneck, total=total, mean=mean, all_nvlink=all_nvlink,
+                     nic_aligned=nic_aligned, numa_nodes=numa_nodes, pcie_switches=switches, value=value)
 
 
 def row_score(scores: RowScores, row: int, gpus: tuple[int, ...]) -> SetScore:
@@ -154,9 +142,8 @@ def positions_of(graph: TopologyGraph, gpus: frozenset[int] | tuple[int, ...]) -
 def score_set(graph: TopologyGraph, gpus: frozenset[int] | tuple[int, ...]) -> SetScore:
     """Score one set of GPUs (by index) on ``graph``."""
     if len(gpus) == 0 or len(set(gpus)) != len(gpus):
-        raise TopologyError(
-            f"cannot score GPU set {sorted(gpus)} on node {graph.name}: give one or more distinct GPU indices"
-        )
+        raise TopologyError(f"cannot score GPU set {sorted(gpus)} on node {graph.name}: "
+                            "give one or more distinct GPU indices")
     positions = positions_of(graph, tuple(gpus))
     scores = score_rows(shape_arrays(graph.shape_key), np.array([positions], dtype=np.int64))
     return row_score(scores, 0, tuple(graph.gpu_indices[p] for p in positions))

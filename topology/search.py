@@ -114,9 +114,8 @@ def best_set(
     if choice is None:
         return None
     gpus = tuple(graph.gpu_indices[p] for p in choice.positions)
-    return Selection(
-        gpus=gpus, score=score_set(graph, gpus), lookahead=choice.lookahead, candidates=choice.candidates
-    )
+    return Selection(gpus=gpus, score=score_set(graph, gpus), lookahead=choice.lookahead,
+                     candidates=choice.candidates)
 
 
 def remaining_quality(graph: TopologyGraph, free: frozenset[int]) -> float:
@@ -260,7 +259,6 @@ def _leftover_quality(shape: TopologyShape, free_mask: int, taken_mask: int) -> 
         total += weight * best / float(_k_sets(shape, full_mask, size).values.max())
     return total
 
-
 def explain_unsatisfiable(
     graph: TopologyGraph,
     *,
@@ -279,11 +277,10 @@ def explain_unsatisfiable(
     if len(must_include) > size:
         return f"{where}: {len(must_include)} must-include GPUs do not fit in a request for {size}"
     if size > len(available):
-        return (
-            f"{where}: needs {size} GPUs; only {len(available)} are free ({_fmt(available)}); "
-            "wait for GPUs to free up or ask for fewer"
-        )
-    reason = _policy_reason(graph, available=available, size=size, must_include=must_include, policy=policy)
+        return (f"{where}: needs {size} GPUs; only {len(available)} are free ({_fmt(available)}); "
+                "wait for GPUs to free up or ask for fewer")
+    reason = _policy_reason(graph, available=available, size=size, must_include=must_include,
+                            policy=policy)
     if reason:
         return f"{where}: {reason}"
     found = best_set(graph, available=available, size=size, must_include=must_include, policy=policy)
@@ -292,44 +289,31 @@ def explain_unsatisfiable(
     return f"{where}: satisfiable under {policy}; best set is GPUs {_fmt(found.gpus)}"
 
 
-def _policy_reason(
-    graph: TopologyGraph,
-    *,
-    available: frozenset[int],
-    size: int,
-    must_include: frozenset[int],
-    policy: PlacementPolicy,
-) -> str:
+def _policy_reason(graph: TopologyGraph, *, available: frozenset[int], size: int,
+                   must_include: frozenset[int], policy: PlacementPolicy) -> str:
     if policy is PlacementPolicy.NVLINK_REQUIRED:
         group = graph.largest_nvlink_clique(available)
         if len(group) < size:
-            return (
-                f"needs {size} NVLink-connected GPUs; largest free NVLink group is {len(group)} "
-                f"(GPUs {_fmt(group)}); use placement best-effort or wait for GPUs"
-            )
+            return (f"needs {size} NVLink-connected GPUs; largest free NVLink group is {len(group)} "
+                    f"(GPUs {_fmt(group)}); use placement best-effort or wait for GPUs")
         if best_set(graph, available=available, size=size, must_include=must_include, policy=policy) is None:
-            return (
-                f"needs {size} NVLink-connected GPUs including GPUs {_fmt(must_include)}; "
-                f"no such group among free GPUs {_fmt(available)}"
-            )
+            return (f"needs {size} NVLink-connected GPUs including GPUs {_fmt(must_include)}; "
+                    f"no such group among free GPUs {_fmt(available)}")
     if policy is PlacementPolicy.NIC_ALIGNED:
         aligned = frozenset(g for g in available if _nic_on_switch(graph, g))
         lacking = sorted(must_include - aligned)
         if lacking:
             return f"must-include GPUs {_fmt(lacking)} have no NIC on their PCIe switch"
         if len(aligned) < size:
-            return (
-                f"needs {size} GPUs with a NIC on their own PCIe switch; {len(aligned)} free GPUs "
-                f"have one ({_fmt(aligned)}); use placement best-effort or ask for fewer"
-            )
+            return (f"needs {size} GPUs with a NIC on their own PCIe switch; {len(aligned)} free GPUs "
+                    f"have one ({_fmt(aligned)}); use placement best-effort or ask for fewer")
     if policy is PlacementPolicy.SINGLE_NUMA:
         return _numa_reason(graph, available=available, size=size, must_include=must_include)
     return ""
 
 
-def _numa_reason(
-    graph: TopologyGraph, *, available: frozenset[int], size: int, must_include: frozenset[int]
-) -> str:
+def _numa_reason(graph: TopologyGraph, *, available: frozenset[int], size: int,
+                 must_include: frozenset[int]) -> str:
     by_numa: dict[int, list[int]] = {}
     for index in sorted(available):
         by_numa.setdefault(graph.gpu(index).numa_node, []).append(index)
@@ -339,10 +323,8 @@ def _numa_reason(
     eligible = {n: g for n, g in by_numa.items() if not must_numa or n == must_numa[0]}
     numa, gpus = max(eligible.items(), key=lambda item: (len(item[1]), -item[0]))
     if len(gpus) < size:
-        return (
-            f"needs {size} GPUs in one NUMA node; the most free in one NUMA node is {len(gpus)} "
-            f"(NUMA {numa}: GPUs {_fmt(gpus)}); use placement best-effort or ask for fewer"
-        )
+        return (f"needs {size} GPUs in one NUMA node; the most free in one NUMA node is {len(gpus)} "
+                f"(NUMA {numa}: GPUs {_fmt(gpus)}); use placement best-effort or ask for fewer")
     return ""
 
 

@@ -30,15 +30,8 @@ NVML_NVLINK_MAX_LINKS = 18
 
 def check_spec(spec: NodeProfileSpec) -> str | None:
     checks: tuple[Callable[[NodeProfileSpec], str | None], ...] = (
-        _check_switches,
-        _check_gpus,
-        _check_gpu_placement,
-        _check_nvlinks,
-        _check_nvswitch,
-        _check_link_budget,
-        _check_nics,
-        _check_bus_ids,
-        _check_mig_devices,
+        _check_switches, _check_gpus, _check_gpu_placement, _check_nvlinks, _check_nvswitch,
+        _check_link_budget, _check_nics, _check_bus_ids, _check_mig_devices,
     )
     for check in checks:
         problem = check(spec)
@@ -225,19 +218,15 @@ def _check_mig_devices(spec: NodeProfileSpec) -> str | None:
             if mig.uuid in uuids:
                 return f"{where}.uuid: duplicate MIG UUID {mig.uuid}"
             uuids.add(mig.uuid)
-        problem = _placement_overlap(
-            where, mig.gpu, mig.gpu_instance_id, (mig.placement_start, mig.placement_size), instances
-        )
+        problem = _placement_overlap(where, mig.gpu, mig.gpu_instance_id,
+                                     (mig.placement_start, mig.placement_size), instances)
         if problem:
             return problem
     return None
 
 
 def _placement_overlap(
-    where: str,
-    gpu: int,
-    instance: int,
-    placement: tuple[int, int],
+    where: str, gpu: int, instance: int, placement: tuple[int, int],
     instances: dict[tuple[int, int], tuple[int, int]],
 ) -> str | None:
     """Compute instances of one GPU instance share its placement; GPU instances never overlap."""
@@ -246,12 +235,8 @@ def _placement_overlap(
         return f"{where}.placementStart: GPU instance {instance} on GPU {gpu} has placement {known} elsewhere"
     start, size = placement
     for (other_gpu, other_instance), (other_start, other_size) in instances.items():
-        if (
-            other_gpu == gpu
-            and other_instance != instance
-            and start < other_start + other_size
-            and other_start < start + size
-        ):
+        if other_gpu == gpu and other_instance != instance and start < other_start + other_size \
+                and other_start < start + size:
             return (
                 f"{where}.placementStart: slots {start}..{start + size - 1} on GPU {gpu} overlap "
                 f"GPU instance {other_instance} at {other_start}..{other_start + other_size - 1}"

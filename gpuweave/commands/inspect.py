@@ -85,58 +85,26 @@ def render_inventory(inventory: NodeInventory, cpus: dict[int, str]) -> str:
         _table(
             ("GPU", "UUID", "Product", "Memory", "NUMA", "PCIe switch", "Bus ID", "MIG"),
             [
-                (
-                    str(g.index),
-                    g.uuid,
-                    g.product,
-                    f"{g.memory_mib} MiB",
-                    str(g.numa_node),
-                    g.pcie_switch or f"({g.pcie_root})",
-                    g.pci_bus_id,
-                    "enabled" if g.mig_enabled else "capable" if g.mig_capable else "-",
-                )
+                (str(g.index), g.uuid, g.product, f"{g.memory_mib} MiB", str(g.numa_node),
+                 g.pcie_switch or f"({g.pcie_root})", g.pci_bus_id,
+                 "enabled" if g.mig_enabled else "capable" if g.mig_capable else "-")
                 for g in inventory.gpus
             ],
         ),
     ]
     if inventory.mig_devices:
-        lines += [
-            "",
-            _table(
-                ("GPU", "MIG device", "Profile", "GI", "CI", "Slots", "Memory"),
-                [
-                    (
-                        str(m.parent_index),
-                        m.uuid,
-                        m.profile,
-                        str(m.gpu_instance_id),
-                        str(m.compute_instance_id),
-                        f"{m.placement_start}-{m.placement_start + m.placement_size - 1}",
-                        f"{m.memory_mib} MiB",
-                    )
-                    for m in inventory.mig_devices
-                ],
-            ),
-        ]
+        lines += ["", _table(
+            ("GPU", "MIG device", "Profile", "GI", "CI", "Slots", "Memory"),
+            [(str(m.parent_index), m.uuid, m.profile, str(m.gpu_instance_id), str(m.compute_instance_id),
+              f"{m.placement_start}-{m.placement_start + m.placement_size - 1}", f"{m.memory_mib} MiB")
+             for m in inventory.mig_devices],
+        )]
     if inventory.nics:
-        lines += [
-            "",
-            _table(
-                ("NIC", "Type", "Bus ID", "NUMA", "PCIe switch", "Verbs device", "Netdev"),
-                [
-                    (
-                        n.name,
-                        n.type.value,
-                        n.pci_bus_id,
-                        str(n.numa_node),
-                        n.pcie_switch or f"({n.pcie_root})",
-                        n.uverbs_device or "-",
-                        n.netdev or "-",
-                    )
-                    for n in inventory.nics
-                ],
-            ),
-        ]
+        lines += ["", _table(
+            ("NIC", "Type", "Bus ID", "NUMA", "PCIe switch", "Verbs device", "Netdev"),
+            [(n.name, n.type.value, n.pci_bus_id, str(n.numa_node), n.pcie_switch or f"({n.pcie_root})",
+              n.uverbs_device or "-", n.netdev or "-") for n in inventory.nics],
+        )]
     if any(cpus.values()):
         lines += ["", "CPU affinity: " + "; ".join(f"NUMA {n}: CPUs {c}" for n, c in cpus.items() if c)]
     return "\n".join(lines)

@@ -25,19 +25,9 @@ from hardware.health_probe import EfaAdapter
 FATAL_COUNTERS = ("no_completion_cmds",)
 KEEP_ALIVE = "keep_alive_rcvd"
 ERROR_COUNTERS = (
-    "cmds_err",
-    "rdma_read_wr_err",
-    "rdma_write_wr_err",
-    "retrans_timeout_events",
-    "unresponsive_remote_events",
-    "impaired_remote_conn_events",
-    "alloc_pd_err",
-    "create_qp_err",
-    "create_cq_err",
-    "reg_mr_err",
-    "alloc_ucontext_err",
-    "create_ah_err",
-    "mmap_err",
+    "cmds_err", "rdma_read_wr_err", "rdma_write_wr_err", "retrans_timeout_events",
+    "unresponsive_remote_events", "impaired_remote_conn_events", "alloc_pd_err", "create_qp_err",
+    "create_cq_err", "reg_mr_err", "alloc_ucontext_err", "create_ah_err", "mmap_err",
 )
 DEFAULT_KEEPALIVE_STALL_S = 30.0
 DEFAULT_ERROR_RATE_PER_S = 100.0

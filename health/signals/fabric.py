@@ -32,7 +32,9 @@ class GateSink(Protocol):
 
 def gate_reasons(report: FabricReport) -> dict[str, str]:
     """GPU UUID -> reason for every GPU whose fabric is not completed."""
-    return {g.uuid: f"NVSwitch fabric {g.state}: {g.detail}" for g in report.gpus if not g.ready}
+    return {
+        g.uuid: f"NVSwitch fabric {g.state}: {g.detail}" for g in report.gpus if not g.ready
+    }
 
 
 class FabricGate:

@@ -19,8 +19,7 @@ def _required_positional(function: object) -> int:
     return sum(
         1
         for p in parameters
-        if p.name != "self"
-        and p.default is inspect.Parameter.empty
+        if p.name != "self" and p.default is inspect.Parameter.empty
         and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     )
 

@@ -77,10 +77,7 @@ def test_replay_rebuilds_a_recorded_mig_layout(tmp_path: Path) -> None:
 def test_gpu_check_simulate_runs_every_step_and_writes_the_committed_fixture(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(REPO_ROOT / "scripts" / "gpu-check"), "--simulate", "dgx-h100", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+        capture_output=True, text=True, timeout=180, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for step in ("contract", "inspect", "agent", "record"):
@@ -95,4 +92,4 @@ def test_fixtures_carry_no_serial_numbers_or_host_names() -> None:
     for path in RECORDED:
         text = path.read_text()
         assert "Serial" not in text and "BoardPartNumber" not in text
-        assert f'"{host}"' not in text and f"{host}." not in text  # as a value or a domain name
+        assert f"\"{host}\"" not in text and f"{host}." not in text  # as a value or a domain name

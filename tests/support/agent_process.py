@@ -45,10 +45,7 @@ class AgentProcess:
             command.append("--no-kube")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints every thread's stack
         )
 

@@ -68,13 +68,8 @@ def _python(
     *args: str, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
+        [sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+        check=False, env=env,
     )
 
 
@@ -124,31 +119,11 @@ def step_agent(profile: str | None) -> str:
     kubelet = KubeletEmulator(root / "k")
     kubelet.start()
     (root / "health.yaml").write_text("health: {round_interval_s: 1.0, check_timeout_s: 5.0}\n")
-    command = [
-        "-m",
-        "gpuweave",
-        "--log-level",
-        "WARNING",
-        "node-agent",
-        "--kubelet-dir",
-        str(root / "k"),
-        "--state-dir",
-        str(root / "s"),
-        "--no-kube",
-        "--node-name",
-        "gpu-check",
-        "--health-config",
-        str(root / "health.yaml"),
-        *(["--simulate", profile] if profile else []),
-    ]
-    agent = subprocess.Popen(
-        [sys.executable, *command],
-        cwd=REPO_ROOT,
-        env=guard_environment(root),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = ["-m", "gpuweave", "--log-level", "WARNING", "node-agent", "--kubelet-dir", str(root / "k"),
+               "--state-dir", str(root / "s"), "--no-kube", "--node-name", "gpu-check",
+               "--health-config", str(root / "health.yaml"), *(["--simulate", profile] if profile else [])]
+    agent = subprocess.Popen([sys.executable, *command], cwd=REPO_ROOT, env=guard_environment(root),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         return _exercise_agent(kubelet, root / "s", agent)
     finally:
@@ -212,19 +187,11 @@ def run_step(name: str, action: Callable[[], str]) -> StepResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", metavar="PROFILE", help="check the simulator as this built-in profile")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=REPO_ROOT / "tests" / "fixtures" / "nvml",
-        help="directory for the recorded fixture (default: tests/fixtures/nvml)",
-    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "tests" / "fixtures" / "nvml",
+                        help="directory for the recorded fixture (default: tests/fixtures/nvml)")
     parser.add_argument("--profile", help="built-in profile describing this host (default: by GPU product)")
-    parser.add_argument(
-        "--only",
-        choices=("contract", "inspect", "agent", "record"),
-        action="append",
-        help="run only these steps (repeatable)",
-    )
+    parser.add_argument("--only", choices=("contract", "inspect", "agent", "record"), action="append",
+                        help="run only these steps (repeatable)")
     args = parser.parse_args(argv)
     steps: dict[str, Callable[[], str]] = {
         "contract": lambda: step_contract(args.simulate),

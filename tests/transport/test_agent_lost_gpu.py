@@ -33,13 +33,8 @@ def test_agent_starts_with_a_lost_gpu_and_serves_the_other_seven(tmp_path: Path)
     lost_bus = load_profile(str(profile)).to_inventory(node_name="node-a").gpu(3).pci_bus_id
     node = AgentNode(str(profile))
     try:
-        wait_until(
-            "8 GPUs and 32 EFA listed",
-            lambda: (
-                len(node.kubelet.devices(RESOURCE_GPU)) == 8 and len(node.kubelet.devices(RESOURCE_EFA)) == 32
-            ),
-            timeout=60,
-        )
+        wait_until("8 GPUs and 32 EFA listed", lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8
+                   and len(node.kubelet.devices(RESOURCE_EFA)) == 32, timeout=60)
         devices = node.kubelet.devices(RESOURCE_GPU)
         unhealthy = {d.id for d in devices.values() if d.health != "Healthy"}
         assert unhealthy == {f"unreachable-{lost_bus}"}

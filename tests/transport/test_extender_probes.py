@@ -75,18 +75,8 @@ def test_readiness_on_the_probe_port_follows_the_cache(served: tuple[Extender, s
 
 
 def test_cli_serves_probes_on_their_own_port(tmp_path: Path) -> None:
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuweave",
-        "extender",
-        "--listen",
-        "127.0.0.1:0",
-        "--probe-listen",
-        "127.0.0.1:0",
-        "--snapshot",
-        str(_snapshot(tmp_path)),
-    ]
+    argv = [sys.executable, "-m", "gpuweave", "extender", "--listen", "127.0.0.1:0",
+            "--probe-listen", "127.0.0.1:0", "--snapshot", str(_snapshot(tmp_path))]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     pipe = subprocess.PIPE
     with subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True, env=env) as process:

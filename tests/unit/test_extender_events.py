@@ -83,10 +83,8 @@ def test_writer_formats_off_the_request_path_and_counts_what_it_drops() -> None:
     recorder.start()
     wait_until("two events written", lambda: len(written) == 2, timeout=10)
     recorder.stop()
-    assert [(e.name, e.reason, e.type) for e in written] == [
-        ("p0", REJECTED_REASON, "Warning"),
-        ("p1", REJECTED_REASON, "Warning"),
-    ]
+    assert [(e.name, e.reason, e.type) for e in written] == [("p0", REJECTED_REASON, "Warning"),
+                                                             ("p1", REJECTED_REASON, "Warning")]
     assert written[0].message == (
         "0/1 nodes are available: 1 node(s): pod needs 8 free GPUs; node has 4 free of 8."
     )

@@ -25,14 +25,8 @@ def test_failed_and_unresolvable_nodes_keep_their_own_reasons_and_counts(tmp_pat
     service = extender.service
     holder = pod_object("holder", limits={RESOURCE_GPU: 4})
     service.filter(_args(holder, ["h100-b"]), holder)
-    assert (
-        service.bind(
-            ExtenderBindingArgs(
-                PodName="holder", PodNamespace="default", PodUID=holder["metadata"]["uid"], Node="h100-b"
-            )
-        )
-        == ""
-    )
+    assert service.bind(ExtenderBindingArgs(PodName="holder", PodNamespace="default",
+                                            PodUID=holder["metadata"]["uid"], Node="h100-b")) == ""
     pod = pod_object("train", limits={RESOURCE_GPU: 8})
     names = ["cpu-only", "h100-a", "h100-b", "pcie-4"]
     result = service.filter(_args(pod, names), pod)
@@ -49,18 +43,12 @@ def test_failed_and_unresolvable_nodes_keep_their_own_reasons_and_counts(tmp_pat
 
 def test_filter_answer_is_json_that_the_standard_decoder_reads_back() -> None:
     result = ExtenderFilterResult.model_construct(
-        NodeNames=["a", "nœud-ü"],
-        FailedNodes={"b": 'needs "4" GPUs\n'},
-        FailedAndUnresolvableNodes={},
-        Nodes=None,
-        Error="",
+        NodeNames=["a", "nœud-ü"], FailedNodes={"b": 'needs "4" GPUs\n'}, FailedAndUnresolvableNodes={},
+        Nodes=None, Error="",
     )
     assert json.loads(encode_filter_result(result)) == {
-        "Nodes": None,
-        "NodeNames": ["a", "nœud-ü"],
-        "FailedNodes": {"b": 'needs "4" GPUs\n'},
-        "FailedAndUnresolvableNodes": {},
-        "Error": "",
+        "Nodes": None, "NodeNames": ["a", "nœud-ü"], "FailedNodes": {"b": 'needs "4" GPUs\n'},
+        "FailedAndUnresolvableNodes": {}, "Error": "",
     }
 
 

@@ -23,17 +23,8 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "args",
-    [
-        ["-r", "-i", "GPU-1"],
-        ["--gpu-reset", "-i", "0"],
-        ["-pm", "1"],
-        ["-mig", "1"],
-        ["mig", "-cgi", "9"],
-        ["-c", "EXCLUSIVE_PROCESS"],
-        ["-pl", "300"],
-        ["-lgc", "1500"],
-        ["-e", "0"],
-    ],
+    [["-r", "-i", "GPU-1"], ["--gpu-reset", "-i", "0"], ["-pm", "1"], ["-mig", "1"], ["mig", "-cgi", "9"],
+     ["-c", "EXCLUSIVE_PROCESS"], ["-pl", "300"], ["-lgc", "1500"], ["-e", "0"]],
 )
 def test_the_guard_refuses_every_change(guarded: dict[str, str], args: list[str]) -> None:
     done = subprocess.run(["nvidia-smi", *args], env=guarded, capture_output=True, text=True, check=False)

@@ -13,13 +13,7 @@ from topology.inventory import NicType
 from topology.spec import ProfileError
 
 EXPECTED = {
-    "p5.48xlarge",
-    "p4d.24xlarge",
-    "dgx-a100",
-    "dgx-h100",
-    "dgx1-v100",
-    "l40s-pcie-8",
-    "a100-pcie-nvbridge-4",
+    "p5.48xlarge", "p4d.24xlarge", "dgx-a100", "dgx-h100", "dgx1-v100", "l40s-pcie-8", "a100-pcie-nvbridge-4",
 }
 
 

@@ -30,13 +30,8 @@ def _with_mig_devices() -> NodeProfile:
     rows = [("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6)]
     document["spec"]["migDevices"] = [
         {
-            "gpu": 1,
-            "profile": name,
-            "gpuInstanceId": gi,
-            "computeInstanceId": 0,
-            "placementStart": start,
-            "placementSize": model.profile(name).memory_slices,
-            "memoryMiB": model.profile(name).memory_mib,
+            "gpu": 1, "profile": name, "gpuInstanceId": gi, "computeInstanceId": 0, "placementStart": start,
+            "placementSize": model.profile(name).memory_slices, "memoryMiB": model.profile(name).memory_mib,
             "computeSlices": model.profile(name).compute_slices,
         }
         for name, gi, start in rows
@@ -63,9 +58,7 @@ def test_mig_devices_of_a_partitioned_gpu_are_discovered_exactly(backend: Any) -
     inventory = backend(profile).discover()
     assert inventory == profile.to_inventory()
     assert [(m.profile, m.gpu_instance_id, m.placement_start) for m in inventory.mig_devices] == [
-        ("3g.40gb", 1, 0),
-        ("2g.20gb", 2, 4),
-        ("1g.10gb", 5, 6),
+        ("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6),
     ]
 
 

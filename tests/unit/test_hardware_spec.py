@@ -15,14 +15,9 @@ from topology.spec import NodeProfile, NodeProfileSpec, ProfileError
 def _doc() -> dict[str, Any]:
     gpus = [
         {
-            "index": i,
-            "product": "NVIDIA A100-SXM4-80GB",
-            "architecture": "ampere",
-            "computeCapability": "8.0",
-            "memoryMiB": 81920,
-            "numaNode": i // 2,
-            "pcieSwitch": f"sw{i // 2}",
-            "migCapable": True,
+            "index": i, "product": "NVIDIA A100-SXM4-80GB", "architecture": "ampere",
+            "computeCapability": "8.0", "memoryMiB": 81920, "numaNode": i // 2,
+            "pcieSwitch": f"sw{i // 2}", "migCapable": True,
         }
         for i in range(4)
     ]
@@ -43,14 +38,8 @@ def _doc() -> dict[str, Any]:
             ],
             "migDevices": [
                 {
-                    "gpu": 1,
-                    "profile": "3g.40gb",
-                    "gpuInstanceId": 2,
-                    "computeInstanceId": 0,
-                    "placementStart": 0,
-                    "placementSize": 4,
-                    "memoryMiB": 40192,
-                    "computeSlices": 3,
+                    "gpu": 1, "profile": "3g.40gb", "gpuInstanceId": 2, "computeInstanceId": 0,
+                    "placementStart": 0, "placementSize": 4, "memoryMiB": 40192, "computeSlices": 3,
                 }
             ],
         },

@@ -13,12 +13,8 @@ from hardware.sysfs import SysfsReader, nvml_bus_id, sysfs_bdf
 def _device(sys_dir: Path, path: str, *, vendor: int, device: int, pci_class: int, numa: int) -> Path:
     directory = sys_dir / "devices" / path
     directory.mkdir(parents=True, exist_ok=True)
-    for name, value in (
-        ("vendor", f"0x{vendor:04x}"),
-        ("device", f"0x{device:04x}"),
-        ("class", f"0x{pci_class:06x}"),
-        ("numa_node", str(numa)),
-    ):
+    for name, value in (("vendor", f"0x{vendor:04x}"), ("device", f"0x{device:04x}"),
+                        ("class", f"0x{pci_class:06x}"), ("numa_node", str(numa))):
         (directory / name).write_text(value + "\n")
     link = sys_dir / "bus" / "pci" / "devices" / directory.name
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -39,30 +35,12 @@ def reader(tmp_path: Path) -> SysfsReader:
     _device(sys_dir, "pci0000:48/0000:48:01.0/0000:49:00.0", **bridge)
     _device(sys_dir, "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:02.0", **bridge)
     _device(sys_dir, "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:03.0", **bridge)
-    _device(
-        sys_dir,
-        "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:02.0/0000:53:00.0",
-        vendor=0x10DE,
-        device=0x2330,
-        pci_class=0x030200,
-        numa=1,
-    )
-    efa = _device(
-        sys_dir,
-        "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:03.0/0000:4f:00.0",
-        vendor=0x1D0F,
-        device=0xEFA1,
-        pci_class=0x020000,
-        numa=1,
-    )
-    mlx = _device(
-        sys_dir,
-        "pci0000:00/0000:00:02.0/0000:05:00.0",
-        vendor=0x15B3,
-        device=0x101B,
-        pci_class=0x020700,
-        numa=-1,
-    )
+    _device(sys_dir, "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:02.0/0000:53:00.0",
+            vendor=0x10DE, device=0x2330, pci_class=0x030200, numa=1)
+    efa = _device(sys_dir, "pci0000:48/0000:48:01.0/0000:49:00.0/0000:4a:03.0/0000:4f:00.0",
+                  vendor=0x1D0F, device=0xEFA1, pci_class=0x020000, numa=1)
+    mlx = _device(sys_dir, "pci0000:00/0000:00:02.0/0000:05:00.0",
+                  vendor=0x15B3, device=0x101B, pci_class=0x020700, numa=-1)
     # An EFA under its kernel name and an mlx5 device; names must not decide which is EFA.
     _symlink(sys_dir / "class" / "infiniband" / "efa_0" / "device", efa)
     _symlink(sys_dir / "class" / "infiniband" / "rdmap5s0" / "device", mlx)

@@ -60,9 +60,7 @@ def test_judge_efa_reports_a_counter_failure_as_link_down_with_its_reason() -> N
     assert up == {"a": True, "b": False}
     (fault,) = faults
     assert (fault.kind, fault.subject, fault.detail) == (
-        NodeFaultKind.EFA_LINK_DOWN,
-        "b",
-        "EFA b: no_completion_cmds +1",
+        NodeFaultKind.EFA_LINK_DOWN, "b", "EFA b: no_completion_cmds +1"
     )
 
 

@@ -44,17 +44,9 @@ def test_mig_devices_get_their_own_uuids_and_parents() -> None:
         spec = _spec("dgx-a100", name)
         spec["gpus"][0]["migEnabled"] = True
         spec["migDevices"] = [
-            {
-                "gpu": 0,
-                "uuid": f"MIG-{name.encode().hex()}-0000-4000-8000-000000000001",
-                "profile": "1g.10gb",
-                "gpuInstanceId": 9,
-                "computeInstanceId": 0,
-                "placementStart": 0,
-                "placementSize": 1,
-                "memoryMiB": 9856,
-                "computeSlices": 1,
-            }
+            {"gpu": 0, "uuid": f"MIG-{name.encode().hex()}-0000-4000-8000-000000000001", "profile": "1g.10gb",
+             "gpuInstanceId": 9, "computeInstanceId": 0, "placementStart": 0, "placementSize": 1,
+             "memoryMiB": 9856, "computeSlices": 1}
         ]
         specs.append(spec)
     templates.inventory(specs[0], name="m-a", source="a")

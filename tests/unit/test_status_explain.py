@@ -51,12 +51,8 @@ def cluster(inventories: dict[str, NodeInventory], *, h100_withheld: bool = Fals
     v100, l40s, h100 = inventories["gpu-v100"], inventories["gpu-l40s"], inventories["gpu-h100"]
     withheld = {h100.gpus[3].uuid: "Xid 79 (suspect)"} if h100_withheld else {}
     return [
-        inventory_object(v100),
-        inventory_object(l40s),
-        inventory_object(h100, withheld=withheld),
-        node_object("gpu-v100", gpus=8),
-        node_object("gpu-l40s", gpus=8),
-        tainted("gpu-h100"),
+        inventory_object(v100), inventory_object(l40s), inventory_object(h100, withheld=withheld),
+        node_object("gpu-v100", gpus=8), node_object("gpu-l40s", gpus=8), tainted("gpu-h100"),
         held("quad", "gpu-v100", v100, [0, 1, 2, 3]),
         held("pair", "gpu-l40s", l40s, [0, 1], priority=20),
         held("four", "gpu-l40s", l40s, [4, 5, 6, 7]),
@@ -67,15 +63,13 @@ def cluster(inventories: dict[str, NodeInventory], *, h100_withheld: bool = Fals
 
 
 def test_reasons_are_counted_across_nodes_in_kube_schedulers_form() -> None:
-    counts = reason_counts(
-        [
-            ("a", "pod needs 8 free GPUs; node has 4 free of 8"),
-            ("b", "pod needs 8 free GPUs; node has 4 free of 8"),
-            ("c", "node c publishes no GpuNodeInventory; run the agent"),
-            ("d", "node d publishes no GpuNodeInventory; run the agent"),
-            ("e", "pod needs 8 free GPUs; node has 2 free of 8"),
-        ]
-    )
+    counts = reason_counts([
+        ("a", "pod needs 8 free GPUs; node has 4 free of 8"),
+        ("b", "pod needs 8 free GPUs; node has 4 free of 8"),
+        ("c", "node c publishes no GpuNodeInventory; run the agent"),
+        ("d", "node d publishes no GpuNodeInventory; run the agent"),
+        ("e", "pod needs 8 free GPUs; node has 2 free of 8"),
+    ])
     assert counts == [
         ("pod needs 8 free GPUs; node has 4 free of 8", 2),
         ("the node publishes no GpuNodeInventory; run the agent", 2),
@@ -106,8 +100,7 @@ def test_pending_pod_gets_counted_reasons_and_the_nearest_node(inventories: Any)
 def test_withheld_devices_and_size_are_named_when_nothing_can_be_freed(inventories: Any) -> None:
     others = ("gpu-v100", "gpu-l40s")
     objects = [
-        o
-        for o in cluster(inventories, h100_withheld=True)
+        o for o in cluster(inventories, h100_withheld=True)
         if o["metadata"]["name"] not in others and (o.get("spec") or {}).get("nodeName") is None
     ]
     objects.append(node_object("gpu-h100", gpus=8))  # untainted this time

@@ -42,23 +42,17 @@ def test_pair_scores(inventory: NodeInventory, a: int, b: int, score: int) -> No
         (ALL8, 2, frozenset({0, 1, 2}), None),
     ],
 )
-def test_dgx1_choices(
-    available: frozenset[int], size: int, must: frozenset[int], expected: tuple[int, ...] | None
-) -> None:
+def test_dgx1_choices(available: frozenset[int], size: int, must: frozenset[int],
+                      expected: tuple[int, ...] | None) -> None:
     assert go_gpuallocator_like(DGX1, available=available, size=size, must_include=must) == expected
 
 
 def test_nvswitch_blind_spot_prefers_a_pcie_pair_over_an_nvswitch_pair() -> None:
     # GPUs 0 and 1 share a PCIe switch but sit outside the NVSwitch fabric; 2 and 3 are on it.
-    gpus = (
-        make_gpu(0, switch="sw0"),
-        make_gpu(1, switch="sw0"),
-        make_gpu(2, switch="sw2", root="r1"),
-        make_gpu(3, switch="sw3", root="r2"),
-    )
-    node = NodeInventory(
-        name="partial-fabric", numa_nodes=1, gpus=gpus, nvswitch=NvSwitchFabric(gpus=(2, 3), links_per_gpu=18)
-    )
+    gpus = (make_gpu(0, switch="sw0"), make_gpu(1, switch="sw0"), make_gpu(2, switch="sw2", root="r1"),
+            make_gpu(3, switch="sw3", root="r2"))
+    node = NodeInventory(name="partial-fabric", numa_nodes=1, gpus=gpus,
+                         nvswitch=NvSwitchFabric(gpus=(2, 3), links_per_gpu=18))
     graph = TopologyGraph.from_inventory(node)
     available = frozenset(range(4))
     assert go_gpuallocator_like(graph, available=available, size=2) == (0, 1)

@@ -76,21 +76,14 @@ def test_pcie_classes_for_root_ports_and_host_bridges() -> None:
     )
     graph = graph_of(NodeInventory(name="mixed", numa_nodes=1, gpus=gpus))
     assert [graph.pair_link(0, b).link_class for b in (1, 2, 3)] == [
-        LinkClass.PHB,
-        LinkClass.NODE,
-        LinkClass.PXB,
-    ]
+        LinkClass.PHB, LinkClass.NODE, LinkClass.PXB]
 
 
 def test_nvswitch_wider_than_direct_links_wins_and_direct_wider_wins_back() -> None:
     gpus = tuple(make_gpu(i) for i in range(3))
-    inventory = NodeInventory(
-        name="both",
-        numa_nodes=1,
-        gpus=gpus,
-        nvlinks=(NvLink(0, 1, 2), NvLink(1, 2, 20)),
-        nvswitch=NvSwitchFabric(gpus=(0, 1, 2), links_per_gpu=18),
-    )
+    inventory = NodeInventory(name="both", numa_nodes=1, gpus=gpus,
+                              nvlinks=(NvLink(0, 1, 2), NvLink(1, 2, 20)),
+                              nvswitch=NvSwitchFabric(gpus=(0, 1, 2), links_per_gpu=18))
     graph = graph_of(inventory)
     assert graph.pair_link(0, 1) == PairLink(LinkClass.NVSWITCH, 18)
     assert graph.pair_link(1, 2) == PairLink(LinkClass.NVLINK, 20)

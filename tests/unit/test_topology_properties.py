@@ -21,28 +21,18 @@ def inventories(draw: st.DrawFn) -> NodeInventory:
     count = draw(st.integers(min_value=2, max_value=8))
     architecture = draw(st.sampled_from([Architecture.VOLTA, Architecture.AMPERE, Architecture.HOPPER]))
     switch_of = draw(st.lists(st.integers(0, SWITCHES - 1), min_size=count, max_size=count))
-    gpus = tuple(
-        make_gpu(i, architecture=architecture, numa_node=s // 2, switch=f"sw{s}", root=f"root{s // 2}")
-        for i, s in enumerate(switch_of)
-    )
+    gpus = tuple(make_gpu(i, architecture=architecture, numa_node=s // 2, switch=f"sw{s}",
+                          root=f"root{s // 2}") for i, s in enumerate(switch_of))
     pairs = list(itertools.combinations(range(count), 2))
     linked = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs)))
     lanes = draw(st.lists(st.integers(1, 4), min_size=len(linked), max_size=len(linked)))
     fabric_members = draw(st.sets(st.integers(0, count - 1)))
     fabric = NvSwitchFabric(tuple(sorted(fabric_members)), 12) if len(fabric_members) > 1 else None
     nic_switches = draw(st.sets(st.integers(0, SWITCHES - 1)))
-    nics = tuple(
-        make_nic(f"nic{s}", numa_node=s // 2, switch=f"sw{s}", root=f"root{s // 2}")
-        for s in sorted(nic_switches)
-    )
-    return NodeInventory(
-        name="random",
-        numa_nodes=2,
-        gpus=gpus,
-        nics=nics,
-        nvswitch=fabric,
-        nvlinks=tuple(NvLink(a, b, n) for (a, b), n in zip(linked, lanes, strict=True)),
-    )
+    nics = tuple(make_nic(f"nic{s}", numa_node=s // 2, switch=f"sw{s}", root=f"root{s // 2}")
+                 for s in sorted(nic_switches))
+    return NodeInventory(name="random", numa_nodes=2, gpus=gpus, nics=nics, nvswitch=fabric,
+                         nvlinks=tuple(NvLink(a, b, n) for (a, b), n in zip(linked, lanes, strict=True)))
 
 
 @st.composite
@@ -66,14 +56,10 @@ def satisfies(graph: TopologyGraph, gpus: tuple[int, ...], policy: PlacementPoli
     }[policy]
 
 
-def brute_force_values(
-    graph: TopologyGraph, available: frozenset[int], size: int, must: frozenset[int], policy: PlacementPolicy
-) -> list[float]:
-    return [
-        score_set(graph, combo).value
-        for combo in itertools.combinations(sorted(available), size)
-        if must <= set(combo) and satisfies(graph, combo, policy)
-    ]
+def brute_force_values(graph: TopologyGraph, available: frozenset[int], size: int,
+                       must: frozenset[int], policy: PlacementPolicy) -> list[float]:
+    return [score_set(graph, combo).value for combo in itertools.combinations(sorted(available), size)
+            if must <= set(combo) and satisfies(graph, combo, policy)]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,9 +71,8 @@ def test_best_set_is_valid_and_near_optimal(
     graph = TopologyGraph.from_inventory(inventory)
     values = brute_force_values(graph, available, size, must, policy)
     planned = best_set(graph, available=available, size=size, must_include=must, policy=policy)
-    greedy = best_set(
-        graph, available=available, size=size, must_include=must, policy=policy, lookahead=False
-    )
+    greedy = best_set(graph, available=available, size=size, must_include=must, policy=policy,
+                      lookahead=False)
     if not values:
         assert planned is None and greedy is None
         return

@@ -25,19 +25,12 @@ NIC = PlacementPolicy.NIC_ALIGNED
 NUMA = PlacementPolicy.SINGLE_NUMA
 
 
-def pick(
-    inventory: NodeInventory,
-    *,
-    available: frozenset[int] = ALL8,
-    size: int,
-    must: frozenset[int] = frozenset(),
-    policy: PlacementPolicy = BEST_EFFORT,
-    lookahead: bool = True,
-) -> Selection | None:
+def pick(inventory: NodeInventory, *, available: frozenset[int] = ALL8, size: int,
+         must: frozenset[int] = frozenset(), policy: PlacementPolicy = BEST_EFFORT,
+         lookahead: bool = True) -> Selection | None:
     graph = TopologyGraph.from_inventory(inventory)
-    return best_set(
-        graph, available=available, size=size, must_include=must, policy=policy, lookahead=lookahead
-    )
+    return best_set(graph, available=available, size=size, must_include=must, policy=policy,
+                    lookahead=lookahead)
 
 
 @pytest.mark.parametrize(
@@ -64,9 +57,8 @@ def pick(
         (nvbridge_pairs(), frozenset({0, 1, 2, 3}), 2, frozenset(), NUMA, (0, 1)),
     ],
 )
-def test_best_set_table(
-    case: tuple[NodeInventory, frozenset[int], int, frozenset[int], PlacementPolicy, tuple[int, ...]],
-) -> None:
+def test_best_set_table(case: tuple[NodeInventory, frozenset[int], int, frozenset[int], PlacementPolicy,
+                                    tuple[int, ...]]) -> None:
     inventory, available, size, must, policy, expected = case
     chosen = pick(inventory, available=available, size=size, must=must, policy=policy)
     assert chosen is not None
@@ -94,69 +86,33 @@ def test_nvswitch_pairs_count_as_nvlink() -> None:
         (dgx1_v100(), ALL8, 1, frozenset({1, 2}), BEST_EFFORT),
     ],
 )
-def test_unsatisfiable_requests_return_none(
-    inventory: NodeInventory,
-    available: frozenset[int],
-    size: int,
-    must: frozenset[int],
-    policy: PlacementPolicy,
-) -> None:
+def test_unsatisfiable_requests_return_none(inventory: NodeInventory, available: frozenset[int], size: int,
+                                            must: frozenset[int], policy: PlacementPolicy) -> None:
     assert pick(inventory, available=available, size=size, must=must, policy=policy) is None
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        (
-            nvbridge_pairs(),
-            frozenset({0, 1, 2, 3}),
-            3,
-            frozenset(),
-            NVLINK,
-            "needs 3 NVLink-connected GPUs; largest free NVLink group is 2 (GPUs 0,1)",
-        ),
-        (
-            dgx1_v100(),
-            ALL8,
-            2,
-            frozenset({0, 5}),
-            NVLINK,
-            "needs 2 NVLink-connected GPUs including GPUs 0,5; no such group",
-        ),
-        (
-            dgx1_v100(),
-            frozenset({0, 1, 4, 5, 6}),
-            4,
-            frozenset(),
-            NUMA,
-            "the most free in one NUMA node is 3 (NUMA 1: GPUs 4,5,6)",
-        ),
+        (nvbridge_pairs(), frozenset({0, 1, 2, 3}), 3, frozenset(), NVLINK,
+         "needs 3 NVLink-connected GPUs; largest free NVLink group is 2 (GPUs 0,1)"),
+        (dgx1_v100(), ALL8, 2, frozenset({0, 5}), NVLINK,
+         "needs 2 NVLink-connected GPUs including GPUs 0,5; no such group"),
+        (dgx1_v100(), frozenset({0, 1, 4, 5, 6}), 4, frozenset(), NUMA,
+         "the most free in one NUMA node is 3 (NUMA 1: GPUs 4,5,6)"),
         (dgx1_v100(), ALL8, 2, frozenset({0, 4}), NUMA, "must-include GPUs 0,4 span NUMA nodes 0,1"),
-        (
-            nvbridge_pairs(),
-            frozenset({0, 1}),
-            1,
-            frozenset(),
-            NIC,
-            "needs 1 GPUs with a NIC on their own PCIe switch; 0 free GPUs have one (none)",
-        ),
+        (nvbridge_pairs(), frozenset({0, 1}), 1, frozenset(), NIC,
+         "needs 1 GPUs with a NIC on their own PCIe switch; 0 free GPUs have one (none)"),
         (pcie_only(), ALL8, 2, frozenset({2}), NIC, "must-include GPUs 2 have no NIC on their PCIe switch"),
         (dgx1_v100(), frozenset({0, 1}), 3, frozenset(), BEST_EFFORT, "needs 3 GPUs; only 2 are free (0,1)"),
         (dgx1_v100(), frozenset({0, 1}), 1, frozenset({2}), BEST_EFFORT, "must-include GPUs 2 are not free"),
         (dgx1_v100(), ALL8, 1, frozenset({1, 2}), BEST_EFFORT, "2 must-include GPUs do not fit"),
-        (
-            dgx1_v100(),
-            ALL8,
-            2,
-            frozenset(),
-            BEST_EFFORT,
-            "satisfiable under best-effort; best set is GPUs 2,3",
-        ),
+        (dgx1_v100(), ALL8, 2, frozenset(), BEST_EFFORT,
+         "satisfiable under best-effort; best set is GPUs 2,3"),
     ],
 )
-def test_explain_unsatisfiable(
-    case: tuple[NodeInventory, frozenset[int], int, frozenset[int], PlacementPolicy, str],
-) -> None:
+def test_explain_unsatisfiable(case: tuple[NodeInventory, frozenset[int], int, frozenset[int],
+                                           PlacementPolicy, str]) -> None:
     inventory, available, size, must, policy, reason = case
     graph = TopologyGraph.from_inventory(inventory)
     text = explain_unsatisfiable(graph, available=available, size=size, must_include=must, policy=policy)
@@ -215,15 +171,8 @@ def test_identical_nodes_share_memoized_results() -> None:
     assert first.shape_key is not second.shape_key
 
 
-@pytest.mark.parametrize(
-    ("text", "policy"),
-    [
-        ("best-effort", BEST_EFFORT),
-        (" NVLink-Required ", NVLINK),
-        ("nic-aligned", NIC),
-        ("single-numa", NUMA),
-    ],
-)
+@pytest.mark.parametrize(("text", "policy"), [("best-effort", BEST_EFFORT), (" NVLink-Required ", NVLINK),
+                                              ("nic-aligned", NIC), ("single-numa", NUMA)])
 def test_policy_parse(text: str, policy: PlacementPolicy) -> None:
     assert PlacementPolicy.parse(text) is policy
 
@@ -236,11 +185,8 @@ def test_policy_parse_rejects_unknown_words() -> None:
 def twenty_gpu_node() -> NodeInventory:
     """Two NVLink cliques of ten GPUs (0-9 double lanes, 10-19 single), one NUMA node each."""
     gpus = tuple(make_gpu(i, numa_node=i // 10, switch=f"sw{i // 2}", root=f"r{i // 10}") for i in range(20))
-    links = tuple(
-        NvLink(a, b, 2 if a < 10 else 1)
-        for group in (range(10), range(10, 20))
-        for a, b in itertools.combinations(group, 2)
-    )
+    links = tuple(NvLink(a, b, 2 if a < 10 else 1) for group in (range(10), range(10, 20))
+                  for a, b in itertools.combinations(group, 2))
     return NodeInventory(name="twenty", numa_nodes=2, gpus=gpus, nvlinks=links)
 
 
@@ -253,8 +199,7 @@ def twenty_gpu_node() -> NodeInventory:
     ],
 )
 def test_nodes_beyond_sixteen_gpus_fall_back_to_greedy_growth(
-    must: frozenset[int], policy: PlacementPolicy, expected: tuple[int, ...] | None
-) -> None:
+        must: frozenset[int], policy: PlacementPolicy, expected: tuple[int, ...] | None) -> None:
     graph = TopologyGraph.from_inventory(twenty_gpu_node())
     chosen = best_set(graph, available=frozenset(range(20)), size=10, must_include=must, policy=policy)
     assert (chosen.gpus if chosen else None) == expected
