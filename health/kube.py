@@ -50,6 +50,11 @@ def bad_hardware_name(uuid: str) -> str:
     return uuid.lower()
 
 
+def _running(pod: Any) -> bool:
+    """Not ended: a pod that Succeeded or Failed holds nothing and is not evicted."""
+    return pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
+
+
 def _pod_ref(pod: Any, devices: frozenset[str]) -> PodRef:
     meta = pod.metadata
     labels, annotations = dict(meta.labels or {}), dict(meta.annotations or {})
@@ -75,9 +80,7 @@ class KubeCluster:
     def pods_on_node(self) -> list[PodRef]:
         pods: Any = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
         found = []
-        for pod in pods.items:
-            if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
-                continue
+        for pod in filter(_running, pods.items):
             meta = pod.metadata
             raw = (meta.annotations or {}).get(ANNOTATION_ASSIGNMENT)
             devices: frozenset[str] = frozenset()
@@ -93,10 +96,7 @@ class KubeCluster:
         """The running pods of gang ``gang`` in ``namespace``, on any node."""
         pods: Any = self._core.list_namespaced_pod(namespace)
         return [
-            ref
-            for pod in pods.items
-            if pod.status is None or pod.status.phase not in ("Succeeded", "Failed")
-            if (ref := _pod_ref(pod, frozenset())).gang == gang
+            ref for pod in filter(_running, pods.items) if (ref := _pod_ref(pod, frozenset())).gang == gang
         ]
 
     def evict(self, pod: PodRef, *, grace_s: int) -> str:

@@ -152,7 +152,8 @@ class GangBook:
             gone = [r for r in self._reservations.values() if r.expires_at <= now]
             for reservation in gone:
                 del self._reservations[reservation.key]
-            self._offered = {k: o for k, o in self._offered.items() if o.until > now}
+            if any(o.until <= now for o in self._offered.values()):
+                self._offered = {k: o for k, o in self._offered.items() if o.until > now}
             if any(w.until <= now for w in self._waiting.values()):
                 self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
                 self._kept = _union(self._waiting.values())

@@ -128,11 +128,9 @@ class GangCoordinator:
     def _plan(
         self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest
     ) -> Reservation | GangAnswer | None:
-        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
-        needed = gang.size - len(placed)
+        needed, placed_nodes = self._placed(gang)
         if needed <= 0:
             return None  # every member is placed: one more pod of the gang is an ordinary pod
-        placed_nodes = sorted({r.node for r in placed if r.node})
         preferred = self.book.last_nodes(gang_family(gang.key))
         outcome = plan_gang(
             key=gang.key,
@@ -237,8 +235,7 @@ class GangCoordinator:
         preferred = self.book.last_nodes(gang_family(gang.key))
         if not preferred or self.book.get(gang.key) is not None:
             return frozenset()
-        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
-        needed = gang.size - len(placed)
+        needed, placed_nodes = self._placed(gang)
         if needed <= 0:
             return frozenset()
         candidates = list(dict.fromkeys([*self.book.offered(gang.key), *self._nominated(gang), *proposed]))
@@ -248,10 +245,15 @@ class GangCoordinator:
             candidates,
             host,
             needed=needed,
-            placed_nodes=sorted({r.node for r in placed if r.node}),
+            placed_nodes=placed_nodes,
             preferred=preferred,
         )
         return room & frozenset(proposed)
+
+    def _placed(self, gang: Gang) -> tuple[int, list[str]]:
+        """(members still to place, nodes of the members placed): bound or mid-bind members."""
+        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
+        return gang.size - len(placed), sorted({r.node for r in placed if r.node})
 
     def _nominated(self, gang: Gang) -> list[str]:
         """Nodes kube-scheduler nominated for the gang's pending members (as the cache last saw them)."""
@@ -371,7 +373,7 @@ class GangCoordinator:
         return pending
 
     def _rebuild_scope(self, gang: Gang, pod: Mapping[str, Any]) -> tuple[PodRequest | None, list[str]]:
-        placed = sorted({r.node for r in self.cache.gang_members(gang.key) if r.node})
+        _, placed = self._placed(gang)
         labels = self.cache.node_labels()
         if not placed:
             return None, []
@@ -445,20 +447,22 @@ def _slot_record(slot: Slot, request: PodRequest) -> PodRecord:
 
 def _without_pods(state: NodeState, pods: Sequence[PodRecord]) -> NodeState:
     """The node as it would be once ``pods`` are gone: their devices and host share free."""
-    gone = {p.uid for p in pods}
-    freed = state.with_holders({d: u for d, u in state.holders.items() if u not in gone})
-    if state.host_free is not None:
-        cpu, memory = state.host_free
-        freed = freed.with_host_free(
-            (cpu + sum(p.cpu_milli for p in pods), memory + sum(p.memory_mib for p in pods))
-        )
-    return freed
+    return _without_holders(
+        state,
+        {p.uid for p in pods},
+        cpu_milli=sum(p.cpu_milli for p in pods),
+        memory_mib=sum(p.memory_mib for p in pods),
+    )
 
 
 def _without(state: NodeState, slot: Slot) -> NodeState:
-    holders = {d: u for d, u in state.holders.items() if u != slot.holder}
-    freed = state.with_holders(holders)
-    if state.host_free is not None and (slot.cpu_milli or slot.memory_mib):
+    return _without_holders(state, {slot.holder}, cpu_milli=slot.cpu_milli, memory_mib=slot.memory_mib)
+
+
+def _without_holders(state: NodeState, gone: set[str], *, cpu_milli: int, memory_mib: int) -> NodeState:
+    """The node with the devices of the holders in ``gone`` free and their host share back."""
+    freed = state.with_holders({d: u for d, u in state.holders.items() if u not in gone})
+    if state.host_free is not None and (cpu_milli or memory_mib):
         cpu, memory = state.host_free
-        freed = freed.with_host_free((cpu + slot.cpu_milli, memory + slot.memory_mib))
+        freed = freed.with_host_free((cpu + cpu_milli, memory + memory_mib))
     return freed

@@ -104,7 +104,9 @@ class ExtenderService:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
         if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
-            passed = self._best(request, pod, passed, states=(groups, representatives, verdicts), fits=fits)
+            passed = self._best(
+                request, pod, passed, states=(groups, representatives, verdicts), fits=fits
+            )
         return self._filter_result(args, passed, spread.failed, spread.hopeless)
 
     def _best(

@@ -38,7 +38,6 @@ LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
 # What a fatal device fault under one member does to the rest of its gang (docs/health.md):
 # "gang" (default) evicts every member, "pod" only the pods on the failed device.
 ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
-GANG_EVICTION_MODES: Final = ("gang", "pod")
 POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
 POD_GROUP_VERSION: Final = "v1alpha1"
 POD_GROUP_PLURAL: Final = "podgroups"

@@ -286,16 +286,20 @@ class Simulation:
         return record.agent_back_s is not None
 
     def _evict_job(self, pod: RunningPod) -> int:
-        """Evict every pod of ``pod``'s job and queue the job again; returns pods evicted."""
-        evicted = 0
-        self.result.ledger.job_evicted(pod.job, fault=self._fault)
-        for member in self.state.pods_of_job(pod.job.job_id):
+        """Evict every pod of ``pod``'s job (a fault) and queue the job again first; returns pods evicted."""
+        evicted = self._stop_job(pod, fault=self._fault)
+        self._queue.insert(0, _Queued(pod.job, pod.started_s))
+        return evicted
+
+    def _stop_job(self, pod: RunningPod, *, fault: FaultContext | None) -> int:
+        """Stop every pod of ``pod``'s job, their run so far lost (ledger); returns pods stopped."""
+        self.result.ledger.job_evicted(pod.job, fault=fault)
+        members = self.state.pods_of_job(pod.job.job_id)
+        for member in members:
             self.result.ledger.pod_evicted(member, now=self._now)
             self._stop(member.pod_id)
             self._ends.pop(member.pod_id, None)
-            evicted += 1
-        self._queue.insert(0, _Queued(pod.job, pod.started_s))
-        return evicted
+        return len(members)
 
     def _schedule(self, now: float) -> None:
         waiting: list[_Queued] = []
@@ -316,7 +320,7 @@ class Simulation:
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
         for _ in range(job.pods):
             victims = self._placer.preempt(
-                self.state, request, allowed=self._allowed(job), rng=self._rng, priority=job.priority
+                self.state, request, allowed=self._allowed(job), priority=job.priority
             )
             if not victims:
                 return False
@@ -332,12 +336,7 @@ class Simulation:
 
     def _preempt_job(self, pod: RunningPod, now: float) -> None:
         """Evict every pod of a preemption victim's job; the job is queued again as a new one."""
-        self.result.ledger.job_evicted(pod.job, fault=None)
-        for member in self.state.pods_of_job(pod.job.job_id):
-            self.result.ledger.pod_evicted(member, now=now)
-            self._stop(member.pod_id)
-            self._ends.pop(member.pod_id, None)
-            self.result.pods_preempted += 1
+        self.result.pods_preempted += self._stop_job(pod, fault=None)
         self._preempted.append(_Queued(pod.job, now))
 
     def _stop(self, pod_id: str) -> RunningPod:

@@ -249,7 +249,6 @@ class ExtenderPlacer:
         request: Request,
         *,
         allowed: np.ndarray,
-        rng: np.random.Generator,
         priority: int,
     ) -> list[str]:
         """kube-scheduler's preemption for the pod whose filter passed no node last (module doc):

@@ -55,7 +55,6 @@ class Preemptor(Protocol):
         request: Request,
         *,
         allowed: np.ndarray,
-        rng: np.random.Generator,
         priority: int,
     ) -> list[str]:
         """The pods to evict so the pod whose cycle just failed can be placed ([]: none helps)."""
