@@ -313,3 +313,53 @@ def test_bind_for_a_recreated_pod_is_refused(client: Client) -> None:
         {"PodName": "again", "PodNamespace": "default", "PodUID": "uid-of-a-newer-pod", "Node": "h100-a"},
     )
     assert status == 200 and "unknown to the extender" in result["Error"]
+
+
+def _exchange(address: str, request: bytes) -> bytes:
+    """Send raw bytes, read until the server closes the connection (or 2 s pass)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=2) as raw:
+        raw.sendall(request)
+        received = b""
+        try:
+            while chunk := raw.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+        return received
+
+
+def test_request_heads_the_server_refuses_and_the_connection_rules(extender: tuple[Extender, str]) -> None:
+    _, address = extender
+    body = json.dumps(_args(pod_object("ok", limits=GPU8))).encode()
+
+    def post(version: bytes = b"HTTP/1.1", fields: bytes = b"") -> bytes:
+        return (
+            b"POST /filter %s\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n" % (version, len(body), fields)
+            + body
+        )
+
+    last = post(fields=b"Connection: close\r\n")  # the server closes after it: no wait for a timeout
+    # HTTP/1.0 without keep-alive: answered, then closed (no answer for the pipelined second request)
+    answer = _exchange(address, post(b"HTTP/1.0") * 2)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 ") == 1
+    assert b"Connection: close" in answer
+    # HTTP/1.1: one connection answers every pipelined request
+    assert _exchange(address, post() * 2 + last).count(b"HTTP/1.1 200") == 3
+    # lower-case field names are the same fields
+    lower = b"POST /filter HTTP/1.1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    assert _exchange(address, lower).startswith(b"HTTP/1.1 200")
+    # Expect: 100-continue gets the interim answer, then the real one
+    answer = _exchange(address, post(fields=b"Expect: 100-continue\r\nConnection: close\r\n"))
+    assert answer.startswith(b"HTTP/1.1 100") and b"HTTP/1.1 200" in answer
+    for request, status in [
+        (b"POST /filter HTTP/2.0\r\nHost: x\r\n\r\n", b"505"),
+        (b"POST /filter\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\n folded: y\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}", b"400"),
+        (b"POST /filter HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
+    ]:
+        answer = _exchange(address, request + last)
+        assert answer.startswith(b"HTTP/1.1 " + status), answer[:80]
+        assert answer.count(b"HTTP/1.1 ") == 1  # a refused head closes the connection
+    assert _exchange(address, last).startswith(b"HTTP/1.1 200")  # and the server keeps serving
