@@ -23,7 +23,7 @@ import numpy as np
 from scheduler_ext.by_state import TokenIndex
 from scheduler_ext.claims import ClaimBook
 from scheduler_ext.host import host_allocatable
-from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_record
+from scheduler_ext.objects import InventoryRecord, PodRecord, inventory_record, pod_identity, pod_record
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.reservation import KindTotals, kind_and_free
 from scheduler_ext.state import NodeState
@@ -176,14 +176,14 @@ class ClusterCache:
     # ---- pods -----------------------------------------------------------------------------------
     def remember_pod(self, obj: Mapping[str, Any]) -> None:
         """Keep a pending pod's object so a later bind (which names it only) can be decided."""
-        record = pod_record(obj)
+        uid, key = pod_identity(obj)
         with self._meta_lock:
-            self._pods[record.uid] = obj
-            self._pods.move_to_end(record.uid)
-            self._pod_uids[record.key] = record.uid
+            self._pods[uid] = obj
+            self._pods.move_to_end(uid)
+            self._pod_uids[key] = uid
             while len(self._pods) > MAX_REMEMBERED_PODS:
                 _, old = self._pods.popitem(last=False)
-                self._pod_uids.pop(pod_record(old).key, None)
+                self._pod_uids.pop(pod_identity(old)[1], None)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         record = pod_record(obj)
@@ -196,6 +196,10 @@ class ClusterCache:
         else:
             self._drop_object(record.uid)  # bound: the API (or the snapshot) holds it, not us
             host_changed = self._put_host_use(record.uid, record)
+        if self._confirm(record):
+            for node in sorted(host_changed):  # none: the assumed record counted the same use
+                self._rebuild(node)
+            return
         previous = self._holdings.get(record.uid)
         rebuilt: set[str] = set()
         if record.devices or (previous is not None and not previous.assumed):
@@ -205,6 +209,19 @@ class ClusterCache:
             )
         for node in sorted(host_changed - rebuilt):
             self._rebuild(node)
+
+    def _confirm(self, record: PodRecord) -> bool:
+        """The watch shows an assumed bind as it was assumed (same node, devices, requests):
+        the holding stops being assumed and the node's state, whose holders are the same, is
+        not rebuilt. Every bind's annotated pod arrives this way once."""
+        if record.node is None or not record.devices:
+            return False
+        with self.node_lock(record.node):
+            previous = self._holdings.get(record.uid)
+            if previous is None or not previous.assumed or previous.record != record:
+                return False
+            self._holdings[record.uid] = Holding(record, assumed=False)
+            return True
 
     def delete_pod(self, uid: str) -> None:
         self._drop_object(uid)
@@ -234,7 +251,7 @@ class ClusterCache:
         with self._meta_lock:
             obj = self._pods.pop(uid, None)
             if obj is not None:
-                self._pod_uids.pop(pod_record(obj).key, None)
+                self._pod_uids.pop(pod_identity(obj)[1], None)
 
     def assume(self, record: PodRecord) -> None:
         """Record a bind's devices before the API shows them; raises ``DoubleBookingError``."""

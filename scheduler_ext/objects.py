@@ -110,6 +110,14 @@ def _sharing(raw: Mapping[str, Any]) -> Mapping[str, GpuSharingEntry]:
     return result
 
 
+def pod_identity(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, "namespace/name") as ``pod_record`` has them, without parsing the rest."""
+    metadata = _mapping(obj.get("metadata"))
+    namespace, name = metadata.get("namespace"), metadata.get("name")
+    uid = str(metadata.get("uid") or f"{namespace}/{name}")
+    return uid, f"{namespace or 'default'}/{name or ''}"
+
+
 def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))

@@ -1,0 +1,83 @@
+"""The watch confirming a bind: the assumed holding is kept as is when the annotated pod shows
+the same devices, and replaced (with the node's state rebuilt) when it shows others."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.snapshot import apply_objects
+from scheduler_ext.wire import ExtenderBindingArgs
+from topology.assignment import PodAssignment
+from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+
+
+class Recorder:
+    """A binder that only records: the API server's answer arrives later, by the watch."""
+
+    def __init__(self) -> None:
+        self.bound: list[dict[str, Any]] = []
+
+    def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None:
+        echoed = copy.deepcopy(dict(pod))
+        echoed["spec"]["nodeName"] = node
+        assert assignment is not None
+        echoed["metadata"].setdefault("annotations", {})[ANNOTATION_ASSIGNMENT] = assignment.to_annotation()
+        self.bound.append(echoed)
+
+
+def _bound(gpus: int) -> tuple[Extender, Recorder, dict[str, Any]]:
+    cache, core = build_core()
+    inventory = profile_inventory("dgx-h100", "n0")
+    apply_objects(iter([node_object("n0", gpus=8), inventory_object(inventory)]), cache)
+    recorder = Recorder()
+    extender = assemble(cache, core, recorder)
+    pod = pod_object("p", limits={RESOURCE_GPU: gpus})
+    cache.remember_pod(pod)
+    meta = pod["metadata"]
+    args = ExtenderBindingArgs(PodName=meta["name"], PodNamespace="default", PodUID=meta["uid"], Node="n0")
+    assert extender.service.bind(args) == ""
+    return extender, recorder, recorder.bound[0]
+
+
+def test_the_watch_showing_the_assumed_devices_confirms_without_a_rebuild() -> None:
+    extender, _, echoed = _bound(2)
+    cache = extender.cache
+    uid = echoed["metadata"]["uid"]
+    holding = cache.holding(uid)
+    assert holding is not None and holding.assumed
+    state = cache.node("n0")
+    cache.upsert_pod(echoed)
+    confirmed = cache.holding(uid)
+    assert confirmed is not None and not confirmed.assumed and confirmed.record == holding.record
+    assert cache.node("n0") is state  # the same holders: the state object is kept
+    assert state is not None and len(state.holders) == 2
+
+
+def test_the_watch_showing_other_devices_replaces_the_holding_and_rebuilds() -> None:
+    extender, _, echoed = _bound(2)
+    cache = extender.cache
+    uid = echoed["metadata"]["uid"]
+    assumed = cache.holding(uid)
+    assert assumed is not None
+    state = cache.node("n0")
+    assert state is not None
+    annotation = PodAssignment.from_annotation(echoed["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
+    container = next(iter(annotation.containers.values()))
+    resource = next(iter(container.devices))
+    taken = set(assumed.record.devices)
+    free = [u.uuid for u in profile_inventory("dgx-h100", "n0").gpus if u.uuid not in taken][:3]
+    containers = {
+        name: c.model_copy(update={"devices": {resource: free}}) for name, c in annotation.containers.items()
+    }
+    changed = annotation.model_copy(update={"containers": containers})
+    echoed["metadata"]["annotations"][ANNOTATION_ASSIGNMENT] = changed.to_annotation()
+    cache.upsert_pod(echoed)
+    holding = cache.holding(uid)
+    assert holding is not None and not holding.assumed and holding.record.devices == frozenset(free)
+    rebuilt = cache.node("n0")
+    assert rebuilt is not state and rebuilt is not None
+    assert {d for d, owner in rebuilt.holders.items() if owner == uid} == set(free)
