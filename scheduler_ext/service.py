@@ -23,10 +23,11 @@ from scheduler_ext.gang_book import Reservation, Slot
 from scheduler_ext.gang_service import GangCoordinator
 from scheduler_ext.host import NO_HOST, HostRequest, host_requests
 from scheduler_ext.objects import PodRecord
+from scheduler_ext.parsed import ParsedPods
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores, ranks
 from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
-from scheduler_ext.shortlist import shortlist, weighs_soft_preferences
+from scheduler_ext.shortlist import shortlist
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -72,15 +73,17 @@ class ExtenderService:
     keep: int = 0  # filter passes at most this many fitting nodes (``shortlist``); 0: all of them
     gangs: GangCoordinator | None = None  # all-or-nothing gang placement (``gang_service``)
     binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
+    parsed: ParsedPods = field(default_factory=ParsedPods)  # each pod version parsed once for all verbs
 
     # ---- filter / prioritize --------------------------------------------------------------------
     def filter(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> ExtenderFilterResult:
         names = self._names(args)
-        if not pod_is_ours(pod):
+        parsed = self.parsed.of(pod)
+        if not parsed.ours:
             return self._filter_result(args, names, {}, {})
         self.cache.remember_pod(pod)
         try:
-            request = pod_request(pod)
+            request = parsed.checked()
             gang = self.gangs.gang_of(pod) if self.gangs is not None else None
         except (BadPodRequestError, BadGangError) as exc:
             self._observe("filter", 0, {str(exc): len(names)})
@@ -89,24 +92,22 @@ class ExtenderService:
         if self.gangs is not None:
             self.gangs.sweep()
             if gang is not None:
-                answer = self.gangs.filter(gang, request, names, host_requests(pod))
+                answer = self.gangs.filter(gang, request, names, parsed.host)
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
                     rejected = Counter([*answer.failed.values(), *answer.hopeless.values()])
                     self._observe("filter", len(answer.passed), rejected)
                     return self._filter_result(args, answer.passed, answer.failed, answer.hopeless)
         groups = StateGroups.of(self.cache.token_keys(names))
         representatives = groups.representatives(names)  # one name per state, decided for all
-        verdicts = self._verdicts(request, representatives, host_requests(pod), groups.tokens)
+        verdicts = self._verdicts(request, representatives, parsed.host, groups.tokens)
         spread = Filtered.spread(names, groups, verdicts)
         fits = spread.fits
         self._observe("filter", int(fits.sum()), spread.rejected)
         if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
-        if 0 < self.keep < len(passed) and not weighs_soft_preferences(pod):
-            passed = self._best(
-                request, pod, passed, states=(groups, representatives, verdicts), fits=fits
-            )
+        if 0 < self.keep < len(passed) and not parsed.soft:
+            passed = self._best(request, pod, passed, states=(groups, representatives, verdicts), fits=fits)
         return self._filter_result(args, passed, spread.failed, spread.hopeless)
 
     def _best(
@@ -153,13 +154,13 @@ class ExtenderService:
     def prioritize(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> tuple[list[str], list[int]]:
         """Hosts and their scores 0..10, as two lists (the hot path builds no object per node)."""
         names = self._names(args)
-        if not pod_is_ours(pod):
-            return names, self._host_only_scores(pod, names)
-        try:
-            request = pod_request(pod)
-        except BadPodRequestError:
+        parsed = self.parsed.of(pod)
+        if not parsed.ours:
+            return names, self._host_only_scores(parsed.host, names)
+        request = parsed.request
+        if request is None:
             return names, [0] * len(names)
-        verdicts = self._verdicts(request, names, host_requests(pod))
+        verdicts = self._verdicts(request, names, parsed.host)
         return names, ranked_scores(verdicts, self._reservation_costs(request, pod, names))
 
     def prioritize_claims(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> tuple[list[str], list[int]]:
@@ -194,10 +195,9 @@ class ExtenderService:
             if (p := pressure.get(kind))
         }
 
-    def _host_only_scores(self, pod: Mapping[str, Any], names: list[str]) -> list[int]:
+    def _host_only_scores(self, host: HostRequest, names: list[str]) -> list[int]:
         """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and
         memory away from GPUs they would strand. No host request: no opinion (all 0)."""
-        host = host_requests(pod)
         if host == NO_HOST:
             return [0] * len(names)
         return ranked_scores(self.core.decide_host_only(names, self.cache.states(), host=host))
@@ -250,10 +250,10 @@ class ExtenderService:
                 f"pod {key} (uid {args.PodUID or '?'}) is unknown to the extender: not filtered here, "
                 "or re-created since; kube-scheduler will retry it"
             )
-        try:
-            request = pod_request(pod)
-        except BadPodRequestError as exc:
-            return str(exc)
+        parsed = self.parsed.of(pod)
+        request = parsed.request
+        if request is None:
+            return parsed.error
         if not request.interested or all(c.is_empty for c in request.containers):
             return self._bind_plain(pod, args.Node)
         held = self.cache.holding(request.uid)
@@ -266,7 +266,7 @@ class ExtenderService:
         if self.gangs is not None:
             self.gangs.sweep()
         try:
-            _, assignment, slot = self._assume(request, args.Node, host_requests(pod), gang=gang_key(pod))
+            _, assignment, slot = self._assume(request, args.Node, parsed.host, gang=gang_key(pod))
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
         try:
