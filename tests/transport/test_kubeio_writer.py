@@ -83,3 +83,16 @@ def test_a_rotated_token_is_sent_after_the_next_refresh(
         api.close()  # type: ignore[no-untyped-call]
     tokens = [seen["headers"]["authorization"] for seen in Recorder.seen]
     assert tokens == ["Bearer first", "Bearer first", "Bearer second"]
+
+
+def test_an_api_server_behind_a_path_gets_the_path_and_a_closed_pool_is_opened_again() -> None:
+    with loopback_api(Recorder) as api:
+        api.configuration.host = str(api.configuration.host) + "/k8s/clusters/c-1/"
+        writer = Writer(api)
+        writer.post("/api/v1/namespaces/a/events", {"n": 1})
+        api.rest_client.pool_manager.clear()  # the manager closes its pools (as an eviction does)
+        writer.post("/api/v1/namespaces/a/events", {"n": 2})
+    assert [(s["path"], s["body"]["n"]) for s in Recorder.seen] == [
+        ("/k8s/clusters/c-1/api/v1/namespaces/a/events", 1),
+        ("/k8s/clusters/c-1/api/v1/namespaces/a/events", 2),
+    ]
