@@ -211,16 +211,19 @@ class ClusterCache:
             self._rebuild(node)
 
     def _confirm(self, record: PodRecord) -> bool:
-        """The watch shows an assumed bind as it was assumed (same node, devices, requests):
-        the holding stops being assumed and the node's state, whose holders are the same, is
-        not rebuilt. Every bind's annotated pod arrives this way once."""
+        """The watch shows a holding as the cache has it (same node, devices, requests): an
+        assumed one stops being assumed, and the node's state, whose holders are the same, is
+        not rebuilt. Every bind's annotated pod arrives this way once, and so does each later
+        update that changes no part of the record (the kubelet's status updates, a delete's
+        grace period starting)."""
         if record.node is None or not record.devices:
             return False
         with self.node_lock(record.node):
             previous = self._holdings.get(record.uid)
-            if previous is None or not previous.assumed or previous.record != record:
+            if previous is None or previous.record != record:
                 return False
-            self._holdings[record.uid] = Holding(record, assumed=False)
+            if previous.assumed:
+                self._holdings[record.uid] = Holding(record, assumed=False)
             return True
 
     def delete_pod(self, uid: str) -> None:

@@ -55,6 +55,13 @@ def test_the_watch_showing_the_assumed_devices_confirms_without_a_rebuild() -> N
     assert confirmed is not None and not confirmed.assumed and confirmed.record == holding.record
     assert cache.node("n0") is state  # the same holders: the state object is kept
     assert state is not None and len(state.holders) == 2
+    echoed["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    cache.upsert_pod(echoed)  # a status update changes nothing the cache keeps
+    assert cache.node("n0") is state and cache.holding(uid) == confirmed
+    echoed["status"] = {"phase": "Succeeded"}
+    cache.upsert_pod(echoed)  # ended: the devices are free again
+    freed = cache.node("n0")
+    assert cache.holding(uid) is None and freed is not None and not freed.holders
 
 
 def test_the_watch_showing_other_devices_replaces_the_holding_and_rebuilds() -> None:
