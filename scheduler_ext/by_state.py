@@ -11,12 +11,13 @@ while the call ran) is a state of its own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter
+from itertools import compress, pairwise, repeat
+from operator import attrgetter, itemgetter
 
 import numpy as np
+import orjson
 
 from scheduler_ext.verdict import Verdict
 
@@ -64,13 +65,78 @@ class StateGroups:
         return [names[i] for i in self.first]
 
 
+class RejectedNames(Mapping[str, str]):
+    """Rejected name -> reason for one filter call, kept as one reason per state and a mask over
+    the request's names. The name -> reason dict is built only when something reads it by name
+    (an Event for a pod that fits nowhere, a test); the answer's JSON is written per state
+    (``json``), which at 15,000 names costs half of building the dict and encoding it."""
+
+    def __init__(self, names: Sequence[str], mask: np.ndarray, states: np.ndarray, reasons: Sequence[str]):
+        self._names = names  # every name of the request
+        self._mask = mask  # bool per name: rejected here
+        self._states = states  # state per name
+        self._reasons = reasons  # reason per state
+        self._dict: dict[str, str] | None = None
+
+    def _built(self) -> dict[str, str]:
+        if self._dict is None:
+            reasons = np.array(self._reasons, dtype=object)[self._states[self._mask]].tolist()
+            self._dict = dict(zip(compress(self._names, self._mask.tolist()), reasons, strict=True))
+        return self._dict
+
+    def __getitem__(self, name: str) -> str:
+        return self._built()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+    def __bool__(self) -> bool:
+        return bool(self._mask.any())
+
+    def __eq__(self, other: object) -> bool:
+        return self._built() == other if isinstance(other, Mapping) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-equal like the dict it stands for
+
+    def __repr__(self) -> str:
+        return f"RejectedNames({self._built()!r})"
+
+    def json(self) -> bytes:
+        """The JSON object, written per state: the state's names as one orjson-encoded list whose
+        separators take the reason. When no name needs escaping (no backslash in the encoded
+        names, so every quote in them is a string's edge) the only ``","`` in the list are the
+        separators; otherwise the dict is encoded."""
+        positions = np.flatnonzero(self._mask)
+        if not positions.size:
+            return b"{}"
+        states = self._states[positions]
+        order = np.argsort(states, kind="stable")
+        ordered = states[order]
+        starts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(ordered)]
+        picked = positions[order].tolist()
+        names = (
+            [self._names[i] for i in picked] if len(picked) < 2 else list(itemgetter(*picked)(self._names))
+        )
+        parts: list[bytes] = []
+        for begin, end in pairwise(starts):
+            encoded = orjson.dumps(names[begin:end])
+            if b"\\" in encoded:
+                return orjson.dumps(self._built())
+            reason = b":" + orjson.dumps(self._reasons[int(ordered[begin])])
+            parts.append(encoded[1:-1].replace(b'","', b'"' + reason + b',"') + reason)
+        return b"{" + b",".join(parts) + b"}"
+
+
 @dataclass(frozen=True)
 class Filtered:
     """Filter's per-name answer, spread from one verdict per state."""
 
     fits: np.ndarray  # bool per name
-    failed: dict[str, str]  # rejected, preemption may help
-    hopeless: dict[str, str]  # rejected, nothing on the node can help
+    failed: Mapping[str, str]  # rejected, preemption may help
+    hopeless: Mapping[str, str]  # rejected, nothing on the node can help
     rejected: dict[str, int]  # names rejected per distinct reason (counted per state: no pass per name)
 
     @staticmethod
@@ -79,29 +145,23 @@ class Filtered:
         if fits.all():
             return Filtered(fits, {}, {}, {})
         unresolvable = np.fromiter(map(_UNRESOLVABLE, verdicts), dtype=bool, count=len(verdicts))
-        reasons = np.array(list(map(_REASON, verdicts)), dtype=object)
+        reasons = list(map(_REASON, verdicts))
         states = groups.inverse
         hopeless_mask = ~fits & unresolvable[states]
         failed_mask = ~fits & ~hopeless_mask
-        per_name = reasons[states]
         rejected: dict[str, int] = {}
         per_state = np.bincount(states[~fits], minlength=len(verdicts)).tolist()
-        for reason, count in zip(reasons.tolist(), per_state, strict=True):
+        for reason, count in zip(reasons, per_state, strict=True):
             if count:
                 rejected[reason] = rejected.get(reason, 0) + count
-        failed, hopeless = _named(names, failed_mask, per_name), _named(names, hopeless_mask, per_name)
+        failed = RejectedNames(names, failed_mask, states, reasons)
+        hopeless = RejectedNames(names, hopeless_mask, states, reasons)
         return Filtered(fits, failed, hopeless, rejected)
-
-
-def _named(names: Sequence[str], mask: np.ndarray, reasons: np.ndarray) -> dict[str, str]:
-    """name -> reason for the masked names (compress over the list: no object array of names)."""
-    return dict(zip(compress(names, mask.tolist()), reasons[mask].tolist(), strict=True))
 
 
 def held_per_state(verdicts: Sequence[Verdict]) -> np.ndarray:
     """Devices held on each state's nodes when decided (the shortlist's fullness)."""
     return np.fromiter(map(_HELD, verdicts), dtype=np.int64, count=len(verdicts))
-
 
 
 @dataclass(frozen=True)

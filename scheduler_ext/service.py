@@ -138,15 +138,19 @@ class ExtenderService:
 
     @staticmethod
     def _filter_result(
-        args: ExtenderArgs, passed: list[str], failed: dict[str, str], hopeless: dict[str, str]
+        args: ExtenderArgs, passed: list[str], failed: Mapping[str, str], hopeless: Mapping[str, str]
     ) -> ExtenderFilterResult:
-        """Answer in the form asked: ``NodeNames`` when called with names, else the passing ``Nodes``."""
+        """Answer in the form asked: ``NodeNames`` when called with names, else the passing ``Nodes``.
+        The rejected names stay as given (``by_state.RejectedNames`` for the per-state path), so
+        the answer's encoder can write them per state."""
         if args.NodeNames is None and args.Nodes is not None:
             keep = set(passed)
             nodes = args.Nodes.model_copy(
                 update={"items": [n for n in args.Nodes.items or [] if n.metadata.name in keep]}
             )
-            return ExtenderFilterResult(Nodes=nodes, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless)
+            return ExtenderFilterResult(
+                Nodes=nodes, FailedNodes=dict(failed), FailedAndUnresolvableNodes=dict(hopeless)
+            )
         return ExtenderFilterResult.model_construct(
             NodeNames=passed, FailedNodes=failed, FailedAndUnresolvableNodes=hopeless, Nodes=None, Error=""
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from topology.errors import InvalidInputError
 
@@ -64,6 +64,12 @@ class ExtenderFilterResult(_Message):
     FailedNodes: dict[str, str] = Field(default_factory=dict)
     FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
     Error: str = ""
+
+    @field_serializer("FailedNodes", "FailedAndUnresolvableNodes")
+    def _as_dict(self, rejected: Mapping[str, str]) -> dict[str, str]:
+        """Filter builds these as ``by_state.RejectedNames`` (a mapping written per state by the
+        HTTP adapter); any other dump sees the plain dict."""
+        return dict(rejected)
 
 
 class HostPriority(_Message):
