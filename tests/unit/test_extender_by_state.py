@@ -4,8 +4,10 @@ state spread back to every name as one verdict per node would answer."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from scheduler_ext.by_state import Filtered, StateGroups, TokenIndex
+from scheduler_ext.by_state import Filtered, StateGroups, TokenIndex, _distinct
 from scheduler_ext.verdict import Verdict, fail, unresolvable
 
 
@@ -67,3 +69,13 @@ def test_spread_answers_as_one_verdict_per_node_would() -> None:
         if not v.fits:
             counted[v.reason] = counted.get(v.reason, 0) + 1
     assert spread.rejected == counted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-20, 200), st.integers(0, 10**9)), max_size=60))
+def test_grouping_is_numpys_unique_for_narrow_and_wide_token_ranges(values: list[int]) -> None:
+    keys = np.array(values, dtype=np.int64)
+    unique, inverse = _distinct(keys)
+    expected, expected_inverse = np.unique(keys, return_inverse=True)
+    assert unique.tolist() == expected.tolist()
+    assert inverse.tolist() == expected_inverse.reshape(-1).tolist()
