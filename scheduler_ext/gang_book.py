@@ -14,7 +14,8 @@ tries, and all waiting gangs together keep at most ``WAITING_SHARE`` of the node
 
 A gang that ran before (a recovery: its family's nodes are remembered) and does not fit may
 preempt; the book keeps the nodes kube-scheduler last offered for it (``remember_offered``, for
-the TTL), which with the preempt call's candidates make the nodes its preemption is planned on.
+the TTL) and the nodes the preempt verb let a member preempt on (``remember_preempting``, for the
+TTL), which with the preempt call's candidates make the nodes its preemption is planned on.
 
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
 calls are the coordinator's (``gang_service``). Thread-safe.
@@ -113,6 +114,7 @@ class GangBook:
         self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
         self._last_nodes: OrderedDict[str, frozenset[str]] = OrderedDict()  # gang family -> its nodes
         self._offered: dict[str, Offered] = {}
+        self._preempting: dict[str, Offered] = {}
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
 
     def get(self, key: str) -> Reservation | None:
@@ -154,6 +156,8 @@ class GangBook:
                 del self._reservations[reservation.key]
             if any(o.until <= now for o in self._offered.values()):
                 self._offered = {k: o for k, o in self._offered.items() if o.until > now}
+            if any(o.until <= now for o in self._preempting.values()):
+                self._preempting = {k: o for k, o in self._preempting.items() if o.until > now}
             if any(w.until <= now for w in self._waiting.values()):
                 self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
                 self._kept = _union(self._waiting.values())
@@ -183,9 +187,28 @@ class GangBook:
             self._offered[key] = Offered(key, tuple(nodes), self.clock() + self.ttl_s)
 
     def forget_offered(self, key: str) -> None:
-        if key in self._offered:
+        """Forget the nodes offered and preempted on for gang ``key`` (it is planned now)."""
+        if key in self._offered or key in self._preempting:
             with self.lock:
                 self._offered.pop(key, None)
+                self._preempting.pop(key, None)
+
+    def remember_preempting(self, key: str, nodes: Iterable[str]) -> None:
+        """Nodes the preempt verb let a member of gang ``key`` preempt on, added to those kept
+        (the TTL renewed). kube-scheduler nominates the member there, but the extender sees the
+        nomination only when the watch brings it, and the next member's preempt call may come
+        first: without these, that member's plan would miss the node its gang is opening."""
+        with self.lock:
+            entry = self._preempting.get(key)
+            kept = entry.nodes if entry is not None and entry.until > self.clock() else ()
+            merged = tuple(dict.fromkeys([*kept, *nodes]))
+            self._preempting[key] = Offered(key, merged, self.clock() + self.ttl_s)
+
+    def preempting(self, key: str) -> tuple[str, ...]:
+        """The nodes kept by ``remember_preempting`` (empty: none, or older than the TTL)."""
+        with self.lock:
+            entry = self._preempting.get(key)
+            return entry.nodes if entry is not None and entry.until > self.clock() else ()
 
     def offered(self, key: str) -> tuple[str, ...]:
         """The nodes last offered for gang ``key`` (empty: none, or older than the TTL)."""

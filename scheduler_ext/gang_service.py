@@ -231,14 +231,26 @@ class GangCoordinator:
         kube-scheduler nominated for its members (it counts a nominated member there, so it
         neither offers nor proposes that node for the next one) and ``proposed``: kube-scheduler
         offers the extender only nodes its own filters passed, and no node it rejected for
-        another reason (a selector, a taint, an unusable network adapter) is planned on."""
+        another reason (a selector, a taint, an unusable network adapter) is planned on. The
+        nodes answered here are remembered for the gang's later members (``remember_preempting``):
+        the nomination that makes kube-scheduler skip such a node reaches the extender's watch
+        after the next member's call may have come."""
         preferred = self.book.last_nodes(gang_family(gang.key))
         if not preferred or self.book.get(gang.key) is not None:
             return frozenset()
         needed, placed_nodes = self._placed(gang)
         if needed <= 0:
             return frozenset()
-        candidates = list(dict.fromkeys([*self.book.offered(gang.key), *self._nominated(gang), *proposed]))
+        candidates = list(
+            dict.fromkeys(
+                [
+                    *self.book.offered(gang.key),
+                    *self.book.preempting(gang.key),
+                    *self._nominated(gang),
+                    *proposed,
+                ]
+            )
+        )
         room = self._room_by_preemption(
             gang,
             request,
@@ -248,7 +260,10 @@ class GangCoordinator:
             placed_nodes=placed_nodes,
             preferred=preferred,
         )
-        return room & frozenset(proposed)
+        allowed = room & frozenset(proposed)
+        if allowed:
+            self.book.remember_preempting(gang.key, sorted(allowed))
+        return allowed
 
     def _placed(self, gang: Gang) -> tuple[int, list[str]]:
         """(members still to place, nodes of the members placed): bound or mid-bind members."""

@@ -478,6 +478,23 @@ def test_a_recovering_gang_preempts_on_nodes_only_kube_schedulers_preemption_off
     extender.close()
 
 
+def test_the_next_member_does_not_preempt_elsewhere_before_the_nomination_is_watched(tmp_path: Path) -> None:
+    """Member 0 may preempt on b2. kube-scheduler nominates it there and, counting it, proposes
+    only block A for member 1, whose preempt call can come before the watch shows the nomination
+    (a real kube-scheduler did so 37 ms later). The verb remembers b2 for the gang, so member 1's
+    plan still sees block B and member 1 preempts nothing in block A."""
+    extender, _ = _recovery_cluster(tmp_path, spare_priority=0)
+    members = [_jobset_member(i, attempt=1, priority=1000) for i in range(2)]
+    low, fill_a0, fill_a1 = (_uid(extender, n) for n in ("low-b2", "fill-a0", "fill-a1"))
+    _filter(extender.service, members[0], ["b1"])
+    assert _preempt(extender.service, members[0], {"b2": [low], "a0": [fill_a0], "a1": [fill_a1]}) == {
+        "b2": [low]
+    }
+    _filter(extender.service, members[1], ["b1"])
+    assert _preempt(extender.service, members[1], {"a0": [fill_a0], "a1": [fill_a1]}) == {}
+    extender.close()
+
+
 def test_a_gang_preempts_only_lower_priority_pods_and_only_when_it_ran_before(tmp_path: Path) -> None:
     """With b2's pod at the gang's own priority, block B cannot be opened: the recovering gang may
     preempt only in block A (priority-0 pods); a gang that never ran may preempt nowhere."""
