@@ -69,7 +69,7 @@ GPU_MIX = (1, 1, 2, 2, 4, 8)
 NAMESPACE = "bench"
 SCHEDULER_NAME = "gpuweave-scheduler"
 WORKERS = 16
-ROUNDS = 3  # baseline/extender pairs: the machine's speed drifts by +-15% within a minute
+ROUNDS = 3  # baseline/extender pairs: the machine's speed drifted by up to 20% within one run
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

@@ -154,10 +154,8 @@ class GangBook:
             gone = [r for r in self._reservations.values() if r.expires_at <= now]
             for reservation in gone:
                 del self._reservations[reservation.key]
-            if any(o.until <= now for o in self._offered.values()):
-                self._offered = {k: o for k, o in self._offered.items() if o.until > now}
-            if any(o.until <= now for o in self._preempting.values()):
-                self._preempting = {k: o for k, o in self._preempting.items() if o.until > now}
+            self._offered = _unexpired(self._offered, now)
+            self._preempting = _unexpired(self._preempting, now)
             if any(w.until <= now for w in self._waiting.values()):
                 self._waiting = {k: w for k, w in self._waiting.items() if w.until > now}
                 self._kept = _union(self._waiting.values())
@@ -199,21 +197,20 @@ class GangBook:
         nomination only when the watch brings it, and the next member's preempt call may come
         first: without these, that member's plan would miss the node its gang is opening."""
         with self.lock:
-            entry = self._preempting.get(key)
-            kept = entry.nodes if entry is not None and entry.until > self.clock() else ()
-            merged = tuple(dict.fromkeys([*kept, *nodes]))
+            merged = tuple(dict.fromkeys([*self.preempting(key), *nodes]))
             self._preempting[key] = Offered(key, merged, self.clock() + self.ttl_s)
 
     def preempting(self, key: str) -> tuple[str, ...]:
         """The nodes kept by ``remember_preempting`` (empty: none, or older than the TTL)."""
-        with self.lock:
-            entry = self._preempting.get(key)
-            return entry.nodes if entry is not None and entry.until > self.clock() else ()
+        return self._live(self._preempting, key)
 
     def offered(self, key: str) -> tuple[str, ...]:
         """The nodes last offered for gang ``key`` (empty: none, or older than the TTL)."""
+        return self._live(self._offered, key)
+
+    def _live(self, table: dict[str, Offered], key: str) -> tuple[str, ...]:
         with self.lock:
-            entry = self._offered.get(key)
+            entry = table.get(key)
             return entry.nodes if entry is not None and entry.until > self.clock() else ()
 
     def kept_nodes(self) -> frozenset[str]:
@@ -242,6 +239,13 @@ class GangBook:
     def held_devices(self) -> int:
         """Devices held by open slots (the metric)."""
         return sum(len(s.devices) for r in self.reservations() for s in r.open_slots)
+
+
+def _unexpired(table: dict[str, Offered], now: float) -> dict[str, Offered]:
+    """``table`` without its entries past their time (the same dict when none is)."""
+    if all(o.until > now for o in table.values()):
+        return table
+    return {k: o for k, o in table.items() if o.until > now}
 
 
 def _union(waiting: Iterable[Waiting]) -> frozenset[str]:

@@ -187,8 +187,8 @@ _DATE = _HttpDate()
 class ExtenderHandler(BaseHTTPRequestHandler):
     """kube-scheduler's calls over keep-alive HTTP/1.1. The request head is read by
     ``request_head`` and the answer's head written in one piece with its body: the standard
-    library's ``email``-based header parsing and per-field writes were a fifth of the extender's
-    CPU per scheduled pod."""
+    library's ``email``-based header parsing was 12% of the extender's CPU per scheduled pod in a
+    profiled end-to-end run."""
 
     protocol_version = "HTTP/1.1"
     server: ExtenderHTTPServer

@@ -21,12 +21,12 @@ from scheduler_ext.core import DecisionCore
 from scheduler_ext.flights import FlightTimeoutError, SingleFlight
 from scheduler_ext.gang_book import Reservation, Slot
 from scheduler_ext.gang_service import GangCoordinator
-from scheduler_ext.host import NO_HOST, HostRequest, host_requests
+from scheduler_ext.host import NO_HOST, HostRequest
 from scheduler_ext.objects import PodRecord
 from scheduler_ext.parsed import ParsedPods
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores, ranks
-from scheduler_ext.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
+from scheduler_ext.requests import BadPodRequestError, PodRequest
 from scheduler_ext.shortlist import shortlist
 from scheduler_ext.verdict import Verdict, materialize
 from scheduler_ext.wire import (
@@ -338,17 +338,18 @@ class ExtenderService:
         elif args.NodeNameToVictims is not None:
             for node, victims in args.NodeNameToVictims.items():
                 proposed[node] = ([p.metadata.uid for p in victims.Pods or []], victims.NumPDBViolations)
-        if not pod_is_ours(pod):
+        parsed = self.parsed.of(pod)
+        if not parsed.ours:
             chosen = proposed
         else:
             try:
-                request = pod_request(pod)
+                request = parsed.checked()
                 gang = self.gangs.gang_of(pod) if self.gangs is not None else None
             except (BadPodRequestError, BadGangError):
                 return ExtenderPreemptionResult()
             if gang is not None and self.gangs is not None:
                 # a gang member evicts only where its recovering gang's plan needs room (else nowhere)
-                room = self.gangs.preemption_room(gang, request, list(proposed), host_requests(pod))
+                room = self.gangs.preemption_room(gang, request, list(proposed), parsed.host)
                 proposed = {n: v for n, v in proposed.items() if n in room}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
             if gang is not None:  # a node that needs no eviction brings the gang no closer
