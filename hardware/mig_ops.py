@@ -51,6 +51,13 @@ class MigInUseError(MigNvmlError):
     """NVML refused with IN_USE: processes run on the instance or GPU."""
 
 
+class _UuidNotListedYetError(Exception):
+    """A compute instance that the MIG-device list read just before did not show (see ``instances``)."""
+
+
+_READ_ATTEMPTS = 3
+
+
 Caller = Callable[[str, Callable[[], Any]], Any]
 
 
@@ -215,7 +222,20 @@ class MigOps:
         return found
 
     def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
-        """Every GPU instance with its compute instances, including ones left without any."""
+        """Every GPU instance with its compute instances, including ones left without any.
+
+        The MIG devices (for the UUIDs) and the GPU/compute instances are separate NVML lists, so a
+        compute instance created between the two reads has no UUID yet in the first. The read is
+        taken again then (up to ``_READ_ATTEMPTS`` times) before it fails."""
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return self._read_instances(index)
+            except _UuidNotListedYetError as exc:
+                if attempt == _READ_ATTEMPTS - 1:
+                    raise MigNvmlError(str(exc)) from None
+        raise AssertionError("unreachable")
+
+    def _read_instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
         handle = self.handle(index)
         uuids = self.mig_uuids(index) if self._profiles(index) else {}
         records: list[GpuInstanceRecord] = []
@@ -280,15 +300,19 @@ class MigOps:
         ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
         return self._uuid_of(self.mig_uuids(index), index=index, gi_id=gi_id, ci_id=ci_id)
 
-    @staticmethod
-    def _uuid_of(uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
+    @classmethod
+    def _uuid_of(cls, uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
         uuid = uuids.get((gi_id, ci_id))
         if uuid is None:
-            raise MigNvmlError(
-                f"GPU {index}: compute instance {ci_id} of GPU instance {gi_id} has no MIG device among "
-                f"the {len(uuids)} NVML lists (nvmlDeviceGetMigDeviceHandleByIndex); check nvidia-smi -L"
-            )
+            raise MigNvmlError(cls._unlisted(uuids, index=index, gi_id=gi_id, ci_id=ci_id))
         return uuid
+
+    @staticmethod
+    def _unlisted(uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
+        return (
+            f"GPU {index}: compute instance {ci_id} of GPU instance {gi_id} has no MIG device among "
+            f"the {len(uuids)} NVML lists (nvmlDeviceGetMigDeviceHandleByIndex); check nvidia-smi -L"
+        )
 
     def _computes(
         self, gi: Any, *, index: int, gi_id: int, gi_profile_id: int, uuids: dict[tuple[int, int], str]
@@ -296,7 +320,10 @@ class MigOps:
         found: list[ComputeRecord] = []
         for ci in self._compute_handles(gi, gi_profile_id):
             ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
-            found.append(ComputeRecord(ci_id, self._uuid_of(uuids, index=index, gi_id=gi_id, ci_id=ci_id)))
+            uuid = uuids.get((gi_id, ci_id))
+            if uuid is None:
+                raise _UuidNotListedYetError(self._unlisted(uuids, index=index, gi_id=gi_id, ci_id=ci_id))
+            found.append(ComputeRecord(ci_id, uuid))
         return tuple(sorted(found, key=lambda c: c.ci_id))
 
     def create(self, index: int, *, profile_id: int, start: int, size: int, ci_profile_index: int) -> str:

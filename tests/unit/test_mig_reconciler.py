@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hardware.mig_ops import MigInUseError, MigOps
+from hardware.mig_ops import MigInUseError, MigNvmlError, MigOps
 from hardware.nvml_call import NvmlCaller
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
@@ -298,3 +298,51 @@ def test_recovery_skips_a_blocked_gpu_and_converges_the_others(tmp_path):
     results = recover(restarted)
     assert [r.gpu_index for r in results] == [2]
     assert layout(lib, 2) == [("3g.40gb", 4, 1)] and layout(lib, 1) == [("7g.80gb", 0, 1)]
+
+
+def _creating_between_reads(reconciler: MigReconciler, creator: MigOps, *, times: int) -> Any:
+    """A caller that creates a 1g instance on GPU 3 on the first GPU-instance listing of each of the
+    first ``times`` reads, that is after the read took the MIG-device list: another actor's create
+    racing a reader."""
+    left = [times]
+    one_g = reconciler.model(3).profile("1g.10gb")
+    starts = iter((0, 1, 2, 3, 4, 5))  # the reconciler's own 1g sits at 6
+
+    def call(name: str, thunk: Any) -> Any:
+        if name == "nvmlDeviceGetMaxMigDeviceCount":
+            left.append(1)  # a new read begins: arm one create
+        elif name == "nvmlDeviceGetGpuInstances" and left[0] > 0 and len(left) > 1:
+            left[0] -= 1
+            del left[1:]
+            creator.create(
+                3,
+                profile_id=one_g.profile_id,
+                start=next(starts),
+                size=one_g.memory_slices,
+                ci_profile_index=one_g.ci_profile_index,
+            )
+        return thunk()
+
+    return call
+
+
+def test_an_instance_created_between_the_two_nvml_lists_is_read_again(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    reconciler.apply(3, [TargetEntry("1g.10gb")])  # MIG on, one instance (at placement 6)
+    assert layout(lib, 3) == [("1g.10gb", 6, 1)]
+    assert lib.mig_node is not None
+    creator = MigOps(lib, resetter=lib.mig_node)
+    reader = MigOps(lib, call=_creating_between_reads(reconciler, creator, times=1), resetter=lib.mig_node)
+    records = reader.instances(3)
+    assert len(records) == 2  # the first read saw the new CI without its MIG device; the second is whole
+    assert {c.mig_uuid for r in records for c in r.computes} == set(creator.mig_uuids(3).values())
+
+
+def test_a_gpu_that_keeps_changing_under_the_reader_fails_with_an_nvml_error(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    reconciler.apply(3, [TargetEntry("1g.10gb")])
+    assert lib.mig_node is not None
+    creator = MigOps(lib, resetter=lib.mig_node)
+    reader = MigOps(lib, call=_creating_between_reads(reconciler, creator, times=10), resetter=lib.mig_node)
+    with pytest.raises(MigNvmlError, match="has no MIG device among"):
+        reader.instances(3)
