@@ -170,8 +170,12 @@ class MigOps:
         if mode is None or not mode[0]:
             return busy
         for mig in self._mig_device_handles(handle):
-            if self._nvml("nvmlDeviceGetComputeRunningProcesses", mig):
-                busy.add(self._text(self._nvml("nvmlDeviceGetUUID", mig)))
+            try:
+                if self._nvml("nvmlDeviceGetComputeRunningProcesses", mig):
+                    busy.add(self._text(self._nvml("nvmlDeviceGetUUID", mig)))
+            except MigNvmlError as exc:  # destroyed since it was listed: nothing runs on it
+                if exc.code not in (NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND):
+                    raise
         return busy
 
     def _mig_device_handles(self, handle: Any) -> list[Any]:
@@ -225,14 +229,19 @@ class MigOps:
         """Every GPU instance with its compute instances, including ones left without any.
 
         The MIG devices (for the UUIDs) and the GPU/compute instances are separate NVML lists, so a
-        compute instance created between the two reads has no UUID yet in the first. The read is
+        compute instance created between the two reads has no UUID yet in the first, and one
+        destroyed after its handle was listed answers INVALID_ARGUMENT or NOT_FOUND. The read is
         taken again then (up to ``_READ_ATTEMPTS`` times) before it fails."""
         for attempt in range(_READ_ATTEMPTS):
+            last = attempt == _READ_ATTEMPTS - 1
             try:
                 return self._read_instances(index)
             except _UuidNotListedYetError as exc:
-                if attempt == _READ_ATTEMPTS - 1:
+                if last:
                     raise MigNvmlError(str(exc)) from None
+            except MigNvmlError as exc:
+                if last or exc.code not in (NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND):
+                    raise
         raise AssertionError("unreachable")
 
     def _read_instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:

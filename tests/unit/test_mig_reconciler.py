@@ -346,3 +346,43 @@ def test_a_gpu_that_keeps_changing_under_the_reader_fails_with_an_nvml_error(tmp
     reader = MigOps(lib, call=_creating_between_reads(reconciler, creator, times=10), resetter=lib.mig_node)
     with pytest.raises(MigNvmlError, match="has no MIG device among"):
         reader.instances(3)
+
+
+def test_an_instance_destroyed_after_its_handle_was_listed_is_read_again(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    created = reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")]).created
+    assert lib.mig_node is not None
+    other = MigOps(lib, resetter=lib.mig_node)
+    gi_id = next(r.gi_id for r in other.instances(3) if r.computes[0].mig_uuid == created[1].mig_uuid)
+    left = [1]
+
+    def destroying(name: str, thunk: Any) -> Any:  # between the GPU-instance list and its info
+        if name == "nvmlGpuInstanceGetInfo" and left[0]:
+            left[0] -= 1
+            other.destroy(3, gi_id=gi_id)
+        return thunk()
+
+    records = MigOps(lib, call=destroying, resetter=lib.mig_node).instances(3)
+    assert [c.mig_uuid for r in records for c in r.computes] == [created[0].mig_uuid]
+
+
+def test_a_mig_device_destroyed_while_busy_devices_reads_is_not_busy_and_the_others_still_are(tmp_path):
+    lib, reconciler, _ = make("dgx-h100", tmp_path)
+    created = reconciler.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")]).created
+    assert lib.mig_node is not None
+    for instance in created:
+        lib.mig_node.gpus[3].set_busy(instance.mig_uuid)
+    other = MigOps(lib, resetter=lib.mig_node)
+    doomed = next(r.gi_id for r in other.instances(3) if r.computes[0].mig_uuid == created[1].mig_uuid)
+    calls = [0]
+
+    def destroying(name: str, thunk: Any) -> Any:  # at the first MIG device's call (the GPU's is first)
+        if name == "nvmlDeviceGetComputeRunningProcesses":
+            calls[0] += 1
+            if calls[0] == 2:
+                lib.mig_node.gpus[3].set_busy(created[1].mig_uuid, False)
+                other.destroy(3, gi_id=doomed)
+        return thunk()
+
+    busy = MigOps(lib, call=destroying, resetter=lib.mig_node).busy_devices(3)
+    assert busy == {created[0].mig_uuid}
