@@ -17,8 +17,10 @@ extender >= 0.8x the pods/s of kube-scheduler alone in the same run.
 Cost per scheduled pod: for each phase, the CPU seconds (user + system, from /proc) each process
 spent from the phase's start to its last bind, divided by the pods bound: kube-scheduler, the
 control plane (kube-apiserver + etcd, one process) and, in the extender phase, the extender,
-whose resident memory (now and peak) is read at the end of the phase. ``--profile FILE`` records
-the extender's phase with py-spy (speedscope JSON) when py-spy is installed.
+whose resident memory (now and peak) is read at the end of the phase; and, from kube-apiserver's
+/metrics, the requests it served, the heap it allocated per pod and its GC cycles in the phase.
+``--profile FILE`` records the extender's phase with py-spy (speedscope JSON) when py-spy is
+installed.
 
 Writes ``benchmarks/results/e2e_throughput.json`` (``e2e_throughput_<nodes>.json`` for another
 node count) and prints a table.
@@ -87,17 +89,46 @@ class PhaseResult:
     # (apiserver_request_total; every client together, the benchmark's own pod creation included)
     api_requests_per_pod: dict[str, float] = field(default_factory=dict)
     round: int = 0  # phases alternate: baseline 0, extender 0, baseline 1, extender 1, ...
+    # the control plane's Go heap allocations per bound pod and its GC cycles in the phase
+    # (go_memstats_alloc_bytes_total, go_gc_duration_seconds_count): whether a phase's extra CPU
+    # is garbage (say, from the extender's first lists just before) or work per request
+    control_plane_alloc_kib_per_pod: float | None = None
+    control_plane_gc_cycles: int | None = None
 
 
-def api_requests(plane: ControlPlane) -> Counter[str]:
-    """kube-apiserver's apiserver_request_total so far, summed per verb and resource."""
+@dataclass(frozen=True)
+class ApiServerCounters:
+    """kube-apiserver's /metrics counters the benchmark reads at a phase's start and end."""
+
+    requests: Counter[str]  # apiserver_request_total, summed per verb and resource
+    allocated_bytes: float  # go_memstats_alloc_bytes_total
+    gc_cycles: float  # go_gc_duration_seconds_count
+
+    def __sub__(self, other: ApiServerCounters) -> ApiServerCounters:
+        return ApiServerCounters(
+            self.requests - other.requests,
+            self.allocated_bytes - other.allocated_bytes,
+            self.gc_cycles - other.gc_cycles,
+        )
+
+
+def api_counters(plane: ControlPlane) -> ApiServerCounters:
+    """kube-apiserver's request, allocation and GC counters so far."""
     method, url, headers, body, _ = plane.api.param_serialize(
         "GET", "/metrics", auth_settings=["BearerToken"]
     )
     response = plane.api.call_api(method, url, header_params=headers, body=body)
     response.read()
+    return parse_api_counters(response.data.decode())
+
+
+def parse_api_counters(text: str) -> ApiServerCounters:
     counts: Counter[str] = Counter()
-    for line in response.data.decode().splitlines():
+    go: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("go_memstats_alloc_bytes_total", "go_gc_duration_seconds_count"):
+            go[name] = float(value)
         if not line.startswith("apiserver_request_total{"):
             continue
         labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
@@ -107,7 +138,9 @@ def api_requests(plane: ControlPlane) -> Counter[str]:
         if label.get("subresource"):
             resource += "/" + label["subresource"]
         counts[f"{label.get('verb', '?')} {resource or label.get('component', '?')}"] += int(float(value))
-    return counts
+    return ApiServerCounters(
+        counts, go.get("go_memstats_alloc_bytes_total", 0.0), go.get("go_gc_duration_seconds_count", 0.0)
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -236,11 +269,11 @@ def run_phase(
         if extender is not None:
             processes["extender"] = extender
         before = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
-        requests_before = api_requests(plane)
+        counters_before = api_counters(plane)
         try:
             bound, seconds = binds.wait(pods)
             spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
-            requests = api_requests(plane) - requests_before
+            counters = api_counters(plane) - counters_before
             memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
         finally:
             scheduler.stop()
@@ -257,8 +290,10 @@ def run_phase(
         extender_rss_mib=memory[0],
         extender_peak_rss_mib=memory[1],
         api_requests_per_pod={
-            key: round(count / max(bound, 1), 2) for key, count in sorted(requests.items()) if count
+            key: round(count / max(bound, 1), 2) for key, count in sorted(counters.requests.items()) if count
         },
+        control_plane_alloc_kib_per_pod=round(counters.allocated_bytes / 1024 / max(bound, 1), 1),
+        control_plane_gc_cycles=int(counters.gc_cycles),
     )
 
 
@@ -413,6 +448,12 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
     for r in results[:2]:
         top = sorted(r.api_requests_per_pod.items(), key=lambda kv: -kv[1])[:6]
         print(f"{r.phase} API requests per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in top))
+    for phase in ("baseline", "extender"):
+        rows = [r for r in results if r.phase == phase]
+        print(
+            f"{phase} control-plane heap allocated per pod (KiB) / GC cycles: "
+            + ", ".join(f"{r.control_plane_alloc_kib_per_pod} / {r.control_plane_gc_cycles}" for r in rows)
+        )
     ours = [r for r in results if r.phase == "extender"]
     print(
         "extender RSS "
