@@ -113,9 +113,12 @@ def _sharing(raw: Mapping[str, Any]) -> Mapping[str, GpuSharingEntry]:
 def pod_identity(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(uid, "namespace/name") as ``pod_record`` has them, without parsing the rest."""
     metadata = _mapping(obj.get("metadata"))
-    namespace, name = metadata.get("namespace"), metadata.get("name")
-    uid = str(metadata.get("uid") or f"{namespace}/{name}")
-    return uid, f"{namespace or 'default'}/{name or ''}"
+    return _pod_uid(metadata), f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+
+
+def _pod_uid(metadata: Mapping[str, Any]) -> str:
+    """The pod's UID; "namespace/name" as given for an object without one (a snapshot file's pod)."""
+    return str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
 
 
 def pod_record(obj: Mapping[str, Any]) -> PodRecord:
@@ -136,7 +139,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     priority = spec.get("priority")
     cpu, memory = host_requests(obj)
     return PodRecord(
-        uid=str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}"),
+        uid=_pod_uid(metadata),
         namespace=str(metadata.get("namespace") or "default"),
         name=str(metadata.get("name") or ""),
         node=str(node) if node else None,
