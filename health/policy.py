@@ -199,8 +199,8 @@ def step(record: DeviceRecord, event: Event, settings: PolicySettings) -> Device
         return record
     if event.ok:
         return _enter(
-            record, DeviceState.PROBATION, event.at, f"probation after {record.action}", clean_rounds=0
-        )
+            record, DeviceState.PROBATION, event.at, f"probation after {record.reason}", clean_rounds=0
+        )  # the Remediating reason, "<action>: <fault>": an operator still sees why
     detail = event.detail or "remediation failed"
     attempts = record.attempts + (0 if event.retry else 1)
     return _enter(record, DeviceState.FAILED, event.at, detail, attempts=attempts, action=None)

@@ -88,9 +88,10 @@ def test_mps_daemon_that_cannot_restart_is_a_gpu_fault_remediated_alone(root: Pa
             lambda: samples(health, "gpuweave_health_faults_total", signal=MPS_SIGNAL) == 1, timeout=30
         )
         record = health.snapshot().gpus[gpu_uuid(0)]
-        # The reset may already have run (the reason then reads "probation after reset-gpu"); the
-        # fault metric above names the MPS signal, so only the state is checked here.
+        # Remediating ("reset-gpu: MPS ...") or, once the reset ran, Probation ("probation after
+        # reset-gpu: MPS ..."): the reason names the MPS fault in both
         assert record.state is not DeviceState.HEALTHY
+        assert "MPS control daemon cannot be restarted" in record.reason, record.reason
         assert record.cause is not None and record.cause.value == "driver"
         assert all(health.snapshot().gpus[gpu_uuid(i)].state is DeviceState.HEALTHY for i in (1, 2, 3))
         rounds = health.monitor.rounds_completed

@@ -169,3 +169,14 @@ def test_tolerance_window(times: list[float], trips: list[bool]) -> None:
         counter, tripped = counter.observe(at, Window(threshold=3, seconds=10))
         seen.append(tripped)
     assert seen == trips
+
+
+def test_probation_after_a_remediation_keeps_the_action_and_the_fault_in_its_reason() -> None:
+    record = DeviceRecord()
+    for event in (fatal(1), RemediationStarted(2, Action.RESET_GPU), RemediationFinished(3, ok=True)):
+        record = step(record, event, SETTINGS)
+    assert record.state is S.PROBATION
+    assert record.reason == "probation after reset-gpu: Xid 79"
+    record = step(record, RoundCompleted(4, True), SETTINGS)
+    assert record.reason == "probation after reset-gpu: Xid 79"  # kept through the clean rounds
+    assert step(record, RoundCompleted(5, True), SETTINGS).reason == ""  # Healthy again
