@@ -51,11 +51,12 @@ class MigInUseError(MigNvmlError):
     """NVML refused with IN_USE: processes run on the instance or GPU."""
 
 
-class _UuidNotListedYetError(Exception):
-    """A compute instance that the MIG-device list read just before did not show (see ``instances``)."""
+class _UnlistedMigDeviceError(MigNvmlError):
+    """A compute instance with no MIG device in the list read before it (see ``instances``)."""
 
 
 _READ_ATTEMPTS = 3
+_GONE = (NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND)  # what a destroyed instance's handle answers
 
 
 Caller = Callable[[str, Callable[[], Any]], Any]
@@ -174,7 +175,7 @@ class MigOps:
                 if self._nvml("nvmlDeviceGetComputeRunningProcesses", mig):
                     busy.add(self._text(self._nvml("nvmlDeviceGetUUID", mig)))
             except MigNvmlError as exc:  # destroyed since it was listed: nothing runs on it
-                if exc.code not in (NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND):
+                if exc.code not in _GONE:
                     raise
         return busy
 
@@ -233,14 +234,11 @@ class MigOps:
         destroyed after its handle was listed answers INVALID_ARGUMENT or NOT_FOUND. The read is
         taken again then (up to ``_READ_ATTEMPTS`` times) before it fails."""
         for attempt in range(_READ_ATTEMPTS):
-            last = attempt == _READ_ATTEMPTS - 1
             try:
                 return self._read_instances(index)
-            except _UuidNotListedYetError as exc:
-                if last:
-                    raise MigNvmlError(str(exc)) from None
             except MigNvmlError as exc:
-                if last or exc.code not in (NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND):
+                changed = isinstance(exc, _UnlistedMigDeviceError) or exc.code in _GONE
+                if not changed or attempt == _READ_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 
@@ -309,19 +307,15 @@ class MigOps:
         ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
         return self._uuid_of(self.mig_uuids(index), index=index, gi_id=gi_id, ci_id=ci_id)
 
-    @classmethod
-    def _uuid_of(cls, uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
+    @staticmethod
+    def _uuid_of(uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
         uuid = uuids.get((gi_id, ci_id))
         if uuid is None:
-            raise MigNvmlError(cls._unlisted(uuids, index=index, gi_id=gi_id, ci_id=ci_id))
+            raise _UnlistedMigDeviceError(
+                f"GPU {index}: compute instance {ci_id} of GPU instance {gi_id} has no MIG device among "
+                f"the {len(uuids)} NVML lists (nvmlDeviceGetMigDeviceHandleByIndex); check nvidia-smi -L"
+            )
         return uuid
-
-    @staticmethod
-    def _unlisted(uuids: dict[tuple[int, int], str], *, index: int, gi_id: int, ci_id: int) -> str:
-        return (
-            f"GPU {index}: compute instance {ci_id} of GPU instance {gi_id} has no MIG device among "
-            f"the {len(uuids)} NVML lists (nvmlDeviceGetMigDeviceHandleByIndex); check nvidia-smi -L"
-        )
 
     def _computes(
         self, gi: Any, *, index: int, gi_id: int, gi_profile_id: int, uuids: dict[tuple[int, int], str]
@@ -329,10 +323,7 @@ class MigOps:
         found: list[ComputeRecord] = []
         for ci in self._compute_handles(gi, gi_profile_id):
             ci_id = int(self._nvml("nvmlComputeInstanceGetInfo", ci).id)
-            uuid = uuids.get((gi_id, ci_id))
-            if uuid is None:
-                raise _UuidNotListedYetError(self._unlisted(uuids, index=index, gi_id=gi_id, ci_id=ci_id))
-            found.append(ComputeRecord(ci_id, uuid))
+            found.append(ComputeRecord(ci_id, self._uuid_of(uuids, index=index, gi_id=gi_id, ci_id=ci_id)))
         return tuple(sorted(found, key=lambda c: c.ci_id))
 
     def create(self, index: int, *, profile_id: int, start: int, size: int, ci_profile_index: int) -> str:
