@@ -70,6 +70,7 @@ def start_node_health(
     gpu_owners: GpuOwners | None = None,
     round_hooks: tuple[RoundHook, ...] = (),
     kill_mps: Callable[[int], str] | None = None,
+    taints_evict: bool = False,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
@@ -77,7 +78,9 @@ def start_node_health(
     joins the extender's assignment annotations when finding the pods on a failed device.
     ``gpu_owners`` (the MIG reconciler's ``owners``) makes each GPU reset own its GPU, so a
     reset never runs inside a MIG reshape of that GPU. ``round_hooks`` run each round before
-    remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon."""
+    remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
+    ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
+    eviction controller."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         root = backend.sysfs_root
@@ -105,6 +108,7 @@ def start_node_health(
             recreate_mig=recreate_mig,
             pod_devices=pod_devices,
             round_hooks=round_hooks,
+            taints_evict=taints_evict,
         )
     )
     if isinstance(backend, SimulatedBackend):

@@ -116,6 +116,11 @@ class Remediator:
     pod_devices: PodDeviceLookup | None = None
     wall_clock: WallClock = field(default=lambda: datetime.datetime.now(datetime.UTC))
     state: StateWriter | None = None  # the health state files; unsaved ones are retried every round
+    # DRA mode: a failed device is published with a NoExecute device taint, and kube-controller-
+    # manager's device-taint eviction is the one owner of evicting its pods (it honours a claim's
+    # toleration, e.g. an admin's diagnostic pod); the agent then evicts none of them itself and
+    # waits for them to leave. Their gangs' other members are still chased from here.
+    taints_evict: bool = False
     _evicted: set[tuple[str, str]] = field(default_factory=set)
     # (namespace, gang) -> (device, its record): gangs whose other members are still to be evicted
     _gangs: dict[tuple[str, str], tuple[str, DeviceRecord]] = field(default_factory=dict)
@@ -273,8 +278,22 @@ class Remediator:
         only_kubelet = sorted(allocated.items())  # not (yet or any more) listed by the API server
         pods += [PodRef(space, name, held) for (space, name), held in only_kubelet if _holds(held, ids)]
         for pod in pods:
-            self._evict(pod, device, record, monitor.settings.eviction_grace_s)
+            if self.taints_evict:
+                self._left_to_taint_eviction(pod, device, record)
+            else:
+                self._evict(pod, device, record, monitor.settings.eviction_grace_s)
         return complete and not pods
+
+    def _left_to_taint_eviction(self, pod: PodRef, device: str, record: DeviceRecord) -> None:
+        """DRA mode: the device-taint eviction controller evicts the pod (or leaves it, when its
+        claim tolerates the taint); marked handled so no gang chase evicts it from here."""
+        key = (pod.namespace, pod.name)
+        if key in self._evicted:
+            return
+        self._evicted.add(key)
+        log.info("%s/%s on failed %s: left to the device-taint eviction", pod.namespace, pod.name, device)
+        if pod.gang and pod.whole_gang and not pod.opted_out:
+            self._gangs.setdefault((pod.namespace, pod.gang), (device, record))
 
     def _kubelet_devices(self, device: str) -> tuple[dict[tuple[str, str], frozenset[str]], bool]:
         """(namespace, name) -> devices the kubelet allocated, and False when it could not be asked."""

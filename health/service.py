@@ -50,6 +50,7 @@ class HealthParts:
     clock: Clock = time.monotonic
     pod_devices: PodDeviceLookup | None = None  # the kubelet's view of pod devices (pod-resources API)
     round_hooks: tuple[RoundHook, ...] = ()  # run each round before remediation (MPS supervision)
+    taints_evict: bool = False  # DRA mode: device-taint eviction evicts a failed device's pods
 
 
 class HealthService:
@@ -68,6 +69,7 @@ class HealthService:
             metrics=self.metrics,
             pod_devices=parts.pod_devices,
             state=self.state,
+            taints_evict=parts.taints_evict,
         )
         tail = None
         if parts.kernel_log is not None:

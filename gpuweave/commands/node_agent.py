@@ -334,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
         pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
         round_hooks=(MpsRoundHook(mps),),
         kill_mps=mps.kill,
+        taints_evict=bool(args.dra),  # DRA: NoExecute device taints, evicted by kube-controller-manager
     )
     if kube is not None:
         kube.start(

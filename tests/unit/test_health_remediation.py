@@ -89,7 +89,7 @@ def pod(name: str, *devices: str, opted_out: bool = False) -> PodRef:
 
 
 def service(
-    tmp_path: Path, cluster: RecordingCluster | None, **settings: Any
+    tmp_path: Path, cluster: RecordingCluster | None, *, taints_evict: bool = False, **settings: Any
 ) -> tuple[HealthService, SimHealthState, Sink]:
     state = SimHealthState(
         [(g.uuid, g.pci_bus_id, 12) for g in INVENTORY.gpus],
@@ -113,6 +113,7 @@ def service(
         kernel_log=tmp_path / "kmsg",
         cluster=cluster,
         clock=FakeClock(),
+        taints_evict=taints_evict,
     )
     health = HealthService(parts)
     health._load_bad_list()
@@ -176,6 +177,27 @@ def test_a_failed_gpu_evicts_the_whole_gang_of_its_pod_unless_the_gang_says_pod(
     assert sorted(cluster.evicted) == ["train-0", "train-1", "train-2"]
     assert ("GpuweaveGangEvicted", "train-1") in cluster.events
     assert cluster.elsewhere == [stranger] and [p.name for p in cluster.pods] == ["bystander"]
+
+
+def test_with_device_taints_the_agent_evicts_none_of_the_devices_pods_and_resets_once_they_left(
+    tmp_path: Path,
+) -> None:
+    """DRA mode: the device-taint eviction controller owns the eviction of the failed device's
+    pods (one owner: the agent's own eviction, with its longer grace, would race it and win);
+    the agent waits for them to leave before the reset, and still chases the gang's members."""
+    key = "ml/gang:train"
+    member = replace(pod("train-0", gpu_uuid(5)), gang=key)
+    cluster = RecordingCluster([member, pod("claim-user", gpu_uuid(5))])
+    cluster.elsewhere = [replace(pod("train-1"), gang=key)]
+    health, state, _ = service(tmp_path, cluster, taints_evict=True)
+    state.inject_xid(5, 79)
+    health.monitor.run_round()
+    health.monitor.run_round()
+    assert cluster.evicted == ["train-1"]  # the gang's member elsewhere; none of the device's pods
+    assert state.gpus[5].resets == 0 and state_of(health, 5) is DeviceState.FAILED
+    cluster.pods.clear()  # the controller evicted them
+    health.monitor.run_round()
+    assert state.gpus[5].resets == 1
 
 
 def test_a_gang_member_refused_by_a_pdb_is_evicted_a_round_later(tmp_path: Path) -> None:
