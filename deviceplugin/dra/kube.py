@@ -5,15 +5,20 @@
 builder gives: it lists the slices it finds for the node and driver, and when the devices, counters
 or taints differ it writes the whole pool again under the next generation (create or replace by
 name) and deletes slices the pool no longer has; nothing changes, nothing is written. It runs in a
-background thread, coalesces bursts, reconciles at least every ``RESYNC_S`` seconds (the kubelet
-deletes a driver's slices when it loses the plugin's registration) and retries through an outage,
-never blocking the kubelet's gRPC path. A taint that stays keeps the ``timeAdded`` the API server
-stamped (``taints.carry_time_added``), so republishing never restarts a NoExecute toleration.
+background thread, coalesces bursts, lists the pool from the API server at least every
+``RESYNC_S`` seconds (the kubelet deletes a driver's slices when it loses the plugin's registration),
+counted by the clock so that the health rounds' frequent wakes never postpone it, and retries
+through an outage, never blocking the kubelet's gRPC path. A taint that stays keeps the
+``timeAdded`` the API server stamped (``taints.carry_time_added``), so republishing never
+restarts a NoExecute toleration.
 
 A wake from ``changed()`` (every health round calls it) compares the new build with the slices
 as this process last read or wrote them, without a LIST: only the periodic resync, ``resync()``
 (the kubelet accepted the registration: it may have wiped the pool) and the first reconcile after
-a failure list from the API server. A slice gone under a replace (404) is created again at once.
+a failure list from the API server. A (re)started kubelet wipes the node's slices in the
+background after it starts, so it can delete a pool published right after the registration:
+``resync()`` lists now and once more ``AFTER_REGISTRATION_S`` later. A slice gone under a
+replace (404) is created again at once.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -35,8 +41,9 @@ from kubeio.errors import NOT_FOUND, describe, status_of
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0
-RESYNC_S = 30.0  # a reconcile at least this often: the kubelet wipes a driver's slices when it
+RESYNC_S = 30.0  # a LIST at least this often: the kubelet wipes a driver's slices when it
 # loses the plugin's registration (its own restart included), and nothing else would tell us
+AFTER_REGISTRATION_S = 5.0  # the second LIST after a registration: the kubelet's start-up wipe is async
 # generation, the taints already published (device name -> wire taints) -> the pool's slices
 PoolBuilder = Callable[[int, Mapping[str, list[Mapping[str, str]]]], list[dict[str, Any]]]
 
@@ -84,10 +91,20 @@ class SlicePublisher:
     """Writes this node's pool (see the module docstring); ``changed()`` wakes it."""
 
     def __init__(
-        self, api: client.ApiClient, *, node: str, build: PoolBuilder, resync_s: float = RESYNC_S
+        self,
+        api: client.ApiClient,
+        *,
+        node: str,
+        build: PoolBuilder,
+        resync_s: float = RESYNC_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._resource = client.ResourceV1Api(api)
         self._resync_s = resync_s
+        self._clock = clock
+        self._list_at = clock() + resync_s  # the next periodic LIST (the first reconcile lists anyway)
+        self._second_list_at: float | None = None  # the LIST that follows a registration's
+        self._lock = threading.Lock()
         self._node = node
         self._build = build
         self._wake = threading.Event()
@@ -114,17 +131,36 @@ class SlicePublisher:
         self._wake.set()
 
     def resync(self) -> None:
-        """The pool on the API server may have changed under us: list it before comparing."""
+        """The kubelet accepted the registration, so it may have wiped the pool, now or in a
+        moment: list it before comparing, and list again ``AFTER_REGISTRATION_S`` later."""
+        with self._lock:
+            self._second_list_at = self._clock() + AFTER_REGISTRATION_S
         self._relist.set()
         self._wake.set()
 
+    def _due_in(self) -> float:
+        with self._lock:
+            second = self._second_list_at
+            due = self._list_at if second is None else min(self._list_at, second)
+            return due - self._clock()
+
+    def _take_due_list(self) -> bool:
+        """True when a LIST is due now (the periodic one, or the one after a registration)."""
+        with self._lock:
+            now = self._clock()
+            second = self._second_list_at is not None and self._second_list_at <= now
+            if second:
+                self._second_list_at = None
+            return second or self._list_at <= now
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._wake.wait(self._resync_s):
-                self._relist.set()  # the periodic resync
+            self._wake.wait(max(0.0, self._due_in()))
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self._take_due_list():
+                self._relist.set()  # however often changed() woke us in between
             try:
                 self.publish_once(relist=self._relist.is_set())
             except Exception as exc:  # API outage: keep serving the kubelet, retry later
@@ -147,6 +183,8 @@ class SlicePublisher:
         as this process last read or wrote it (no LIST) when it has one."""
         if relist or self._known is None:
             self._relist.clear()
+            with self._lock:
+                self._list_at = self._clock() + self._resync_s
             self._known = None
             existing = self.current()
             self._known = existing

@@ -168,6 +168,54 @@ def test_dra_slice_publisher_reconciles_the_pool(dra_plane: ControlPlane) -> Non
     assert publisher.current() == []
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_dra_slice_publisher_lists_on_time_however_often_health_wakes_it(dra_plane: ControlPlane) -> None:
+    """The periodic LIST is counted by the clock: health rounds wake the publisher every second
+    (``changed()``), which must not postpone it, or a pool the kubelet wiped stays gone; and a
+    registration (``resync()``) lists now and once more a few seconds later, since the kubelet's
+    start-up wipe runs in the background and can land after the first."""
+    from deviceplugin.dra.kube import AFTER_REGISTRATION_S, SlicePublisher  # noqa: PLC0415
+
+    inventory = _inventory("dgx-h100", "e2e-dra-publisher-clock")
+    clock = _Clock()
+    publisher = SlicePublisher(
+        dra_plane.api,
+        node=inventory.name,
+        build=lambda generation, _published: pool_slices(
+            inventory, mig=MigPublishing.STATIC, generation=generation
+        ),
+        resync_s=30,
+        clock=clock,
+    )
+    publisher.start()
+    try:
+        wait_for("the first pool published", lambda: publisher.published == 1)
+        resource = client.ResourceV1Api(dra_plane.api)
+        (only,) = publisher.current()
+        resource.delete_resource_slice(only["metadata"]["name"])  # as the kubelet's wipe does
+        clock.now = 31.0  # past the periodic LIST; a health round wakes the publisher
+        publisher.changed()
+        wait_for("the wiped pool published again by the periodic LIST", lambda: publisher.published == 2)
+        listed = publisher.listed
+        publisher.resync()
+        wait_for("the LIST of a registration", lambda: publisher.listed == listed + 1)
+        (again,) = publisher.current()
+        resource.delete_resource_slice(again["metadata"]["name"])  # the wipe lands after that LIST
+        clock.now += AFTER_REGISTRATION_S
+        publisher.changed()
+        wait_for("the pool published again by the second LIST", lambda: publisher.published == 3)
+    finally:
+        publisher.stop()
+        publisher.delete_all()
+
+
 # ---- DRA end to end: kube-scheduler's DynamicResources plugin, the ResourceClaim controller, the
 # kubelet's DRA manager (harness node) and `gpuweave node-agent --dra` on one node ------------------
 
