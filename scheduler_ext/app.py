@@ -15,6 +15,7 @@ from scheduler_ext.events import EventCounts, EventRecorder, EventSink, Recordin
 from scheduler_ext.gang_book import GangBook
 from scheduler_ext.gang_service import GangCoordinator, GangSettings, PodGroupSizes
 from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.objects import PodRecord
 from scheduler_ext.probes import ProbeHTTPServer
 from scheduler_ext.registry import LayoutRegistry
 from scheduler_ext.selector import SelectorCache
@@ -122,6 +123,7 @@ def assemble(
     metrics = ExtenderMetrics()
     metrics.watch_capacity(cache.kinds)
     coordinator = gang_coordinator(cache, core, gangs or GangSettings(), metrics)
+    cache.on_conflict = lambda _record, _device, _holder: metrics.assignment_conflicts.inc()
     if event_sink is None:
         service = ExtenderService(
             cache=cache, core=core, binder=binder, observer=metrics, keep=keep, gangs=coordinator
@@ -131,6 +133,12 @@ def assemble(
         )
     events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
     events.start()
+
+    def on_conflict(record: PodRecord, device: str, holder: str) -> None:
+        metrics.assignment_conflicts.inc()
+        events.conflict(record, device=device, holder=holder)
+
+    cache.on_conflict = on_conflict
     service = RecordingService(
         cache=cache,
         core=core,

@@ -4,17 +4,23 @@ Reads take no lock: each node's ``NodeState`` is an immutable value replaced who
 (copy-on-write), and a dict lookup of it is atomic. Writes to one node's state go through that
 node's lock, so binds on different nodes never wait for each other.
 
-Pod assignment annotations are the source of truth for who holds what; between a bind and the
-watch delivering the annotated pod, the bind's allocation is *assumed* so concurrent decisions
-never double-book. A restart rebuilds everything from the API (or the snapshot).
+Pod assignment annotations are the source of truth for who holds what, as far as the pod could
+really hold those devices (``objects``: bound, up to its requests); between a bind and the watch
+delivering the annotated pod, the bind's allocation is *assumed* so concurrent decisions never
+double-book. Two counted pods naming one device (a forged annotation on a bound pod, a second
+extender binding in the same cluster) are a conflict: the device stays with the pod the cache
+counted first, the later pod does not hold it, and ``on_conflict`` is told once per pod and device
+(the extender wires a metric, an Event and a log line to it). A restart rebuilds everything from
+the API (or the snapshot).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +39,8 @@ from topology.spec_templates import SpecTemplates
 
 LOG = logging.getLogger(__name__)
 MAX_REMEMBERED_PODS = 20_000
+# (the later pod, the device, the UID of the pod that keeps it): called once per pod and device
+ConflictHook = Callable[[PodRecord, str, str], None]
 
 
 class DoubleBookingError(GpuweaveError):
@@ -60,6 +68,10 @@ class ClusterCache:
         self._bases: dict[str, NodeState] = {}  # per node: layout, identifiers and health, no holders
         self._known_nodes: set[str] = set()
         self._holdings: dict[str, Holding] = {}  # pod UID -> devices held
+        self._since: dict[str, int] = {}  # pod UID -> when it first held devices (conflict order)
+        self._sequence = itertools.count()
+        self._conflicts: dict[str, set[str]] = {}  # pod UID -> its devices reported as conflicts
+        self.on_conflict: ConflictHook | None = None
         self._by_node: dict[str, set[str]] = {}  # node -> UIDs holding devices there
         self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # UID -> last seen pod object
         self._pod_uids: dict[str, str] = {}  # namespace/name -> UID
@@ -299,6 +311,12 @@ class ClusterCache:
         if holding is not None and holding.record.node:
             self._holdings[uid] = holding
             self._by_node.setdefault(holding.record.node, set()).add(uid)
+            with self._meta_lock:
+                self._since.setdefault(uid, next(self._sequence))
+        else:
+            with self._meta_lock:
+                self._since.pop(uid, None)
+                self._conflicts.pop(uid, None)
 
     # ---- state rebuild --------------------------------------------------------------------------
     def _rebuild(self, name: str) -> None:
@@ -312,7 +330,7 @@ class ClusterCache:
             self._tokens.drop(name)
             self._kinds.put(name, None, 0, 0.0)
             return
-        holders = _holders(self.holdings_on(name))
+        holders = self._holders(self.holdings_on(name))
         if base is None:
             state = self.registry.tokenized(NodeState(name=name, holders=holders))
         else:
@@ -320,6 +338,35 @@ class ClusterCache:
         self._states[name] = state
         self._tokens.set(name, state.token)
         self._kinds.put(name, *kind_and_free(state, self._allocatable.get(name)))
+
+    def _holders(self, records: Iterable[PodRecord]) -> dict[str, str]:
+        """Device -> the pod that holds it; of two pods naming one device, the one counted first."""
+        holders: dict[str, str] = {}
+        since = self._since
+        for record in sorted(records, key=lambda r: (since.get(r.uid, -1), r.uid)):
+            for device in record.devices:
+                holder = holders.setdefault(device, record.uid)
+                if holder != record.uid:
+                    self._conflict(record, device, holder)
+        return holders
+
+    def _conflict(self, record: PodRecord, device: str, holder: str) -> None:
+        with self._meta_lock:
+            reported = self._conflicts.setdefault(record.uid, set())
+            if device in reported:
+                return
+            reported.add(device)
+        LOG.warning(
+            "pod %s (uid %s) on node %s names device %s, which pod uid %s holds; not counting it for %s",
+            record.key,
+            record.uid,
+            record.node,
+            device,
+            holder,
+            record.key,
+        )
+        if self.on_conflict is not None:
+            self.on_conflict(record, device, holder)
 
     @property
     def kinds(self) -> KindTotals:
@@ -345,9 +392,3 @@ def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:
     )
 
 
-def _holders(records: Iterable[PodRecord]) -> dict[str, str]:
-    holders: dict[str, str] = {}
-    for record in records:
-        for device in record.devices:
-            holders.setdefault(device, record.uid)
-    return holders

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from scheduler_ext.cache import ClusterCache
+from scheduler_ext.objects import PodRecord
 from scheduler_ext.service import Binder, ExtenderService
 from scheduler_ext.summary import device_groups, placement_text, reason_counts, rejection_message, shorten
 from scheduler_ext.wire import ExtenderArgs, ExtenderFilterResult
@@ -40,6 +41,7 @@ from topology.scoring import score_set
 LOG = logging.getLogger(__name__)
 REJECTED_REASON = "GpuweaveUnschedulable"  # Warning: filter rejected every node it was asked about
 BOUND_REASON = "GpuweaveAssigned"  # Normal: bind wrote the assignment
+CONFLICT_REASON = "GpuweaveAssignmentConflict"  # Warning: the pod names a device another pod holds
 PER_POD_S = 60.0
 RATE_PER_S = 20.0  # rejections (Warning): a stuck pod's reasons
 BURST = 100
@@ -174,6 +176,19 @@ class EventRecorder:
             return bind_message(self._cache, node, assignment)
 
         self._offer(pod, BOUND_REASON, "Normal", render, self._bound_limiter)
+
+    def conflict(self, record: PodRecord, *, device: str, holder: str) -> None:
+        """The pod's assignment names a device another counted pod holds (``cache.on_conflict``)."""
+        pod = {"metadata": {"namespace": record.namespace, "name": record.name, "uid": record.uid}}
+
+        def render() -> str:
+            return (
+                f"device {device} on node {record.node} is held by pod uid {holder}; this pod's "
+                "gpuweave.io/assignment names it too (a second extender binding in this cluster, or "
+                "an annotation the extender did not write), so the extender does not count it here"
+            )
+
+        self._offer(pod, CONFLICT_REASON, "Warning", render, self._limiter)
 
     def _offer(
         self, pod: Mapping[str, Any], reason: str, kind: str, render: Render, limiter: EventLimiter

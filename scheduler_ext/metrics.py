@@ -79,6 +79,11 @@ class ExtenderMetrics:
         self.binds = Counter(
             "gpuweave_extender_binds", "Bind outcomes (bound, error)", ["outcome"], registry=self.registry
         )
+        self.assignment_conflicts = Counter(
+            "gpuweave_extender_assignment_conflicts",
+            "Devices a pod's assignment names while another counted pod holds them (not counted for it)",
+            registry=self.registry,
+        )
         self.cached_nodes = Gauge(
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )

@@ -3,6 +3,13 @@
 Tolerant on purpose: the extender must keep serving when one object is odd. A GpuNodeInventory
 whose spec does not parse is logged and treated as "no inventory" for that node; a pod whose
 assignment annotation does not parse holds nothing (and is logged), never crashes the cache.
+
+A pod's ``gpuweave.io/assignment`` annotation is trusted only as far as the pod could really hold
+those devices (anyone who may create a pod can write the annotation): it counts only once the pod
+is bound (``spec.nodeName``) to the node the annotation names, and per container and resource only
+up to the count the container requests (the first IDs in the annotation's order); a Pending pod's
+annotation holds nothing. The extender's own bind is counted before the watch shows it (the
+cache's *assumed* holdings).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 from scheduler_ext.host import host_requests
 from scheduler_ext.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
+from scheduler_ext.quantity import QuantityError, whole_units
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT
 from topology.errors import InvalidInputError
@@ -126,16 +134,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
     annotations = _mapping(metadata.get("annotations"))
-    devices: frozenset[str] = frozenset()
     node = spec.get("nodeName") or None
-    raw = annotations.get(ANNOTATION_ASSIGNMENT)
-    if isinstance(raw, str) and raw:
-        try:
-            assignment = PodAssignment.from_annotation(raw)
-            devices = frozenset(assignment.all_device_ids())
-            node = node or assignment.node
-        except InvalidInputError as exc:
-            LOG.warning("pod %s/%s: %s", metadata.get("namespace"), metadata.get("name"), exc)
+    devices = _counted_devices(metadata, spec, annotations.get(ANNOTATION_ASSIGNMENT), node=node)
     priority = spec.get("priority")
     cpu, memory = host_requests(obj)
     return PodRecord(
@@ -150,3 +150,65 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         memory_mib=memory,
         gang=gang_key(obj),
     )
+
+
+def _counted_devices(
+    metadata: Mapping[str, Any], spec: Mapping[str, Any], raw: object, *, node: object
+) -> frozenset[str]:
+    """The devices a pod's assignment annotation may count (see the module docstring)."""
+    if not isinstance(raw, str) or not raw or not node:
+        return frozenset()  # no annotation, or not bound: a Pending pod holds nothing
+    where = f"pod {metadata.get('namespace')}/{metadata.get('name')}"
+    try:
+        assignment = PodAssignment.from_annotation(raw)
+    except InvalidInputError as exc:
+        LOG.warning("%s: %s", where, exc)
+        return frozenset()
+    if assignment.node != node:
+        LOG.warning(
+            "%s: its gpuweave.io/assignment names node %.200r but the pod is bound to %.200r; "
+            "counting none of its devices",
+            where,
+            assignment.node,
+            node,
+        )
+        return frozenset()
+    requested = requested_units(spec)
+    counted: set[str] = set()
+    for container, chosen in assignment.containers.items():
+        for resource, ids in chosen.devices.items():
+            allowed = requested.get((container, resource), 0)
+            if len(set(ids)) > allowed:
+                LOG.warning(
+                    "%s: its gpuweave.io/assignment names %d devices of %.200s for container %.200s, "
+                    "which requests %d; counting %d",
+                    where,
+                    len(set(ids)),
+                    resource,
+                    container,
+                    allowed,
+                    allowed,
+                )
+            counted.update(list(dict.fromkeys(ids))[:allowed])
+    return frozenset(counted)
+
+
+def requested_units(spec: Mapping[str, Any]) -> dict[tuple[str, str], int]:
+    """(container name, resource name) -> the whole units it requests, init containers included
+    (an extended resource's limit, or its request where no limit is given); unreadable counts are 0."""
+    units: dict[tuple[str, str], int] = {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if not isinstance(container, Mapping):
+            continue
+        resources = _mapping(container.get("resources"))
+        values = {**_mapping(resources.get("requests")), **_mapping(resources.get("limits"))}
+        for resource, value in values.items():
+            if "/" not in str(resource):  # cpu, memory, ...: not a device resource
+                continue
+            try:
+                count = whole_units(str(value))
+            except QuantityError:
+                continue
+            if count:
+                units[(str(container.get("name") or ""), str(resource))] = count
+    return units

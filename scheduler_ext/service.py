@@ -22,7 +22,7 @@ from scheduler_ext.flights import FlightTimeoutError, SingleFlight
 from scheduler_ext.gang_book import Reservation, Slot
 from scheduler_ext.gang_service import GangCoordinator
 from scheduler_ext.host import NO_HOST, HostRequest
-from scheduler_ext.objects import PodRecord
+from scheduler_ext.objects import PodRecord, pod_identity
 from scheduler_ext.parsed import ParsedPods
 from scheduler_ext.preempt import choose_victims
 from scheduler_ext.ranking import ranked_scores, ranks
@@ -254,6 +254,10 @@ class ExtenderService:
                 f"pod {key} (uid {args.PodUID or '?'}) is unknown to the extender: not filtered here, "
                 "or re-created since; kube-scheduler will retry it"
             )
+        known = pod_identity(pod)[1]
+        if known != key:
+            LOG.warning("bind refused: uid %.200s is pod %s, not %.200s", args.PodUID, known, key)
+            return f"pod uid {args.PodUID:.200} is pod {known}, not {key:.200}: binding nothing"
         parsed = self.parsed.of(pod)
         request = parsed.request
         if request is None:

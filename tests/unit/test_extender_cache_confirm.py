@@ -76,7 +76,7 @@ def test_the_watch_showing_other_devices_replaces_the_holding_and_rebuilds() -> 
     container = next(iter(annotation.containers.values()))
     resource = next(iter(container.devices))
     taken = set(assumed.record.devices)
-    free = [u.uuid for u in profile_inventory("dgx-h100", "n0").gpus if u.uuid not in taken][:3]
+    free = [u.uuid for u in profile_inventory("dgx-h100", "n0").gpus if u.uuid not in taken][:2]
     containers = {
         name: c.model_copy(update={"devices": {resource: free}}) for name, c in annotation.containers.items()
     }
