@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from scheduler_ext.verdict import Verdict
+from topology.errors import clip
 
 _FITS, _UNRESOLVABLE, _REASON, _HELD = (attrgetter(a) for a in ("fits", "unresolvable", "reason", "held"))
 
@@ -161,7 +162,7 @@ class Filtered:
         if fits.all():
             return Filtered(fits, {}, {}, {})
         unresolvable = np.fromiter(map(_UNRESOLVABLE, verdicts), dtype=bool, count=len(verdicts))
-        reasons = list(map(_REASON, verdicts))
+        reasons = [clip(r) for r in map(_REASON, verdicts)]  # one per state; each bounded (input in it)
         states = groups.inverse
         hopeless_mask = ~fits & unresolvable[states]
         failed_mask = ~fits & ~hopeless_mask

@@ -26,7 +26,7 @@ from topology.contracts import (
     RESOURCE_MIG_PREFIX,
     mig_profile_of_resource,
 )
-from topology.errors import InvalidInputError
+from topology.errors import InvalidInputError, echo
 
 GPUWEAVE_PREFIX = "gpuweave.io/"
 OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, GPUWEAVE_PREFIX)
@@ -111,19 +111,21 @@ def parse_count(value: object, *, resource: str, container: str) -> int:
     """A whole-number quantity ("2", 2, "2000m", "2e0") as the API server accepts it for an
     extended resource: a Kubernetes quantity (``quantity``), integral and not negative."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise BadPodRequestError(f"container {container!r}: {resource} must be a whole number, got {value!r}")
+        raise BadPodRequestError(
+            f"container {echo(container)}: {resource} must be a whole number, got {echo(value)}"
+        )
     if isinstance(value, int):
         if 0 <= value <= MAX_STORED:
             return value
         raise BadPodRequestError(
-            f"container {container!r}: {resource} must be a whole number from 0 to 2^63-1"
+            f"container {echo(container)}: {resource} must be a whole number from 0 to 2^63-1"
         )
     text = repr(value) if isinstance(value, float) else str(value)
     try:
         return whole_units(text)
     except QuantityError as exc:
         raise BadPodRequestError(
-            f"container {container!r}: {resource}={value!r} must be a whole number: {exc}"
+            f"container {echo(container)}: {resource}={echo(value)} must be a whole number: {exc}"
         ) from None
 
 
@@ -132,7 +134,7 @@ def _our_resources(values: object, *, section: str, container: str) -> dict[str,
     if values is None:
         return {}
     if not isinstance(values, Mapping):
-        raise BadPodRequestError(f"container {container!r}: resources.{section} must be an object")
+        raise BadPodRequestError(f"container {echo(container)}: resources.{section} must be an object")
     counts: dict[str, int] = {}
     for key, value in values.items():
         name = str(key)
@@ -141,7 +143,7 @@ def _our_resources(values: object, *, section: str, container: str) -> dict[str,
         if name.startswith(GPUWEAVE_PREFIX) and name not in GPUWEAVE_RESOURCES:
             known = ", ".join(sorted(GPUWEAVE_RESOURCES))
             raise BadPodRequestError(
-                f"container {container!r}: unknown resource {name!r}; gpuweave serves {known}"
+                f"container {echo(container)}: unknown resource {echo(name)}; gpuweave serves {known}"
             )
         counts[name] = parse_count(value, resource=name, container=container)
     return counts
@@ -155,7 +157,7 @@ def _container_counts(resources: Mapping[str, Any], *, container: str) -> dict[s
     for name, count in requests.items():
         if name in limits and limits[name] != count:
             raise BadPodRequestError(
-                f"container {container!r}: {name} request {count} differs from its limit {limits[name]}; "
+                f"container {echo(container)}: {name} request {count} differs from its limit {limits[name]}; "
                 "extended resources cannot be overcommitted, set both to the same count"
             )
     return {**requests, **limits}
@@ -165,7 +167,7 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
     name = str(container.get("name", ""))
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
-        raise BadPodRequestError(f"container {name!r}: resources must be an object")
+        raise BadPodRequestError(f"container {echo(name)}: resources must be an object")
     counts = _container_counts(resources, container=name)
     mig = tuple(
         sorted(
@@ -189,12 +191,12 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
 def _validate_container(request: ContainerRequest) -> None:
     if request.gpus and request.wants_share:
         raise BadPodRequestError(
-            f"container {request.name!r} asks for whole GPUs and GPU shares at once; "
+            f"container {echo(request.name)} asks for whole GPUs and GPU shares at once; "
             "request either nvidia.com/gpu or gpuweave.io/gpu-* in one container"
         )
     if request.shared and (request.compute or request.memory_gib):
         raise BadPodRequestError(
-            f"container {request.name!r} mixes time-sliced replicas (gpuweave.io/gpu-shared) with "
+            f"container {echo(request.name)} mixes time-sliced replicas (gpuweave.io/gpu-shared) with "
             "MPS shares (gpu-compute/gpu-memory); choose one"
         )
 
@@ -206,7 +208,7 @@ def _check_unique_names(containers: list[ContainerRequest]) -> None:
     for request in containers:
         if request.name in seen:
             raise BadPodRequestError(
-                f"pod has two containers named {request.name!r}; container names must be unique "
+                f"pod has two containers named {echo(request.name)}; container names must be unique "
                 "(init containers included)"
             )
         seen.add(request.name)
@@ -227,7 +229,7 @@ def parse_placement(value: object) -> Placement:
     except ValueError:
         valid = ", ".join(p.value for p in Placement)
         raise BadPodRequestError(
-            f"annotation {ANNOTATION_PLACEMENT}={value!r} is not one of: {valid}"
+            f"annotation {ANNOTATION_PLACEMENT}={echo(value)} is not one of: {valid}"
         ) from None
 
 

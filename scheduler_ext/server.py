@@ -1,7 +1,12 @@
 """The HTTP(S) adapter: kube-scheduler's extender calls in, JSON out; stdlib ``http.server``.
 
 Every request is answered: a body that is too large, not JSON, or not the verb's message gets
-400 with a one-line reason and the connection stays usable. Keep-alive (HTTP/1.1) matters here:
+400 with a one-line reason and the connection stays usable. Framing is strict: ``Content-Length``
+is ASCII digits only, and a request with ``Transfer-Encoding`` (chunked or any other, with or
+without ``Content-Length``) is refused and its connection closed, so no proxy in between can read
+the request's end elsewhere than we do. A pod nested deeper than ``MAX_POD_DEPTH`` is refused
+(400): the cost of walking it is bounded and no comparison or copy of it can recurse past Python's
+limit. Keep-alive (HTTP/1.1) matters here:
 kube-scheduler calls filter and prioritize for every pod, and a TCP handshake per call would
 cost more than the decision.
 """
@@ -38,12 +43,13 @@ from scheduler_ext.wire import (
     canonical_keys,
     parse,
 )
-from topology.errors import InvalidInputError
+from topology.errors import InvalidInputError, echo
 
 LOG = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read and discard up to this much of an oversized body
 JSON = "application/json"
+MAX_POD_DEPTH = 64  # objects and lists inside the pod; Kubernetes' own (managedFields) stay under 30
 
 
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (capped by net.core.somaxconn)
@@ -165,6 +171,29 @@ class BadRequestError(Exception):
     def __init__(self, reason: str, *, close: bool = False) -> None:
         super().__init__(reason)
         self.close = close
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """True when ``value`` (decoded JSON) nests objects and lists more than ``limit`` deep; iterative,
+    so a hostile depth costs one pass and no recursion."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def content_length(raw: str | None) -> int | None:
+    """A ``Content-Length`` value as RFC 9110 has it (1*DIGIT); None when it is anything else
+    (``+12``, ``1_2``, `` 12``, non-ASCII digits, empty), which ``int()`` would partly accept."""
+    if raw is None or not raw or not raw.isascii() or not raw.isdigit():
+        return None
+    return int(raw)
 
 
 class _HttpDate:
@@ -327,30 +356,35 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     def _args(
         model: type[ExtenderArgs] | type[ExtenderPreemptionArgs], body: object
     ) -> tuple[ExtenderArgs | ExtenderPreemptionArgs, Mapping[str, Any]]:
-        args = parse(model, body)
         raw = canonical_keys(body, model)
+        # preempt's victims are pods too: its whole body is walked (a rare verb, a short body)
+        preempt = model is ExtenderPreemptionArgs
+        walked = raw if preempt else raw.get("Pod") if isinstance(raw, Mapping) else None
+        if nested_deeper_than(walked, MAX_POD_DEPTH + (8 if preempt else 0)):
+            raise BadRequestError(f"the pod nests objects or lists deeper than {MAX_POD_DEPTH} levels")
+        args = parse(model, body)
         assert isinstance(raw, Mapping)
         return args, raw["Pod"]
 
     # ---- plumbing ---------------------------------------------------------------------------------
     def _length_or_zero(self) -> int:
-        try:
-            return max(0, int(self.headers.get("Content-Length") or 0))
-        except ValueError:
-            return 0
+        return content_length(self.headers.get("Content-Length")) or 0
 
     def _read_json(self) -> object:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            raise BadRequestError("chunked request bodies are not accepted; send Content-Length", close=True)
+        if "Transfer-Encoding" in self.headers:
+            raise BadRequestError(
+                "Transfer-Encoding is not accepted (chunked or any other); send the body with "
+                "Content-Length only",
+                close=True,
+            )
         raw_length = self.headers.get("Content-Length")
         if raw_length is None:
             raise BadRequestError("missing Content-Length header")
-        try:
-            length = int(raw_length)
-        except ValueError:
-            raise BadRequestError(f"bad Content-Length {raw_length!r}", close=True) from None
-        if length < 0:
-            raise BadRequestError(f"bad Content-Length {raw_length!r}", close=True)
+        length = content_length(raw_length)
+        if length is None:
+            raise BadRequestError(
+                f"bad Content-Length {echo(raw_length, limit=40)}: ASCII digits only", close=True
+            )
         if length > MAX_BODY_BYTES:
             drained = self._drain(length)
             raise BadRequestError(

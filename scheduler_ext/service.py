@@ -40,7 +40,7 @@ from scheduler_ext.wire import (
 )
 from scheduler_ext.workload import pod_shape
 from topology.assignment import PodAssignment
-from topology.errors import GpuweaveError
+from topology.errors import GpuweaveError, clip
 from topology.gangs import BadGangError, gang_key
 
 LOG = logging.getLogger(__name__)
@@ -86,17 +86,20 @@ class ExtenderService:
             request = parsed.checked()
             gang = self.gangs.gang_of(pod) if self.gangs is not None else None
         except (BadPodRequestError, BadGangError) as exc:
-            self._observe("filter", 0, {str(exc): len(names)})
-            return self._filter_result(args, [], {}, {n: str(exc) for n in names})
+            reason = clip(str(exc))  # one reason per node: bounded whatever the pod carries
+            self._observe("filter", 0, {reason: len(names)})
+            return self._filter_result(args, [], {}, dict.fromkeys(names, reason))
         self._learn(request, pod)
         if self.gangs is not None:
             self.gangs.sweep()
             if gang is not None:
                 answer = self.gangs.filter(gang, request, names, parsed.host)
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
-                    rejected = Counter([*answer.failed.values(), *answer.hopeless.values()])
+                    failed = {n: clip(r) for n, r in answer.failed.items()}
+                    hopeless = {n: clip(r) for n, r in answer.hopeless.items()}
+                    rejected = Counter([*failed.values(), *hopeless.values()])
                     self._observe("filter", len(answer.passed), rejected)
-                    return self._filter_result(args, answer.passed, answer.failed, answer.hopeless)
+                    return self._filter_result(args, answer.passed, failed, hopeless)
         groups = StateGroups.of(self.cache.token_keys(names))
         representatives = groups.representatives(names)  # one name per state, decided for all
         verdicts = self._verdicts(request, representatives, parsed.host, groups.tokens)

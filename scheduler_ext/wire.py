@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
-from topology.errors import InvalidInputError
+from topology.errors import ECHO_CHARS, InvalidInputError, clip
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -128,5 +128,5 @@ def parse(model: type[M], body: object) -> M:
         return model.model_validate(canonical_keys(body, model))
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise WireError(f"bad {model.__name__}: {where}: {first['msg']}") from None
+        where = clip(".".join(str(p) for p in first["loc"]) or "body", limit=ECHO_CHARS)
+        raise WireError(f"bad {model.__name__}: {where}: {clip(first['msg'], limit=ECHO_CHARS)}") from None

@@ -17,3 +17,23 @@ class InvalidInputError(GpuweaveError):
 
 class TopologyError(GpuweaveError):
     """A topology query cannot be answered for the given inventory."""
+
+
+ECHO_CHARS = 200  # of a piece of input quoted in a message: enough to recognise it
+MAX_REASON_CHARS = 512  # of one reason or message built around input (a filter answer has one per node)
+
+
+def echo(value: object, *, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters of the value and saying how long
+    it was: a hostile annotation of 250 KiB must not be repeated into every node's rejection reason."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return repr(value)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def clip(text: str, *, limit: int = MAX_REASON_CHARS) -> str:
+    """A message cut to ``limit`` characters (the whole length said), for any text that may carry input."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from topology.errors import InvalidInputError
+from topology.errors import InvalidInputError, echo
 
 ANNOTATION_GANG: Final = "gpuweave.io/gang"
 ANNOTATION_GANG_SIZE: Final = "gpuweave.io/gang-size"
@@ -71,7 +71,7 @@ def _meta(pod: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], Mapping[str, 
 
 def _name(value: object, *, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise BadGangError(f"{what} is {value!r}; give the gang's name (a non-empty string)")
+        raise BadGangError(f"{what} is {echo(value)}; give the gang's name (a non-empty string)")
     if len(value) > MAX_NAME_LENGTH:
         raise BadGangError(f"{what} is {len(value)} characters; the limit is {MAX_NAME_LENGTH}")
     return value.strip()
@@ -80,14 +80,14 @@ def _name(value: object, *, what: str) -> str:
 def parse_size(value: object, *, what: str = ANNOTATION_GANG_SIZE) -> int:
     """A gang size: ASCII digits (or a JSON integer), 1..``MAX_GANG_SIZE``."""
     if isinstance(value, bool):
-        raise BadGangError(f"{what} is {value!r}; give a whole number of members 1..{MAX_GANG_SIZE}")
+        raise BadGangError(f"{what} is {echo(value)}; give a whole number of members 1..{MAX_GANG_SIZE}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         size = int(value.strip())
     else:
         shown = value if not isinstance(value, str) or len(value) <= 20 else value[:20] + "..."
-        raise BadGangError(f"{what} is {shown!r}; give a whole number of members 1..{MAX_GANG_SIZE}")
+        raise BadGangError(f"{what} is {echo(shown)}; give a whole number of members 1..{MAX_GANG_SIZE}")
     if not 1 <= size <= MAX_GANG_SIZE:
         raise BadGangError(f"{what} is {size}; a gang has 1..{MAX_GANG_SIZE} members")
     return size
@@ -148,7 +148,7 @@ def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gan
     if source == "annotation":
         if explicit is None:
             raise BadGangError(
-                f"pod names gang {annotations[ANNOTATION_GANG]!r} but no {ANNOTATION_GANG_SIZE}; "
+                f"pod names gang {echo(annotations[ANNOTATION_GANG])} but no {ANNOTATION_GANG_SIZE}; "
                 "add the number of members"
             )
         size = parse_size(explicit)

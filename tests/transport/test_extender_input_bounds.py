@@ -1,0 +1,145 @@
+"""What a hostile pod or client can make the extender do, over real HTTP on 127.0.0.1: echoed
+input is cut (a 200 KiB annotation is not repeated into every node's reason), a pod nested 1,000
+deep gets a 400 on every verb, and request framing is strict (Content-Length is digits only, no
+Transfer-Encoding), each refusal answered with a status line while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
+from topology.contracts import ANNOTATION_GPU_SELECTOR, ANNOTATION_PLACEMENT, RESOURCE_GPU
+from topology.errors import ECHO_CHARS, MAX_REASON_CHARS, echo
+
+NAMES = [f"node-{i:03d}" for i in range(500)]
+DEEP = '{"a":' * 1000 + "1" + "}" * 1000
+
+
+@pytest.fixture
+def address(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    snapshot = tmp_path / "empty.json"
+    snapshot.write_text(json.dumps(cluster_list([])))
+    built: Extender = build_snapshot_extender(snapshot)
+    try:
+        built.serve(host="127.0.0.1", port=0)
+        assert built.server is not None
+        yield "127.0.0.1", built.server.server_address[1]
+    finally:
+        built.close()
+
+
+def _exchange(address: tuple[str, int], raw: bytes) -> tuple[int, bytes]:
+    """Send ``raw`` as is on a new connection; the first answer's status and body."""
+    with socket.create_connection(address, timeout=30) as connection:
+        connection.sendall(raw)
+        reader = connection.makefile("rb")
+        status = int(reader.readline().split()[1])
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        return status, reader.read(length)
+
+
+def _post(address: tuple[str, int], verb: str, body: bytes, *, head: str = "") -> tuple[int, bytes]:
+    head = head or f"Content-Length: {len(body)}\r\n"
+    return _exchange(address, f"POST /{verb} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+
+
+def _filter_body(pod: dict[str, Any]) -> bytes:
+    return json.dumps({"Pod": pod, "NodeNames": NAMES}).encode()
+
+
+def test_a_200_kib_placement_over_500_nodes_gets_an_answer_under_1_mib(address: tuple[str, int]) -> None:
+    value = "nvlink-" * (200 * 1024 // 7)
+    pod = pod_object("big", limits={RESOURCE_GPU: 1}, annotations={ANNOTATION_PLACEMENT: value})
+    status, body = _post(address, "filter", _filter_body(pod))
+    assert status == 200 and len(body) < 1 << 20
+    answer = json.loads(body)
+    reasons = set(answer["FailedAndUnresolvableNodes"].values())
+    assert len(answer["FailedAndUnresolvableNodes"]) == len(NAMES) and len(reasons) == 1
+    (reason,) = reasons
+    assert ANNOTATION_PLACEMENT in reason and f"({len(value)} characters)" in reason
+
+
+def test_an_uncompilable_9_kib_selector_costs_a_bounded_reason_per_node(tmp_path: Path) -> None:
+    """The selector compiles per node kind; its error quotes the expression: cut per node."""
+    items: list[dict[str, Any]] = []
+    names = [f"gpu-{i:03d}" for i in range(100)]
+    for name in names:
+        items += [node_object(name, gpus=8), inventory_object(profile_inventory("dgx-h100", name))]
+    snapshot = tmp_path / "nodes.json"
+    snapshot.write_text(json.dumps(cluster_list(items)))
+    built = build_snapshot_extender(snapshot)
+    try:
+        built.serve(host="127.0.0.1", port=0)
+        assert built.server is not None
+        selector = 'device.attributes["gpuweave.io"].productName == "' + "x" * 9 * 1024 + '" &&'
+        pod = pod_object(
+            "selector", limits={RESOURCE_GPU: 1}, annotations={ANNOTATION_GPU_SELECTOR: selector}
+        )
+        body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+        status, answer = _post(("127.0.0.1", built.server.server_address[1]), "filter", body)
+    finally:
+        built.close()
+    assert status == 200
+    rejected = json.loads(answer)["FailedAndUnresolvableNodes"]
+    assert len(rejected) == len(names) and "does not compile" in next(iter(rejected.values()))
+    assert len(answer) < len(names) * (MAX_REASON_CHARS + 100)  # the name, the reason, the separators
+
+
+def test_echo_cuts_a_value_to_its_first_characters_and_says_how_long_it_was() -> None:
+    shown = echo("g" * 100_000)
+    assert len(shown) < ECHO_CHARS + 40 and shown.endswith("(100000 characters)")
+    assert echo("short") == "'short'"
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "prioritize-claims", "preempt"])
+def test_a_pod_nested_1000_deep_gets_a_400_on_every_verb(address: tuple[str, int], verb: str) -> None:
+    pod = pod_object("deep", limits={RESOURCE_GPU: 1})
+    pod["spec"]["affinity"] = "@DEEP@"
+    message: dict[str, Any] = {"Pod": pod, "NodeNames": NAMES[:2]}
+    if verb == "preempt":
+        message = {"Pod": pod, "NodeNameToVictims": {}, "NodeNameToMetaVictims": {}}
+    body = json.dumps(message).replace('"@DEEP@"', DEEP).encode()
+    for _ in range(2):  # the second call meets whatever the first one kept
+        status, text = _post(address, verb, body)
+        assert status == 400 and b"deeper than" in text
+    assert _post(address, "filter", _filter_body(pod_object("plain")))[0] == 200
+
+
+def test_a_victim_nested_1000_deep_gets_a_400_from_preempt(address: tuple[str, int]) -> None:
+    victims = {"node-000": {"Pods": ["@DEEP@"], "NumPDBViolations": 0}}
+    message = {"Pod": pod_object("p"), "NodeNameToVictims": victims, "NodeNameToMetaVictims": {}}
+    status, text = _post(address, "preempt", json.dumps(message).replace('"@DEEP@"', DEEP).encode())
+    assert status == 400 and b"deeper than" in text
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "Content-Length: 1_1\r\n",
+        "Content-Length: +11\r\n",
+        "Content-Length: -11\r\n",
+        "Content-Length: 0x0b\r\n",
+        "Content-Length: \r\n",
+        "Content-Length: \u0661\u0661\r\n",  # Arabic-Indic digits: int() takes them
+        "Transfer-Encoding: chunked\r\nContent-Length: 11\r\n",
+        "Transfer-Encoding: gzip\r\nContent-Length: 11\r\n",
+        "Transfer-Encoding: identity\r\n",
+    ],
+)
+def test_lax_framing_is_refused_with_a_status_line(address: tuple[str, int], head: str) -> None:
+    status, text = _exchange(
+        address, f"POST /filter HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + b'{"Pod": {}}'
+    )
+    assert status == 400 and text
+    assert _post(address, "filter", _filter_body(pod_object("plain")))[0] == 200  # still serving
