@@ -1,6 +1,7 @@
 {{/*
 A file of the kustomize base, linked under files/, with the base's namespace (gpuweave-system)
-replaced by the release namespace. Used for the objects no value changes (RBAC), so the chart and
+replaced by the release namespace (also in service-account user names, as the admission policy
+names them). Used for the objects no value changes (RBAC), so the chart and
 the base install the same text. A missing file fails the render instead of rendering nothing.
 */}}
 {{- define "gpuweave.baseFile" -}}
@@ -8,7 +9,7 @@ the base install the same text. A missing file fails the render instead of rende
 {{- if not $content -}}
 {{- fail (printf "chart file %s is missing or empty (a link to the kustomize base?)" .file) -}}
 {{- end -}}
-{{- $content | replace "namespace: gpuweave-system" (printf "namespace: %s" .root.Release.Namespace) -}}
+{{- $content | replace "namespace: gpuweave-system" (printf "namespace: %s" .root.Release.Namespace) | replace "serviceaccount:gpuweave-system:" (printf "serviceaccount:%s:" .root.Release.Namespace) -}}
 {{- end -}}
 
 {{/* The gpuweave image (node agent and extender). */}}
