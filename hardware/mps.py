@@ -15,6 +15,7 @@ this process for the many-node ``gpuweave simulate``, where one process per GPU 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,11 +84,16 @@ class ProcessMpsDaemons:
 
     def start(self, spec: MpsDaemonSpec) -> None:
         """Start the daemon, wait until it answers, then set its default limits. A daemon that
-        already answers on the pipe directory (left by an agent that crashed) is kept."""
+        already answers on the pipe directory (left by an agent that crashed) is kept. Otherwise
+        the directory is made clean first: share tenants have it mounted, so whatever is there
+        (a daemon told to ``quit``, a directory planted where the ``control`` socket goes, a pid
+        file naming another process) may be theirs, and a start must not depend on it."""
         make_directories(spec)
         try:
             self.query(spec)
         except MpsControlError:
+            self.kill(spec)  # a hung daemon of ours, by its pid file (checked to be a control program)
+            clean_directory(spec)
             self._run(spec, ["-d"], stdin="")
         deadline = time.monotonic() + START_WAIT_S
         while True:
@@ -169,6 +175,22 @@ def make_directories(spec: MpsDaemonSpec) -> None:
         spec.log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise MpsControlError(f"cannot create the MPS directories of GPU {spec.gpu_uuid}: {exc}") from exc
+
+
+def clean_directory(spec: MpsDaemonSpec) -> None:
+    """Empty the GPU's pipe directory without following any link out of it (entries are
+    unlinked, directories removed with their content); a refusal is the GPU's start failure."""
+    try:
+        with os.scandir(spec.pipe_dir) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+    except OSError as exc:
+        raise MpsControlError(
+            f"cannot clean the MPS pipe directory {spec.pipe_dir} of GPU {spec.gpu_uuid}: {exc}"
+        ) from exc
 
 
 def is_mps_control(pid: int, *, program: str = DEFAULT_BINARY, proc_root: Path = Path("/proc")) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.mps import HOST_BASE_DIR
+from deviceplugin.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
 from deviceplugin.sharing import SharingMode, load_sharing_plan
 from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
 from hardware.simulated import mps_control
@@ -128,3 +128,31 @@ def test_mps_sim_inject_kill_needs_a_gpu_and_an_agent_with_daemons() -> None:
     assert apply_request(state, request, kill_mps=lambda gpu: f"GPU {gpu}: killed") == {
         "done": ["GPU 0: killed"]
     }
+
+
+def test_mps_a_tenants_quit_and_planted_directory_cost_one_restart_not_a_fault(spec: MpsDaemonSpec) -> None:
+    """A share tenant has the pipe directory mounted: it tells the daemon to quit, puts a directory
+    where the control socket goes and a pid file naming process 1. The next supervision pass
+    restarts the daemon in a cleaned directory, with no failed start (three make a GPU fault and a
+    reset, evicting every tenant), and kills nothing but an MPS control program."""
+    gated: list[dict[str, str]] = []
+    supervisor = MpsSupervisor(
+        ProcessMpsDaemons(simulated_command()),
+        MpsSettings(base_dir=spec.pipe_dir.parent),
+        gate=lambda down: gated.append(dict(down)),
+    )
+    wanted = {spec.gpu_uuid: spec}
+    supervisor.check(wanted)
+    assert supervisor.records()[spec.gpu_uuid].up
+    env = {**os.environ, mps_control.PIPE_ENV: str(spec.pipe_dir), mps_control.LOG_ENV: str(spec.log_dir)}
+    subprocess.run([*simulated_command()], input="quit\n", text=True, env=env, check=True)
+    socket_path = spec.pipe_dir / mps_control.SOCKET_NAME
+    assert poll_until(lambda: not socket_path.exists(), timeout=10)
+    (socket_path / "planted").mkdir(parents=True)
+    (spec.pipe_dir / mps_control.PID_FILE).write_text("1\n")
+    assert supervisor.check(wanted) == []  # nothing to hand to health as a fault
+    record = supervisor.records()[spec.gpu_uuid]
+    assert record.up and record.restarts == 1 and record.failures == 0, record
+    assert socket_path.is_socket()
+    assert os.path.exists("/proc/1")
+    assert gated[-1] == {}  # its shares are served again
