@@ -5,6 +5,10 @@ callables; ``ResourceServer`` owns the socket's lifecycle: bind (mode 0600), ser
 socket file was deleted (kubelet restart) and rebind on the same path with the same servicer, so
 device IDs and state survive. Bad requests get INVALID_ARGUMENT with the reason; the server keeps
 serving. GetPreferredAllocation never fails a pod for an internal error: it answers empty.
+
+ListAndWatch streams have their own budget (``streams.StreamBudget``: at most ``MAX_STREAMS`` per
+resource, more refused with RESOURCE_EXHAUSTED), so the other ``SERVER_WORKERS - MAX_STREAMS``
+workers always answer Allocate, GetPreferredAllocation and the option calls.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ from deviceplugin.allocation import ContainerGrant
 from deviceplugin.errors import AllocationRejectedError, DevicePluginError
 from deviceplugin.preferred import PreferenceRequest
 from deviceplugin.state import ResourceState
+from deviceplugin.streams import StreamBudget
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "v1beta1.DevicePlugin"
 MAX_UNIX_PATH = 107
-SERVER_WORKERS = 8
+SERVER_WORKERS = 8  # MAX_STREAMS of them at most for ListAndWatch, the rest for the unary calls
 Preference = Callable[[PreferenceRequest], list[str]]
 Grant = Callable[[Sequence[str]], ContainerGrant]
 ErrorSink = Callable[[str, BaseException], None]
@@ -64,6 +69,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._prefer = prefer
         self._grant = grant
         self._on_error = on_error
+        self._streams = StreamBudget(f"ListAndWatch of {state.resource}")
 
     def end_streams(self) -> None:
         self._state.end_streams()
@@ -89,6 +95,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     def ListAndWatch(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.Empty, context: grpc.ServicerContext
     ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        with self._streams.slot(context):
+            yield from self._watch(context)
+
+    def _watch(self, context: grpc.ServicerContext) -> Iterator[api_pb2.ListAndWatchResponse]:
         watcher = self._state.subscribe()
         context.add_callback(lambda: watcher.put(False))
         try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.streams import StreamBudget
 from proto.dra.health.v1 import api_pb2 as health_pb2
 
 SERVICE = "v1.DRAResourceHealth"
@@ -37,6 +38,7 @@ class HealthStream:
         self._version = 0
         self._stopping = False
         self.streams = 0
+        self._budget = StreamBudget("NodeWatchResources")
 
     def changed(self) -> None:
         with self._changed:
@@ -64,6 +66,10 @@ class HealthStream:
         )
 
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        with self._budget.slot(context):  # the plugin's other workers stay free for prepare calls
+            yield from self._watch(context)
+
+    def _watch(self, context: grpc.ServicerContext) -> Iterator[Any]:
         self.streams += 1
         seen, last = -1, 0.0
         sent: tuple[tuple[str, bool, str], ...] | None = None

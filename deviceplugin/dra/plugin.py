@@ -45,7 +45,7 @@ PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_SERVICE = "v1.DRAResourceHealth"
 REGISTRATION_SERVICE = "pluginregistration.Registration"
-WORKERS = 8  # prepare and unprepare calls, plus one long-lived health stream per kubelet
+WORKERS = 8  # prepare and unprepare calls; health streams take at most streams.MAX_STREAMS of them
 MAX_UNIX_PATH = 107
 
 
