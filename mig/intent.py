@@ -111,9 +111,7 @@ def derive_demand_plans(
     requested profile anywhere on the node serve it first; the rest is placed GPU by GPU, first on
     GPUs with free room, then on GPUs where idle instances nobody asked for can be destroyed.
     """
-    total: Counter[str] = Counter()
-    for requests in pending:
-        total.update({p: c for p, c in requests.items() if c > 0})
+    total = node_demand(pending, gpus)
     idle = Counter(i.profile for gpu in gpus for i in gpu.instances if not i.busy)
     missing = Counter({p: c - idle[p] for p, c in total.items() if c > idle[p]})
     plans: dict[int, Plan] = {}
@@ -128,6 +126,19 @@ def derive_demand_plans(
             missing.subtract(Counter(p.profile for p in plan.create))
             missing.update(Counter(i.profile for i in plan.destroy if i.profile in total))
     return plans
+
+
+def node_demand(pending: Sequence[Mapping[str, int]], gpus: Sequence[GpuMigState]) -> Counter[str]:
+    """The pending requests per profile, each capped at what the node's GPUs can hold of it
+    (``max_count`` per GPU that offers the profile): any pending pod's ``nvidia.com/mig-*``
+    request counts here, so the planning cost is bounded by the hardware, not by the request."""
+    room: Counter[str] = Counter()
+    for gpu in gpus:
+        room.update({p.name: p.max_count for p in gpu.model.profiles})
+    total: Counter[str] = Counter()
+    for requests in pending:
+        total.update({p: c for p, c in requests.items() if c > 0})
+    return Counter({p: min(c, room[p]) for p, c in total.items() if room[p]})
 
 
 def _demand_plan(gpu: GpuMigState, missing: Counter[str]) -> Plan | None:

@@ -113,7 +113,8 @@ def plan_demand(
 ) -> Plan:
     """Add instances for pending requests (profile -> count) where they fit, keeping what serves.
 
-    Idle instances already of a requested profile count toward the demand. Requests are admitted
+    Idle instances already of a requested profile count toward the demand; a count past what one
+    GPU can hold of the profile (``max_count``) is that many. Requests are admitted
     largest profile first (first-fit decreasing); one that cannot fit alongside the busy instances
     and the admitted ones is left out. Idle instances nobody asked for are destroyed only to make
     room.
@@ -121,7 +122,9 @@ def plan_demand(
     wanted: list[TargetEntry] = [TargetEntry(i.profile, i.start) for i in current if i.busy]
     requests: list[GiProfile] = []
     for profile, name in zip(_profiles(model, list(demand)), demand, strict=True):
-        requests.extend([profile] * max(0, demand[name]))
+        # no GPU holds more than max_count of a profile: the cost is bounded by the hardware,
+        # whatever count a pending pod asks for
+        requests.extend([profile] * min(max(0, demand[name]), profile.max_count))
     requests.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
     best = _search(model, current, wanted, allow_extra=True)
     if best is None:

@@ -22,7 +22,7 @@ from mig.demand import (
     select_demand,
     wants_mig,
 )
-from mig.intent import GpuMigState, derive_demand_plans
+from mig.intent import GpuMigState, derive_demand_plans, node_demand
 from mig.planner import Instance
 
 H100 = default_catalog().model("H100-80GB")
@@ -199,3 +199,16 @@ def test_node_agent_mig_mode_and_its_older_form(flags, mode, tmp_path):
         ["node-agent", "--kubelet-dir", str(tmp_path), "--state-dir", str(tmp_path), *flags]
     )
     assert mig_mode(args) == mode
+
+
+@pytest.mark.timeout(30)  # a count of 10^7 planned one instance at a time took 59 s and 761 MB
+def test_a_demand_count_past_what_the_gpus_hold_is_capped_by_the_hardware():
+    """Any pending pod's nvidia.com/mig-* request counts as demand: 10^7 instances of 1g.10gb are
+    planned as the 7 per H100 that fit, on each GPU."""
+    huge = [{"1g.10gb": 10**7, "7g.80gb": 10**7}]
+    assert node_demand(huge, [gpu(0), gpu(1)]) == {"1g.10gb": 14, "7g.80gb": 2}
+    assert node_demand([{"1g.10gb": 3}], [gpu(0)]) == {"1g.10gb": 3}
+    assert node_demand([{"9g.999gb": 5}], [gpu(0)]) == {}  # a profile no GPU here offers
+    plans = derive_demand_plans([{"1g.10gb": 10**7}], [gpu(0), gpu(1)])
+    assert sorted(len(plan.create) for plan in plans.values()) == [7, 7]
+    assert not demand_covered([{"1g.10gb": 10**7}], [gpu(0), gpu(1)], plans)
