@@ -62,6 +62,17 @@ class ProfileError(InvalidInputError):
     """A node profile (file or published inventory spec) failed validation."""
 
 
+# Bounds from real hardware, with room: a profile outside them is a typo or hostile, and numbers
+# here size what the agent builds (one device ID per GiB of a fractional GPU's memory, per GPU, ...).
+MAX_GPUS = 256  # per node
+MAX_NUMA = 64
+MAX_GPU_MEMORY_MIB = 1 << 20  # 1 TiB per GPU (H200: 141 GiB, B300: 288 GiB)
+MIN_GPU_MEMORY_MIB = 1 << 10  # 1 GiB
+MAX_LINKS = 64  # NVLinks between two GPUs, or per GPU to an NVSwitch (H100: 18)
+MAX_NICS = 512
+MAX_MIG_SLICES = 32
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
@@ -70,23 +81,23 @@ class _Model(BaseModel):
 
 class PcieSwitchSpec(_Model):
     name: str = Field(pattern=_NAME)
-    numa_node: int = Field(ge=0)
+    numa_node: int = Field(ge=0, lt=MAX_NUMA)
     root: str | None = Field(default=None, pattern=_NAME)
 
 
 class GpuSpec(_Model):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, lt=MAX_GPUS)
     uuid: str | None = Field(default=None, pattern=r"^GPU-[0-9a-fA-F-]{8,}$")
-    product: str = Field(min_length=1)
+    product: str = Field(min_length=1, max_length=256)
     architecture: inv.Architecture
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
-    memory_mib: int = Field(gt=0, alias="memoryMiB")
-    numa_node: int = Field(ge=0)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$", max_length=16)
+    memory_mib: int = Field(ge=MIN_GPU_MEMORY_MIB, le=MAX_GPU_MEMORY_MIB, alias="memoryMiB")
+    numa_node: int = Field(ge=0, lt=MAX_NUMA)
     pcie_switch: str | None = None
     mig_capable: bool = False
     pci_bus_id: str | None = Field(default=None, pattern=_PCI_BUS_ID)
     mig_enabled: bool = False
-    minor: int | None = Field(default=None, ge=0)
+    minor: int | None = Field(default=None, ge=0, lt=1 << 20)
     pcie_root: str | None = Field(default=None, pattern=_NAME)
     # Simulation only (never published): the GPU is off the bus from the start and answers every
     # NVML call as such a GPU does, so the agent's lost-GPU path runs from a profile.
@@ -95,12 +106,12 @@ class GpuSpec(_Model):
 
 class NvLinkSpec(_Model):
     gpus: tuple[int, int]
-    links: int = Field(ge=1)
+    links: int = Field(ge=1, le=MAX_LINKS)
 
 
 class NvSwitchSpec(_Model):
-    gpus: tuple[int, ...] = Field(min_length=1)
-    links_per_gpu: int = Field(ge=1)
+    gpus: tuple[int, ...] = Field(min_length=1, max_length=MAX_GPUS)
+    links_per_gpu: int = Field(ge=1, le=MAX_LINKS)
     # Simulation only (never published): the NVSwitch fabric's state as NVML reports it per GPU
     # (Hopper+) or as the Fabric Manager service shows it (Ampere); omitted means completed.
     fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
@@ -113,7 +124,7 @@ class NicSpec(_Model):
 
     name: str = Field(pattern=_NAME)
     type: inv.NicType
-    numa_node: int = Field(ge=0)
+    numa_node: int = Field(ge=0, lt=MAX_NUMA)
     pcie_switch: str | None = None
     pci_bus_id: str | None = Field(default=None, pattern=_PCI_BUS_ID)
     uverbs: str | None = Field(default=None, pattern=r"^(/dev/infiniband/uverbs\d+)?$")
@@ -124,27 +135,27 @@ class NicSpec(_Model):
 class MigDeviceSpec(_Model):
     """A MIG device (GPU instance + compute instance) on an already partitioned GPU."""
 
-    gpu: int = Field(ge=0)
+    gpu: int = Field(ge=0, lt=MAX_GPUS)
     uuid: str | None = Field(default=None, pattern=r"^MIG-[0-9a-fA-F-]{8,}$")
-    profile: str = Field(pattern=r"^\d+g\.\d+gb(\+\w+)?$")
-    gpu_instance_id: int = Field(ge=0)
-    compute_instance_id: int = Field(ge=0)
-    placement_start: int = Field(ge=0)
-    placement_size: int = Field(ge=1)
-    memory_mib: int = Field(gt=0, alias="memoryMiB")
-    compute_slices: int = Field(ge=1)
+    profile: str = Field(pattern=r"^\d+g\.\d+gb(\+\w+)?$", max_length=32)
+    gpu_instance_id: int = Field(ge=0, lt=1 << 16)
+    compute_instance_id: int = Field(ge=0, lt=1 << 16)
+    placement_start: int = Field(ge=0, lt=MAX_MIG_SLICES)
+    placement_size: int = Field(ge=1, le=MAX_MIG_SLICES)
+    memory_mib: int = Field(gt=0, le=MAX_GPU_MEMORY_MIB, alias="memoryMiB")
+    compute_slices: int = Field(ge=1, le=MAX_MIG_SLICES)
 
 
 class NodeProfileSpec(_Model):
     """The hardware of one node; also the ``spec`` of the published inventory resource."""
 
-    numa_nodes: int = Field(ge=1, le=64)
-    pcie_switches: tuple[PcieSwitchSpec, ...] = ()
-    gpus: tuple[GpuSpec, ...] = ()
-    nvlinks: tuple[NvLinkSpec, ...] = ()
+    numa_nodes: int = Field(ge=1, le=MAX_NUMA)
+    pcie_switches: tuple[PcieSwitchSpec, ...] = Field(default=(), max_length=4 * MAX_GPUS)
+    gpus: tuple[GpuSpec, ...] = Field(default=(), max_length=MAX_GPUS)
+    nvlinks: tuple[NvLinkSpec, ...] = Field(default=(), max_length=MAX_GPUS * (MAX_GPUS - 1) // 2)
     nvswitch: NvSwitchSpec | None = None
-    nics: tuple[NicSpec, ...] = ()
-    mig_devices: tuple[MigDeviceSpec, ...] = ()
+    nics: tuple[NicSpec, ...] = Field(default=(), max_length=MAX_NICS)
+    mig_devices: tuple[MigDeviceSpec, ...] = Field(default=(), max_length=MAX_GPUS * 7)
     driver_version: str = ""
     cuda_driver_version: str = ""
 
