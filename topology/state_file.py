@@ -7,6 +7,7 @@ every package that keeps state. Standard library only: no transport or hardware 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -18,14 +19,20 @@ def replace_file_atomically(path: Path, payload: bytes, *, sync_directory: bool 
     """Replace ``path`` with ``payload``: write a temporary file beside it, fsync it, rename it over.
 
     The temporary name carries the writing thread's id, so two threads writing the same file never
-    share one. ``sync_directory`` also fsyncs the directory, making the rename itself durable.
+    share one; a write that fails (a full disk, a rename refused) removes it before the error goes
+    on. ``sync_directory`` also fsyncs the directory, making the rename itself durable.
     """
     tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk or a refused rename leaves no temporary file
+            os.unlink(tmp)
+        raise
     if sync_directory:
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

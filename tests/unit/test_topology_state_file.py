@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from tests.support.small_fs import FILLER, fill, small_tmpfs
 from topology.state_file import replace_file_atomically, write_json_atomically
 
 
@@ -21,3 +24,23 @@ def test_replace_overwrites_the_old_content_and_syncs_the_directory(tmp_path: Pa
     replace_file_atomically(path, b"new", sync_directory=True)
     assert path.read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.json"]
+
+
+def test_a_refused_rename_leaves_the_old_state_and_no_temporary_file(tmp_path: Path) -> None:
+    target = tmp_path / "spec.json"
+    target.mkdir()  # a directory where the file goes: the rename is refused
+    (target / "inside").write_text("x")
+    with pytest.raises(OSError):
+        replace_file_atomically(target, b"{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.json"]
+
+
+def test_a_full_disk_leaves_the_old_file_and_no_temporary_file(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "small") as directory:
+        path = directory / "gpuweave-gpu.json"
+        path.write_bytes(b"old")
+        fill(directory)
+        with pytest.raises(OSError):
+            replace_file_atomically(path, b"x" * 65536)
+        assert path.read_bytes() == b"old"
+        assert sorted(p.name for p in directory.iterdir()) == sorted([FILLER, "gpuweave-gpu.json"])
