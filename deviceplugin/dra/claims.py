@@ -24,7 +24,6 @@ error in the response (the kubelet retries); other claims of the same call are u
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from deviceplugin.dra.checkpoint import CHECKPOINT_VERSION, load_checkpoint
 from deviceplugin.dra.claim_cdi import ClaimSpecWriter, cdi_id, claim_spec
 from deviceplugin.dra.devices import DRIVER, DraDevice
 from deviceplugin.dra.mig_demand import MigOnDemand
@@ -43,7 +43,6 @@ from topology.state_file import write_json_atomically
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "dra-claims.json"
-CHECKPOINT_VERSION = 1
 
 
 class ClaimError(GpuweaveError):
@@ -193,18 +192,7 @@ class ClaimPreparer:
         self._restore()
 
     def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self._path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise GpuweaveError(
-                f"cannot read the DRA claim checkpoint {self._path} ({exc}): the agent does not know which "
-                "claims are prepared; fix or remove the file (the kubelet prepares running claims again)"
-            ) from None
-        if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
-            raise GpuweaveError(f"DRA claim checkpoint {self._path} is not version {CHECKPOINT_VERSION}")
-        return dict(data.get("claims") or {})
+        return load_checkpoint(self._path)  # one line naming the file when it is not right
 
     def _restore(self) -> None:
         """Specs of prepared claims written again; a claim whose MIG instances were being made when

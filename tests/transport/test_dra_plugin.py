@@ -30,6 +30,7 @@ from proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.support.agent_process import short_temp_dir
 from tests.support.small_inventory import gpu_uuid, small_inventory
+from topology.errors import GpuweaveError
 from topology.inventory import NodeInventory
 
 NODE = "node-a"
@@ -239,6 +240,34 @@ def test_corrupt_checkpoint_refuses_to_start(plugin: Plugin) -> None:
     (plugin.state / CHECKPOINT_FILE).write_text("{not json")
     with pytest.raises(Exception, match="DRA claim checkpoint"):
         plugin.start()
+
+
+CLAIM = {"namespace": "n", "name": "c"}
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "where"),
+    [
+        ([], "file: Input should be a valid dictionary"),
+        ({"claims": {}}, "version: Field required"),
+        ({"version": 1, "claims": None}, "claims: Input should be a valid dictionary"),
+        ({"version": 1, "claims": {"u": {"name": "c"}}}, "claims.u.namespace: Field required"),
+        ({"version": 1, "claims": {"u": {**CLAIM}}}, "claims.u: Value error"),
+        ({"version": 1, "claims": {"u": {**CLAIM, "pending": True, "mig": [[0]]}}}, "mig.0"),
+        ({"version": 1, "claims": {"u": {**CLAIM, "devices": [{}], "spec": {}}}}, "devices.0"),
+        ({"version": 7, "claims": {}}, "is not version 1"),
+    ],
+)
+def test_a_checkpoint_of_the_wrong_shape_stops_the_start_in_one_line_naming_the_file(
+    plugin: Plugin, checkpoint: object, where: str
+) -> None:
+    plugin.stop()
+    path = plugin.state / CHECKPOINT_FILE
+    path.write_text(json.dumps(checkpoint))
+    with pytest.raises(GpuweaveError) as caught:
+        plugin.start()
+    message = str(caught.value)
+    assert str(path) in message and where in message and "\n" not in message, message
 
 
 def test_health_is_streamed_and_advertised() -> None:
