@@ -5,6 +5,9 @@ One request per connection: ``{"method": "mig.apply", "params": {...}}`` answere
 Parts of the agent add their own commands with ``ControlServer.add_route`` (the MIG manager adds
 ``mig.apply``, fault injection adds ``sim.inject``); ``call_agent`` is the client for tools and tests.
 The socket is mode 0600: only the node's root (the agent's user) may steer the agent.
+A client must send its whole request line within ``REQUEST_DEADLINE_S``, so idle or slow clients
+hold a worker for at most that long, and every request line that is not a request (not UTF-8, not
+JSON, too deep, too long, late) still gets the documented ``bad_request`` answer before the close.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,14 +30,26 @@ log = logging.getLogger(__name__)
 
 CONTROL_SOCKET = "agent.sock"
 MAX_REQUEST_BYTES = 1 << 20
+REQUEST_DEADLINE_S = 2.0  # for the whole request line: a local tool sends it at once
+ANSWER_TIMEOUT_S = 30.0  # for the answer to be taken
 Params = dict[str, Any]
 Route = Callable[[Params], dict[str, Any]]
 
 
-def _read_line(conn: socket.socket) -> bytes:
+def _read_line(conn: socket.socket, *, deadline_s: float = REQUEST_DEADLINE_S) -> bytes:
+    """The request line, which must arrive whole within ``deadline_s`` (not per read: a client
+    sending a byte at a time gets no longer)."""
     data = bytearray()
+    until = time.monotonic() + deadline_s
     while b"\n" not in data:
-        chunk = conn.recv(65536)
+        left = until - time.monotonic()
+        if left <= 0:
+            raise ControlError(f"no whole request line within {deadline_s:g} s")
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(65536)
+        except TimeoutError:
+            raise ControlError(f"no whole request line within {deadline_s:g} s") from None
         if not chunk:
             break
         data += chunk
@@ -128,15 +144,17 @@ class ControlServer:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
-            conn.settimeout(30)
             try:
                 line = _read_line(conn)
                 try:
-                    response = self.dispatch(json.loads(line))
-                except json.JSONDecodeError as exc:
+                    request = json.loads(line)
+                except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
                     response = {"ok": False, "error": f"request is not JSON: {exc}", "code": "bad_request"}
+                else:
+                    response = self.dispatch(request)
             except (ControlError, OSError) as exc:
                 response = {"ok": False, "error": str(exc), "code": "bad_request"}
+            conn.settimeout(ANSWER_TIMEOUT_S)
             try:
                 conn.sendall(json.dumps(response).encode() + b"\n")
             except OSError:

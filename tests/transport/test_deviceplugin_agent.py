@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
+from deviceplugin.control import CONTROL_SOCKET, REQUEST_DEADLINE_S, call_agent
 from deviceplugin.errors import ControlError
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from proto.v1beta1 import api_pb2
@@ -178,6 +181,48 @@ def test_control_socket_routes(running: tuple[NodeAgent, KubeletEmulator, Holder
         call_agent(agent.config.state_dir, "no.such")
     with pytest.raises(ControlError, match="devices"):
         call_agent(agent.config.state_dir, "device.withhold", {"devices": "x"})
+
+
+def _raw_exchange(path: Path, line: bytes) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        conn.connect(str(path))
+        conn.sendall(line)
+        answer = conn.makefile("rb").readline()
+    decoded: dict[str, Any] = json.loads(answer)
+    return decoded
+
+
+def test_idle_control_clients_hold_no_worker_past_the_request_deadline(
+    running: tuple[NodeAgent, KubeletEmulator, Holder],
+) -> None:
+    """More idle connections than workers, each sending nothing (or half a line): a real command
+    still gets its answer, well before the 30 s an idle client could hold a worker."""
+    agent, _, _ = running
+    path = agent.config.state_dir / CONTROL_SOCKET
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(6)]
+    try:
+        for index, conn in enumerate(idle):
+            conn.connect(str(path))
+            if index % 2:
+                conn.sendall(b'{"method": "agent.st')  # half a request line, never finished
+        status = call_agent(agent.config.state_dir, "agent.status", timeout=3 * REQUEST_DEADLINE_S + 5)
+        assert status["resources"][RESOURCE_GPU]["devices"] == 4
+        late = idle[1].makefile("rb").readline()  # the half line is answered when its deadline passes
+        assert json.loads(late)["code"] == "bad_request" and "request line" in json.loads(late)["error"]
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+@pytest.mark.parametrize("line", [b"\xff\xfe\n", b"[" * 100_000 + b"\n", b"null\n", b"\n", b"{}\n"])
+def test_every_bad_request_line_gets_the_documented_answer(
+    running: tuple[NodeAgent, KubeletEmulator, Holder], line: bytes
+) -> None:
+    agent, _, _ = running
+    answer = _raw_exchange(agent.config.state_dir / CONTROL_SOCKET, line)
+    assert answer["ok"] is False and answer["code"] == "bad_request" and answer["error"]
+    assert call_agent(agent.config.state_dir, "agent.status")["resources"]  # still serving
 
 
 def test_fractional_units_stay_on_one_gpu(dirs: tuple[Path, Path]) -> None:
