@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from hardware.mps import ProcessMpsDaemons
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from health.config import HealthSettings
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
 from mig.service import MigService
@@ -288,8 +290,80 @@ def open_dra(
     return dra.stop
 
 
+@dataclass
+class _Started:
+    """What ``_start_parts`` started, stopped in the reverse order."""
+
+    stoppers: list[Callable[[], None]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for stopper in reversed(self.stoppers):
+            stopper()
+
+
+def _start_parts(
+    args: argparse.Namespace,
+    *,
+    agent: NodeAgent,
+    backend: GpuBackend,
+    kube: Any,
+    metrics: AgentMetrics,
+    mps: NodeMps,
+    inventory: NodeInventory,
+    pod_resources: Any,
+    health_settings: HealthSettings,
+) -> _Started:
+    """MIG, fabric gate, the agent's servers, health, publishing, DRA and metrics, in that order."""
+    started = _Started()
+    mig = build_mig_service(
+        agent, backend=backend, state_dir=args.state_dir, inventory=inventory, pod_resources=pod_resources
+    )
+    mig.begin_restore()  # GPUs whose journalled MIG layout NVML does not show: withheld from the first list
+    fabric = fabric_gate(agent, backend, interval_s=args.fabric_check_interval)
+    fabric.check(inventory)  # GPUs on an untrained NVSwitch fabric are withheld from the first list
+    agent.start()
+    mig.restore_in_background()  # the other GPUs serve while those are restored, one by one
+    fabric.start(lambda: agent.inventory)
+    started.stoppers.append(fabric.stop)
+    register_mig_routes(agent, mig)
+    mode = mig_mode(args)
+    if kube is not None and mode != "off":
+        started.stoppers.append(open_mig_kube(kube, node_name(args), mig, demand=mode == "demand").stop)
+    health = start_node_health(
+        agent,
+        backend=backend,
+        state_dir=args.state_dir,
+        node_name=node_name(args),
+        settings=health_settings,
+        kube_api=kube.api if kube else None,
+        metrics=metrics,
+        recreate_mig=mig_recreator(mig, agent),
+        gpu_owners=mig.reconciler.owners,
+        pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
+        round_hooks=(MpsRoundHook(mps),),
+        kill_mps=mps.kill,
+        taints_evict=bool(args.dra),  # DRA: NoExecute device taints, evicted by kube-controller-manager
+    )
+    started.stoppers.append(health.stop)
+    if kube is not None:
+        kube.start(
+            agent,
+            kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
+            correct_assignments=args.correct_assignments,
+        )
+    started.stoppers.append(
+        open_dra(
+            args, agent=agent, backend=backend, kube=kube, health=health, mig=mig, pod_resources=pod_resources
+        )
+    )
+    if args.metrics_address:
+        started.stoppers.append(open_metrics(args.metrics_address, metrics))
+    return started
+
+
 def run(args: argparse.Namespace) -> int:
     with_kube = check_args(args)
+    health_settings = load_settings(args.health_config)  # every configuration read before any start
     metrics = AgentMetrics()
     kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if with_kube else None
     backend = open_backend(args)
@@ -307,56 +381,28 @@ def run(args: argparse.Namespace) -> int:
     except GpuweaveError:
         backend.close()
         raise
-    mig = build_mig_service(
-        agent, backend=backend, state_dir=args.state_dir, inventory=inventory, pod_resources=pod_resources
-    )
-    mig.begin_restore()  # GPUs whose journalled MIG layout NVML does not show: withheld from the first list
-    fabric = fabric_gate(agent, backend, interval_s=args.fabric_check_interval)
-    fabric.check(inventory)  # GPUs on an untrained NVSwitch fabric are withheld from the first list
-    agent.start()
-    mig.restore_in_background()  # the other GPUs serve while those are restored, one by one
-    fabric.start(lambda: agent.inventory)
-    register_mig_routes(agent, mig)
-    mode = mig_mode(args)
-    layout = None
-    if kube is not None and mode != "off":
-        layout = open_mig_kube(kube, node_name(args), mig, demand=mode == "demand")
-    health = start_node_health(
-        agent,
-        backend=backend,
-        state_dir=args.state_dir,
-        node_name=node_name(args),
-        settings=load_settings(args.health_config),
-        kube_api=kube.api if kube else None,
-        metrics=metrics,
-        recreate_mig=mig_recreator(mig, agent),
-        gpu_owners=mig.reconciler.owners,
-        pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
-        round_hooks=(MpsRoundHook(mps),),
-        kill_mps=mps.kill,
-        taints_evict=bool(args.dra),  # DRA: NoExecute device taints, evicted by kube-controller-manager
-    )
-    if kube is not None:
-        kube.start(
-            agent,
-            kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
-            correct_assignments=args.correct_assignments,
+    try:  # the state files (MIG journal, bad-hardware list, DRA checkpoint) are read from here on
+        parts = _start_parts(
+            args,
+            agent=agent,
+            backend=backend,
+            kube=kube,
+            metrics=metrics,
+            mps=mps,
+            inventory=inventory,
+            pod_resources=pod_resources,
+            health_settings=health_settings,
         )
-    stop_dra = open_dra(
-        args, agent=agent, backend=backend, kube=kube, health=health, mig=mig, pod_resources=pod_resources
-    )
-    stop_metrics = open_metrics(args.metrics_address, metrics) if args.metrics_address else None
+    except BaseException:  # a refused start leaves no MPS daemon behind (they are processes of their own)
+        mps.stop()
+        agent.stop()
+        backend.close()
+        raise
     try:
         stop.wait()
     finally:
-        if stop_metrics is not None:
-            stop_metrics()
-        stop_dra()
-        if layout is not None:
-            layout.stop()
-        health.stop()
+        parts.stop()
         mps.stop()
-        fabric.stop()
         if kube is not None:
             kube.stop()
         agent.stop()

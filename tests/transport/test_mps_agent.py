@@ -7,22 +7,27 @@ wrapper that refuses to start a daemon while a block file exists, so a test can 
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import grpc
 import pytest
+import yaml
 
 from deviceplugin.control import call_agent
-from hardware.mps import read_pid
+from hardware.mps import is_mps_control, read_pid
 from hardware.simulated import mps_control
+from mig.journal import JOURNAL_FILE
 from tests.support.agent_node import run_sim_inject
-from tests.support.agent_process import REPO_ROOT
+from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
 from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode, shares_healthy, shares_withheld, sharing_yaml
-from tests.support.small_inventory import gpu_uuid
+from tests.support.small_inventory import gpu_uuid, small_inventory
 from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from topology.spec import NodeProfile
 
 ROUND_S = 0.3
 HEALTHY = "Healthy"
@@ -156,3 +161,35 @@ def test_mps_daemon_stops_when_its_gpu_is_reshaped_to_mig(node: MpsNode) -> None
     assert read_pid(node.pipe_dir(1)) is None and read_pid(node.pipe_dir(0)) is not None
     assert node.kubelet.wait_for(lambda: len(node.kubelet.healthy("nvidia.com/mig-3g.40gb")) == 2)
     assert node.kubelet.wait_for(lambda: len(node.kubelet.devices(RESOURCE_GPU_COMPUTE)) == 100)
+
+
+def test_mps_a_start_refused_by_a_state_file_leaves_no_daemon_running() -> None:
+    """The MPS daemons start before the device lists, and the MIG journal, the bad-hardware list
+    and the DRA checkpoint are read after them: a start refused there stops them again."""
+    root = short_temp_dir()
+    try:
+        (root / "k").mkdir()
+        state = root / "s"
+        state.mkdir()
+        (state / JOURNAL_FILE).write_text("{not json")  # the MIG journal: read after MPS started
+        profile = root / "node.yaml"
+        profile.write_text(yaml.safe_dump(NodeProfile.from_inventory(small_inventory()).to_wire()))
+        sharing = root / "sharing.yaml"
+        sharing.write_text(sharing_yaml((0, 1)))
+        extra = ("--sharing-config", str(sharing))
+        agent = AgentProcess(root / "k", state, profile=str(profile), extra=extra)
+        _, err = agent.process.communicate(timeout=120)
+        stderr = err.decode()
+        assert agent.process.returncode != 0
+        assert JOURNAL_FILE in stderr, stderr
+        logs = [f.read_text() for f in (state / "mps").glob("*/log/" + mps_control.CONTROL_LOG)]
+        assert len(logs) == 2 and all("Starting control daemon" in log for log in logs)  # both started
+        assert all("Command: quit" in log for log in logs), logs  # ... and stopped with the refusal
+        pid_files = (state / "mps").glob("*/pipe/" + mps_control.PID_FILE)
+        assert [pid for f in pid_files if (pid := read_pid(f.parent)) and is_mps_control(pid)] == []
+    finally:
+        for pid_file in (root / "s" / "mps").glob("*/pipe/" + mps_control.PID_FILE):
+            pid = read_pid(pid_file.parent)
+            if pid is not None and is_mps_control(pid):
+                os.kill(pid, signal.SIGKILL)
+        remove_tree(root)
