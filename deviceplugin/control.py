@@ -8,10 +8,12 @@ The socket is mode 0600: only the node's root (the agent's user) may steer the a
 A client must send its whole request line within ``REQUEST_DEADLINE_S``, so idle or slow clients
 hold a worker for at most that long, and every request line that is not a request (not UTF-8, not
 JSON, too deep, too long, late) still gets the documented ``bad_request`` answer before the close.
+At most ``MAX_CONNECTIONS`` connections are served or queued; one more is answered ``busy`` at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 CONTROL_SOCKET = "agent.sock"
 MAX_REQUEST_BYTES = 1 << 20
 REQUEST_DEADLINE_S = 2.0  # for the whole request line: a local tool sends it at once
+MAX_CONNECTIONS = 16  # served or queued at once; one more is answered busy
 ANSWER_TIMEOUT_S = 30.0  # for the answer to be taken
 Params = dict[str, Any]
 Route = Callable[[Params], dict[str, Any]]
@@ -58,6 +61,19 @@ def _read_line(conn: socket.socket, *, deadline_s: float = REQUEST_DEADLINE_S) -
     return bytes(data).split(b"\n", 1)[0]
 
 
+def _answer_busy(conn: socket.socket) -> None:
+    """Answer a connection beyond ``MAX_CONNECTIONS`` at once, from the accept thread."""
+    busy = {
+        "ok": False,
+        "error": f"the control socket already holds {MAX_CONNECTIONS} connections; retry in a few seconds",
+        "code": "busy",
+    }
+    with conn:
+        conn.settimeout(0.1)  # a few bytes fit the socket buffer; never wait on the client
+        with contextlib.suppress(OSError):  # a client gone already needs no answer
+            conn.sendall(json.dumps(busy).encode() + b"\n")
+
+
 class ControlServer:
     """Serves registered routes on a unix socket; each request runs on a small worker pool."""
 
@@ -69,6 +85,7 @@ class ControlServer:
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="control")
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # served or queued connections
 
     def add_route(self, method: str, handler: Route) -> None:
         """Add a command; ``handler(params)`` returns a JSON-able dict or raises ``GpuweaveError``."""
@@ -110,7 +127,16 @@ class ControlServer:
                 continue
             except OSError:
                 break
-            self._workers.submit(self._serve, conn)
+            if self._slots.acquire(blocking=False):
+                self._workers.submit(self._serve_slot, conn)
+            else:
+                _answer_busy(conn)
+
+    def _serve_slot(self, conn: socket.socket) -> None:
+        try:
+            self._serve(conn)
+        finally:
+            self._slots.release()
 
     def dispatch(self, request: object) -> dict[str, Any]:
         """Answer one decoded request (also usable in-process)."""

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import CONTROL_SOCKET, REQUEST_DEADLINE_S, call_agent
+from deviceplugin.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
 from deviceplugin.errors import ControlError
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from proto.v1beta1 import api_pb2
@@ -210,6 +210,25 @@ def test_idle_control_clients_hold_no_worker_past_the_request_deadline(
         assert status["resources"][RESOURCE_GPU]["devices"] == 4
         late = idle[1].makefile("rb").readline()  # the half line is answered when its deadline passes
         assert json.loads(late)["code"] == "bad_request" and "request line" in json.loads(late)["error"]
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_connections_beyond_the_bound_are_answered_busy(
+    running: tuple[NodeAgent, KubeletEmulator, Holder],
+) -> None:
+    """More idle connections than the control socket serves and queues: the next one gets the
+    documented ``busy`` answer at once instead of waiting behind all of them."""
+    agent, _, _ = running
+    path = agent.config.state_dir / CONTROL_SOCKET
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for conn in idle:
+            conn.connect(str(path))
+        answer = _raw_exchange(path, b'{"method": "agent.status"}\n')
+        assert answer["ok"] is False and answer["code"] == "busy", answer
+        assert str(MAX_CONNECTIONS) in answer["error"]
     finally:
         for conn in idle:
             conn.close()
