@@ -83,6 +83,7 @@ def test_registers_and_streams_gpus_with_numa(running: tuple[NodeAgent, KubeletE
     assert devices[gpu_uuid(3)].numa_nodes == (1,)
     assert all(d.health == "Healthy" for d in devices.values())
     assert (agent.config.kubelet_dir / "gpuweave-gpu.sock").stat().st_mode & 0o777 == 0o600
+    assert (agent.config.state_dir / CONTROL_SOCKET).stat().st_mode & 0o777 == 0o600
 
 
 def test_allocate_returns_env_and_cdi(running: tuple[NodeAgent, KubeletEmulator, Holder]) -> None:
