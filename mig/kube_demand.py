@@ -33,6 +33,7 @@ from mig.demand import (
 )
 from mig.demand_runner import DemandRunner
 from mig.service import MigService
+from topology.contracts import mig_profile_of_resource
 
 LOG = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
@@ -40,17 +41,33 @@ DEMAND_INTERVAL_S = 10.0
 RBAC_HINT = "the node agent needs pods get/patch (manifests/rbac-node-agent-mig-demand.yaml)"
 
 
-def _counts(resources: Mapping[str, Any] | None) -> dict[str, int]:
-    """A container's requests (limits where no request is given, as for extended resources)."""
+MAX_MIG_REQUEST = 10**4  # past any node's MIG instances (256 GPUs x 7); a count beyond is no request
+
+
+def _counts(resources: Mapping[str, Any] | None, *, pod: str) -> dict[str, int]:
+    """A container's requests (limits where no request is given, as for extended resources).
+
+    A ``nvidia.com/mig-*`` value that is not a whole count in 0..MAX_MIG_REQUEST is left out with a
+    log line naming the pod; other resources that are not counts (cpu "500m") are not ours."""
     if not resources:
         return {}
     merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     counts: dict[str, int] = {}
     for name, value in merged.items():
-        try:
-            counts[name] = int(str(value))
-        except ValueError:
-            continue  # cpu "500m", memory "1Gi": not a device count, and not ours
+        text = str(value)[:40]
+        mig = mig_profile_of_resource(str(name)) is not None
+        count = int(text) if text.isdecimal() and text.isascii() else None
+        if count is not None and (count <= MAX_MIG_REQUEST or not mig):
+            counts[name] = count
+        elif mig:
+            LOG.warning(
+                "pod %s: %s request %r is not a whole count in 0..%d; its MIG demand is left out "
+                "(fix the pod's resources)",
+                pod,
+                name,
+                text,
+                MAX_MIG_REQUEST,
+            )
     return counts
 
 
@@ -66,6 +83,7 @@ def pending_pod_of(pod: Mapping[str, Any]) -> PendingPod:
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
+    key = f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
     return PendingPod(
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
@@ -76,8 +94,8 @@ def pending_pod_of(pod: Mapping[str, Any]) -> PendingPod:
         node_name=str(spec.get("nodeName") or ""),
         node_selector=dict(spec.get("nodeSelector") or {}),
         requests=pod_requests(
-            [_counts(c.get("resources")) for c in spec.get("containers") or []],
-            [_counts(c.get("resources")) for c in spec.get("initContainers") or []],
+            [_counts(c.get("resources"), pod=key) for c in spec.get("containers") or []],
+            [_counts(c.get("resources"), pod=key) for c in spec.get("initContainers") or []],
         ),
         claim=claim_of(metadata.get("annotations")),
     )

@@ -23,6 +23,7 @@ from mig.demand import (
     wants_mig,
 )
 from mig.intent import GpuMigState, derive_demand_plans, node_demand
+from mig.kube_demand import pending_pod_of
 from mig.planner import Instance
 
 H100 = default_catalog().model("H100-80GB")
@@ -212,3 +213,17 @@ def test_a_demand_count_past_what_the_gpus_hold_is_capped_by_the_hardware():
     plans = derive_demand_plans([{"1g.10gb": 10**7}], [gpu(0), gpu(1)])
     assert sorted(len(plan.create) for plan in plans.values()) == [7, 7]
     assert not demand_covered([{"1g.10gb": 10**7}], [gpu(0), gpu(1)], plans)
+
+
+@pytest.mark.parametrize("value", ["1.5", "-3", "500m", "1e30", str(10**7), "2Gi"])
+def test_a_mig_request_that_is_no_sane_count_is_left_out_with_a_log_naming_the_pod(value, caplog):
+    resources = {"requests": {"nvidia.com/mig-1g.10gb": value, "nvidia.com/mig-2g.20gb": "2", "cpu": "500m"}}
+    pod = {
+        "metadata": {"namespace": "ns", "name": "greedy"},
+        "spec": {"containers": [{"resources": resources}]},
+    }
+    with caplog.at_level("WARNING", logger="mig.kube_demand"):
+        assert pending_pod_of(pod).requests == {"2g.20gb": 2}
+    assert any(
+        "ns/greedy" in r.getMessage() and "nvidia.com/mig-1g.10gb" in r.getMessage() for r in caplog.records
+    )
