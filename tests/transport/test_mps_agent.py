@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deviceplugin.control import call_agent
-from hardware.mps import is_mps_control, read_pid
+from hardware.mps import is_mps_control, read_pid, simulated_command
 from hardware.simulated import mps_control
 from mig.journal import JOURNAL_FILE
 from tests.support.agent_node import run_sim_inject
@@ -90,6 +90,31 @@ def test_mps_killed_daemon_withholds_only_its_gpu_then_the_restart_brings_it_bac
         assert all(shares_healthy(1)(devices) for devices in watch.lists[first:])
         assert read_pid(node.pipe_dir(0)) not in (None, old_pid)
         assert node.mps_status()[gpu_uuid(0)]["restarts"] == 1
+    finally:
+        watch.close()
+
+
+def test_mps_a_tenants_quit_and_planted_control_directory_cost_one_restart_no_reset(node: MpsNode) -> None:
+    """What a share tenant can do through its mounted pipe directory: quit the daemon and plant a
+    directory at the control socket path. GPU 0's shares come back after one restart; no GPU faults
+    (so no reset-gpu evicts anyone) and GPU 1's shares stay served throughout."""
+    watch = Watch(node, RESOURCE_GPU_COMPUTE)
+    try:
+        assert watch.wait(shares_healthy(0)) >= 0
+        first = len(watch.lists)
+        pipe = node.pipe_dir(0)
+        env = {**os.environ, mps_control.PIPE_ENV: str(pipe)}
+        subprocess.run(simulated_command(), input="quit\n", text=True, env=env, check=True, timeout=30)
+        (pipe / mps_control.SOCKET_NAME / "planted").mkdir(parents=True)
+        withheld = watch.wait(shares_withheld(0), start=first)
+        assert withheld >= 0, f"GPU 0's shares never withheld after quit: {watch.lists[-1]}"
+        back = watch.wait(shares_healthy(0), start=withheld)
+        assert back > withheld, f"GPU 0's shares not back after the restart: {watch.lists[-1]}"
+        assert all(shares_healthy(1)(devices) for devices in watch.lists[first:])
+        assert (pipe / mps_control.SOCKET_NAME).is_socket()
+        assert node.mps_status()[gpu_uuid(0)]["restarts"] == 1
+        gpus = call_agent(node.state_dir, "health.status", {})["gpus"]
+        assert all(row["state"] == HEALTHY for row in gpus.values()), gpus
     finally:
         watch.close()
 
