@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import signal
 import threading
 from pathlib import Path
 from typing import Any
 
+from gpuweave.stopping import stop_on_signals, wait_for
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.gang_book import DEFAULT_TTL_S
 from scheduler_ext.gang_service import GangSettings
@@ -166,14 +166,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--tls-cert and --tls-key go together; give both or neither")
     extender = _build(args)
     urls = _serve(extender, args)
-    stop = threading.Event()
+    stop = stop_on_signals()
     cached = len(extender.cache.node_names())
     print(f"gpuweave extender serving on {urls} ({cached} nodes cached)", flush=True)
     threading.Thread(target=_freeze_when_synced, args=(extender, stop), daemon=True).start()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     try:
-        stop.wait()
+        wait_for(stop)
     finally:
         extender.close()
     return 0

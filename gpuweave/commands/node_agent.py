@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from gpuweave.node_fabric import fabric_gate
 from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
 from gpuweave.node_mig import build_mig_service, register_mig_routes
 from gpuweave.node_mps import MpsRoundHook, NodeMps, control_command, mps_base_dir, start_node_mps
+from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
 from hardware.host_check import run_self_check
@@ -368,9 +367,7 @@ def run(args: argparse.Namespace) -> int:
     kube = open_kube(args.kubeconfig, node=node_name(args), metrics=metrics) if with_kube else None
     backend = open_backend(args)
     agent = build_agent(args, backend=backend, kube=kube, metrics=metrics)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     pod_resources = open_pod_resources(args)
     inventory = backend.discover()
     try:  # before any socket or registration of ours
@@ -399,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         backend.close()
         raise
     try:
-        stop.wait()
+        wait_for(stop)
     finally:
         parts.stop()
         mps.stop()
