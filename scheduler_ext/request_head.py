@@ -8,7 +8,9 @@ The standard library's request handler parses every request's header fields with
 ``readline`` and ``str`` methods under the same limits the standard library applies (a line of at
 most 65,536 bytes, at most 100 fields), and is stricter where leniency invites request smuggling:
 an obsolete folded line, a field without a colon or with whitespace before it, and two different
-``Content-Length`` values are refused.
+``Content-Length`` values are refused. The body is framed by ``Content-Length`` alone
+(``body_length``): any ``Transfer-Encoding`` is refused, and so is a length that is not ASCII
+digits, on every route.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Protocol, overload
 MAX_LINE = 65536  # bytes in one field line (http.client's _MAXLINE)
 MAX_FIELDS = 100  # field lines in one head (http.client's _MAXHEADERS)
 _SINGLE = ("content-length", "transfer-encoding")  # a second, different value is refused
+MAX_LENGTH_DIGITS = 18  # significant digits of a Content-Length: past any body (int() stops at 4,300)
 
 
 class LineReader(Protocol):
@@ -98,3 +101,29 @@ def read_headers(rfile: LineReader) -> RequestHeaders:
         if previous != value and key in _SINGLE:
             raise HeadError(HTTPStatus.BAD_REQUEST, f"conflicting {name} headers")
     raise HeadError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"more than {MAX_FIELDS} header lines")
+
+
+def body_length(headers: RequestHeaders) -> int | None:
+    """The body's length from ``Content-Length`` (None when there is none); raises ``HeadError``
+    (400) for any ``Transfer-Encoding`` (kube-scheduler's client sends a ``Content-Length`` for
+    its byte bodies: chunked framing here would only be a second reading of where a request ends)
+    and for a value that is not 1*DIGIT (``+12``, ``1_2``, ``0x0c``, non-ASCII digits, empty: all of
+    which ``int()`` would partly take) or has more than ``MAX_LENGTH_DIGITS`` significant digits."""
+    if "transfer-encoding" in headers:
+        raise HeadError(
+            HTTPStatus.BAD_REQUEST,
+            "Transfer-Encoding is not accepted (chunked or any other); "
+            "send the body with Content-Length only",
+        )
+    raw = headers.get("content-length")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise HeadError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {raw[:40]!r}: ASCII digits only")
+    significant = raw.lstrip("0") or "0"
+    if len(significant) > MAX_LENGTH_DIGITS:
+        raise HeadError(
+            HTTPStatus.BAD_REQUEST,
+            f"Content-Length of {len(significant)} digits; at most {MAX_LENGTH_DIGITS} are read",
+        )
+    return int(significant)

@@ -48,7 +48,7 @@ from scheduler_ext.selector_sandbox import (
     WorkerDiedError,
 )
 from topology.contracts import ATTRIBUTE_DOMAIN
-from topology.errors import InvalidInputError
+from topology.errors import InvalidInputError, clip, echo
 
 LOG = logging.getLogger(__name__)
 MAX_EXPRESSION_CHARS = 10 * 1024  # DRA's limit
@@ -196,7 +196,7 @@ class SelectorCache:
             raise SelectorError(f"gpu-selector could not be evaluated now: {exc}") from None
         if isinstance(result, bool):
             return result
-        return f"selector failed on {attributes.product_name}: {result}"
+        return clip(f"selector failed on {attributes.product_name}: {result}")
 
     def _program(self, expression: str) -> _Compiled:
         compiled = self._programs.get(expression)
@@ -235,7 +235,7 @@ def _compile(expression: str, *, cost_limit: int) -> _Compiled | str:
     try:
         program = cel.compile(expression)
     except Exception as exc:  # the library raises several types; every one is the selector's fault
-        return f"gpu-selector does not compile: {exc}"
+        return clip(f"gpu-selector does not compile: {_parser_words(expression, exc)}")
     cost = estimate(expression)
     if cost is not None and cost.cost > cost_limit:
         return (
@@ -247,12 +247,20 @@ def _compile(expression: str, *, cost_limit: int) -> _Compiled | str:
     return _Compiled(program=program, in_process=in_process)
 
 
+def _parser_words(expression: str, exc: Exception) -> str:
+    """The CEL library's error without its copies of the expression: it quotes the whole of it,
+    then repeats each line over a caret line; here the expression is quoted once, cut (``echo``),
+    and the parser's own words (``Syntax error: ...``) stay."""
+    quoted = str(exc).replace(f"'{expression}'", echo(expression), 1)  # repr: no raw line breaks
+    return quoted.split("\n| ", 1)[0]
+
+
 def _run(program: Any, attributes: DeviceAttributes) -> bool | str:
     """Evaluate in this thread (only cheap, loop-free selectors get here)."""
     try:
         value = program.execute(cel.Context(variables={"device": attributes.as_cel()}, functions=FUNCTIONS))
     except Exception as exc:  # 1/0, overflow, a missing attribute: the selector's answer, never a 5xx
-        return f"selector failed on {attributes.product_name}: {type(exc).__name__}: {exc}"
+        return clip(f"selector failed on {attributes.product_name}: {type(exc).__name__}: {exc}")
     if isinstance(value, bool):
         return value
     return f"selector returned {type(value).__name__}, not bool"

@@ -1,12 +1,13 @@
 """The HTTP(S) adapter: kube-scheduler's extender calls in, JSON out; stdlib ``http.server``.
 
 Every request is answered: a body that is too large, not JSON, or not the verb's message gets
-400 with a one-line reason and the connection stays usable. Framing is strict: ``Content-Length``
-is ASCII digits only, and a request with ``Transfer-Encoding`` (chunked or any other, with or
-without ``Content-Length``) is refused and its connection closed, so no proxy in between can read
-the request's end elsewhere than we do. A pod nested deeper than ``MAX_POD_DEPTH`` is refused
-(400): the cost of walking it is bounded and no comparison or copy of it can recurse past Python's
-limit. Keep-alive (HTTP/1.1) matters here:
+400 with a one-line reason and the connection stays usable. Framing is strict on every route
+(``request_head.body_length``): ``Content-Length`` is ASCII digits only, and a request with
+``Transfer-Encoding`` (chunked or any other, with or without ``Content-Length``) is refused and
+its connection closed, so no proxy in between can read the request's end elsewhere than we do; a
+GET's body is read and dropped. A pod (or a node, or a victim) nested deeper than
+``MAX_POD_DEPTH`` is refused (400): the cost of walking it is bounded and no comparison, copy or
+encoding of it can recurse past a limit. Keep-alive (HTTP/1.1) matters here:
 kube-scheduler calls filter and prioritize for every pod, and a TCP handshake per call would
 cost more than the decision.
 """
@@ -31,7 +32,7 @@ import orjson
 
 from scheduler_ext.by_state import RejectedNames
 from scheduler_ext.metrics import ExtenderMetrics
-from scheduler_ext.request_head import HeadError, RequestHeaders, read_headers, request_version
+from scheduler_ext.request_head import HeadError, RequestHeaders, body_length, read_headers, request_version
 from scheduler_ext.service import ExtenderService
 from scheduler_ext.wire import (
     ExtenderArgs,
@@ -50,6 +51,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read and discard up to this much of an oversized body
 JSON = "application/json"
 MAX_POD_DEPTH = 64  # objects and lists inside the pod; Kubernetes' own (managedFields) stay under 30
+_ENVELOPE_DEPTH = 4  # a node or victim pod sits this much deeper in its field (Nodes.items[i], ...)
+_FLAT_FIELDS = frozenset({"NodeNames"})  # strings only (pydantic checks): the long list is not walked
 
 
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (capped by net.core.somaxconn)
@@ -188,12 +191,18 @@ def nested_deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-def content_length(raw: str | None) -> int | None:
-    """A ``Content-Length`` value as RFC 9110 has it (1*DIGIT); None when it is anything else
-    (``+12``, ``1_2``, `` 12``, non-ASCII digits, empty), which ``int()`` would partly accept."""
-    if raw is None or not raw or not raw.isascii() or not raw.isdigit():
-        return None
-    return int(raw)
+def check_depth(raw: Mapping[str, Any]) -> None:
+    """Raise ``BadRequestError`` when a field of a verb's message (the pod, the nodes
+    kube-scheduler sends without nodeCacheCapable, preempt's victims) nests deeper than
+    ``MAX_POD_DEPTH`` objects and lists: past it, pydantic's encoding and Python's recursive
+    comparisons and copies fail (a 1,000-deep pod or node gave 500)."""
+    for field, value in raw.items():
+        if field in _FLAT_FIELDS:
+            continue
+        limit = MAX_POD_DEPTH if field == "Pod" else MAX_POD_DEPTH + _ENVELOPE_DEPTH
+        if nested_deeper_than(value, limit):
+            shown = "the pod" if field == "Pod" else f"field {echo(field, limit=40)}"
+            raise BadRequestError(f"{shown} nests objects or lists deeper than {limit} levels")
 
 
 class _HttpDate:
@@ -223,6 +232,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     server: ExtenderHTTPServer
     headers: RequestHeaders  # type: ignore[assignment]
     raw_requestline: bytes
+    declared_length: int | None = None  # the body's Content-Length, checked with the head
     server_version = "gpuweave-extender"
     timeout = 30  # seconds a client may stall mid-request before the connection is dropped
 
@@ -234,6 +244,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         self.command = None  # type: ignore[assignment]  # set once the request line is read
         self.request_version = self.protocol_version  # every answer, refusals too, has a status line
         self.close_connection = True
+        self.declared_length = None
         self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if not words:
@@ -249,6 +260,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             self.command = command
             self.path = "/" + path.lstrip("/") if path.startswith("//") else path  # as the stdlib does
             self.headers = read_headers(self.rfile)
+            self.declared_length = body_length(self.headers)
         except HeadError as exc:
             self.send_error(exc.status, exc.reason)
             return False
@@ -270,6 +282,8 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
     # ---- routing ----------------------------------------------------------------------------------
     def do_GET(self) -> None:
+        if self.declared_length and not self._drain(self.declared_length):
+            self.close_connection = True  # too large to drain: the stream is out of step after it
         path = self.path.split("?", 1)[0].rstrip("/")
         cache = self.server.service.cache
         if path.endswith("/healthz"):
@@ -290,8 +304,8 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         handler = self._verbs().get(verb)
         if handler is None:
-            self._drain(self._length_or_zero())
-            self._send(404, f"unknown extender verb {verb!r}\n".encode(), "text/plain")
+            self._drain(self.declared_length or 0)
+            self._send(404, f"unknown extender verb {echo(verb)}\n".encode(), "text/plain")
             return
         started = time.perf_counter()
         try:
@@ -357,34 +371,17 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         model: type[ExtenderArgs] | type[ExtenderPreemptionArgs], body: object
     ) -> tuple[ExtenderArgs | ExtenderPreemptionArgs, Mapping[str, Any]]:
         raw = canonical_keys(body, model)
-        # preempt's victims are pods too: its whole body is walked (a rare verb, a short body)
-        preempt = model is ExtenderPreemptionArgs
-        walked = raw if preempt else raw.get("Pod") if isinstance(raw, Mapping) else None
-        if nested_deeper_than(walked, MAX_POD_DEPTH + (8 if preempt else 0)):
-            raise BadRequestError(f"the pod nests objects or lists deeper than {MAX_POD_DEPTH} levels")
+        if isinstance(raw, Mapping):
+            check_depth(raw)
         args = parse(model, body)
         assert isinstance(raw, Mapping)
         return args, raw["Pod"]
 
     # ---- plumbing ---------------------------------------------------------------------------------
-    def _length_or_zero(self) -> int:
-        return content_length(self.headers.get("Content-Length")) or 0
-
     def _read_json(self) -> object:
-        if "Transfer-Encoding" in self.headers:
-            raise BadRequestError(
-                "Transfer-Encoding is not accepted (chunked or any other); send the body with "
-                "Content-Length only",
-                close=True,
-            )
-        raw_length = self.headers.get("Content-Length")
-        if raw_length is None:
-            raise BadRequestError("missing Content-Length header")
-        length = content_length(raw_length)
+        length = self.declared_length  # its framing was checked with the head
         if length is None:
-            raise BadRequestError(
-                f"bad Content-Length {echo(raw_length, limit=40)}: ASCII digits only", close=True
-            )
+            raise BadRequestError("missing Content-Length header")
         if length > MAX_BODY_BYTES:
             drained = self._drain(length)
             raise BadRequestError(

@@ -92,7 +92,11 @@ def test_an_uncompilable_9_kib_selector_costs_a_bounded_reason_per_node(tmp_path
         built.close()
     assert status == 200
     rejected = json.loads(answer)["FailedAndUnresolvableNodes"]
-    assert len(rejected) == len(names) and "does not compile" in next(iter(rejected.values()))
+    reason = next(iter(rejected.values()))
+    assert len(rejected) == len(names) and "does not compile" in reason
+    # the parser's own words survive; the expression is quoted once, cut, with its length
+    assert "Syntax error" in reason and f"({len(selector)} characters)" in reason
+    assert reason.count("productName") == 1 and len(reason) <= MAX_REASON_CHARS
     assert len(answer) < len(names) * (MAX_REASON_CHARS + 100)  # the name, the reason, the separators
 
 
@@ -135,6 +139,7 @@ def test_a_victim_nested_1000_deep_gets_a_400_from_preempt(address: tuple[str, i
         "Transfer-Encoding: chunked\r\nContent-Length: 11\r\n",
         "Transfer-Encoding: gzip\r\nContent-Length: 11\r\n",
         "Transfer-Encoding: identity\r\n",
+        "Content-Length: " + "9" * 5000 + "\r\n",  # past int()'s 4,300 digits
     ],
 )
 def test_lax_framing_is_refused_with_a_status_line(address: tuple[str, int], head: str) -> None:
@@ -143,3 +148,71 @@ def test_lax_framing_is_refused_with_a_status_line(address: tuple[str, int], hea
     )
     assert status == 400 and text
     assert _post(address, "filter", _filter_body(pod_object("plain")))[0] == 200  # still serving
+
+
+def _answers(address: tuple[str, int], raw: bytes) -> list[tuple[int, bytes]]:
+    """Every answer on one connection to ``raw`` (its last request says Connection: close)."""
+    answers: list[tuple[int, bytes]] = []
+    with socket.create_connection(address, timeout=30) as connection:
+        connection.sendall(raw)
+        reader = connection.makefile("rb")
+        while line := reader.readline():
+            length = 0
+            while (field := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = field.decode("latin-1").partition(":")
+                length = int(value) if name.lower() == "content-length" else length
+            answers.append((int(line.split()[1]), reader.read(length)))
+    return answers
+
+
+CLOSE = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"POST /no-such-verb HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n",
+        b"POST /no-such-verb HTTP/1.1\r\nHost: x\r\nContent-Length: 1_1\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: +2\r\n",
+    ],
+)
+def test_framing_is_checked_on_every_route(address: tuple[str, int], request_head: bytes) -> None:
+    """An unknown verb or a GET is framed by the same rules: a refused head closes the connection,
+    so the bytes after it are never read as a request."""
+    answers = _answers(address, request_head + b"\r\n{}" + CLOSE)
+    assert [status for status, _ in answers] == [400]
+    assert _answers(address, CLOSE) == [(200, b"ok\n")]  # still serving
+
+
+def test_a_body_sent_with_a_get_is_read_as_its_body(address: tuple[str, int]) -> None:
+    """A GET with a Content-Length: its body is drained, not read as the next request."""
+    smuggled = b"GET /no-such-page HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled)
+    assert _answers(address, head + smuggled + CLOSE) == [(200, b"ok\n"), (200, b"ok\n")]
+
+
+def test_an_unknown_verb_is_quoted_cut(address: tuple[str, int]) -> None:
+    status, text = _post(address, "v" * 60_000, b"{}")
+    assert status == 404 and len(text) < 2 * ECHO_CHARS and b"(60000 characters)" in text
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "prioritize-claims"])
+def test_nodes_nested_1000_deep_get_a_400(tmp_path: Path, verb: str) -> None:
+    """kube-scheduler without nodeCacheCapable sends whole Node objects: they are walked too (a
+    cached node nested 1,000 deep failed the filter answer's encoding with a 500)."""
+    snapshot = tmp_path / "one.json"
+    items = [node_object("n1", gpus=8), inventory_object(profile_inventory("dgx-h100", "n1"))]
+    snapshot.write_text(json.dumps(cluster_list(items)))
+    built = build_snapshot_extender(snapshot)
+    try:
+        built.serve(host="127.0.0.1", port=0)
+        assert built.server is not None
+        node = node_object("n1", gpus=8)
+        node["spec"]["deep"] = "@DEEP@"
+        message = {"Pod": pod_object("p", limits={RESOURCE_GPU: 1}), "Nodes": {"items": [node]}}
+        body = json.dumps(message).replace('"@DEEP@"', DEEP).encode()
+        status, text = _post(("127.0.0.1", built.server.server_address[1]), verb, body)
+    finally:
+        built.close()
+    assert status == 400 and b"deeper than" in text

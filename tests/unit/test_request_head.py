@@ -7,7 +7,15 @@ from http import HTTPStatus
 
 import pytest
 
-from scheduler_ext.request_head import MAX_FIELDS, MAX_LINE, HeadError, read_headers, request_version
+from scheduler_ext.request_head import (
+    MAX_FIELDS,
+    MAX_LENGTH_DIGITS,
+    MAX_LINE,
+    HeadError,
+    body_length,
+    read_headers,
+    request_version,
+)
 
 
 def _read(head: bytes) -> dict[str, str]:
@@ -72,3 +80,45 @@ def test_bad_request_versions(version: str) -> None:
     with pytest.raises(HeadError) as caught:
         request_version(version)
     assert caught.value.status == HTTPStatus.BAD_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("head", "length"),
+    [
+        (b"Host: x\r\n\r\n", None),
+        (b"Content-Length: 0\r\n\r\n", 0),
+        (b"Content-Length:  1192 \r\n\r\n", 1192),  # whitespace around a field value is not the value
+        (b"Content-Length: " + b"0" * 40 + b"11\r\n\r\n", 11),  # 1*DIGIT: leading zeros are digits
+        (b"Content-Length: " + b"9" * MAX_LENGTH_DIGITS + b"\r\n\r\n", 10**MAX_LENGTH_DIGITS - 1),
+    ],
+)
+def test_body_length_is_the_content_length(head: bytes, length: int | None) -> None:
+    assert body_length(read_headers(io.BytesIO(head))) == length
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"1_1_9_2", "ASCII digits only"),
+        (b"+1192", "ASCII digits only"),
+        (b"-1", "ASCII digits only"),
+        (b"0x4a8", "ASCII digits only"),
+        (b"1 192", "ASCII digits only"),
+        (b"", "ASCII digits only"),
+        ("\u0661\u0661".encode(), "ASCII digits only"),  # int() takes Arabic-Indic digits
+        (b"9" * (MAX_LENGTH_DIGITS + 1), "digits"),
+        (b"9" * 5000, "digits"),  # int() refuses past 4,300 digits with a ValueError
+    ],
+)
+def test_a_content_length_that_is_not_1_digit_is_refused(value: bytes, reason: str) -> None:
+    with pytest.raises(HeadError) as caught:
+        body_length(read_headers(io.BytesIO(b"Content-Length: " + value + b"\r\n\r\n")))
+    assert caught.value.status == HTTPStatus.BAD_REQUEST and reason in caught.value.reason
+
+
+@pytest.mark.parametrize("fields", [b"Transfer-Encoding: chunked\r\n", b"transfer-encoding: identity\r\n"])
+def test_any_transfer_encoding_is_refused_with_or_without_a_length(fields: bytes) -> None:
+    for head in (fields, fields + b"Content-Length: 2\r\n", b"Content-Length: 2\r\n" + fields):
+        with pytest.raises(HeadError) as caught:
+            body_length(read_headers(io.BytesIO(head + b"\r\n")))
+        assert caught.value.status == HTTPStatus.BAD_REQUEST and "Transfer-Encoding" in caught.value.reason
