@@ -7,8 +7,11 @@ assignment annotation does not parse holds nothing (and is logged), never crashe
 A pod's ``gpuweave.io/assignment`` annotation is trusted only as far as the pod could really hold
 those devices (anyone who may create a pod can write the annotation): it counts only once the pod
 is bound (``spec.nodeName``) to the node the annotation names, and per container and resource only
-up to the count the container requests (the first IDs in the annotation's order); a Pending pod's
-annotation holds nothing. The extender's own bind is counted before the watch shows it (the
+IDs of that resource's form (a ``GPU-`` UUID for ``nvidia.com/gpu``, a compute unit for
+``gpuweave.io/gpu-compute``, ...: ``assignment.fits_resource``), up to the count the container
+requests (the first IDs in the annotation's order; the requests as ``requests.pod_request`` reads
+them, so a pod whose containers it refuses counts nothing); a Pending pod's annotation holds
+nothing. The extender's own bind is counted before the watch shows it (the
 cache's *assumed* holdings).
 """
 
@@ -21,9 +24,17 @@ from typing import Any
 
 from scheduler_ext.host import host_requests
 from scheduler_ext.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
-from scheduler_ext.quantity import QuantityError, whole_units
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT
+from scheduler_ext.requests import PodRequest, pod_request
+from topology.assignment import PodAssignment, fits_resource
+from topology.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+    mig_resource_name,
+)
 from topology.errors import InvalidInputError
 from topology.gangs import gang_key
 from topology.inventory import NodeInventory
@@ -135,7 +146,8 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     status = _mapping(obj.get("status"))
     annotations = _mapping(metadata.get("annotations"))
     node = spec.get("nodeName") or None
-    devices = _counted_devices(metadata, spec, annotations.get(ANNOTATION_ASSIGNMENT), node=node)
+    where = f"pod {metadata.get('namespace')}/{metadata.get('name')}"
+    devices = _counted_devices(obj, annotations.get(ANNOTATION_ASSIGNMENT), node=node, where=where)
     priority = spec.get("priority")
     cpu, memory = host_requests(obj)
     return PodRecord(
@@ -152,17 +164,15 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     )
 
 
-def _counted_devices(
-    metadata: Mapping[str, Any], spec: Mapping[str, Any], raw: object, *, node: object
-) -> frozenset[str]:
+def _counted_devices(obj: Mapping[str, Any], raw: object, *, node: object, where: str) -> frozenset[str]:
     """The devices a pod's assignment annotation may count (see the module docstring)."""
     if not isinstance(raw, str) or not raw or not node:
         return frozenset()  # no annotation, or not bound: a Pending pod holds nothing
-    where = f"pod {metadata.get('namespace')}/{metadata.get('name')}"
     try:
         assignment = PodAssignment.from_annotation(raw)
+        allowed = requested_units(pod_request({"spec": obj.get("spec")}))  # its containers only
     except InvalidInputError as exc:
-        LOG.warning("%s: %s", where, exc)
+        LOG.warning("%s: %s; counting none of its devices", where, exc)
         return frozenset()
     if assignment.node != node:
         LOG.warning(
@@ -173,42 +183,45 @@ def _counted_devices(
             node,
         )
         return frozenset()
-    requested = requested_units(spec)
     counted: set[str] = set()
     for container, chosen in assignment.containers.items():
         for resource, ids in chosen.devices.items():
-            allowed = requested.get((container, resource), 0)
-            if len(set(ids)) > allowed:
-                LOG.warning(
-                    "%s: its gpuweave.io/assignment names %d devices of %.200s for container %.200s, "
-                    "which requests %d; counting %d",
-                    where,
-                    len(set(ids)),
-                    resource,
-                    container,
-                    allowed,
-                    allowed,
-                )
-            counted.update(list(dict.fromkeys(ids))[:allowed])
+            limit = allowed.get((container, resource), 0)
+            counted.update(_within(ids, resource, limit, where=f"{where} container {container:.200}"))
     return frozenset(counted)
 
 
-def requested_units(spec: Mapping[str, Any]) -> dict[tuple[str, str], int]:
-    """(container name, resource name) -> the whole units it requests, init containers included
-    (an extended resource's limit, or its request where no limit is given); unreadable counts are 0."""
+def _within(ids: list[str], resource: str, limit: int, *, where: str) -> list[str]:
+    """Of the IDs named for one container and resource, those of that resource's form
+    (``fits_resource``), the first ``limit`` of them in the annotation's order."""
+    named = list(dict.fromkeys(ids))
+    fitting = [d for d in named if fits_resource(resource, d)]
+    if len(fitting) < len(named) or len(fitting) > limit:
+        LOG.warning(
+            "%s: its gpuweave.io/assignment names %d devices of %.200s (%d not of that resource's "
+            "kind) and it requests %d; counting %d",
+            where,
+            len(named),
+            resource,
+            len(named) - len(fitting),
+            limit,
+            min(limit, len(fitting)),
+        )
+    return fitting[:limit]
+
+
+def requested_units(request: PodRequest) -> dict[tuple[str, str], int]:
+    """(container name, resource name) -> the units that container requests, init containers
+    included, as ``requests.pod_request`` parsed them."""
     units: dict[tuple[str, str], int] = {}
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        if not isinstance(container, Mapping):
-            continue
-        resources = _mapping(container.get("resources"))
-        values = {**_mapping(resources.get("requests")), **_mapping(resources.get("limits"))}
-        for resource, value in values.items():
-            if "/" not in str(resource):  # cpu, memory, ...: not a device resource
-                continue
-            try:
-                count = whole_units(str(value))
-            except QuantityError:
-                continue
-            if count:
-                units[(str(container.get("name") or ""), str(resource))] = count
+    for c in request.containers:
+        counts = (
+            (RESOURCE_GPU, c.gpus),
+            (RESOURCE_EFA, c.efa),
+            (RESOURCE_GPU_COMPUTE, c.compute),
+            (RESOURCE_GPU_MEMORY, c.memory_gib),
+            (RESOURCE_GPU_SHARED, c.shared),
+            *((mig_resource_name(profile), n) for profile, n in c.mig),
+        )
+        units.update(((c.name, resource), n) for resource, n in counts if n)
     return units

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from topology.contracts import (
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+    RESOURCE_MIG_PREFIX,
+)
 from topology.errors import InvalidInputError
 from topology.validation import first_problem
 
@@ -37,6 +44,25 @@ def parent_gpu_of_share(device_id: str) -> str | None:
     """The GPU UUID a share device ID belongs to, or None for a non-share ID."""
     head, sep, _ = device_id.partition("::")
     return head if sep else None
+
+
+SHARE_KINDS = {RESOURCE_GPU_COMPUTE: "compute", RESOURCE_GPU_MEMORY: "memory", RESOURCE_GPU_SHARED: "replica"}
+
+
+def fits_resource(resource: str, device_id: str) -> bool:
+    """Whether ``device_id`` has the form of a device of ``resource``: a share unit of that
+    resource's kind, a ``GPU-`` UUID for whole GPUs, a ``MIG-`` UUID for MIG devices, and for any
+    other resource (EFA) neither of those nor a share unit."""
+    kind = SHARE_KINDS.get(resource)
+    if kind is not None:
+        return f"::{kind}-" in device_id
+    if "::" in device_id:
+        return False
+    if resource == RESOURCE_GPU:
+        return device_id.startswith("GPU-")
+    if resource.startswith(RESOURCE_MIG_PREFIX):
+        return device_id.startswith("MIG-")
+    return not device_id.startswith(("GPU-", "MIG-"))
 
 
 class ContainerAssignment(BaseModel):

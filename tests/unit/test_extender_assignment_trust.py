@@ -18,7 +18,13 @@ from scheduler_ext.snapshot import SnapshotBinder, apply_objects
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from tests.support.waiting import wait_until
 from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from topology.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    mig_resource_name,
+)
 
 NODES = ("n0", "n1")
 
@@ -45,6 +51,11 @@ def extender() -> Iterator[tuple[Extender, list[PodEvent]]]:
     built = assemble(cache, core, SnapshotBinder(cache), event_sink=events.append)
     yield built, events
     built.close()
+
+
+def _annotated(node: str, devices: dict[str, list[str]]) -> dict[str, str]:
+    assignment = PodAssignment(node=node, containers={"main": ContainerAssignment(devices=devices)})
+    return {ANNOTATION_ASSIGNMENT: assignment.to_annotation()}
 
 
 def _fits(extender: Extender, gpus: int) -> list[str]:
@@ -108,6 +119,37 @@ def test_a_second_pod_on_a_held_device_is_a_conflict_and_not_counted(
     )
     (event,) = [e for e in events if e.reason == CONFLICT_REASON]
     assert (event.name, event.type) == ("later", "Warning") and gpus[1] in event.message
+
+
+def test_an_id_of_another_kind_than_its_resource_counts_nothing(
+    extender: tuple[Extender, list[PodEvent]],
+) -> None:
+    """A pod holds devices of the kinds it requests only: a GPU UUID listed under a share, EFA or
+    MIG resource, or a share unit of another kind, is not a device of that resource."""
+    built, _ = extender
+    gpus = _gpus("n0")
+    disguised = {
+        "as-compute": ({RESOURCE_GPU_COMPUTE: 1}, {RESOURCE_GPU_COMPUTE: [gpus[0]]}),
+        "as-efa": ({RESOURCE_EFA: 1}, {RESOURCE_EFA: [gpus[1]]}),
+        "as-mig": ({mig_resource_name("1g.10gb"): 1}, {mig_resource_name("1g.10gb"): [gpus[2]]}),
+        "replica-as-compute": ({RESOURCE_GPU_COMPUTE: 1}, {RESOURCE_GPU_COMPUTE: [f"{gpus[3]}::replica-0"]}),
+        "mig-as-gpu": ({RESOURCE_GPU: 1}, {RESOURCE_GPU: [f"MIG-{gpus[4][4:]}"]}),
+    }
+    for name, (limits, devices) in disguised.items():
+        pod = pod_object(name, limits=limits, node="n0", annotations=_annotated("n0", devices))
+        built.cache.upsert_pod(pod)
+        assert built.cache.holding(pod["metadata"]["uid"]) is None, name
+    assert _fits(built, 8) == list(NODES)
+    units = [f"{gpus[5]}::compute-0", f"{gpus[5]}::compute-1"]
+    share = pod_object(
+        "share",
+        limits={RESOURCE_GPU_COMPUTE: 2},
+        node="n0",
+        annotations=_annotated("n0", {RESOURCE_GPU_COMPUTE: units}),
+    )
+    built.cache.upsert_pod(share)
+    holding = built.cache.holding(share["metadata"]["uid"])
+    assert holding is not None and holding.record.devices == set(units)
 
 
 def _bind(built: Extender, pod: Mapping[str, Any], *, name: str) -> str:
