@@ -124,8 +124,10 @@ class RejectedNames(Mapping[str, str]):
     def json(self) -> bytes:
         """The JSON object, written per state: the state's names as one orjson-encoded list whose
         separators take the reason. When no name needs escaping (no backslash in the encoded
-        names, so every quote in them is a string's edge) the only ``","`` in the list are the
-        separators; otherwise the dict is encoded."""
+        names, so every quote in them is a string's edge) and no name holds a comma (the list's
+        commas are exactly its separators: a name ``,`` encodes as ``","`` itself), the only
+        ``","`` in the list are the separators; otherwise the dict is encoded. Node names are DNS
+        subdomains, so the fallback is for hostile or odd input only."""
         positions = np.flatnonzero(self._mask)
         if not positions.size:
             return b"{}"
@@ -140,7 +142,7 @@ class RejectedNames(Mapping[str, str]):
         parts: list[bytes] = []
         for begin, end in pairwise(starts):
             encoded = orjson.dumps(names[begin:end])
-            if b"\\" in encoded:
+            if b"\\" in encoded or encoded.count(b",") != end - begin - 1:
                 return orjson.dumps(self._built())
             reason = b":" + orjson.dumps(self._reasons[int(ordered[begin])])
             parts.append(encoded[1:-1].replace(b'","', b'"' + reason + b',"') + reason)

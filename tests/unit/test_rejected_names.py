@@ -74,3 +74,12 @@ def test_the_filter_answer_carries_both_maps() -> None:
         "FailedAndUnresolvableNodes": {"b": "y", "c": "y"},
         "Error": "",
     }
+
+
+def test_names_holding_commas_keep_their_separators() -> None:
+    # a name "," encodes as '","', the separator's own bytes (found by the property test above)
+    cases = [[","], [",", "y"], ["x", ","], ["a,", "b"], ["", ","], [",,", ",", "z"]]
+    for names in cases:
+        mask = [True] * len(names)
+        rejected = _rejected(names, [0] * len(names), ["full"], mask)
+        assert orjson.loads(rejected.json()) == dict.fromkeys(names, "full"), names
