@@ -22,6 +22,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
@@ -198,8 +199,18 @@ func markRunning(pod *v1.Pod, s *v1.PodStatus, allocation string) {
 
 func ptrTo[T any](v T) *T { return &v }
 
+// statusRetry retries a pod status write on a conflict and on Forbidden: the API server's Node
+// authorizer learns that a pod is bound here from its own watch, which can trail the node's pod
+// watch by a moment under load ("no relationship found between node and this object"); the
+// kubelet's status manager likewise writes again until it succeeds. About 10 s in all.
+var statusRetry = wait.Backoff{Steps: 12, Duration: 20 * time.Millisecond, Factor: 2, Cap: 2 * time.Second}
+
+func retriableStatusError(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsForbidden(err)
+}
+
 func (n *simNode) writePodStatus(ctx context.Context, pod *v1.Pod, mutate func(*v1.PodStatus)) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	return retry.OnError(statusRetry, retriableStatusError, func() error {
 		current, err := n.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
