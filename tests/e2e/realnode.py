@@ -1,0 +1,136 @@
+"""One real node for the realnode tier: ``harness realnode`` (the full kubelet, containerd, runc)
+with the e2e images imported, and what its containers report.
+
+The images are built here from ``tests/e2e/realnode/bin/seer`` (static, built by
+tests/e2e/realnode/build.sh): ``gpuweave.test/seer:1`` prints what its container sees and waits,
+``gpuweave.test/pause:1`` is every pod's sandbox. Container logs are read from the kubelet's
+``podLogsDir`` (CRI log format), so a test reads what the process inside printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
+from tests.support.oci_image import ImageFile, write_image_archive
+
+REALNODE_DIR = REPO / "tests" / "e2e" / "realnode"
+BIN_DIR = REALNODE_DIR / "bin"
+SEER_IMAGE = "gpuweave.test/seer:1"
+PAUSE_IMAGE = "gpuweave.test/pause:1"
+SEER_MARKER = "GPUWEAVE-SEER "
+# Other tests' schedulers must not place pods on the real node; its pods tolerate this.
+REALNODE_TAINT = {"key": "e2e.gpuweave.io/realnode", "value": "only", "effect": "NoSchedule"}
+
+
+def realnode_binaries() -> Path:
+    """The tier's node software, or a failure that says how to build it."""
+    missing = [
+        n
+        for n in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "seer", "cni/bridge")
+        if not (BIN_DIR / n).exists()
+    ]
+    if missing:
+        raise RuntimeError(
+            f"{BIN_DIR} lacks {', '.join(missing)}: run tests/e2e/realnode/build.sh (scripts/test runs it)"
+        )
+    return BIN_DIR
+
+
+def build_images(out: Path) -> list[Path]:
+    """The seer and pause image archives (same bytes on every machine for the same seer binary)."""
+    seer = {"seer": ImageFile(realnode_binaries() / "seer")}
+    images = [(SEER_IMAGE, ["/seer", "report"]), (PAUSE_IMAGE, ["/seer", "pause"])]
+    paths = []
+    for name, entrypoint in images:
+        path = out / (name.split("/")[-1].replace(":", "-") + ".tar")
+        write_image_archive(path, name=name, files=seer, entrypoint=entrypoint)
+        paths.append(path)
+    return paths
+
+
+class RealNode:
+    """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
+
+    def __init__(
+        self, plane: ControlPlane, *, name: str, kubelet_port: int, taints: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.agent: Process | None = None
+        self.plane = plane
+        self.dir = plane.work / "realnodes" / name
+        self.dir.mkdir(parents=True)
+        self.kubelet_dir = self.dir / "kubelet"
+        self.plugin_dir = self.kubelet_dir / "device-plugins"
+        self.cdi_dir = self.dir / "cdi"
+        images = build_images(self.dir)
+        argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
+        argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
+        argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]
+        if taints:
+            argv += ["--register-with-taints", f"{taints['key']}={taints['value']}:{taints['effect']}"]
+        self.process = Process(f"realnode-{name}", argv, log_dir=plane.work)
+        ready, socket = self.dir / "ready", self.plugin_dir / "kubelet.sock"
+        try:
+            wait_for(
+                f"{name}: containerd up, images imported",
+                lambda: self.process.alive_and(ready.exists),
+                timeout=120,
+            )
+            wait_for(
+                f"{name}'s device manager socket", lambda: self.process.alive_and(socket.exists), timeout=60
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def restart_kubelet(self) -> None:
+        """The kubelet alone stops and starts again (containerd and the containers keep running)."""
+        before = (self.plugin_dir / "kubelet.sock").stat().st_ino
+        self.process.popen.send_signal(signal.SIGHUP)
+
+        def new_socket() -> bool:
+            path = self.plugin_dir / "kubelet.sock"
+            return path.exists() and path.stat().st_ino != before
+
+        wait_for(
+            f"{self.name}'s restarted kubelet socket", lambda: self.process.alive_and(new_socket), timeout=60
+        )
+
+    def log(self, component: str) -> str:
+        return (self.dir / "logs" / f"{component}.log").read_text(errors="replace")
+
+    def container_output(self, pod: Any, container: str) -> list[str]:
+        """Lines the container wrote to stdout/stderr (its current log file, CRI format)."""
+        base = (
+            self.dir
+            / "logs"
+            / "pods"
+            / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid}"
+            / container
+        )
+        lines: list[str] = []
+        for path in sorted(base.glob("*.log")):
+            for raw in path.read_text(errors="replace").splitlines():
+                parts = raw.split(" ", 3)  # <time> <stream> <P|F> <text>
+                if len(parts) == 4:
+                    lines.append(parts[3])
+        return lines
+
+    def seen(self, pod: Any, container: str = "main") -> dict[str, Any] | None:
+        """What seer printed in the container, or None before it has."""
+        for line in self.container_output(pod, container):
+            if line.startswith(SEER_MARKER):
+                return dict(json.loads(line[len(SEER_MARKER) :]))
+        return None
+
+    def stop(self) -> None:
+        self.process.stop(timeout=60)
+        with contextlib.suppress(ApiException):  # the Node may never have registered
+            self.plane.core.delete_node(self.name)
