@@ -17,6 +17,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from hardware.device_nodes import CharDevice, read_host_device_nodes
+from hardware.profiles import load_profile
+from hardware.simulated.node import SimulatedNode
+from hardware.simulated.sysfs_tree import write_fake_sysfs
 from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
 from tests.support.oci_image import ImageFile, write_image_archive
 
@@ -55,14 +59,41 @@ def build_images(out: Path) -> list[Path]:
     return paths
 
 
+def simulated_device_nodes(profile: str, out: Path) -> Path:
+    """The device nodes a host with ``profile``'s hardware has, with the numbers the simulated
+    tree gives them (the node agent's simulated NVML and sysfs agree): a JSON list for ``harness
+    realnode --device-nodes``, which creates them as character devices under the node's /dev."""
+    root = out / "sim-host"
+    node = SimulatedNode.from_profile(load_profile(profile))
+    write_fake_sysfs(root, node)
+    host = read_host_device_nodes(root)
+    devices: list[CharDevice] = [*host.control, *(host.gpu_node(g.minor) for g in node.inventory.gpus)]
+    devices += host.uverbs.values()
+    devices += [host.rdma_cm] if host.rdma_cm else []
+    if host.caps_major is not None:
+        minors = sorted(set(host.mig_minors.values()))
+        devices += [CharDevice(f"/dev/nvidia-caps/nvidia-cap{m}", host.caps_major, m) for m in minors]
+    path = out / "device-nodes.json"
+    path.write_text(json.dumps([{"path": d.path, "major": d.major, "minor": d.minor} for d in devices]))
+    return path
+
+
 class RealNode:
     """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
 
     def __init__(
-        self, plane: ControlPlane, *, name: str, kubelet_port: int, taints: dict[str, str] | None = None
+        self,
+        plane: ControlPlane,
+        *,
+        name: str,
+        kubelet_port: int,
+        profile: str,
+        taints: dict[str, str] | None = None,
     ) -> None:
+        """``profile``: the simulated hardware whose device nodes the node's /dev holds."""
         self.name = name
         self.agent: Process | None = None
+        self.agent_handle: Any = None  # the test module's handle on the node agent
         self.plane = plane
         self.dir = plane.work / "realnodes" / name
         self.dir.mkdir(parents=True)
@@ -73,6 +104,7 @@ class RealNode:
         argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
         argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
         argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]
+        argv += ["--device-nodes", str(simulated_device_nodes(profile, self.dir))]
         if taints:
             argv += ["--register-with-taints", f"{taints['key']}={taints['value']}:{taints['effect']}"]
         self.process = Process(f"realnode-{name}", argv, log_dir=plane.work)
@@ -92,12 +124,15 @@ class RealNode:
 
     def restart_kubelet(self) -> None:
         """The kubelet alone stops and starts again (containerd and the containers keep running)."""
-        before = (self.plugin_dir / "kubelet.sock").stat().st_ino
+        socket = self.plugin_dir / "kubelet.sock"
+        before = socket.stat().st_ctime_ns
         self.process.popen.send_signal(signal.SIGHUP)
 
-        def new_socket() -> bool:
-            path = self.plugin_dir / "kubelet.sock"
-            return path.exists() and path.stat().st_ino != before
+        def new_socket() -> bool:  # the device manager removes and binds its socket at start
+            try:
+                return socket.stat().st_ctime_ns > before
+            except FileNotFoundError:
+                return False
 
         wait_for(
             f"{self.name}'s restarted kubelet socket", lambda: self.process.alive_and(new_socket), timeout=60

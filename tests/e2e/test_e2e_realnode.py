@@ -12,12 +12,18 @@ cgroup's allow list. See docs/e2e.md ("realnode").
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
 
+from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
@@ -30,72 +36,123 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.pods import inventory
 from tests.e2e.realnode import REALNODE_TAINT, SEER_IMAGE, RealNode
+from tests.support.agent_node import run_sim_inject
+from tests.support.agent_process import short_temp_dir
+from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 
 pytestmark = pytest.mark.realnode
 
 NODE = "e2e-realnode"
-PROFILE = "dgx-h100"
+PROFILE = "p5.48xlarge"  # 8 MIG-capable H100, 32 EFA adapters
 SCHEDULER = "gpuweave-realnode"
 NAMESPACE = "e2e-realnode"
 NVIDIA_MAJOR = 195
+MPS_GPU = 6  # fractional (MPS): served as gpuweave.io/gpu-compute shares
+MIG_GPU = 7  # split by the gpuweave.io/mig-layout annotation
+MIG_3G = mig_resource_name("3g.40gb")
+WHOLE_GPUS = 6  # the others are shared or split
+EVICTION_GRACE_S = 2
+
+
+class Agent:
+    """``gpuweave node-agent --simulate`` on the real node's kubelet socket, restartable."""
+
+    def __init__(self, plane: ControlPlane, node: RealNode, kubeconfig: Path) -> None:
+        self.plane, self.node = plane, node
+        self.state = short_temp_dir()  # MPS pipe directories hold unix sockets
+        sharing = node.dir / "sharing.yaml"
+        sharing.write_text(
+            yaml.safe_dump({"kind": "SharingConfig", "gpus": {str(MPS_GPU): {"mode": "fractional"}}})
+        )
+        health = node.dir / "health.yaml"
+        settings = {"round_interval_s": 1, "startup_rounds": 1, "eviction_grace_s": EVICTION_GRACE_S}
+        health.write_text(yaml.safe_dump({"health": settings}))
+        self.argv = [
+            *gpuweave_command(),
+            "node-agent",
+            "--simulate",
+            PROFILE,
+            "--node-name",
+            NODE,
+            "--kubelet-dir",
+            str(node.plugin_dir),
+            "--state-dir",
+            str(self.state),
+            "--cdi-spec-dir",
+            str(node.cdi_dir),
+            "--sharing-config",
+            str(sharing),
+            "--health-config",
+            str(health),
+            "--kubeconfig",
+            str(kubeconfig),
+        ]
+        self.starts = 0
+        self.process = self._start()
+
+    def _start(self) -> Process:
+        self.starts += 1
+        return Process(f"node-agent-{NODE}-{self.starts}", self.argv, log_dir=self.plane.work)
+
+    def restart(self) -> None:
+        self.process.stop()
+        self.process = self._start()
+
+    def stop(self) -> None:
+        self.process.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def realnode(plane: ControlPlane, agent_kubeconfig: Path, scheduler_kubeconfig: Path) -> Iterator[RealNode]:
     """The real node with the simulated node agent on its kubelet socket, and a scheduler of its own
-    (the gpuweave-scheduler profile renamed, with its own extender)."""
+    (the gpuweave-scheduler profile renamed, with its own extender). GPU 7 is split into two
+    3g.40gb MIG devices, GPU 6 is shared through MPS."""
     plane.ensure_namespace(NAMESPACE)
-    node = RealNode(plane, name=NODE, kubelet_port=free_port(), taints=REALNODE_TAINT)
+    node = RealNode(plane, name=NODE, kubelet_port=free_port(), profile=PROFILE, taints=REALNODE_TAINT)
     started: list[Any] = [node]
     try:
-        state = node.dir / "agent-state"
-        state.mkdir()
-        agent = Process(
-            f"node-agent-{NODE}",
-            [
-                *gpuweave_command(),
-                "node-agent",
-                "--simulate",
-                PROFILE,
-                "--node-name",
-                NODE,
-                "--kubelet-dir",
-                str(node.plugin_dir),
-                "--state-dir",
-                str(state),
-                "--cdi-spec-dir",
-                str(node.cdi_dir),
-                "--kubeconfig",
-                str(agent_kubeconfig),
-            ],
-            log_dir=plane.work,
-        )
+        agent = Agent(plane, node, agent_kubeconfig)
         started.append(agent)
+        node.agent = agent.process
         extender, url = start_extender(plane, kubeconfig=scheduler_kubeconfig, name="extender-realnode")
         started.append(extender)
         config = render_scheduler_config(
             plane, extender_url=url, kubeconfig=scheduler_kubeconfig, scheduler_name=SCHEDULER
         )
         started.append(start_scheduler(plane, config_path=config, name="kube-scheduler-realnode"))
-
-        def gpus_allocatable() -> bool:
-            n = plane.core.read_node(NODE)
-            return (n.status.allocatable or {}).get("nvidia.com/gpu") == "8"
-
-        wait_for(
-            f"{NODE} allocatable nvidia.com/gpu=8", lambda: agent.alive_and(gpus_allocatable), timeout=120
+        layout = {"gpus": {str(MIG_GPU): ["3g.40gb", "3g.40gb"]}}
+        plane.core.patch_node(
+            NODE, {"metadata": {"annotations": {"gpuweave.io/mig-layout": json.dumps(layout)}}}
         )
+        wait_allocatable(node, agent, {RESOURCE_GPU: WHOLE_GPUS, MIG_3G: 2, RESOURCE_EFA: 32}, timeout=120)
 
         def health_done() -> bool:
             taints = plane.core.read_node(NODE).spec.taints or []
             return not any(t.key == "gpuweave.io/health-pending" for t in taints)
 
-        wait_for(f"{NODE}'s agent health start-up", lambda: agent.alive_and(health_done), timeout=60)
-        node.agent = agent
+        wait_for(f"{NODE}'s agent health start-up", lambda: agent.process.alive_and(health_done), timeout=60)
+        node.agent_handle = agent
         yield node
     finally:
         for thing in reversed(started):
             thing.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_pods_left(realnode: RealNode) -> Iterator[None]:
+    """Each test starts on an empty node, whatever the previous one left."""
+    yield
+    for pod in realnode.plane.core.list_namespaced_pod(NAMESPACE).items:
+        delete_pod(realnode, pod.metadata.name)
+
+
+def wait_allocatable(node: RealNode, agent: Agent, wanted: dict[str, int], *, timeout: float = 60) -> None:
+    def reached() -> bool:
+        allocatable = node.plane.core.read_node(NODE).status.allocatable or {}
+        return all(allocatable.get(r) == str(n) for r, n in wanted.items())
+
+    wait_for(f"{NODE} allocatable {wanted}", lambda: agent.process.alive_and(reached), timeout=timeout)
 
 
 def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
@@ -139,7 +196,25 @@ def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, di
     return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
 
 
-def nvidia_gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def delete_pod(node: RealNode, name: str) -> None:
+    try:
+        node.plane.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    wait_for(f"pod {name} gone", lambda: pod_or_none(node, name) is None, timeout=60)
+
+
+def pod_or_none(node: RealNode, name: str) -> Any:
+    try:
+        return node.plane.core.read_namespaced_pod(name, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """/dev/nvidia<N> nodes the container has, with their device numbers."""
     out = {}
     for device in seen["devices"]:
@@ -149,16 +224,141 @@ def nvidia_gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def allowed_gpu_minors(seen: dict[str, Any]) -> set[int]:
+    """GPU minors the container's device cgroup lets it open (``c 195:N rw``; control nodes aside)."""
+    minors = set()
+    for rule in seen["deviceCgroup"]:
+        kind, numbers, _ = rule.split(" ")
+        major, minor = numbers.split(":")
+        if kind == "c" and major == str(NVIDIA_MAJOR) and minor.isdigit() and int(minor) < 254:
+            minors.add(int(minor))
+    return minors
+
+
+def gpus_by_uuid(node: RealNode) -> dict[str, dict[str, Any]]:
+    return {g["uuid"]: g for g in inventory(node.plane, NODE)["spec"]["gpus"]}
+
+
+def container_id(pod: Any) -> str:
+    (status,) = pod.status.container_statuses
+    assert status.state.running is not None, status.state
+    return str(status.container_id)
+
+
+def allocatable_ids(node: RealNode, resource: str) -> set[str]:
+    """The kubelet's pod-resources GetAllocatableResources for ``resource``: every device ID the
+    device manager holds from the plugins' ListAndWatch."""
+    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=10)
+    return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
+
+
 def test_two_gpu_pod_sees_exactly_its_two_gpus(realnode: RealNode) -> None:
-    pod, seen = run_seer(realnode, "seer-2gpu", {"nvidia.com/gpu": "2"})
+    pod, seen = run_seer(realnode, "seer-2gpu", {RESOURCE_GPU: "2"})
     assert pod.spec.node_name == NODE
-    gpus = {g["uuid"]: g for g in inventory(realnode.plane, NODE)["spec"]["gpus"]}
+    gpus = gpus_by_uuid(realnode)
     visible = seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
     assert len(visible) == 2 and set(visible) <= set(gpus), visible
-    minors = sorted(int(gpus[u]["minor"]) for u in visible)
-    assert nvidia_gpu_nodes(seen) == {f"/dev/nvidia{m}": (NVIDIA_MAJOR, m) for m in minors}
-    allowed = set(seen["deviceCgroup"])
-    for m in minors:
-        assert f"c {NVIDIA_MAJOR}:{m} rwm" in allowed or f"c {NVIDIA_MAJOR}:{m} rw" in allowed, allowed
-    others = set(range(8)) - set(minors)
-    assert not any(f"c {NVIDIA_MAJOR}:{m} " in " ".join(allowed) + " " for m in others)
+    minors = {int(gpus[u]["minor"]) for u in visible}
+    assert gpu_nodes(seen) == {f"/dev/nvidia{m}": (NVIDIA_MAJOR, m) for m in minors}
+    assert allowed_gpu_minors(seen) == minors
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= {d["path"] for d in seen["devices"]}
+    delete_pod(realnode, "seer-2gpu")
+
+
+def test_mig_pod_sees_its_slice_and_only_the_parent_gpu(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-mig", {MIG_3G: "1"})
+    visible = seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 1 and visible[0].startswith("MIG-"), visible
+    mig_minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MIG_GPU)
+    assert gpu_nodes(seen) == {f"/dev/nvidia{mig_minor}": (NVIDIA_MAJOR, mig_minor)}
+    assert allowed_gpu_minors(seen) == {mig_minor}
+    caps = [d for d in seen["devices"] if d["path"].startswith("/dev/nvidia-caps/")]
+    assert len(caps) == 2, caps  # the slice's GPU-instance and compute-instance access nodes
+    delete_pod(realnode, "seer-mig")
+
+
+def test_fractional_pod_gets_its_mps_pipe_and_limits(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-mps", {RESOURCE_GPU_COMPUTE: "30"})
+    env = seen["env"]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe in seen["mounts"], seen["mounts"]
+    assert seen["mps"]["pipeDirectory"] == pipe and not seen["mps"].get("error")
+    assert seen["mps"]["entries"], "the MPS daemon's pipe directory is empty in the container"
+    mps_minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MPS_GPU)
+    assert gpu_nodes(seen) == {f"/dev/nvidia{mps_minor}": (NVIDIA_MAJOR, mps_minor)}
+    delete_pod(realnode, "seer-mps")
+
+
+def test_efa_pod_sees_its_uverbs_device(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-efa", {RESOURCE_EFA: "1"})
+    uverbs = [d for d in seen["devices"] if d["path"].startswith("/dev/infiniband/uverbs")]
+    assert len(uverbs) == 1, seen["devices"]
+    numbers = f"c {uverbs[0]['major']}:{uverbs[0]['minor']} "
+    assert [r for r in seen["deviceCgroup"] if r.startswith(numbers)], seen["deviceCgroup"]
+    assert "/dev/infiniband/rdma_cm" in {d["path"] for d in seen["devices"]}
+    assert not gpu_nodes(seen)
+    delete_pod(realnode, "seer-efa")
+
+
+def test_kubelet_restart_keeps_running_containers_and_their_devices(realnode: RealNode) -> None:
+    before, seen = run_seer(realnode, "seer-kept", {RESOURCE_GPU: "4"})
+    kept = set(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    realnode.restart_kubelet()
+    agent = realnode.agent_handle
+    wait_allocatable(realnode, agent, {RESOURCE_GPU: WHOLE_GPUS})
+    after = realnode.plane.core.read_namespaced_pod("seer-kept", NAMESPACE)
+    assert container_id(after) == container_id(before)
+    assert after.status.container_statuses[0].restart_count == 0
+    _, second = run_seer(realnode, "seer-after-restart", {RESOURCE_GPU: "2"})
+    taken = set(second["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    assert len(taken) == 2 and not taken & kept, (taken, kept)
+    for name in ("seer-kept", "seer-after-restart"):
+        delete_pod(realnode, name)
+
+
+def test_agent_restart_reregisters_the_same_device_ids(realnode: RealNode) -> None:
+    agent = realnode.agent_handle
+    resources = (RESOURCE_GPU, MIG_3G, RESOURCE_EFA, RESOURCE_GPU_COMPUTE)
+    before = {r: allocatable_ids(realnode, r) for r in resources}
+    assert all(before.values()), before
+    running, _ = run_seer(realnode, "seer-across-agent", {RESOURCE_GPU: "1"})
+    agent.restart()
+
+    def same_ids() -> bool:
+        return {r: allocatable_ids(realnode, r) for r in resources} == before
+
+    wait_for(
+        "the kubelet to hold the same device IDs again", lambda: agent.process.alive_and(same_ids), timeout=90
+    )
+    still = realnode.plane.core.read_namespaced_pod("seer-across-agent", NAMESPACE)
+    assert container_id(still) == container_id(running)
+    delete_pod(realnode, "seer-across-agent")
+
+
+def test_xid_79_evicts_only_the_pod_on_that_gpu(realnode: RealNode) -> None:
+    agent = realnode.agent_handle
+    _, victim_seen = run_seer(realnode, "seer-victim", {RESOURCE_GPU: "1"})
+    bystander, _ = run_seer(realnode, "seer-bystander", {RESOURCE_GPU: "1"})
+    (failed_uuid,) = victim_seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    failed_index = int(gpus_by_uuid(realnode)[failed_uuid]["index"])
+
+    run_sim_inject(agent.state, "--gpu", str(failed_index), "--xid", "79").check_returncode()
+
+    wait_for(
+        "the victim pod to be gone",
+        lambda: agent.process.alive_and(lambda: pod_or_none(realnode, "seer-victim") is None),
+        timeout=90,
+    )
+    kept = realnode.plane.core.read_namespaced_pod("seer-bystander", NAMESPACE)
+    assert kept.metadata.deletion_timestamp is None and kept.status.phase == "Running"
+    assert container_id(kept) == container_id(bystander)
+    assert kept.status.container_statuses[0].restart_count == 0
+    wait_allocatable(realnode, agent, {RESOURCE_GPU: WHOLE_GPUS - 1})
+    _, after = run_seer(realnode, "seer-after-fault", {RESOURCE_GPU: "4"})
+    assert failed_uuid not in after["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    for name in ("seer-bystander", "seer-after-fault"):
+        delete_pod(realnode, name)

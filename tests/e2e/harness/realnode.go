@@ -38,6 +38,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -49,6 +50,7 @@ type realNodeFlags struct {
 	kubeletPort int
 	cni         bool
 	taints      string
+	deviceNodes string
 }
 
 func parseRealNodeFlags(args []string) (realNodeFlags, error) {
@@ -61,6 +63,7 @@ func parseRealNodeFlags(args []string) (realNodeFlags, error) {
 	fs.StringVar(&f.images, "images", "", "comma-separated OCI image archives to import before the kubelet starts")
 	fs.IntVar(&f.kubeletPort, "kubelet-port", 10250, "the kubelet's HTTPS port on 127.0.0.1")
 	fs.StringVar(&f.taints, "register-with-taints", "", "the kubelet's --register-with-taints (key=value:Effect,...)")
+	fs.StringVar(&f.deviceNodes, "device-nodes", "", "JSON list of {path, major, minor}: character devices to create under the node's /dev")
 	fs.BoolVar(&f.cni, "cni", false, "give pods a bridge network (reference CNI plugins); default: hostNetwork pods only")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -229,7 +232,77 @@ func mountRealNode(f realNodeFlags) error {
 	if err := syscall.Mount("tmpfs", "/run/containerd", "tmpfs", 0, "mode=0711"); err != nil {
 		return fmt.Errorf("mounting a tmpfs on /run/containerd: %w", err)
 	}
+	if f.deviceNodes != "" {
+		if err := makeDeviceNodes(f); err != nil {
+			return err
+		}
+	}
 	return makeCgroupRoot(f.cgroupRoot())
+}
+
+type deviceNode struct {
+	Path  string `json:"path"`
+	Major uint32 `json:"major"`
+	Minor uint32 `json:"minor"`
+}
+
+// makeDeviceNodes gives the node the simulated hardware's device nodes as real character devices
+// at their real paths (/dev/nvidia0, /dev/infiniband/uverbs0, ...), where the runtime looks for a
+// device plugin's DeviceSpec host paths and the CDI specs' nodes. The node's /dev is an overlay:
+// the host's /dev below, a tmpfs above, so the nodes exist in this mount namespace only. The
+// overlay hides /dev's own mounts, so devpts, shm and mqueue are mounted again.
+func makeDeviceNodes(f realNodeFlags) error {
+	raw, err := os.ReadFile(f.deviceNodes)
+	if err != nil {
+		return err
+	}
+	var nodes []deviceNode
+	if err := json.Unmarshal(raw, &nodes); err != nil {
+		return fmt.Errorf("--device-nodes %s: %w", f.deviceNodes, err)
+	}
+	layer := f.path("devfs")
+	if err := os.MkdirAll(layer, 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount("tmpfs", layer, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("mounting the /dev overlay's tmpfs: %w", err)
+	}
+	for _, d := range []string{"upper", "work"} {
+		if err := os.MkdirAll(filepath.Join(layer, d), 0o755); err != nil {
+			return err
+		}
+	}
+	options := "lowerdir=/dev,upperdir=" + filepath.Join(layer, "upper") + ",workdir=" + filepath.Join(layer, "work")
+	if err := syscall.Mount("overlay", "/dev", "overlay", 0, options); err != nil {
+		return fmt.Errorf("mounting an overlay on /dev: %w", err)
+	}
+	again := []struct{ fstype, target, data string }{
+		{"devpts", "/dev/pts", "newinstance,ptmxmode=0666,mode=0620"},
+		{"tmpfs", "/dev/shm", "mode=1777"},
+		{"mqueue", "/dev/mqueue", ""},
+	}
+	for _, m := range again {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return err
+		}
+		if err := syscall.Mount(m.fstype, m.target, m.fstype, 0, m.data); err != nil {
+			return fmt.Errorf("mounting %s on %s: %w", m.fstype, m.target, err)
+		}
+	}
+	for _, n := range nodes {
+		if !strings.HasPrefix(n.Path, "/dev/") || strings.Contains(n.Path, "..") {
+			return fmt.Errorf("--device-nodes: %q is not a path below /dev", n.Path)
+		}
+		if err := os.MkdirAll(filepath.Dir(n.Path), 0o755); err != nil {
+			return err
+		}
+		_ = os.Remove(n.Path)
+		if err := syscall.Mknod(n.Path, syscall.S_IFCHR|0o666, int(unix.Mkdev(n.Major, n.Minor))); err != nil {
+			return fmt.Errorf("mknod %s (%d:%d): %w", n.Path, n.Major, n.Minor, err)
+		}
+	}
+	klog.InfoS("device nodes created", "count", len(nodes), "overlay", layer)
+	return nil
 }
 
 // cgroupHierarchies are the mounted cgroup hierarchies (v1 controllers and the v2 one).
