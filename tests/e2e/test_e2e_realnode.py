@@ -21,10 +21,12 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.e2e.cluster import (
+    REPO,
     ControlPlane,
     Process,
     free_port,
@@ -94,8 +96,10 @@ class Agent:
         self.starts += 1
         return Process(f"node-agent-{NODE}-{self.starts}", self.argv, log_dir=self.plane.work)
 
-    def restart(self) -> None:
+    def restart(self, *extra: str) -> None:
+        """Stop the agent and start it again on the same state, ``extra`` added to its arguments."""
         self.process.stop()
+        self.argv = [*self.argv, *extra]
         self.process = self._start()
 
     def stop(self) -> None:
@@ -182,6 +186,11 @@ def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
 def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, dict[str, Any]]:
     """Create the pod, wait until it runs and its container has reported; (pod, report)."""
     node.plane.core.create_namespaced_pod(NAMESPACE, seer_pod(name, limits))
+    return wait_reported(node, name)
+
+
+def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
+    """The pod once it runs and its container has reported; (pod, report)."""
 
     def reported() -> tuple[Any, dict[str, Any]] | None:
         node.process.check_alive()
@@ -362,3 +371,38 @@ def test_xid_79_evicts_only_the_pod_on_that_gpu(realnode: RealNode) -> None:
     assert failed_uuid not in after["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
     for name in ("seer-bystander", "seer-after-fault"):
         delete_pod(realnode, name)
+
+
+def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
+    """Last: the agent restarts with --dra and serves every device through DRA instead."""
+    plane, agent = realnode.plane, realnode.agent_handle
+    plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
+    agent.restart("--dra")
+    resource = client.ResourceV1Api(plane.api)
+
+    def pool() -> dict[str, Any]:
+        found = resource.list_resource_slice(field_selector=f"spec.nodeName={NODE}").items
+        return {d.name: d for s in found for d in s.spec.devices or []}
+
+    wait_for(f"{NODE}'s ResourceSlices", lambda: agent.process.alive_and(lambda: bool(pool())), timeout=90)
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuweave.io"}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "realnode-gpu"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    resource.create_namespaced_resource_claim(NAMESPACE, claim)
+    pod = seer_pod("seer-dra", {})
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "realnode-gpu"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    plane.core.create_namespaced_pod(NAMESPACE, pod)
+    _, seen = wait_reported(realnode, "seer-dra")
+
+    allocated = resource.read_namespaced_resource_claim("realnode-gpu", NAMESPACE).status.allocation
+    (result,) = allocated.devices.results
+    assert (result.driver, result.pool) == ("gpuweave.io", NODE)
+    uuid = pool()[result.device].attributes["uuid"].string
+    minor = int(gpus_by_uuid(realnode)[uuid]["minor"])
+    assert gpu_nodes(seen) == {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor)}
+    assert allowed_gpu_minors(seen) == {minor}
