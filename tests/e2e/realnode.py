@@ -39,7 +39,7 @@ def realnode_binaries() -> Path:
     """The tier's node software, or a failure that says how to build it."""
     missing = [
         n
-        for n in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "seer", "cni/bridge")
+        for n in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "seer")
         if not (BIN_DIR / n).exists()
     ]
     if missing:

@@ -26,7 +26,7 @@ commands:
                                a node: Node object, kubelet device manager on
                                D/device-plugins/kubelet.sock, DRA manager and plugin
                                watcher on D/plugins_registry, pod admission
-  realnode --name N --dir D --control-plane-dir DIR --bin-dir B [--images A,B] [--cni]
+  realnode --name N --dir D --control-plane-dir DIR --bin-dir B [--images A,B] [--device-nodes F]
                                one real node: the full kubelet and containerd + runc in
                                their own mount namespace (realnode.go); SIGHUP restarts
                                the kubelet

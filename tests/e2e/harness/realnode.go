@@ -1,7 +1,7 @@
 package main
 
 // `harness realnode`: one real node. The full kubelet (k8s.io/kubernetes/cmd/kubelet at the pinned
-// version, run as `harness kubelet`) and containerd 2.x with runc and the CNI reference plugins
+// version, run as `harness kubelet`) and containerd 2.x with runc
 // (tests/e2e/realnode, built by its build.sh) run in their own mount namespace, as `harness node`
 // does, against the e2e control plane. Inside that namespace:
 //
@@ -13,8 +13,9 @@ package main
 // so that the paths the chart's DaemonSet mounts mean what they mean on a node, while the host's
 // own /var/lib and /run stay untouched. Container logs go to DIR/logs/pods (the kubelet's
 // podLogsDir). Images are imported from OCI archives with containerd's ctr before the kubelet
-// starts (no registry is reachable). Pods run in the host's network namespace (hostNetwork) or,
-// with --cni, on a bridge from the reference plugins.
+// starts (no registry is reachable). Pods run in the host's network namespace (hostNetwork): no
+// CNI configuration is installed, so containerd reports the network not ready and the Node is
+// NotReady, which nothing here acts on (no node lifecycle controller runs).
 //
 // Signals: SIGHUP restarts the kubelet only (containerd and the containers keep running, as on a
 // node where systemd restarts kubelet.service); SIGTERM/SIGINT stop the kubelet and containerd,
@@ -48,7 +49,6 @@ type realNodeFlags struct {
 	binDir      string
 	images      string
 	kubeletPort int
-	cni         bool
 	taints      string
 	deviceNodes string
 }
@@ -59,12 +59,11 @@ func parseRealNodeFlags(args []string) (realNodeFlags, error) {
 	fs.StringVar(&f.name, "name", "", "Node name (required)")
 	fs.StringVar(&f.dir, "dir", "", "the node's directory: kubelet/, containerd/, cdi/, logs/ (required)")
 	fs.StringVar(&f.controlPlane, "control-plane-dir", "", "the --dir of `harness control-plane` (required)")
-	fs.StringVar(&f.binDir, "bin-dir", "", "containerd, containerd-shim-runc-v2, ctr, runc and cni/ (required)")
+	fs.StringVar(&f.binDir, "bin-dir", "", "containerd, containerd-shim-runc-v2, ctr and runc (required)")
 	fs.StringVar(&f.images, "images", "", "comma-separated OCI image archives to import before the kubelet starts")
 	fs.IntVar(&f.kubeletPort, "kubelet-port", 10250, "the kubelet's HTTPS port on 127.0.0.1")
 	fs.StringVar(&f.taints, "register-with-taints", "", "the kubelet's --register-with-taints (key=value:Effect,...)")
 	fs.StringVar(&f.deviceNodes, "device-nodes", "", "JSON list of {path, major, minor}: character devices to create under the node's /dev")
-	fs.BoolVar(&f.cni, "cni", false, "give pods a bridge network (reference CNI plugins); default: hostNetwork pods only")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -99,7 +98,7 @@ func runRealNode(args []string) error {
 		return err
 	}
 	if os.Getenv(inNamespaceEnv) != "1" {
-		for _, d := range []string{"kubelet", "containerd", "cdi", "logs/pods", "cni/net.d"} {
+		for _, d := range []string{"kubelet", "containerd", "cdi", "logs/pods"} {
 			if err := os.MkdirAll(f.path(d), 0o755); err != nil {
 				return err
 			}
@@ -120,7 +119,6 @@ func runRealNode(args []string) error {
 func (f realNodeFlags) cgroupRoot() string { return "/gpuweave-e2e-" + f.name }
 
 func writeRealNodeConfig(f realNodeFlags) error {
-	pluginsDir := filepath.Join(f.binDir, "cni")
 	containerd := fmt.Sprintf(`version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -151,18 +149,9 @@ state = "/run/containerd"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
         BinaryName = %q
         SystemdCgroup = false
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = [%q]
-    conf_dir = %q
-`, containerdSocket, sandboxImage, filepath.Join(f.binDir, "runc"), filepath.Join(f.binDir, "runc"),
-		pluginsDir, f.path("cni", "net.d"))
+`, containerdSocket, sandboxImage, filepath.Join(f.binDir, "runc"), filepath.Join(f.binDir, "runc"))
 	if err := os.WriteFile(f.path("containerd.toml"), []byte(containerd), 0o644); err != nil {
 		return err
-	}
-	if f.cni {
-		if err := os.WriteFile(f.path("cni", "net.d", "10-gpuweave-e2e.conflist"), []byte(bridgeConflist), 0o644); err != nil {
-			return err
-		}
 	}
 	kubelet := map[string]any{
 		"apiVersion":                "kubelet.config.k8s.io/v1beta1",
@@ -200,17 +189,6 @@ state = "/run/containerd"
 	}
 	return os.WriteFile(f.path("kubelet.json"), raw, 0o644) // JSON is YAML to the kubelet's loader
 }
-
-const bridgeConflist = `{
-  "cniVersion": "1.0.0",
-  "name": "gpuweave-e2e",
-  "plugins": [
-    {"type": "bridge", "bridge": "gwe2e0", "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]]}},
-    {"type": "loopback"}
-  ]
-}
-`
 
 // mountRealNode lays out the node's paths (see the package comment) in this mount namespace.
 func mountRealNode(f realNodeFlags) error {

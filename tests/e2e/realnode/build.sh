@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the realnode tier's node software into bin/ from the pinned Go modules in go.mod:
-# containerd, its runc shim and ctr, runc, the CNI reference plugins (bin/cni/) and the workload
-# program seer (static, the only file of the e2e images). A cold build takes ~6 min on 2 cores
+# containerd, its runc shim and ctr, runc and the workload program seer (static, the only file of
+# the e2e images). A cold build takes ~6 min on 2 cores
 # (docs/e2e.md); later ones are incremental.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,10 +27,5 @@ if ! pkg-config --exists libseccomp 2>/dev/null; then
     export PKG_CONFIG_SYSROOT_DIR="$PWD/.seccomp"
 fi
 go build -p "$P" -buildvcs=false -tags seccomp -o bin/ github.com/opencontainers/runc
-mkdir -p bin/cni
-go build -p "$P" -buildvcs=false -o bin/cni/ \
-    github.com/containernetworking/plugins/plugins/main/bridge \
-    github.com/containernetworking/plugins/plugins/main/loopback \
-    github.com/containernetworking/plugins/plugins/ipam/host-local
 CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w" -o bin/seer ./seer
 echo "built $(pwd)/bin (containerd $(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2), runc $(go list -m -f '{{.Version}}' github.com/opencontainers/runc))"
