@@ -35,6 +35,51 @@ SEER_MARKER = "GPUWEAVE-SEER "
 REALNODE_TAINT = {"key": "e2e.gpuweave.io/realnode", "value": "only", "effect": "NoSchedule"}
 
 
+AGENT_IMAGE = "gpuweave.test/gpuweave:dev"
+SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 reads it
+PACKAGE_DATA = (".py", ".yaml", ".proto", ".pyi")  # pyproject's package-data, plus the code
+
+
+def dockerfile_sources() -> list[str]:
+    """The directories the Dockerfile copies into its build (``COPY dir/ dir/``): the agent image
+    here is made of the same inputs."""
+    sources = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "COPY" and words[1].endswith("/") and words[1] == words[2]:
+            sources.append(words[1].rstrip("/"))
+    return sources
+
+
+def build_agent_image(out: Path) -> Path:
+    """``gpuweave.test/gpuweave:dev``: the Python base layer tests/e2e/realnode/agent-base.sh
+    built (Debian's python3.11 and the runtime dependencies) and a layer with the packages the
+    Dockerfile copies, installed where pip puts them, and the ``gpuweave`` entry point."""
+    base = realnode_binaries() / "agent-base.tar"
+    if not base.exists():
+        raise RuntimeError(f"{base} is missing: run tests/e2e/realnode/build.sh (scripts/test runs it)")
+    files: dict[str, ImageFile] = {}
+    for source in dockerfile_sources():
+        for path in sorted((REPO / source).rglob("*")):
+            wanted = path.suffix in PACKAGE_DATA or path.name == "py.typed"
+            if path.is_file() and wanted and "__pycache__" not in path.parts:
+                files[f"{SITE_PACKAGES}/{path.relative_to(REPO)}"] = ImageFile(path, 0o644)
+    entry = out / "gpuweave-entry-point"
+    entry.write_text("#!/usr/bin/python3.11\nimport sys\nfrom gpuweave.cli import main\nsys.exit(main())\n")
+    files["usr/local/bin/gpuweave"] = ImageFile(entry, 0o755)
+    path = out / "gpuweave-dev.tar"
+    write_image_archive(
+        path,
+        name=AGENT_IMAGE,
+        files=files,
+        entrypoint=["/usr/local/bin/gpuweave"],
+        cmd=["--help"],
+        env=("PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+        base_layers=[base],
+    )
+    return path
+
+
 def realnode_binaries() -> Path:
     """The tier's node software, or a failure that says how to build it."""
     missing = [
@@ -91,8 +136,12 @@ class RealNode:
         kubelet_port: int,
         profile: str,
         taints: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        agent_image: bool = False,
     ) -> None:
-        """``profile``: the simulated hardware whose device nodes the node's /dev holds."""
+        """``profile``: the simulated hardware whose device nodes the node's /dev holds;
+        ``agent_image``: also import the node agent's image and route the kubernetes Service's
+        address to the API server, for the chart's DaemonSet."""
         self.name = name
         self.agent: Process | None = None
         self.agent_handle: Any = None  # the test module's handle on the node agent
@@ -102,11 +151,15 @@ class RealNode:
         self.kubelet_dir = self.dir / "kubelet"
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.cdi_dir = self.dir / "cdi"
-        images = build_images(self.dir)
+        images = build_images(self.dir) + ([build_agent_image(self.dir)] if agent_image else [])
         argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
         argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
         argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]
         argv += ["--device-nodes", str(simulated_device_nodes(profile, self.dir))]
+        if labels:
+            argv += ["--node-labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+        if agent_image:
+            argv += ["--kubernetes-service"]
         if taints:
             argv += ["--register-with-taints", f"{taints['key']}={taints['value']}:{taints['effect']}"]
         self.process = Process(f"realnode-{name}", argv, log_dir=plane.work)

@@ -245,7 +245,7 @@ def allowed_gpu_minors(seen: dict[str, Any]) -> set[int]:
 
 
 def gpus_by_uuid(node: RealNode) -> dict[str, dict[str, Any]]:
-    return {g["uuid"]: g for g in inventory(node.plane, NODE)["spec"]["gpus"]}
+    return {g["uuid"]: g for g in inventory(node.plane, node.name)["spec"]["gpus"]}
 
 
 def container_id(pod: Any) -> str:

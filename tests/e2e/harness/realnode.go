@@ -27,8 +27,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -40,6 +42,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
 
@@ -51,6 +54,8 @@ type realNodeFlags struct {
 	kubeletPort int
 	taints      string
 	deviceNodes string
+	serviceIP   bool
+	labels      string
 }
 
 func parseRealNodeFlags(args []string) (realNodeFlags, error) {
@@ -63,6 +68,8 @@ func parseRealNodeFlags(args []string) (realNodeFlags, error) {
 	fs.StringVar(&f.images, "images", "", "comma-separated OCI image archives to import before the kubelet starts")
 	fs.IntVar(&f.kubeletPort, "kubelet-port", 10250, "the kubelet's HTTPS port on 127.0.0.1")
 	fs.StringVar(&f.taints, "register-with-taints", "", "the kubelet's --register-with-taints (key=value:Effect,...)")
+	fs.StringVar(&f.labels, "node-labels", "", "the kubelet's --node-labels (key=value,...)")
+	fs.BoolVar(&f.serviceIP, "kubernetes-service", false, "route the kubernetes Service's address (10.0.0.1:443) to the API server, for in-cluster clients on the host network")
 	fs.StringVar(&f.deviceNodes, "device-nodes", "", "JSON list of {path, major, minor}: character devices to create under the node's /dev")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -385,6 +392,13 @@ func superviseRealNode(f realNodeFlags) error {
 		return err
 	}
 	defer cleanUpRealNode(f, containerd)
+	if f.serviceIP {
+		stopProxy, err := routeKubernetesService(f)
+		if err != nil {
+			return err
+		}
+		defer stopProxy()
+	}
 	if err := waitForSocket(containerdSocket, containerd, 60*time.Second); err != nil {
 		return err
 	}
@@ -405,7 +419,7 @@ func superviseRealNode(f realNodeFlags) error {
 		return startChild("kubelet", f.path("logs", "kubelet-"+strconv.Itoa(starts)+".log"), os.Environ(),
 			"/proc/self/exe", "kubelet", "--config", f.path("kubelet.json"),
 			"--kubeconfig", nodeKubeconfigPath(f.nodeFlags), "--hostname-override", f.name,
-			"--register-with-taints", f.taints, "--v", "2")
+			"--register-with-taints", f.taints, "--node-labels", f.labels, "--v", "2")
 	}
 	kubelet, err := startKubelet()
 	if err != nil {
@@ -492,4 +506,62 @@ func nodeProcesses(f realNodeFlags) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// The kubernetes Service's ClusterIP and port (the control plane's --service-cluster-ip-range is
+// 10.0.0.0/24), which the kubelet gives every pod as KUBERNETES_SERVICE_HOST/PORT.
+const kubernetesServiceAddr = "10.0.0.1:443"
+
+// routeKubernetesService stands in for kube-proxy for that one Service: the address goes on the
+// loopback interface (pods here share the host's network) and a TCP relay forwards it to the API
+// server. The serving certificate already names 10.0.0.1. The returned function undoes both.
+func routeKubernetesService(f realNodeFlags) (func(), error) {
+	admin, err := clientcmd.LoadFromFile(filepath.Join(f.controlPlane, "admin.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	server, err := url.Parse(admin.Clusters[admin.Contexts[admin.CurrentContext].Cluster].Server)
+	if err != nil {
+		return nil, err
+	}
+	host, _, _ := net.SplitHostPort(kubernetesServiceAddr)
+	added := false
+	if out, err := exec.Command("ip", "addr", "add", host+"/32", "dev", "lo").CombinedOutput(); err == nil {
+		added = true
+	} else if !strings.Contains(string(out), "File exists") {
+		return nil, fmt.Errorf("adding %s to lo: %v: %s", host, err, bytes.TrimSpace(out))
+	}
+	ln, err := net.Listen("tcp", kubernetesServiceAddr)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go relay(conn, server.Host)
+		}
+	}()
+	klog.InfoS("kubernetes Service routed", "address", kubernetesServiceAddr, "apiserver", server.Host)
+	return func() {
+		ln.Close()
+		if added {
+			_ = exec.Command("ip", "addr", "del", host+"/32", "dev", "lo").Run()
+		}
+	}, nil
+}
+
+func relay(in net.Conn, target string) {
+	defer in.Close()
+	out, err := net.DialTimeout("tcp", target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+	<-done
 }
