@@ -35,20 +35,17 @@ V100_ONLY = 'device.attributes["gpuweave.io"].productName == "Tesla V100-SXM2-32
 
 
 @pytest.fixture(scope="module")
-def status_node(plane: ControlPlane, cluster: dict[str, SimNode], agent_kubeconfig: Any) -> Iterator[SimNode]:
+def status_node(
+    plane: ControlPlane, cluster: dict[str, SimNode], agent_kubeconfig: Any
+) -> Iterator[SimNode]:
     """A dgx-a100 node created tainted (the harness node adopts the existing Node object), so
     no other test's pod lands there; removed with its inventory afterwards."""
     labels = {"kubernetes.io/hostname": STATUS_NODE, "kubernetes.io/os": "linux"}
     plane.core.create_node(
         {"metadata": {"name": STATUS_NODE, "labels": labels}, "spec": {"taints": [FAULT_TAINT]}}
     )
-    node = SimNode(
-        plane,
-        name=STATUS_NODE,
-        profile=PROFILE,
-        agent_kubeconfig=agent_kubeconfig,
-        health_config=plane.work / "health.yaml",
-    )
+    node = SimNode(plane, name=STATUS_NODE, profile=PROFILE, agent_kubeconfig=agent_kubeconfig,
+                   health_config=plane.work / "health.yaml")
     try:
         node.wait_resource(GPU, allocatable=8, timeout=90)
         yield node
