@@ -10,6 +10,7 @@ FROM python:3.11-slim
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY topology/ topology/
+COPY kubeio/ kubeio/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/

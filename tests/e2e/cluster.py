@@ -213,10 +213,12 @@ def start_scheduler(plane: ControlPlane, *, config_path: Path, name: str = "kube
     )
 
 
-def start_controllers(plane: ControlPlane) -> Process:
-    """``harness controllers``: the ResourceClaim and device taint eviction controllers."""
+def start_controllers(plane: ControlPlane, *, daemonsets: bool = False) -> Process:
+    """``harness controllers``: the ResourceClaim and device taint eviction controllers; with
+    ``daemonsets`` also the DaemonSet controller and the root CA publisher."""
     argv = [str(harness_binary()), "controllers", "--control-plane-dir", str(plane.dir)]
-    return Process("controllers", argv, log_dir=plane.work)
+    argv += ["--daemonsets"] if daemonsets else []
+    return Process("controllers-daemonsets" if daemonsets else "controllers", argv, log_dir=plane.work)
 
 
 def start_extender(

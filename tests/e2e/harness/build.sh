@@ -13,3 +13,4 @@ GOMAXPROCS=${GOMAXPROCS:-2} go build -p "${GO_BUILD_P:-2}" -buildvcs=false -ldfl
 echo "built $(pwd)/bin/harness (k8s.io/kubernetes $K8S_VERSION)"
 ../cdicheck/build.sh  # the CDI check binary (tests/e2e/cdicheck), seconds on a cold cache
 ../opscheck/build.sh  # Helm chart rendering + PromQL parsing (tests/e2e/opscheck), ~2-4 min on a cold cache
+../realnode/build.sh  # containerd, runc, CNI plugins, the workload program (tests/e2e/realnode)

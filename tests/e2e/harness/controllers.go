@@ -8,19 +8,29 @@ package main
 // taint eviction controller (pkg/controller/devicetainteviction: deletes pods whose allocated
 // devices carry a NoExecute taint, once their toleration expires). Both run on one shared
 // informer factory, as in kube-controller-manager, with the admin credentials.
+//
+// With --daemonsets (the realnode tier) it also runs the DaemonSet controller
+// (pkg/controller/daemon: creates the chart's node-agent pod on each matching Node) and the
+// root CA publisher (pkg/controller/certificates/rootcacertpublisher: the kube-root-ca.crt
+// ConfigMap every namespace needs for a pod's projected service-account token).
 
 import (
 	"context"
 	"errors"
 	"flag"
+	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
+	"k8s.io/kubernetes/pkg/controller/daemon"
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 )
@@ -36,6 +46,7 @@ const (
 func runControllers(args []string) error {
 	fs := flag.NewFlagSet("controllers", flag.ContinueOnError)
 	dir := fs.String("control-plane-dir", "", "the --dir of `harness control-plane` (required)")
+	daemonsets := fs.Bool("daemonsets", false, "also run the DaemonSet controller and the root CA publisher")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -68,7 +79,18 @@ func runControllers(args []string) error {
 		factory.Resource().V1().ResourceClaims(), factory.Resource().V1().ResourceSlices(),
 		factory.Resource().V1().DeviceTaintRules(), factory.Resource().V1().DeviceClasses(),
 		deviceTaintControllerName)
+	var extra []func()
+	if *daemonsets {
+		run, err := daemonSetControllers(ctx, client, factory, filepath.Join(*dir, "pki", "ca.crt"))
+		if err != nil {
+			return err
+		}
+		extra = append(extra, run)
+	}
 	factory.Start(ctx.Done())
+	for _, run := range extra {
+		go run()
+	}
 	go claims.Run(ctx, resourceClaimWorkers)
 	go func() {
 		if err := taints.Run(ctx, deviceTaintEvictWorkers); err != nil {
@@ -80,4 +102,31 @@ func runControllers(args []string) error {
 	<-ctx.Done()
 	factory.Shutdown()
 	return nil
+}
+
+// daemonSetControllers builds the DaemonSet controller and the root CA publisher on the shared
+// factory (kube-controller-manager's worker counts: --concurrent-daemonset-syncs 2, one publisher
+// worker); the returned function runs both.
+func daemonSetControllers(ctx context.Context, client kubernetes.Interface, factory informers.SharedInformerFactory,
+	caFile string) (func(), error) {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	backoff := flowcontrol.NewBackOff(time.Second, 15*time.Second)
+	dsc, err := daemon.NewDaemonSetsController(ctx, factory.Apps().V1().DaemonSets(),
+		factory.Apps().V1().ControllerRevisions(), factory.Core().V1().Pods(), factory.Core().V1().Nodes(),
+		client, backoff)
+	if err != nil {
+		return nil, err
+	}
+	publisher, err := rootcacertpublisher.NewPublisher(factory.Core().V1().ConfigMaps(),
+		factory.Core().V1().Namespaces(), client, ca)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		go publisher.Run(ctx, 1)
+		dsc.Run(ctx, 2)
+	}, nil
 }

@@ -6,10 +6,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
+	"k8s.io/component-base/cli"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 const usage = `usage: harness <command> [flags]
@@ -23,6 +26,11 @@ commands:
                                a node: Node object, kubelet device manager on
                                D/device-plugins/kubelet.sock, DRA manager and plugin
                                watcher on D/plugins_registry, pod admission
+  realnode --name N --dir D --control-plane-dir DIR --bin-dir B [--images A,B] [--device-nodes F]
+                               one real node: the full kubelet and containerd + runc in
+                               their own mount namespace (realnode.go); SIGHUP restarts
+                               the kubelet
+  kubelet [flags]              the upstream kubelet command (run by realnode)
   controllers --control-plane-dir DIR
                                the DRA controllers of kube-controller-manager: ResourceClaim
                                controller and device taint eviction
@@ -43,6 +51,12 @@ func main() {
 		err = cmd.Execute()
 	case "node":
 		err = runNode(os.Args[2:])
+	case "realnode":
+		err = runRealNode(os.Args[2:])
+	case "kubelet":
+		cmd := kubeletapp.NewKubeletCommand(context.Background())
+		cmd.SetArgs(os.Args[2:])
+		os.Exit(cli.Run(cmd))
 	case "controllers":
 		err = runControllers(os.Args[2:])
 	case "kustomize":

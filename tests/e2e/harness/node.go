@@ -72,7 +72,7 @@ func runNode(args []string) error {
 		return err
 	}
 	if os.Getenv(inNamespaceEnv) != "1" {
-		return reexecInMountNamespace(f, args)
+		return reexecInMountNamespace("node", f, args)
 	}
 	if err := enableDRAFeatureGates(); err != nil { // features.go
 		return err
@@ -85,16 +85,17 @@ func runNode(args []string) error {
 	return serveNode(ctx, f)
 }
 
-// reexecInMountNamespace mints the node's credentials, then runs this same command again in a
-// new mount namespace and relays SIGTERM/SIGINT to it.
-func reexecInMountNamespace(f nodeFlags, args []string) error {
+// reexecInMountNamespace mints the node's credentials, then runs this same command (`harness
+// <command> args...`) again in a new mount namespace and relays SIGTERM/SIGINT (and SIGHUP, which
+// `harness realnode` takes as "restart the kubelet") to it.
+func reexecInMountNamespace(command string, f nodeFlags, args []string) error {
 	if err := os.MkdirAll(f.kubeletDir, 0o755); err != nil {
 		return err
 	}
 	if err := writeNodeKubeconfig(f); err != nil {
 		return fmt.Errorf("node %s: writing credentials: %w", f.name, err)
 	}
-	cmd := exec.Command("/proc/self/exe", append([]string{"node"}, args...)...)
+	cmd := exec.Command("/proc/self/exe", append([]string{command}, args...)...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), inNamespaceEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
@@ -102,7 +103,7 @@ func reexecInMountNamespace(f nodeFlags, args []string) error {
 		return fmt.Errorf("node %s: starting in a new mount namespace (needs root): %w", f.name, err)
 	}
 	signals := make(chan os.Signal, 2)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		for s := range signals {
 			_ = cmd.Process.Signal(s)

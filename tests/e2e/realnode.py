@@ -1,0 +1,235 @@
+"""One real node for the realnode tier: ``harness realnode`` (the full kubelet, containerd, runc)
+with the e2e images imported, and what its containers report.
+
+The images are built here from ``tests/e2e/realnode/bin/seer`` (static, built by
+tests/e2e/realnode/build.sh): ``gpuweave.test/seer:1`` prints what its container sees and waits,
+``gpuweave.test/pause:1`` is every pod's sandbox. Container logs are read from the kubelet's
+``podLogsDir`` (CRI log format), so a test reads what the process inside printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from hardware.device_nodes import CharDevice, read_host_device_nodes
+from hardware.profiles import load_profile
+from hardware.simulated.node import SimulatedNode
+from hardware.simulated.sysfs_tree import write_fake_sysfs
+from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
+from tests.support.oci_image import ImageFile, write_image_archive
+
+REALNODE_DIR = REPO / "tests" / "e2e" / "realnode"
+BIN_DIR = REALNODE_DIR / "bin"
+SEER_IMAGE = "gpuweave.test/seer:1"
+PAUSE_IMAGE = "gpuweave.test/pause:1"
+SEER_MARKER = "GPUWEAVE-SEER "
+# Other tests' schedulers must not place pods on the real node; its pods tolerate this.
+REALNODE_TAINT = {"key": "e2e.gpuweave.io/realnode", "value": "only", "effect": "NoSchedule"}
+
+
+AGENT_IMAGE = "gpuweave.test/gpuweave:dev"
+SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 reads it
+PACKAGE_DATA = (".py", ".yaml", ".proto", ".pyi")  # pyproject's package-data, plus the code
+
+
+def dockerfile_sources() -> list[str]:
+    """The directories the Dockerfile copies into its build (``COPY dir/ dir/``): the agent image
+    here is made of the same inputs."""
+    sources = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "COPY" and words[1].endswith("/") and words[1] == words[2]:
+            sources.append(words[1].rstrip("/"))
+    return sources
+
+
+def build_agent_image(out: Path) -> Path:
+    """``gpuweave.test/gpuweave:dev``: the Python base layer tests/e2e/realnode/agent-base.sh
+    built (Debian's python3.11 and the runtime dependencies) and a layer with the packages the
+    Dockerfile copies, installed where pip puts them, and the ``gpuweave`` entry point."""
+    base = realnode_binaries() / "agent-base.tar"
+    if not base.exists():
+        raise RuntimeError(f"{base} is missing: run tests/e2e/realnode/build.sh (scripts/test runs it)")
+    files: dict[str, ImageFile] = {}
+    for source in dockerfile_sources():
+        for path in sorted((REPO / source).rglob("*")):
+            wanted = path.suffix in PACKAGE_DATA or path.name == "py.typed"
+            if path.is_file() and wanted and "__pycache__" not in path.parts:
+                files[f"{SITE_PACKAGES}/{path.relative_to(REPO)}"] = ImageFile(path, 0o644)
+    entry = out / "gpuweave-entry-point"
+    entry.write_text("#!/usr/bin/python3.11\nimport sys\nfrom gpuweave.cli import main\nsys.exit(main())\n")
+    files["usr/local/bin/gpuweave"] = ImageFile(entry, 0o755)
+    path = out / "gpuweave-dev.tar"
+    write_image_archive(
+        path,
+        name=AGENT_IMAGE,
+        files=files,
+        entrypoint=["/usr/local/bin/gpuweave"],
+        cmd=["--help"],
+        env=("PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+        base_layers=[base],
+    )
+    return path
+
+
+def realnode_binaries() -> Path:
+    """The tier's node software, or a failure that says how to build it."""
+    missing = [
+        n
+        for n in ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "seer")
+        if not (BIN_DIR / n).exists()
+    ]
+    if missing:
+        raise RuntimeError(
+            f"{BIN_DIR} lacks {', '.join(missing)}: run tests/e2e/realnode/build.sh (scripts/test runs it)"
+        )
+    return BIN_DIR
+
+
+def build_images(out: Path) -> list[Path]:
+    """The seer and pause image archives (same bytes on every machine for the same seer binary)."""
+    seer = {"seer": ImageFile(realnode_binaries() / "seer")}
+    images = [(SEER_IMAGE, ["/seer", "report"]), (PAUSE_IMAGE, ["/seer", "pause"])]
+    paths = []
+    for name, entrypoint in images:
+        path = out / (name.split("/")[-1].replace(":", "-") + ".tar")
+        write_image_archive(path, name=name, files=seer, entrypoint=entrypoint)
+        paths.append(path)
+    return paths
+
+
+def simulated_device_nodes(profile: str, out: Path) -> Path:
+    """The device nodes a host with ``profile``'s hardware has, with the numbers the simulated
+    tree gives them (the node agent's simulated NVML and sysfs agree): a JSON list for ``harness
+    realnode --device-nodes``, which creates them as character devices under the node's /dev."""
+    root = out / "sim-host"
+    node = SimulatedNode.from_profile(load_profile(profile))
+    write_fake_sysfs(root, node)
+    host = read_host_device_nodes(root)
+    devices: list[CharDevice] = [*host.control, *(host.gpu_node(g.minor) for g in node.inventory.gpus)]
+    devices += host.uverbs.values()
+    devices += [host.rdma_cm] if host.rdma_cm else []
+    if host.caps_major is not None:
+        minors = sorted(set(host.mig_minors.values()))
+        devices += [CharDevice(f"/dev/nvidia-caps/nvidia-cap{m}", host.caps_major, m) for m in minors]
+    path = out / "device-nodes.json"
+    path.write_text(json.dumps([{"path": d.path, "major": d.major, "minor": d.minor} for d in devices]))
+    return path
+
+
+class RealNode:
+    """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        name: str,
+        kubelet_port: int,
+        profile: str,
+        taints: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        agent_image: bool = False,
+    ) -> None:
+        """``profile``: the simulated hardware whose device nodes the node's /dev holds;
+        ``agent_image``: also import the node agent's image and route the kubernetes Service's
+        address to the API server, for the chart's DaemonSet."""
+        self.name = name
+        self.agent: Process | None = None
+        self.agent_handle: Any = None  # the test module's handle on the node agent
+        self.plane = plane
+        self.dir = plane.work / "realnodes" / name
+        self.dir.mkdir(parents=True)
+        self.kubelet_dir = self.dir / "kubelet"
+        self.plugin_dir = self.kubelet_dir / "device-plugins"
+        self.cdi_dir = self.dir / "cdi"
+        images = build_images(self.dir) + ([build_agent_image(self.dir)] if agent_image else [])
+        argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
+        argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
+        argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]
+        argv += ["--device-nodes", str(simulated_device_nodes(profile, self.dir))]
+        if labels:
+            argv += ["--node-labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+        if agent_image:
+            argv += ["--kubernetes-service"]
+        if taints:
+            argv += ["--register-with-taints", f"{taints['key']}={taints['value']}:{taints['effect']}"]
+        self.process = Process(f"realnode-{name}", argv, log_dir=plane.work)
+        ready, socket = self.dir / "ready", self.plugin_dir / "kubelet.sock"
+        try:
+            wait_for(
+                f"{name}: containerd up, images imported",
+                lambda: self.process.alive_and(ready.exists),
+                timeout=120,
+            )
+            wait_for(
+                f"{name}'s device manager socket", lambda: self.process.alive_and(socket.exists), timeout=60
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def restart_kubelet(self) -> None:
+        """The kubelet alone stops and starts again (containerd and the containers keep running)."""
+        socket = self.plugin_dir / "kubelet.sock"
+        before = socket.stat().st_ctime_ns
+        self.process.popen.send_signal(signal.SIGHUP)
+
+        def new_socket() -> bool:  # the device manager removes and binds its socket at start
+            try:
+                return socket.stat().st_ctime_ns > before
+            except FileNotFoundError:
+                return False
+
+        wait_for(
+            f"{self.name}'s restarted kubelet socket", lambda: self.process.alive_and(new_socket), timeout=60
+        )
+
+    def log(self, component: str) -> str:
+        return (self.dir / "logs" / f"{component}.log").read_text(errors="replace")
+
+    def container_output(self, pod: Any, container: str) -> list[str]:
+        """Lines the container wrote to stdout/stderr (its current log file, CRI format)."""
+        base = (
+            self.dir
+            / "logs"
+            / "pods"
+            / f"{pod.metadata.namespace}_{pod.metadata.name}_{pod.metadata.uid}"
+            / container
+        )
+        lines: list[str] = []
+        for path in sorted(base.glob("*.log")):
+            for raw in path.read_text(errors="replace").splitlines():
+                parts = raw.split(" ", 3)  # <time> <stream> <P|F> <text>
+                if len(parts) == 4:
+                    lines.append(parts[3])
+        return lines
+
+    def seen(self, pod: Any, container: str = "main") -> dict[str, Any] | None:
+        """What seer printed in the container, or None before it has."""
+        for line in self.container_output(pod, container):
+            if line.startswith(SEER_MARKER):
+                return dict(json.loads(line[len(SEER_MARKER) :]))
+        return None
+
+    def stop(self) -> None:
+        """Stop the node and forget it, as when a node leaves (no garbage collector runs here):
+        its Node, ResourceSlices and GpuNodeInventory are deleted so later tests do not see it."""
+        self.process.stop(timeout=60)
+        resource = client.ResourceV1Api(self.plane.api)
+        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={self.name}")
+        custom = client.CustomObjectsApi(self.plane.api)
+        for delete in (
+            partial(custom.delete_cluster_custom_object, "gpuweave.io", "v1alpha1", "gpunodeinventories"),
+            self.plane.core.delete_node,
+        ):
+            with contextlib.suppress(ApiException):  # never registered or published
+                delete(self.name)

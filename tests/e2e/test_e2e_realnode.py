@@ -1,0 +1,408 @@
+"""One real node: the full kubelet, containerd and runc start containers with the devices gpuweave
+allocated, and each test asserts what the process inside the container saw.
+
+Real parts: ``harness realnode`` (k8s.io/kubernetes/cmd/kubelet at the pinned version, containerd
+2.x with CDI, runc; tests/e2e/realnode), the e2e control plane, upstream kube-scheduler with the
+gpuweave-scheduler profile and ``gpuweave extender``, and ``gpuweave node-agent --simulate``
+serving the kubelet over its real device-plugin socket and writing the CDI specs containerd
+reads. The GPUs are simulated (no NVIDIA driver here), so their device nodes are created by runc
+from the CDI specs' numbers; the container reports them with their major:minor and the device
+cgroup's allow list. See docs/e2e.md ("realnode").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from tests.e2e.cluster import (
+    REPO,
+    ControlPlane,
+    Process,
+    free_port,
+    gpuweave_command,
+    render_scheduler_config,
+    start_extender,
+    start_scheduler,
+    wait_for,
+)
+from tests.e2e.pods import inventory
+from tests.e2e.realnode import REALNODE_TAINT, SEER_IMAGE, RealNode
+from tests.support.agent_node import run_sim_inject
+from tests.support.agent_process import short_temp_dir
+from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
+
+pytestmark = pytest.mark.realnode
+
+NODE = "e2e-realnode"
+PROFILE = "p5.48xlarge"  # 8 MIG-capable H100, 32 EFA adapters
+SCHEDULER = "gpuweave-realnode"
+NAMESPACE = "e2e-realnode"
+NVIDIA_MAJOR = 195
+MPS_GPU = 6  # fractional (MPS): served as gpuweave.io/gpu-compute shares
+MIG_GPU = 7  # split by the gpuweave.io/mig-layout annotation
+MIG_3G = mig_resource_name("3g.40gb")
+WHOLE_GPUS = 6  # the others are shared or split
+EVICTION_GRACE_S = 2
+
+
+class Agent:
+    """``gpuweave node-agent --simulate`` on the real node's kubelet socket, restartable."""
+
+    def __init__(self, plane: ControlPlane, node: RealNode, kubeconfig: Path) -> None:
+        self.plane, self.node = plane, node
+        self.state = short_temp_dir()  # MPS pipe directories hold unix sockets
+        sharing = node.dir / "sharing.yaml"
+        sharing.write_text(
+            yaml.safe_dump({"kind": "SharingConfig", "gpus": {str(MPS_GPU): {"mode": "fractional"}}})
+        )
+        health = node.dir / "health.yaml"
+        settings = {"round_interval_s": 1, "startup_rounds": 1, "eviction_grace_s": EVICTION_GRACE_S}
+        health.write_text(yaml.safe_dump({"health": settings}))
+        self.argv = [
+            *gpuweave_command(),
+            "node-agent",
+            "--simulate",
+            PROFILE,
+            "--node-name",
+            NODE,
+            "--kubelet-dir",
+            str(node.plugin_dir),
+            "--state-dir",
+            str(self.state),
+            "--cdi-spec-dir",
+            str(node.cdi_dir),
+            "--sharing-config",
+            str(sharing),
+            "--health-config",
+            str(health),
+            "--kubeconfig",
+            str(kubeconfig),
+        ]
+        self.starts = 0
+        self.process = self._start()
+
+    def _start(self) -> Process:
+        self.starts += 1
+        return Process(f"node-agent-{NODE}-{self.starts}", self.argv, log_dir=self.plane.work)
+
+    def restart(self, *extra: str) -> None:
+        """Stop the agent and start it again on the same state, ``extra`` added to its arguments."""
+        self.process.stop()
+        self.argv = [*self.argv, *extra]
+        self.process = self._start()
+
+    def stop(self) -> None:
+        self.process.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def realnode(plane: ControlPlane, agent_kubeconfig: Path, scheduler_kubeconfig: Path) -> Iterator[RealNode]:
+    """The real node with the simulated node agent on its kubelet socket, and a scheduler of its own
+    (the gpuweave-scheduler profile renamed, with its own extender). GPU 7 is split into two
+    3g.40gb MIG devices, GPU 6 is shared through MPS."""
+    plane.ensure_namespace(NAMESPACE)
+    node = RealNode(plane, name=NODE, kubelet_port=free_port(), profile=PROFILE, taints=REALNODE_TAINT)
+    started: list[Any] = [node]
+    try:
+        agent = Agent(plane, node, agent_kubeconfig)
+        started.append(agent)
+        node.agent = agent.process
+        extender, url = start_extender(plane, kubeconfig=scheduler_kubeconfig, name="extender-realnode")
+        started.append(extender)
+        config = render_scheduler_config(
+            plane, extender_url=url, kubeconfig=scheduler_kubeconfig, scheduler_name=SCHEDULER
+        )
+        started.append(start_scheduler(plane, config_path=config, name="kube-scheduler-realnode"))
+        layout = {"gpus": {str(MIG_GPU): ["3g.40gb", "3g.40gb"]}}
+        plane.core.patch_node(
+            NODE, {"metadata": {"annotations": {"gpuweave.io/mig-layout": json.dumps(layout)}}}
+        )
+        wait_allocatable(node, agent, {RESOURCE_GPU: WHOLE_GPUS, MIG_3G: 2, RESOURCE_EFA: 32}, timeout=120)
+
+        def health_done() -> bool:
+            taints = plane.core.read_node(NODE).spec.taints or []
+            return not any(t.key == "gpuweave.io/health-pending" for t in taints)
+
+        wait_for(f"{NODE}'s agent health start-up", lambda: agent.process.alive_and(health_done), timeout=60)
+        node.agent_handle = agent
+        yield node
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_pods_left(realnode: RealNode) -> Iterator[None]:
+    """Each test starts on an empty node, whatever the previous one left."""
+    yield
+    for pod in realnode.plane.core.list_namespaced_pod(NAMESPACE).items:
+        delete_pod(realnode, pod.metadata.name)
+
+
+def wait_allocatable(node: RealNode, agent: Agent, wanted: dict[str, int], *, timeout: float = 60) -> None:
+    def reached() -> bool:
+        allocatable = node.plane.core.read_node(NODE).status.allocatable or {}
+        return all(allocatable.get(r) == str(n) for r, n in wanted.items())
+
+    wait_for(f"{NODE} allocatable {wanted}", lambda: agent.process.alive_and(reached), timeout=timeout)
+
+
+def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    toleration = {**REALNODE_TAINT, "operator": "Equal"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "hostNetwork": True,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 2,
+            "tolerations": [toleration],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": SEER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+
+
+def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """Create the pod, wait until it runs and its container has reported; (pod, report)."""
+    node.plane.core.create_namespaced_pod(NAMESPACE, seer_pod(name, limits))
+    return wait_reported(node, name)
+
+
+def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
+    """The pod once it runs and its container has reported; (pod, report)."""
+
+    def reported() -> tuple[Any, dict[str, Any]] | None:
+        node.process.check_alive()
+        pod = node.plane.core.read_namespaced_pod(name, NAMESPACE)
+        if pod.status.phase == "Failed":
+            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}", pytrace=False)
+        if pod.status.phase != "Running":
+            return None
+        seen = node.seen(pod)
+        return (pod, seen) if seen is not None else None
+
+    return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
+
+
+def delete_pod(node: RealNode, name: str) -> None:
+    try:
+        node.plane.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    wait_for(f"pod {name} gone", lambda: pod_or_none(node, name) is None, timeout=60)
+
+
+def pod_or_none(node: RealNode, name: str) -> Any:
+    try:
+        return node.plane.core.read_namespaced_pod(name, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """/dev/nvidia<N> nodes the container has, with their device numbers."""
+    out = {}
+    for device in seen["devices"]:
+        tail = device["path"].removeprefix("/dev/nvidia")
+        if device["path"].startswith("/dev/nvidia") and tail.isdigit():
+            out[device["path"]] = (device["major"], device["minor"])
+    return out
+
+
+def allowed_gpu_minors(seen: dict[str, Any]) -> set[int]:
+    """GPU minors the container's device cgroup lets it open (``c 195:N rw``; control nodes aside)."""
+    minors = set()
+    for rule in seen["deviceCgroup"]:
+        kind, numbers, _ = rule.split(" ")
+        major, minor = numbers.split(":")
+        if kind == "c" and major == str(NVIDIA_MAJOR) and minor.isdigit() and int(minor) < 254:
+            minors.add(int(minor))
+    return minors
+
+
+def gpus_by_uuid(node: RealNode) -> dict[str, dict[str, Any]]:
+    return {g["uuid"]: g for g in inventory(node.plane, node.name)["spec"]["gpus"]}
+
+
+def container_id(pod: Any) -> str:
+    (status,) = pod.status.container_statuses
+    assert status.state.running is not None, status.state
+    return str(status.container_id)
+
+
+def allocatable_ids(node: RealNode, resource: str) -> set[str]:
+    """The kubelet's pod-resources GetAllocatableResources for ``resource``: every device ID the
+    device manager holds from the plugins' ListAndWatch."""
+    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=10)
+    return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
+
+
+def test_two_gpu_pod_sees_exactly_its_two_gpus(realnode: RealNode) -> None:
+    pod, seen = run_seer(realnode, "seer-2gpu", {RESOURCE_GPU: "2"})
+    assert pod.spec.node_name == NODE
+    gpus = gpus_by_uuid(realnode)
+    visible = seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 2 and set(visible) <= set(gpus), visible
+    minors = {int(gpus[u]["minor"]) for u in visible}
+    assert gpu_nodes(seen) == {f"/dev/nvidia{m}": (NVIDIA_MAJOR, m) for m in minors}
+    assert allowed_gpu_minors(seen) == minors
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= {d["path"] for d in seen["devices"]}
+    delete_pod(realnode, "seer-2gpu")
+
+
+def test_mig_pod_sees_its_slice_and_only_the_parent_gpu(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-mig", {MIG_3G: "1"})
+    visible = seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert len(visible) == 1 and visible[0].startswith("MIG-"), visible
+    mig_minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MIG_GPU)
+    assert gpu_nodes(seen) == {f"/dev/nvidia{mig_minor}": (NVIDIA_MAJOR, mig_minor)}
+    assert allowed_gpu_minors(seen) == {mig_minor}
+    caps = [d for d in seen["devices"] if d["path"].startswith("/dev/nvidia-caps/")]
+    assert len(caps) == 2, caps  # the slice's GPU-instance and compute-instance access nodes
+    delete_pod(realnode, "seer-mig")
+
+
+def test_fractional_pod_gets_its_mps_pipe_and_limits(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-mps", {RESOURCE_GPU_COMPUTE: "30"})
+    env = seen["env"]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe in seen["mounts"], seen["mounts"]
+    assert seen["mps"]["pipeDirectory"] == pipe and not seen["mps"].get("error")
+    assert seen["mps"]["entries"], "the MPS daemon's pipe directory is empty in the container"
+    mps_minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MPS_GPU)
+    assert gpu_nodes(seen) == {f"/dev/nvidia{mps_minor}": (NVIDIA_MAJOR, mps_minor)}
+    delete_pod(realnode, "seer-mps")
+
+
+def test_efa_pod_sees_its_uverbs_device(realnode: RealNode) -> None:
+    _, seen = run_seer(realnode, "seer-efa", {RESOURCE_EFA: "1"})
+    uverbs = [d for d in seen["devices"] if d["path"].startswith("/dev/infiniband/uverbs")]
+    assert len(uverbs) == 1, seen["devices"]
+    numbers = f"c {uverbs[0]['major']}:{uverbs[0]['minor']} "
+    assert [r for r in seen["deviceCgroup"] if r.startswith(numbers)], seen["deviceCgroup"]
+    assert "/dev/infiniband/rdma_cm" in {d["path"] for d in seen["devices"]}
+    assert not gpu_nodes(seen)
+    delete_pod(realnode, "seer-efa")
+
+
+def test_kubelet_restart_keeps_running_containers_and_their_devices(realnode: RealNode) -> None:
+    before, seen = run_seer(realnode, "seer-kept", {RESOURCE_GPU: "4"})
+    kept = set(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    realnode.restart_kubelet()
+    agent = realnode.agent_handle
+    wait_allocatable(realnode, agent, {RESOURCE_GPU: WHOLE_GPUS})
+    after = realnode.plane.core.read_namespaced_pod("seer-kept", NAMESPACE)
+    assert container_id(after) == container_id(before)
+    assert after.status.container_statuses[0].restart_count == 0
+    _, second = run_seer(realnode, "seer-after-restart", {RESOURCE_GPU: "2"})
+    taken = set(second["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    assert len(taken) == 2 and not taken & kept, (taken, kept)
+    for name in ("seer-kept", "seer-after-restart"):
+        delete_pod(realnode, name)
+
+
+def test_agent_restart_reregisters_the_same_device_ids(realnode: RealNode) -> None:
+    agent = realnode.agent_handle
+    resources = (RESOURCE_GPU, MIG_3G, RESOURCE_EFA, RESOURCE_GPU_COMPUTE)
+    before = {r: allocatable_ids(realnode, r) for r in resources}
+    assert all(before.values()), before
+    running, _ = run_seer(realnode, "seer-across-agent", {RESOURCE_GPU: "1"})
+    agent.restart()
+
+    def same_ids() -> bool:
+        return {r: allocatable_ids(realnode, r) for r in resources} == before
+
+    wait_for(
+        "the kubelet to hold the same device IDs again", lambda: agent.process.alive_and(same_ids), timeout=90
+    )
+    still = realnode.plane.core.read_namespaced_pod("seer-across-agent", NAMESPACE)
+    assert container_id(still) == container_id(running)
+    delete_pod(realnode, "seer-across-agent")
+
+
+def test_xid_79_evicts_only_the_pod_on_that_gpu(realnode: RealNode) -> None:
+    agent = realnode.agent_handle
+    _, victim_seen = run_seer(realnode, "seer-victim", {RESOURCE_GPU: "1"})
+    bystander, _ = run_seer(realnode, "seer-bystander", {RESOURCE_GPU: "1"})
+    (failed_uuid,) = victim_seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    failed_index = int(gpus_by_uuid(realnode)[failed_uuid]["index"])
+
+    run_sim_inject(agent.state, "--gpu", str(failed_index), "--xid", "79").check_returncode()
+
+    wait_for(
+        "the victim pod to be gone",
+        lambda: agent.process.alive_and(lambda: pod_or_none(realnode, "seer-victim") is None),
+        timeout=90,
+    )
+    kept = realnode.plane.core.read_namespaced_pod("seer-bystander", NAMESPACE)
+    assert kept.metadata.deletion_timestamp is None and kept.status.phase == "Running"
+    assert container_id(kept) == container_id(bystander)
+    assert kept.status.container_statuses[0].restart_count == 0
+    wait_allocatable(realnode, agent, {RESOURCE_GPU: WHOLE_GPUS - 1})
+    _, after = run_seer(realnode, "seer-after-fault", {RESOURCE_GPU: "4"})
+    assert failed_uuid not in after["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")
+    for name in ("seer-bystander", "seer-after-fault"):
+        delete_pod(realnode, name)
+
+
+def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
+    """Last: the agent restarts with --dra and serves every device through DRA instead."""
+    plane, agent = realnode.plane, realnode.agent_handle
+    plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
+    agent.restart("--dra")
+    resource = client.ResourceV1Api(plane.api)
+
+    def pool() -> dict[str, Any]:
+        found = resource.list_resource_slice(field_selector=f"spec.nodeName={NODE}").items
+        return {d.name: d for s in found for d in s.spec.devices or []}
+
+    wait_for(f"{NODE}'s ResourceSlices", lambda: agent.process.alive_and(lambda: bool(pool())), timeout=90)
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuweave.io"}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "realnode-gpu"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    resource.create_namespaced_resource_claim(NAMESPACE, claim)
+    pod = seer_pod("seer-dra", {})
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "realnode-gpu"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    plane.core.create_namespaced_pod(NAMESPACE, pod)
+    _, seen = wait_reported(realnode, "seer-dra")
+
+    allocated = resource.read_namespaced_resource_claim("realnode-gpu", NAMESPACE).status.allocation
+    (result,) = allocated.devices.results
+    assert (result.driver, result.pool) == ("gpuweave.io", NODE)
+    uuid = pool()[result.device].attributes["uuid"].string
+    minor = int(gpus_by_uuid(realnode)[uuid]["minor"])
+    assert gpu_nodes(seen) == {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor)}
+    assert allowed_gpu_minors(seen) == {minor}
