@@ -29,7 +29,7 @@ mkdir -p bin/agent-base
 for deb in "$work"/cache/archives/*.deb; do dpkg-deb -x "$deb" bin/agent-base; done
 rm -rf bin/agent-base/usr/share/doc bin/agent-base/usr/share/man bin/agent-base/usr/share/locale
 # shellcheck disable=SC2086
-"$PYTHON" -m pip install -q --no-compile --disable-pip-version-check \
+PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-compile --disable-pip-version-check --no-warn-conflicts \
     --target bin/agent-base/usr/local/lib/python3.11/dist-packages $deps
 rm -rf bin/agent-base/usr/local/lib/python3.11/dist-packages/bin
 (cd ../../.. && "$PYTHON" -c 'import sys; from pathlib import Path; from tests.support.oci_image import layer_from_dir
