@@ -9,15 +9,10 @@ tests/e2e/realnode/build.sh): ``gpuweave.test/seer:1`` prints what its container
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from hardware.device_nodes import CharDevice, read_host_device_nodes
 from hardware.profiles import load_profile
@@ -224,12 +219,4 @@ class RealNode:
         """Stop the node and forget it, as when a node leaves (no garbage collector runs here):
         its Node, ResourceSlices and GpuNodeInventory are deleted so later tests do not see it."""
         self.process.stop(timeout=60)
-        resource = client.ResourceV1Api(self.plane.api)
-        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={self.name}")
-        custom = client.CustomObjectsApi(self.plane.api)
-        for delete in (
-            partial(custom.delete_cluster_custom_object, "gpuweave.io", "v1alpha1", "gpunodeinventories"),
-            self.plane.core.delete_node,
-        ):
-            with contextlib.suppress(ApiException):  # never registered or published
-                delete(self.name)
+        self.plane.forget_node(self.name)

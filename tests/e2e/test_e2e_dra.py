@@ -292,18 +292,7 @@ class _Forget:
         self.plane = plane
 
     def stop(self) -> None:
-        resource = client.ResourceV1Api(self.plane.api)
-        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={DRA_NODE}")
-        custom = client.CustomObjectsApi(self.plane.api)
-        for delete in (
-            partial(custom.delete_cluster_custom_object, "gpuweave.io", "v1alpha1", "gpunodeinventories"),
-            self.plane.core.delete_node,
-        ):
-            try:
-                delete(DRA_NODE)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        self.plane.forget_node(DRA_NODE)
 
 
 def _one_gpu_template() -> dict[str, Any]:

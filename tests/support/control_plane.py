@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -170,6 +171,22 @@ class ControlPlane:
 
         wait_for(f"CRD {name} established", established, timeout=30)
         dyn.resources.invalidate_cache()
+
+    def forget_node(self, name: str) -> None:
+        """Delete a node's Node, ResourceSlices and GpuNodeInventory, as when it leaves the cluster
+        (no garbage collector runs here), so later tests do not see it; absent objects are fine."""
+        resource = client.ResourceV1Api(self.api)
+        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={name}")
+        custom = client.CustomObjectsApi(self.api)
+        for delete in (
+            partial(custom.delete_cluster_custom_object, "gpuweave.io", "v1alpha1", "gpunodeinventories"),
+            self.core.delete_node,
+        ):
+            try:
+                delete(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def ensure_namespace(self, name: str) -> None:
         """A namespace with its default ServiceAccount (no controller-manager creates it here)."""
