@@ -5,6 +5,7 @@ bind with it, and lets the node agent's identity correct it on pods of its own n
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,6 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from tests.e2e.cluster import NAMESPACE, ControlPlane
-from tests.support.control_plane import SA_AUDIENCE
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -51,25 +51,8 @@ def _allowed(call: Callable[[], Any]) -> bool:
     return _outcome(call) == "ok"
 
 
-def _kubeconfig(plane: ControlPlane, token: str, name: str) -> Iterator[client.ApiClient]:
-    path = plane.work / f"{name}.kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {"server": plane.server, "certificate-authority": str(plane.ca_file)},
-                    }
-                ],
-                "users": [{"name": name, "user": {"token": token}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": name}}],
-                "current-context": "e2e",
-            }
-        )
-    )
+@contextlib.contextmanager
+def _api(path: Path) -> Iterator[client.ApiClient]:
     api = config.new_client_from_config(config_file=str(path))
     try:
         yield api
@@ -99,9 +82,7 @@ def plain(plane: ControlPlane) -> Iterator[client.CoreV1Api]:
             "subjects": [{"kind": "ServiceAccount", "name": PLAIN, "namespace": SPACE}],
         },
     )
-    request = {"spec": {"audiences": [SA_AUDIENCE], "expirationSeconds": 3600}}
-    token = plane.core.create_namespaced_service_account_token(PLAIN, SPACE, request).status.token
-    for api in _kubeconfig(plane, token, PLAIN):
+    with _api(plane.service_account_kubeconfig(PLAIN, namespace=SPACE)) as api:
         core = client.CoreV1Api(api)
         probe = _pod("probe", annotations={KEY: "{}"})
         attempt = partial(core.create_namespaced_pod, SPACE, probe, dry_run="All")
@@ -168,25 +149,11 @@ def test_the_node_agent_corrects_assignments_only_on_its_own_node(plane: Control
         host = _pod("gpuweave-node-agent-x", node="node-a")
         host["spec"]["serviceAccountName"] = "gpuweave-node-agent"
         agent_pod = plane.core.create_namespaced_pod(NAMESPACE, host)
-        request = {
-            "spec": {
-                "audiences": [SA_AUDIENCE],
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": "gpuweave-node-agent-x",
-                    "uid": agent_pod.metadata.uid,
-                },
-            }
-        }
-        token = plane.core.create_namespaced_service_account_token(
-            "gpuweave-node-agent", NAMESPACE, request
-        ).status.token
+        kubeconfig = plane.service_account_kubeconfig("gpuweave-node-agent", bound_pod=agent_pod)
         for name, node in (("on-node-a", "node-a"), ("on-node-b", "node-b")):
             plane.core.create_namespaced_pod(SPACE, _pod(name, node=node))
         patch = {"metadata": {"annotations": {KEY: '{"node": "node-a", "containers": {}}'}}}
-        for api in _kubeconfig(plane, token, "gpuweave-node-agent-on-node-a"):
+        with _api(kubeconfig) as api:
             agent = client.CoreV1Api(api)
             on_a = partial(agent.patch_namespaced_pod, "on-node-a", SPACE, patch)
             wait_until("the agent may patch pods (RBAC applied)", partial(_allowed, on_a))

@@ -23,6 +23,8 @@ import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
+from scheduler_ext.samples import inventory_object, profile_inventory
+
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "tests" / "e2e" / "harness"
 NAMESPACE = "gpuweave-system"
@@ -195,11 +197,21 @@ class ControlPlane:
         with contextlib.suppress(ApiException):
             self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
 
-    def service_account_kubeconfig(self, name: str, *, namespace: str = NAMESPACE) -> Path:
-        """A kubeconfig holding a TokenRequest token for the ServiceAccount (signed by the API server)."""
-        request = {"spec": {"audiences": [SA_AUDIENCE], "expirationSeconds": 3600}}
-        token = self.core.create_namespaced_service_account_token(name, namespace, request).status.token
-        path = self.dir / f"sa-{namespace}-{name}.kubeconfig"
+    def service_account_kubeconfig(
+        self, name: str, *, namespace: str = NAMESPACE, bound_pod: Any | None = None
+    ) -> Path:
+        """A kubeconfig holding a TokenRequest token for the ServiceAccount (signed by the API
+        server); with ``bound_pod`` the token is bound to that pod, as a kubelet's projected token
+        is (the API server then adds the pod's node to the token's claims)."""
+        spec: dict[str, Any] = {"audiences": [SA_AUDIENCE], "expirationSeconds": 3600}
+        suffix = ""
+        if bound_pod is not None:
+            meta = bound_pod.metadata
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}
+            suffix = f"-{meta.name}"
+        answer = self.core.create_namespaced_service_account_token(name, namespace, {"spec": spec})
+        token = answer.status.token
+        path = self.dir / f"sa-{namespace}-{name}{suffix}.kubeconfig"
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -223,3 +235,18 @@ class ControlPlane:
             if condition.type == ALLOCATED_CONDITION:
                 return dict(json.loads(condition.message))
         return None
+
+
+def create_gpu_node(api: client.ApiClient, name: str, profile: str) -> None:
+    """A Node and its GpuNodeInventory (spec and status) for a built-in profile, as a node agent
+    would publish them, without a kubelet or agent."""
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    body = inventory_object(profile_inventory(profile, name))
+    status = body.pop("status")
+    created = custom.create_cluster_custom_object("gpuweave.io", "v1alpha1", "gpunodeinventories", body)
+    created["status"] = status
+    custom.replace_cluster_custom_object_status(
+        "gpuweave.io", "v1alpha1", "gpunodeinventories", name, created
+    )

@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from scheduler_ext.app import Extender
 from scheduler_ext.events import CONFLICT_REASON
 from scheduler_ext.kube import build_kube_extender
-from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
+from scheduler_ext.samples import pod_object, profile_inventory
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
-from tests.support.control_plane import REPO, ControlPlane
+from tests.support.control_plane import REPO, ControlPlane, create_gpu_node
 from tests.support.waiting import wait_until
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -51,19 +51,9 @@ def _api(kubeconfig: str) -> client.ApiClient:
 
 def _seed(kubeconfig: str) -> None:
     with _api(kubeconfig) as api:
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+        client.CoreV1Api(api).create_namespaced_service_account("default", {"metadata": {"name": "default"}})
         for name in NODES:
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            body = inventory_object(profile_inventory(PROFILE, name))
-            status = body.pop("status")
-            created = custom.create_cluster_custom_object(
-                "gpuweave.io", "v1alpha1", "gpunodeinventories", body
-            )
-            created["status"] = status
-            custom.replace_cluster_custom_object_status(
-                "gpuweave.io", "v1alpha1", "gpunodeinventories", name, created
-            )
+            create_gpu_node(api, name, PROFILE)
 
 
 @pytest.fixture

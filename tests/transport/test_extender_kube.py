@@ -19,10 +19,10 @@ from kubernetes import client, config
 
 from scheduler_ext.app import Extender
 from scheduler_ext.kube import KubeBinder, KubeFeed, build_kube_extender
-from scheduler_ext.samples import inventory_object, pod_object, profile_inventory
+from scheduler_ext.samples import pod_object
 from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
-from tests.support.control_plane import ControlPlane, harness_binary
+from tests.support.control_plane import ControlPlane, create_gpu_node, harness_binary
 from tests.support.waiting import wait_until as _wait
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -52,22 +52,10 @@ def _api(kubeconfig: str) -> client.ApiClient:
 def _seed(plane: ControlPlane) -> None:
     plane.apply([yaml.safe_load(CRD.read_text())])  # waits until the CRD is established
     with _api(str(plane.admin_kubeconfig)) as api:
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        core.create_namespaced_service_account(
-            "default", {"metadata": {"name": "default"}}
-        )  # no controllers run
+        core = client.CoreV1Api(api)  # no controllers run: the default ServiceAccount by hand
+        core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
         for name in NODES:
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            body = inventory_object(profile_inventory("p5.48xlarge", name))
-            body["metadata"]["name"] = name
-            status = body.pop("status")
-            created = custom.create_cluster_custom_object(
-                "gpuweave.io", "v1alpha1", "gpunodeinventories", body
-            )
-            created["status"] = status
-            custom.replace_cluster_custom_object_status(
-                "gpuweave.io", "v1alpha1", "gpunodeinventories", name, created
-            )
+            create_gpu_node(api, name, "p5.48xlarge")
 
 
 @pytest.fixture
