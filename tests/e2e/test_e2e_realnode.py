@@ -50,6 +50,7 @@ SCHEDULER = "gpuweave-realnode"
 NAMESPACE = "e2e-realnode"
 NVIDIA_MAJOR = 195
 MPS_GPU = 6  # fractional (MPS): served as gpuweave.io/gpu-compute shares
+MPS_SHARING = {"mode": "fractional", "mps": {"defaultActiveThreadPercentage": 40}}
 MIG_GPU = 7  # split by the gpuweave.io/mig-layout annotation
 MIG_3G = mig_resource_name("3g.40gb")
 WHOLE_GPUS = 6  # the others are shared or split
@@ -63,9 +64,7 @@ class Agent:
         self.plane, self.node = plane, node
         self.state = short_temp_dir()  # MPS pipe directories hold unix sockets
         sharing = node.dir / "sharing.yaml"
-        sharing.write_text(
-            yaml.safe_dump({"kind": "SharingConfig", "gpus": {str(MPS_GPU): {"mode": "fractional"}}})
-        )
+        sharing.write_text(yaml.safe_dump({"kind": "SharingConfig", "gpus": {str(MPS_GPU): MPS_SHARING}}))
         health = node.dir / "health.yaml"
         settings = {"round_interval_s": 1, "startup_rounds": 1, "eviction_grace_s": EVICTION_GRACE_S}
         health.write_text(yaml.safe_dump({"health": settings}))
@@ -297,6 +296,9 @@ def test_fractional_pod_gets_its_mps_pipe_and_limits(realnode: RealNode) -> None
     assert pipe in seen["mounts"], seen["mounts"]
     assert seen["mps"]["pipeDirectory"] == pipe and not seen["mps"].get("error")
     assert seen["mps"]["entries"], "the MPS daemon's pipe directory is empty in the container"
+    # a client in the container reaches the GPU's control daemon through the mounted pipe directory
+    assert not seen["mps"].get("controlError"), seen["mps"]
+    assert float(seen["mps"]["defaultActiveThreadPercentage"]) == 40, seen["mps"]  # MPS_SHARING's
     mps_minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MPS_GPU)
     assert gpu_nodes(seen) == {f"/dev/nvidia{mps_minor}": (NVIDIA_MAJOR, mps_minor)}
     delete_pod(realnode, "seer-mps")

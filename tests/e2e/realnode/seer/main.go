@@ -1,20 +1,23 @@
 // Command seer is the e2e workload of the realnode tier: `seer report` prints, as one JSON line
 // after the marker "GPUWEAVE-SEER ", what its container sees (character device nodes under /dev,
-// the device cgroup's allow list, the environment, mount points, the MPS pipe directory), then
-// stays up until it is stopped; `seer pause` is the pod sandbox's process. Built static
-// (CGO_ENABLED=0) so that its image is this one file.
+// the device cgroup's allow list, the environment, mount points, the MPS pipe directory and its
+// control daemon's answer to one query), then stays up until it is stopped; `seer pause` is the
+// pod sandbox's process. Built static (CGO_ENABLED=0) so that its image is this one file.
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 type device struct {
@@ -27,6 +30,28 @@ type mpsView struct {
 	PipeDirectory string   `json:"pipeDirectory"`
 	Entries       []string `json:"entries"`
 	Error         string   `json:"error,omitempty"`
+	// The control daemon's answer to get_default_active_thread_percentage over the pipe
+	// directory's control socket (the simulated daemon's protocol: a command line, an answer
+	// ended by a NUL byte), or why there is none.
+	ThreadPercentage string `json:"defaultActiveThreadPercentage,omitempty"`
+	ControlError     string `json:"controlError,omitempty"`
+}
+
+func askControl(dir, command string) (string, error) {
+	conn, err := net.DialTimeout("unix", filepath.Join(dir, "control"), 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte(command + "\n")); err != nil {
+		return "", err
+	}
+	answer, err := bufio.NewReader(conn).ReadString(0)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(answer, "\x00"), nil
 }
 
 type report struct {
@@ -105,6 +130,11 @@ func mps() *mpsView {
 	}
 	for _, e := range entries {
 		view.Entries = append(view.Entries, e.Name())
+	}
+	if answer, err := askControl(dir, "get_default_active_thread_percentage"); err != nil {
+		view.ControlError = err.Error()
+	} else {
+		view.ThreadPercentage = answer
 	}
 	return view
 }
