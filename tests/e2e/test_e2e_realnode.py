@@ -158,7 +158,9 @@ def wait_allocatable(node: RealNode, agent: Agent, wanted: dict[str, int], *, ti
     wait_for(f"{NODE} allocatable {wanted}", lambda: agent.process.alive_and(reached), timeout=timeout)
 
 
-def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
+def seer_pod(name: str, limits: dict[str, str], node: str) -> dict[str, Any]:
+    """A seer pod for the real node ``node``: it tolerates the node's taint and selects the node,
+    since the session's simulated nodes (other modules) would fit it too."""
     toleration = {**REALNODE_TAINT, "operator": "Equal"}
     return {
         "apiVersion": "v1",
@@ -170,6 +172,7 @@ def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 2,
             "tolerations": [toleration],
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [
                 {
                     "name": "main",
@@ -184,7 +187,7 @@ def seer_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
 
 def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, dict[str, Any]]:
     """Create the pod, wait until it runs and its container has reported; (pod, report)."""
-    node.plane.core.create_namespaced_pod(NAMESPACE, seer_pod(name, limits))
+    node.plane.core.create_namespaced_pod(NAMESPACE, seer_pod(name, limits, node.name))
     return wait_reported(node, name)
 
 
@@ -201,7 +204,16 @@ def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
         seen = node.seen(pod)
         return (pod, seen) if seen is not None else None
 
-    return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
+    try:
+        return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
+    except pytest.fail.Exception:
+        pod = node.plane.core.read_namespaced_pod(name, NAMESPACE)
+        statuses = [(c.name, c.state) for c in pod.status.container_statuses or []]
+        pytest.fail(
+            f"pod {name} on node {pod.spec.node_name!r}, phase {pod.status.phase}, containers {statuses}, "
+            f"conditions {[(c.type, c.status, c.message) for c in pod.status.conditions or []]}",
+            pytrace=False,
+        )
 
 
 def delete_pod(node: RealNode, name: str) -> None:
@@ -395,7 +407,7 @@ def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
         "spec": {"devices": {"requests": [request]}},
     }
     resource.create_namespaced_resource_claim(NAMESPACE, claim)
-    pod = seer_pod("seer-dra", {})
+    pod = seer_pod("seer-dra", {}, realnode.name)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "realnode-gpu"}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     plane.core.create_namespaced_pod(NAMESPACE, pod)
