@@ -167,7 +167,7 @@ def test_explain_gives_the_placement_of_a_pod_that_fit_and_its_event(
     assert [d["text"] for d in answer["devices"]] == [f"GPUs {pair[0]},{pair[1]}"]
     assert answer["topology"]["gpus"] == pair and answer["topology"]["allNvlink"] is True
     ranked = {r["node"]: r for r in answer["ranking"]}
-    assert ranked[STATUS_NODE]["fits"]  # its own GPUs counted free
+    assert ranked[STATUS_NODE]["fits"], ranked[STATUS_NODE]  # its own GPUs counted free
     assert not ranked["e2e-l40s"]["fits"] and "selector" in ranked["e2e-l40s"]["reason"]  # nodeSelector
     text = status(plane, "--explain", f"{workload_namespace}/st-pair")
     assert max(len(line) for line in text.stdout.splitlines()) <= 80, text.stdout
