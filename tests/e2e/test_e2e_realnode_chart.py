@@ -35,6 +35,7 @@ from tests.e2e.test_e2e_realnode import (
     NVIDIA_MAJOR,
     allocatable_ids,
     allowed_gpu_minors,
+    container_id,
     gpu_nodes,
     gpus_by_uuid,
     no_pods_left,
@@ -167,3 +168,23 @@ def test_a_new_agent_container_registers_the_same_ids(realnode: RealNode) -> Non
         return {r: allocatable_ids(realnode, r) for r in (RESOURCE_GPU, RESOURCE_EFA)} == before
 
     wait_for("the new agent container's registration with the same IDs", same_ids, timeout=120)
+
+
+def test_a_kubelet_restart_keeps_the_pod_and_the_chart_agent_registers_again(realnode: RealNode) -> None:
+    """The chart mounts the kubelet's device-plugins directory, not its socket, so the agent's
+    container sees the restarted kubelet's new socket and registers again."""
+    running, seen = run_seer(realnode, "seer-chart-kept", {RESOURCE_GPU: "2"})
+    kept = set(seen["env"]["NVIDIA_VISIBLE_DEVICES"].split(","))
+    before = {r: allocatable_ids(realnode, r) for r in (RESOURCE_GPU, RESOURCE_EFA)}
+    agent = agent_pod(realnode.plane)
+    realnode.restart_kubelet()
+
+    def registered_again() -> bool:
+        return {r: allocatable_ids(realnode, r) for r in (RESOURCE_GPU, RESOURCE_EFA)} == before
+
+    wait_for("the chart's agent registered with the restarted kubelet", registered_again, timeout=120)
+    assert agent_pod(realnode.plane).metadata.uid == agent.metadata.uid  # the same agent container
+    still = realnode.plane.core.read_namespaced_pod("seer-chart-kept", NAMESPACE)
+    assert container_id(still) == container_id(running)
+    _, second = run_seer(realnode, "seer-chart-after", {RESOURCE_GPU: "2"})
+    assert not set(second["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) & kept
