@@ -8,13 +8,12 @@ on the pod in the API), and a bind whose PodUID belongs to another pod than PodN
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_ext.app import Extender
@@ -23,6 +22,8 @@ from scheduler_ext.kube import build_kube_extender
 from scheduler_ext.samples import pod_object, profile_inventory
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.control_plane import REPO, ControlPlane, create_gpu_node
+from tests.support.raw_pods import api_client as _api
+from tests.support.raw_pods import create_pod, read_pod
 from tests.support.waiting import wait_until
 from topology.assignment import ContainerAssignment, PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -43,10 +44,6 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield str(plane.admin_kubeconfig)
     finally:
         plane.stop()
-
-
-def _api(kubeconfig: str) -> client.ApiClient:
-    return config.new_client_from_config(config_file=kubeconfig)
 
 
 def _seed(kubeconfig: str) -> None:
@@ -88,20 +85,7 @@ def _create(
     if node_selector:
         body["spec"]["nodeSelector"] = node_selector
         body["spec"]["schedulerName"] = "default-scheduler"
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        body["metadata"].pop(key)
-    body.pop("status")
-    with _api(kubeconfig) as api:
-        created = client.CoreV1Api(api).create_namespaced_pod("default", body, _preload_content=False)
-        result: dict[str, Any] = json.loads(created.data)
-    return result
-
-
-def _read(kubeconfig: str, name: str) -> dict[str, Any]:
-    with _api(kubeconfig) as api:
-        response = client.CoreV1Api(api).read_namespaced_pod(name, "default", _preload_content=False)
-        result: dict[str, Any] = json.loads(response.data)
-    return result
+    return create_pod(kubeconfig, body)
 
 
 def _seen(extender: Extender, pod: dict[str, Any]) -> None:
@@ -209,7 +193,7 @@ def test_bind_refuses_one_pods_uid_with_another_pods_name(kubeconfig: str, exten
     error = extender.service.bind(args)
     assert "is pod default/victim, not default/other" in error
     for name in ("victim", "other"):
-        stored = _read(kubeconfig, name)
+        stored = read_pod(kubeconfig, name)
         assert not stored["spec"].get("nodeName")
         assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
     assert extender.cache.holding(victim["metadata"]["uid"]) is None

@@ -7,7 +7,6 @@ rebuilds its holdings from the annotations after a restart.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 
 from scheduler_ext.app import Extender
 from scheduler_ext.kube import KubeBinder, KubeFeed, build_kube_extender
@@ -23,6 +22,8 @@ from scheduler_ext.samples import pod_object
 from scheduler_ext.service import BindError
 from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.control_plane import ControlPlane, create_gpu_node, harness_binary
+from tests.support.raw_pods import api_client as _api
+from tests.support.raw_pods import create_pod, read_pod
 from tests.support.waiting import wait_until as _wait
 from topology.assignment import PodAssignment
 from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
@@ -43,10 +44,6 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield path
     finally:
         plane.stop()
-
-
-def _api(kubeconfig: str) -> client.ApiClient:
-    return config.new_client_from_config(config_file=kubeconfig)
 
 
 def _seed(plane: ControlPlane) -> None:
@@ -80,20 +77,7 @@ def _create_pod(
     body = pod_object(name, limits={RESOURCE_GPU: gpus}, **kwargs)
     if finalizers:
         body["metadata"]["finalizers"] = finalizers
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        body["metadata"].pop(key)
-    body.pop("status")
-    with _api(kubeconfig) as api:
-        created = client.CoreV1Api(api).create_namespaced_pod("default", body, _preload_content=False)
-        result: dict[str, Any] = json.loads(created.data)
-    return result
-
-
-def _read_pod(kubeconfig: str, name: str) -> dict[str, Any]:
-    with _api(kubeconfig) as api:
-        response = client.CoreV1Api(api).read_namespaced_pod(name, "default", _preload_content=False)
-        result: dict[str, Any] = json.loads(response.data)
-    return result
+    return create_pod(kubeconfig, body)
 
 
 def _schedule(extender: Extender, pod: dict[str, Any], node: str) -> str:
@@ -110,7 +94,7 @@ def test_bind_is_one_binding_that_lands_the_annotation_and_the_watch_confirms(
 ) -> None:
     pod = _create_pod(kubeconfig, "train-8", 8)
     assert _schedule(extender, pod, "gpu-a") == ""
-    stored = _read_pod(kubeconfig, "train-8")
+    stored = read_pod(kubeconfig, "train-8")
     assert stored["spec"]["nodeName"] == "gpu-a"
     assignment = PodAssignment.from_annotation(stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
     assert len(assignment.containers["main"].devices[RESOURCE_GPU]) == 8
@@ -124,7 +108,7 @@ def test_bind_is_one_binding_that_lands_the_annotation_and_the_watch_confirms(
         )
     )
     assert "no longer fits" in error
-    assert ANNOTATION_ASSIGNMENT not in (_read_pod(kubeconfig, "late")["metadata"].get("annotations") or {})
+    assert ANNOTATION_ASSIGNMENT not in (read_pod(kubeconfig, "late")["metadata"].get("annotations") or {})
 
 
 def test_refused_binding_leaves_neither_node_nor_annotation(kubeconfig: str, extender: Extender) -> None:
@@ -143,7 +127,7 @@ def test_refused_binding_leaves_neither_node_nor_annotation(kubeconfig: str, ext
         ExtenderBindingArgs(PodName="doomed", PodNamespace="default", PodUID=uid, Node="gpu-b")
     )
     assert "binding pod default/doomed to node gpu-b failed" in error
-    stored = _read_pod(kubeconfig, "doomed")
+    stored = read_pod(kubeconfig, "doomed")
     assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
     assert not stored["spec"].get("nodeName")
     assert extender.cache.holding(uid) is None
@@ -209,13 +193,13 @@ def test_real_kube_scheduler_schedules_through_the_extender(
         uid = pod["metadata"]["uid"]
 
         def bound() -> bool:
-            return bool(_read_pod(kubeconfig, "scheduled")["spec"].get("nodeName"))
+            return bool(read_pod(kubeconfig, "scheduled")["spec"].get("nodeName"))
 
         try:
             _wait("kube-scheduler binds through the extender", bound, timeout=30)
         except AssertionError:
             raise AssertionError((tmp_path / "scheduler.log").read_text()[-6000:]) from None
-        stored = _read_pod(kubeconfig, "scheduled")
+        stored = read_pod(kubeconfig, "scheduled")
         assignment = PodAssignment.from_annotation(stored["metadata"]["annotations"][ANNOTATION_ASSIGNMENT])
         assert assignment.node == stored["spec"]["nodeName"]
         assert len(assignment.containers["main"].devices[RESOURCE_GPU]) == 4
@@ -237,7 +221,7 @@ def test_binder_never_annotates_a_recreated_pod(kubeconfig: str) -> None:
     refused = pytest.raises(BindError, match=r"binding pod default/recreated to node gpu-a failed: HTTP 409")
     with _api(kubeconfig) as api, refused:
         KubeBinder(api).bind(stale, node="gpu-a", assignment=assignment)
-    stored = _read_pod(kubeconfig, "recreated")
+    stored = read_pod(kubeconfig, "recreated")
     assert ANNOTATION_ASSIGNMENT not in (stored["metadata"].get("annotations") or {})
     assert not stored["spec"].get("nodeName")
 
