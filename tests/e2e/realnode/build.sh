@@ -25,6 +25,10 @@ if ! pkg-config --exists libseccomp 2>/dev/null; then
     fi
     export PKG_CONFIG_PATH="$PWD/.seccomp/usr/lib/x86_64-linux-gnu/pkgconfig"
     export PKG_CONFIG_SYSROOT_DIR="$PWD/.seccomp"
+    # The same paths in CGO_* as well: Go's build cache keys on these variables, not on what
+    # pkg-config prints, so a checkout elsewhere must not reuse a link line naming another one's.
+    export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -I$PWD/.seccomp/usr/include"
+    export CGO_LDFLAGS="${CGO_LDFLAGS:--O2 -g} -L$PWD/.seccomp/usr/lib/x86_64-linux-gnu"
 fi
 go build -p "$P" -buildvcs=false -tags seccomp -o bin/ github.com/opencontainers/runc
 ./agent-base.sh  # the node agent image's Python base layer (Debian packages + pip), ~25 s when inputs change
