@@ -9,12 +9,14 @@ FROM python:3.11-slim
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY devicemodel/ devicemodel/
 COPY topology/ topology/
 COPY kubeio/ kubeio/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/
 COPY deviceplugin/ deviceplugin/
+COPY dradriver/ dradriver/
 COPY scheduler_ext/ scheduler_ext/
 COPY gpuweave/ gpuweave/
 COPY proto/ proto/

@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from proto.v1beta1 import api_pb2
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 
 RESULTS = Path(__file__).parent / "results" / "deviceplugin.json"
 TARGETS = {"start_to_registered_s": 2.0, "rss_mb": 80.0, "allocate_p99_ms": 5.0, "preferred_p99_ms": 5.0}

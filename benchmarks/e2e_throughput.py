@@ -54,8 +54,8 @@ from typing import Any
 from kubernetes import client
 
 from deviceplugin.published import inventory_object
+from gpuweave.simulate.cluster_objects import profile_inventory
 from kubeio.listwatch import ListWatch
-from scheduler_ext.samples import profile_inventory
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,

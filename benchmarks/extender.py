@@ -37,15 +37,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory, unique_uuids
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.layout import GpuSharingEntry, ShareMode
-from scheduler_ext.objects import InventoryRecord
-from scheduler_ext.samples import node_object, pod_object, profile_inventory, unique_uuids
-from scheduler_ext.server import PriorityEncoder, decode_body, encode_filter_result
-from scheduler_ext.shortlist import DEFAULT_KEEP
-from scheduler_ext.snapshot import SnapshotBinder
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
-from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from scheduler_ext.cluster.objects import InventoryRecord
+from scheduler_ext.cluster.snapshot import SnapshotBinder
+from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
+from scheduler_ext.decide.shortlist import DEFAULT_KEEP
+from scheduler_ext.serving.server import PriorityEncoder, decode_body, encode_filter_result
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
 
 RESULTS = Path(__file__).parent / "results" / "extender.json"
 PROFILES = (

@@ -33,11 +33,11 @@ from typing import Any
 from aiohttp import web
 
 from benchmarks.extender import build_cluster, percentile
+from devicemodel.contracts import RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object
 from scheduler_ext.app import Extender
-from scheduler_ext.samples import pod_object
-from scheduler_ext.server import decode_body, encode_filter_result
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, parse
-from topology.contracts import RESOURCE_GPU
+from scheduler_ext.serving.server import decode_body, encode_filter_result
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, parse
 
 RESULTS = Path(__file__).parent / "results" / "extender_servers.json"
 

@@ -31,12 +31,12 @@ from typing import Any
 
 import yaml
 
+from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
 from hardware.simulated.health_calls import xid_kernel_line
 from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir
-from topology.contracts import RESOURCE_GPU
 
 RESULTS = Path(__file__).parent / "results" / "health.json"
 TARGET_P99_S = 1.0

@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hardware.mig_catalog import GpuModel, default_catalog
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
-from mig.catalog import GpuModel, default_catalog
 from mig.planner import Instance, MigPlanError, TargetEntry, plan_layout
 from tests.support.sim_mig import mig_reconciler
 

@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
-from gpuweave.node_mig import build_mig_service
+from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
-from topology.contracts import RESOURCE_GPU, mig_resource_name
 
 RESULTS = Path(__file__).parent / "results" / "mig_restart.json"
 LAYOUT = [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")]

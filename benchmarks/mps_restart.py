@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from hardware.mps import MpsDaemonSpec, ProcessMpsDaemons, simulated_command
 from tests.support.agent_node import run_sim_inject
 from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode, shares_healthy, shares_withheld
-from topology.contracts import RESOURCE_GPU_COMPUTE
 
 RESULTS = Path(__file__).parent / "results" / "mps_restart.json"
 

@@ -4,7 +4,7 @@ For each trace variant and seed: build the FGD artifact's task stream (the trace
 clones appended up to 130% of cluster GPU capacity) and node tie order, place one pod at a time
 with no departures, and record GPU allocation and fragmentation against arrived load per 1%.
 Policies: the artifact's baselines as it runs them (random, best-fit, dot-product, fgd;
-``gpuweave.simulate.baselines``) and gpuweave; the published artifact curves (median of its 10
+``gpuweave.simulate.fgd.baselines``) and gpuweave; the published artifact curves (median of its 10
 seeds) are the external reference. Writes JSON and PNGs to ``benchmarks/results/placement/`` and
 prints a table.
 
@@ -33,18 +33,18 @@ from typing import Any
 
 from benchmarks.placement_plots import plot_report
 from benchmarks.placement_published import PublishedCurves, load_published
-from gpuweave.simulate.artifact import artifact_run
-from gpuweave.simulate.experiment import (
+from devicemodel.errors import GpuweaveError
+from gpuweave.simulate.fgd.artifact import artifact_run
+from gpuweave.simulate.fgd.experiment import (
     PAPER_VARIANTS,
     POLICY_NAMES,
     TraceExperiment,
     build_experiment,
     make_policy,
 )
-from gpuweave.simulate.packing import PackingCurves, run_packing
-from gpuweave.simulate.trace import DEFAULT_TRACE_DIR
-from scheduler_ext.workload import workload_document
-from topology.errors import GpuweaveError
+from gpuweave.simulate.fgd.packing import PackingCurves, run_packing
+from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR
+from scheduler_ext.decide.workload import workload_document
 
 DEFAULT_PUBLISHED_DIR = DEFAULT_TRACE_DIR.parents[1] / "fgd-atc23-results"
 DEFAULT_OUT = Path("benchmarks/results/placement")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 
 RESULT_FILES = {
     "allocation": "analysis_allo_discrete.csv",

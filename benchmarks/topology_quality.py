@@ -31,10 +31,10 @@ from typing import Any
 import matplotlib
 import numpy as np
 
+from devicemodel.errors import GpuweaveError, InvalidInputError
+from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR
 from gpuweave.simulate.fleet import DEFAULT_PROFILES, FleetNode, build_fleet
-from gpuweave.simulate.trace import DEFAULT_TRACE_DIR
 from topology.baselines import go_gpuallocator_like
-from topology.errors import GpuweaveError, InvalidInputError
 from topology.scoring import score_set
 from topology.search import best_set
 

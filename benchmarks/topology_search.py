@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from devicemodel.inventory import Architecture, Gpu, NodeInventory, NvSwitchFabric, PcieSwitch
 from hardware.profiles import load_profile
 from topology.baselines import clear_baseline_caches, go_gpuallocator_like
 from topology.graph import TopologyGraph
-from topology.inventory import Architecture, Gpu, NodeInventory, NvSwitchFabric, PcieSwitch
 from topology.scoring import score_set
 from topology.search import LOOKAHEAD_TOLERANCE, best_set, clear_search_caches
 

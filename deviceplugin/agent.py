@@ -27,6 +27,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from devicemodel.inventory import NodeInventory
+from devicemodel.state_file import write_json_atomically
 from deviceplugin.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
 from deviceplugin.cdi import CdiPublisher
 from deviceplugin.control import ControlServer
@@ -40,8 +42,6 @@ from deviceplugin.server import DevicePluginService, ResourceServer
 from deviceplugin.sharing import SharingPlan
 from deviceplugin.siblings import SiblingGrants
 from deviceplugin.state import ResourceState
-from topology.inventory import NodeInventory
-from topology.state_file import write_json_atomically
 
 log = logging.getLogger(__name__)
 

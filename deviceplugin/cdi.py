@@ -33,11 +33,11 @@ from typing import Any
 
 import yaml
 
+from devicemodel.inventory import NodeInventory
+from devicemodel.state_file import replace_file_atomically
 from deviceplugin.allocation import CDI_KIND_EFA, CDI_KIND_GPU
 from deviceplugin.devices import DeviceKind, PluginDevice
 from hardware.device_nodes import CharDevice, HostDeviceNodes
-from topology.inventory import NodeInventory
-from topology.state_file import replace_file_atomically
 
 log = logging.getLogger(__name__)
 

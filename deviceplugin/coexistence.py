@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
 from deviceplugin.errors import DevicePluginError
 from deviceplugin.server import socket_name_for
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
 
 log = logging.getLogger(__name__)
 MIG_PREFIX = "nvidia.com/mig-"

@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError
 from deviceplugin.errors import ControlError
-from topology.errors import GpuweaveError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The device catalogue: which kubelet resources a node offers and the devices in each.
 
 Pure functions of a ``NodeInventory`` and a ``SharingPlan``. Device IDs follow
-``topology.assignment`` so the extender's recorded choice and the kubelet's IDs agree: a GPU's
+``devicemodel.assignment`` so the extender's recorded choice and the kubelet's IDs agree: a GPU's
 UUID, a MIG device's UUID, an EFA adapter's name, and ``<gpu-uuid>::<kind>-<unit>`` for shares.
 """
 
@@ -11,9 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from deviceplugin.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan
-from topology.assignment import device_id_gpu, device_id_mig, device_id_share
-from topology.contracts import (
+from devicemodel.assignment import device_id_gpu, device_id_mig, device_id_share
+from devicemodel.contracts import (
     RESOURCE_EFA,
     RESOURCE_GPU,
     RESOURCE_GPU_COMPUTE,
@@ -21,7 +20,8 @@ from topology.contracts import (
     RESOURCE_GPU_SHARED,
     mig_resource_name,
 )
-from topology.inventory import Gpu, LostGpu, NicType, NodeInventory
+from devicemodel.inventory import Gpu, LostGpu, NicType, NodeInventory
+from deviceplugin.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan
 
 MIB_PER_GIB = 1024
 MAX_DEVICE_ID_LENGTH = 63

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topology.errors import GpuweaveError, InvalidInputError
+from devicemodel.errors import GpuweaveError, InvalidInputError
 
 
 class DevicePluginError(GpuweaveError):

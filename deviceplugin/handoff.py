@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment, parent_gpu_of_share
+from devicemodel.errors import InvalidInputError
 from deviceplugin.devices import PluginDevice
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
-from topology.assignment import ContainerAssignment, PodAssignment, parent_gpu_of_share
-from topology.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 

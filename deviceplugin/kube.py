@@ -18,6 +18,8 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+from devicemodel.inventory import NodeInventory
 from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
@@ -27,8 +29,6 @@ from deviceplugin.sharing import SharingPlan
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
-from topology.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
-from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 

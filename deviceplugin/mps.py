@@ -23,10 +23,10 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from devicemodel.inventory import NodeInventory
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.sharing import SharingMode, SharingPlan
 from hardware.mps import MpsControlError, MpsDaemons, MpsDaemonSpec
-from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import grpc
 
+from devicemodel.assignment import parent_gpu_of_share
 from deviceplugin.errors import DevicePluginError
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
-from topology.assignment import parent_gpu_of_share
 
 log = logging.getLogger(__name__)
 

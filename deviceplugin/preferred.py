@@ -3,7 +3,7 @@
 Pure. Whole GPUs go through the topology search (NVLink/NVSwitch, NIC on the same PCIe switch,
 NUMA) behind ``GpuSetChooser``; MIG devices pack onto already-busy GPUs; EFA adapters stay on one
 NUMA node and PCIe switch; fractional units and time-sliced replicas stay on one GPU, the one they
-fit most tightly (``topology.share_rule``, the rule the extender uses among equal fragment
+fit most tightly (``devicemodel.share_rule``, the rule the extender uses among equal fragment
 increases: keep large holes for large requests).
 
 Bad requests (a size the available set cannot meet, a must-include ID that is not offered) raise
@@ -17,9 +17,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from devicemodel.share_rule import tightest_gpu
 from deviceplugin.devices import DeviceKind, PluginDevice
 from deviceplugin.errors import AllocationRejectedError
-from topology.share_rule import tightest_gpu
 
 GpuSetChooser = Callable[[frozenset[int], int, frozenset[int]], "tuple[int, ...] | None"]
 """(available GPU indexes, size, must-include indexes) -> the chosen indexes, or None."""

@@ -13,11 +13,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_KIND
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfileSpec
 from deviceplugin.devices import lost_reasons
 from deviceplugin.sharing import SharingMode, SharingPlan
-from topology.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_KIND
-from topology.inventory import NodeInventory
-from topology.spec import NodeProfileSpec
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

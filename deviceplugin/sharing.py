@@ -22,11 +22,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topology.errors import InvalidInputError
-from topology.gpu_keys import canonical_keys
-from topology.inventory import Gpu
-from topology.spec_derive import normalize_bus_id
-from topology.validation import first_problem
+from devicemodel.errors import InvalidInputError
+from devicemodel.gpu_keys import canonical_keys
+from devicemodel.inventory import Gpu
+from devicemodel.spec_derive import normalize_bus_id
+from devicemodel.validation import first_problem
 
 COMPUTE_UNITS_PER_GPU = 100
 DEFAULT_REPLICAS = 4
@@ -97,7 +97,7 @@ class SharingPlan:
     mps_pipe_directory: str | None = None
 
     def for_gpu(self, gpu: Gpu) -> GpuSharing:
-        """By UUID, then PCI bus id, then index (keys in ``topology.gpu_keys`` canonical form)."""
+        """By UUID, then PCI bus id, then index (keys in ``devicemodel.gpu_keys`` canonical form)."""
         for key in (gpu.uuid, normalize_bus_id(gpu.pci_bus_id), str(gpu.index)):
             if key in self.per_gpu:
                 return self.per_gpu[key]

@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from deviceplugin.devices import PluginDevice
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 
 SIBLINGS = {
     RESOURCE_GPU_COMPUTE: RESOURCE_GPU_MEMORY,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from topology.inventory import NodeInventory
+from devicemodel.inventory import NodeInventory
 
 if TYPE_CHECKING:
     from topology.search import PlacementPolicy, Selection

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from devicemodel.errors import GpuweaveError
 from gpuweave import __version__
-from topology.errors import GpuweaveError
 
 # Imported on demand: a long-running command (the node agent) then loads only its own
 # dependencies, which keeps its start-up time and resident memory down.

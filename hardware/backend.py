@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from topology.errors import GpuweaveError
-from topology.inventory import NodeInventory
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
 
 
 @runtime_checkable

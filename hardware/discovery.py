@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from devicemodel import inventory as inv
 from hardware.sysfs import NVIDIA_VENDOR, PciDevice, RdmaDevice, SysfsReader, nvml_bus_id, sysfs_bdf
-from topology import inventory as inv
 
 LOG = logging.getLogger(__name__)
 _NETWORK_CLASS = 0x02

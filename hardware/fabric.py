@@ -23,9 +23,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from devicemodel.inventory import NodeInventory
 from hardware.backend import GpuLostError, NotSupportedError
 from hardware.nvml_call import NvmlCaller
-from topology.inventory import NodeInventory
 
 FM_PID_FILE = Path("run/nvidia-fabricmanager/nv-fabricmanager.pid")
 FM_PROCESS = "nv-fabricmanager"

@@ -20,11 +20,11 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from devicemodel.inventory import LostGpu
+from devicemodel.spec_derive import normalize_bus_id
+from devicemodel.state_file import write_json_atomically
 from hardware.discovery import GpuFacts
 from hardware.sysfs import SysfsReader, nvml_bus_id
-from topology.inventory import LostGpu
-from topology.spec_derive import normalize_bus_id
-from topology.state_file import write_json_atomically
 
 LOG = logging.getLogger(__name__)
 IDENTITY_FILE = "gpu-identities.json"

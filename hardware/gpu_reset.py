@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from topology.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError
 
 
 class ResetRefusedError(GpuweaveError):

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError
 from hardware.gpu_reset import (
     GpuInUseError,
     Holder,
@@ -31,7 +32,6 @@ from hardware.gpu_reset import (
     nvidia_smi_reset,
 )
 from hardware.sysfs import read_hw_counters
-from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 EFA_VENDOR = "0x1d0f"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from devicemodel.errors import GpuweaveError
 from hardware.simulated import mps_control
-from topology.errors import GpuweaveError
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
 PID_FILE = mps_control.PID_FILE

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from devicemodel.inventory import Architecture, NodeInventory
+from devicemodel.spec_derive import normalize_bus_id
 from hardware.backend import (
     DriverNotLoadedError,
     HardwareError,
@@ -25,8 +27,6 @@ from hardware.discovery import GpuFacts, MigFacts, assemble_inventory
 from hardware.gpu_identity import GpuIdentities
 from hardware.nvml_call import DEFAULT_CALL_TIMEOUT_S, NvmlCaller, is_code
 from hardware.sysfs import SysfsReader, sysfs_bdf
-from topology.inventory import Architecture, NodeInventory
-from topology.spec_derive import normalize_bus_id
 
 LOG = logging.getLogger(__name__)
 _ARCHITECTURES = (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from topology.spec import NodeProfile, ProfileError
+from devicemodel.spec import NodeProfile, ProfileError
 
 _BUILTIN_PACKAGE = "hardware.builtin_profiles"
 _SUFFIXES = (".yaml", ".yml")

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from devicemodel.validation import first_problem
 from health.errors import HealthConfigError
 from health.policy import PolicySettings, Window
 from health.xid import Action, Cause, Severity, XidOverride
-from topology.validation import first_problem
 
 
 @dataclass(frozen=True)

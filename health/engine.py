@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from devicemodel.inventory import NodeInventory
 from health.checks import Finding
 from health.config import HealthSettings
 from health.policy import (
@@ -26,7 +27,6 @@ from health.policy import (
 from health.scope import HealthSnapshot, NodeFault, NodeFaultKind, StartupGate, mig_target
 from health.signals.kmsg import KernelRecord, KernelSxid, PciKey, pci_key
 from health.xid import Action, Severity, XidTable, is_grace_part, recovery_rule, table_for
-from topology.inventory import NodeInventory
 
 Clock = Callable[[], float]
 XID_DEDUP_S = 30.0  # an NVML event and its kernel-log line arrive within this of each other

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topology.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError
 
 
 class HealthError(GpuweaveError):

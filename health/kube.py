@@ -20,12 +20,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from health.badlist import BadGpu
-from health.remediation import EvictionOutcome, PodRef
-from health.scope import NodeCondition
-from kubeio.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS, describe, status_of
-from topology.assignment import PodAssignment
-from topology.contracts import (
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_OPT_OUT_EVICTION,
     API_GROUP,
@@ -33,8 +29,12 @@ from topology.contracts import (
     BAD_HARDWARE_KIND,
     BAD_HARDWARE_PLURAL,
 )
-from topology.errors import InvalidInputError
-from topology.gangs import evicts_whole_gang, gang_key
+from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import evicts_whole_gang, gang_key
+from health.badlist import BadGpu
+from health.remediation import EvictionOutcome, PodRef
+from health.scope import NodeCondition
+from kubeio.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS, describe, status_of
 
 log = logging.getLogger(__name__)
 COMPONENT = "gpuweave-health"

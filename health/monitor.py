@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from devicemodel.inventory import NicType
 from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
 from health.checks import Finding, judge_efa, judge_failure, judge_readings, temperature_outliers
 from health.engine import Clock, HealthEngine
@@ -39,7 +40,6 @@ from health.scope import HealthSnapshot, NodeFaultKind
 from health.signals.efa_counters import EfaCounterWatch
 from health.signals.kmsg import KernelLine, KernelLogTail, parse_line
 from health.xid import Severity
-from topology.inventory import NicType
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Health state files: atomic JSON writes that never stop health checking when the disk fails.
 
-Files are replaced atomically (``topology.state_file``: temporary file, fsync, ``os.replace``), so a
+Files are replaced atomically (``devicemodel.state_file``: temporary file, fsync, ``os.replace``), so a
 crash leaves the old file or the new one, never half. A write can still fail: a full disk, a
 read-only remount, a lost volume. ``StateWriter`` then keeps the unsaved contents in memory (the
 running agent keeps acting on them), reports the failure to its ``on_result`` callback (metric,
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devicemodel.state_file import write_json_atomically
 from health.errors import HealthStateError
-from topology.state_file import write_json_atomically
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from devicemodel.assignment import parent_gpu_of_share
 from hardware.gpu_reset import GpuInUseError, RebootRequiredError
 from health.badlist import BadGpu, BadHardwareList
 from health.metrics import HealthMetrics
@@ -47,7 +48,6 @@ from health.scope import (
     taint_decision,
 )
 from health.xid import Action, Cause
-from topology.assignment import parent_gpu_of_share
 
 log = logging.getLogger(__name__)
 _NONE: frozenset[str] = frozenset()
@@ -59,7 +59,7 @@ class PodRef:
     name: str
     devices: frozenset[str]  # device IDs from the pod's assignment annotation (and the kubelet)
     opted_out: bool = False  # labelled gpuweave.io/no-health-eviction=true
-    gang: str = ""  # the pod's gang key (``topology.gangs``), "" for none
+    gang: str = ""  # the pod's gang key (``devicemodel.gangs``), "" for none
     whole_gang: bool = True  # a fault under it evicts its whole gang (gpuweave.io/gang-eviction)
 
 

@@ -1,7 +1,7 @@
 """Who a fault touches, and what the node as a whole should say (pure).
 
 A fault on a GPU fans out to the devices the device plugin serves from it (its MIG devices and
-its share/replica IDs, named per ``topology.assignment``) and to nothing else: sibling GPUs keep
+its share/replica IDs, named per ``devicemodel.assignment``) and to nothing else: sibling GPUs keep
 serving. A fault attributed to one GPU instance stays on that MIG device. Node-level faults (EFA
 adapters missing or down, a fatal NVSwitch SXid, a GPU that needs a reboot) become node conditions
 and a taint, the taint bounded by a cluster-wide disruption cap.
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from devicemodel.assignment import parent_gpu_of_share
 from health.policy import DeviceRecord, DeviceState, worst
-from topology.assignment import parent_gpu_of_share
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 

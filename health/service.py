@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devicemodel.inventory import NodeInventory
 from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
@@ -28,7 +29,6 @@ from health.policy import Fault
 from health.remediation import ClusterActions, DeviceOps, MigRecreate, PodDeviceLookup, Remediator
 from health.scope import HealthSnapshot
 from health.signals.kmsg import KernelLogTail
-from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 KMSG_CURSOR_FILE = "kmsg-cursor.json"

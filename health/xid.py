@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
 
-from topology.inventory import Architecture
+from devicemodel.inventory import Architecture
 
 
 class Severity(StrEnum):

@@ -24,7 +24,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 
 CONNECTIONS = 64  # pooled API server connections per client (see the module docstring)
 AUTH_REFRESH_S = 60.0  # how often a ``Writer`` reads the client's credentials again

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from urllib3.exceptions import HTTPError
 
-from topology.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError
 
 NOT_FOUND = 404
 CONFLICT = 409

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from devicemodel.errors import GpuweaveError
 from mig.demand import DEFAULT_CLAIM_TTL_S, PendingPod, select_demand
 from mig.reconciler import ReshapeResult
 from mig.service import MigService
-from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Where MIG targets come from: a declared per-node layout, or the demand of pending pods.
 
 Declared: the node annotation ``gpuweave.io/mig-layout`` holds JSON keyed by GPU UUID, PCI bus id
-or index (``topology.gpu_keys``; an index moves when a GPU is missing at boot, the others do not)::
+or index (``devicemodel.gpu_keys``; an index moves when a GPU is missing at boot, the others do not)::
 
     {"gpus": {"GPU-5e1c...": ["3g.40gb", "3g.40gb"],  # profiles; the planner places them
               "0000:53:00.0": ["4g.40gb@0", "1g.10gb@6"],  # profile@start pins a placement
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from mig.catalog import GpuModel
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
+from devicemodel.errors import InvalidInputError
+from devicemodel.gpu_keys import canonical_keys, is_index_key
+from devicemodel.validation import first_problem
+from hardware.mig_catalog import GpuModel
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand
-from topology.contracts import MIG_LAYOUT_ANNOTATION, mig_profile_of_resource
-from topology.errors import InvalidInputError
-from topology.gpu_keys import canonical_keys, is_index_key
-from topology.validation import first_problem
 
 WHOLE_GPU = None  # the declared layout value that means "MIG off"
 

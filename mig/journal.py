@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from devicemodel.errors import GpuweaveError
+from devicemodel.state_file import replace_file_atomically
 from mig.planner import PlannedInstance
-from topology.errors import GpuweaveError
-from topology.state_file import replace_file_atomically
 
 JOURNAL_FILE = "mig-journal.json"
 JOURNAL_VERSION = 1

@@ -18,11 +18,11 @@ import orjson
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION
 from kubeio.errors import NOT_FOUND, status_of
 from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch, metadata_only
 from mig.kube_demand import DemandDriver
 from mig.service import LayoutFollower, MigService
-from topology.contracts import MIG_LAYOUT_ANNOTATION
 
 FALLBACK_POLL_S = 60.0  # the annotation is still read this often, in case the watch missed a change
 

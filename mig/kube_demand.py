@@ -21,6 +21,7 @@ import orjson
 from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.contracts import mig_profile_of_resource
 from kubeio.errors import LOST_RACE, api_error, status_of
 from kubeio.listwatch import WATCH_TIMEOUT_S, ListWatch, metadata_only
 from mig.demand import (
@@ -33,7 +34,6 @@ from mig.demand import (
 )
 from mig.demand_runner import DemandRunner
 from mig.service import MigService
-from topology.contracts import mig_profile_of_resource
 
 LOG = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"

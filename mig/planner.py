@@ -1,7 +1,7 @@
 """Plan one GPU's MIG reshape: which instances stay, which go, where new ones are placed.
 
 The model is a buddy allocator over the GPU's memory slots: every profile may only start at its
-listed slots (``mig.catalog``), instances never overlap, the compute slices add up to at most the
+listed slots (``hardware.mig_catalog``), instances never overlap, the compute slices add up to at most the
 GPU's, and each profile has a maximum count. Busy instances are never destroyed; idle ones are kept
 when they fit the target, destroyed otherwise. Among all placements of the new instances the
 planner picks the one that leaves the most (and the largest) placements free, so small instances
@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from mig.catalog import GiProfile, GpuModel, MigCatalogError, Placement
-from topology.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError
+from hardware.mig_catalog import GiProfile, GpuModel, MigCatalogError, Placement
 
 
 class MigPlanError(GpuweaveError):

@@ -29,14 +29,14 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from devicemodel.errors import GpuweaveError
+from devicemodel.gpu_keys import find_gpu
+from hardware.mig_catalog import GpuModel, MigCatalog
 from hardware.mig_ops import NVML_ERROR_IN_USE, GpuInstanceRecord, MigNvmlError, MigOps
-from mig.catalog import GpuModel, MigCatalog
 from mig.journal import GpuRecord, MigJournal, Step
 from mig.metrics import MigMetrics
 from mig.owners import GpuOwners
 from mig.planner import Instance, MigPlanError, Plan, PlannedInstance, TargetEntry, plan_layout
-from topology.errors import GpuweaveError
-from topology.gpu_keys import find_gpu
 
 LOG = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class MigReconciler:
         return next((g for g in self._gpus.values() if g.uuid == uuid), None)
 
     def gpu_by_key(self, key: str) -> GpuRef | None:
-        """The GPU a canonical key (``topology.gpu_keys``: UUID, bus id or index) names."""
+        """The GPU a canonical key (``devicemodel.gpu_keys``: UUID, bus id or index) names."""
         return find_gpu(key, self._gpus.values())
 
     @property

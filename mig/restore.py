@@ -17,11 +17,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from devicemodel.errors import GpuweaveError
 from hardware.mig_ops import GpuInstanceRecord
 from mig.journal import GpuRecord
 from mig.planner import TargetEntry
 from mig.reconciler import MigHooks, MigReconciler, ReshapeResult
-from topology.errors import GpuweaveError
 
 LOG = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION
+from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.validation import first_problem
 from mig.demand import demand_covered
 from mig.intent import GpuMigState, derive_demand_plans, mig_requests, parse_entry, parse_layout_annotation
 from mig.planner import Plan, TargetEntry
 from mig.reconciler import MigApplyError, MigReconciler, NoHooks, ReshapeResult
 from mig.restore import Restorer, recover
-from topology.contracts import MIG_LAYOUT_ANNOTATION
-from topology.errors import GpuweaveError, InvalidInputError
-from topology.validation import first_problem
 
 LOG = logging.getLogger(__name__)
 WITHHOLD_REASON = "MIG reshape: device about to be destroyed"

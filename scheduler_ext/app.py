@@ -9,20 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler_ext.cache import ClusterCache
-from scheduler_ext.core import DecisionCore
-from scheduler_ext.events import EventCounts, EventRecorder, EventSink, RecordingBinder, RecordingService
-from scheduler_ext.gang_book import GangBook
-from scheduler_ext.gang_service import GangCoordinator, GangSettings, PodGroupSizes
-from scheduler_ext.metrics import ExtenderMetrics
-from scheduler_ext.objects import PodRecord
-from scheduler_ext.probes import ProbeHTTPServer
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.selector import SelectorCache
-from scheduler_ext.server import ExtenderHTTPServer
-from scheduler_ext.service import Binder, ExtenderService
-from scheduler_ext.snapshot import SnapshotBinder, load_snapshot
-from scheduler_ext.workload import WorkloadLearner
+from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.cluster.objects import PodRecord
+from scheduler_ext.cluster.snapshot import SnapshotBinder, load_snapshot
+from scheduler_ext.decide.core import DecisionCore
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.decide.workload import WorkloadLearner
+from scheduler_ext.gangs.book import GangBook
+from scheduler_ext.gangs.service import GangCoordinator, GangSettings, PodGroupSizes
+from scheduler_ext.pods.selector import SelectorCache
+from scheduler_ext.serving.events import (
+    EventCounts,
+    EventRecorder,
+    EventSink,
+    RecordingBinder,
+    RecordingService,
+)
+from scheduler_ext.serving.metrics import ExtenderMetrics
+from scheduler_ext.serving.probes import ProbeHTTPServer
+from scheduler_ext.serving.server import ExtenderHTTPServer
+from scheduler_ext.serving.service import Binder, ExtenderService
 from topology.fragmentation import TargetWorkload
 
 

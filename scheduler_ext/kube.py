@@ -25,24 +25,24 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from kubeio.client import Writer, api_client, finish
-from kubeio.errors import KubeApiError, describe, status_of
-from kubeio.listwatch import ListWatch, metadata_only
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cache import ClusterCache
-from scheduler_ext.events import PodEvent
-from scheduler_ext.gang_service import GangSettings, PodGroupSizes
-from scheduler_ext.service import BindError
-from topology.assignment import PodAssignment
-from topology.contracts import (
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     API_GROUP,
     API_VERSION,
     NODE_INVENTORY_KIND,
     NODE_INVENTORY_PLURAL,
 )
+from devicemodel.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
+from kubeio.client import Writer, api_client, finish
+from kubeio.errors import KubeApiError, describe, status_of
+from kubeio.listwatch import ListWatch, metadata_only
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
+from scheduler_ext.serving.events import PodEvent
+from scheduler_ext.serving.service import BindError
 from topology.fragmentation import TargetWorkload
-from topology.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 
 LOG = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 240

@@ -20,7 +20,7 @@ import itertools
 from functools import lru_cache
 from types import MappingProxyType
 
-from topology.errors import TopologyError
+from devicemodel.errors import TopologyError
 from topology.graph import TopologyGraph
 from topology.links import LinkClass
 

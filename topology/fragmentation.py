@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 
 MILLI_PER_GPU = 1000
 

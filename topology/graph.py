@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from topology.errors import TopologyError
-from topology.inventory import Gpu, Nic, NodeInventory
+from devicemodel.errors import TopologyError
+from devicemodel.inventory import Gpu, Nic, NodeInventory
 from topology.links import LinkClass, PairLink, link_gbps, pcie_x16_gbps
 from topology.matrix import MatrixRow, TopologyMatrix
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from topology.inventory import Architecture
+from devicemodel.inventory import Architecture
 
 
 class LinkClass(StrEnum):

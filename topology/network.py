@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 
 LABEL_GPU_CLIQUE: Final = "nvidia.com/gpu.clique"
 LABEL_AWS_LAYER_1: Final = "topology.k8s.aws/network-node-layer-1"

@@ -22,7 +22,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from topology.errors import TopologyError
+from devicemodel.errors import TopologyError
 from topology.graph import TopologyGraph, TopologyShape
 
 NIC_BONUS = 0.05  # a NIC on every GPU's own PCIe switch lifts the value 5%

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from topology.errors import InvalidInputError, TopologyError
+from devicemodel.errors import InvalidInputError, TopologyError
 from topology.graph import TopologyGraph, TopologyShape
 from topology.scoring import (
     BoolArray,

@@ -8,14 +8,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError, InvalidInputError
 from gpuweave.stopping import stop_on_signals, wait_for
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.gang_book import DEFAULT_TTL_S
-from scheduler_ext.gang_service import GangSettings
+from scheduler_ext.decide.shortlist import DEFAULT_KEEP
+from scheduler_ext.decide.workload import load_workload_file
+from scheduler_ext.gangs.book import DEFAULT_TTL_S
+from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.kube import build_kube_extender
-from scheduler_ext.shortlist import DEFAULT_KEEP
-from scheduler_ext.workload import load_workload_file
-from topology.errors import GpuweaveError, InvalidInputError
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
 
 

@@ -13,14 +13,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfile
 from hardware.backend import DriverNotLoadedError
 from hardware.nvml import NvmlBackend
 from hardware.profiles import builtin_profile_names, load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.sysfs import SysfsReader
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory
-from topology.spec import NodeProfile
 
 
 def register(subparsers: Any) -> None:

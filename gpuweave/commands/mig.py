@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.inventory import NodeInventory
 from deviceplugin.control import call_agent
+from hardware.mig_catalog import GpuModel, default_catalog
 from hardware.profiles import load_profile
-from mig.catalog import GpuModel, default_catalog
 from mig.intent import parse_entry, parse_profile_list
 from mig.planner import Instance, Plan, plan_demand, plan_layout
-from topology.errors import GpuweaveError, InvalidInputError
-from topology.inventory import NodeInventory
 
 APPLY_TIMEOUT_S = 600.0
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.coexistence import refuse_if_served_by_another
 from deviceplugin.devices import build_catalogue
@@ -25,12 +27,12 @@ from deviceplugin.mps import MpsSettings
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node_cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
-from gpuweave.node_dra import add_dra_arguments, check_dra_arguments, start_node_dra
-from gpuweave.node_fabric import fabric_gate
-from gpuweave.node_health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
-from gpuweave.node_mig import build_mig_service, register_mig_routes
-from gpuweave.node_mps import MpsRoundHook, NodeMps, control_command, mps_base_dir, start_node_mps
+from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
+from gpuweave.node.dra import add_dra_arguments, check_dra_arguments, start_node_dra
+from gpuweave.node.fabric import fabric_gate
+from gpuweave.node.health import SIM_KMSG_FILE, load_settings, mig_recreator, start_node_health
+from gpuweave.node.mig import build_mig_service, register_mig_routes
+from gpuweave.node.mps import MpsRoundHook, NodeMps, control_command, mps_base_dir, start_node_mps
 from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
@@ -43,8 +45,6 @@ from health.config import HealthSettings
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
 from mig.service import MigService
-from topology.errors import GpuweaveError
-from topology.inventory import NodeInventory
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts

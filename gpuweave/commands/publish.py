@@ -5,7 +5,7 @@ The same builders the running agent uses (``deviceplugin.published``): the clust
 Kubernetes ``List`` in YAML (or JSON with ``--json``), all devices healthy.
 
 With ``--dra`` it prints instead the node's ``resource.k8s.io/v1`` ResourceSlices as the agent's DRA
-mode publishes them (``deviceplugin.dra``): YAML, one document per slice (a ``List`` with
+mode publishes them (``dradriver``): YAML, one document per slice (a ``List`` with
 ``--json``); ``--dra-mig dynamic`` publishes MIG-capable GPUs as partitionable devices (docs/dra.md).
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.dra.devices import MigPublishing
-from deviceplugin.dra.slices import pool_slices
+from devicemodel.errors import GpuweaveError
 from deviceplugin.published import published_list
 from deviceplugin.sharing import SharingPlan, load_sharing_plan
-from gpuweave.dra_flags import add_dra_mig_argument
+from dradriver.devices import MigPublishing
+from dradriver.slices import pool_slices
+from gpuweave.node.flags import add_dra_mig_argument
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
-from topology.errors import GpuweaveError
 
 
 def register(subparsers: Any) -> None:

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError
 from deviceplugin.control import call_agent
-from topology.errors import GpuweaveError
 
 
 def register(subparsers: Any) -> None:

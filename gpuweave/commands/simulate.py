@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 
 DEFAULT_OUT = Path("out/simulate")
 

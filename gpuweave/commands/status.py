@@ -1,8 +1,8 @@
 """`gpuweave status`: what runs on which GPU, what is withheld, how fragmented; `--explain` one pod.
 
-The cluster is read once (``scheduler_ext.cluster_list``: the extender's own list calls) or
+The cluster is read once (``gpuweave.status.cluster_list``: the extender's own list calls) or
 taken from a snapshot file, loaded into the extender's own cache (``ClusterView``) and shown as
-rows (``scheduler_ext.status``) or as one pod's decision (``scheduler_ext.explain``).
+rows (``gpuweave.status.rows``) or as one pod's decision (``gpuweave.status.explain``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuweave.status_text import explain_text, status_text, to_json
+from devicemodel.errors import InvalidInputError
+from gpuweave.status.cluster_list import list_cluster
+from gpuweave.status.cluster_view import ClusterView, Object
+from gpuweave.status.explain import explain
+from gpuweave.status.rows import cluster_status
+from gpuweave.status.text import explain_text, status_text, to_json
 from kubeio.client import api_client
-from scheduler_ext.cluster_list import list_cluster
-from scheduler_ext.cluster_view import ClusterView, Object
-from scheduler_ext.explain import explain
-from scheduler_ext.snapshot import read_objects
-from scheduler_ext.status import cluster_status
-from scheduler_ext.workload import load_workload_file
-from topology.errors import InvalidInputError
+from scheduler_ext.cluster.snapshot import read_objects
+from scheduler_ext.decide.workload import load_workload_file
 
 DEFAULT_KUBECONFIG = Path.home() / ".kube" / "config"
 

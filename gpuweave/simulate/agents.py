@@ -2,9 +2,9 @@
 
 Every node runs ``deviceplugin.agent.NodeAgent`` on simulated hardware
 (``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML)
-with the node's sharing plan, one MPS daemon per fractional GPU (``gpuweave.node_mps`` on
+with the node's sharing plan, one MPS daemon per fractional GPU (``gpuweave.node.mps`` on
 ``InMemoryMpsDaemons``: records in this process, since a process per GPU across the fleet would
-not fit a small machine) and its health service (``gpuweave.node_health``: NVML events,
+not fit a small machine) and its health service (``gpuweave.node.health``: NVML events,
 kernel log, Xid policy), serving its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
@@ -24,15 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import mig_resource_name
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NicType, NodeInventory
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
 from deviceplugin.published import inventory_object
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node_health import SIM_KMSG_FILE, start_node_health
-from gpuweave.node_mps import MpsRoundHook, start_node_mps
+from gpuweave.node.health import SIM_KMSG_FILE, start_node_health
+from gpuweave.node.mps import MpsRoundHook, start_node_mps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
+from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import MigOps
 from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
@@ -40,14 +44,10 @@ from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
-from mig.catalog import default_catalog
 from mig.journal import MigJournal
 from mig.planner import TargetEntry
 from mig.reconciler import GpuRef, MigReconciler
 from mig.service import AgentHooks, MigService
-from topology.contracts import mig_resource_name
-from topology.errors import GpuweaveError
-from topology.inventory import NicType, NodeInventory
 
 
 class AgentStartError(GpuweaveError):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 from topology.fragmentation import MILLI_PER_GPU, BoolArray, FloatArray, FragmentModel, IntArray, TaskShape
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from devicemodel.errors import InvalidInputError
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.faults import (
@@ -45,7 +46,6 @@ from gpuweave.simulate.placers import (
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.timeline import Sample, take_sample
 from gpuweave.simulate.workload import Job, JobKind
-from topology.errors import InvalidInputError
 from topology.fragmentation import FragmentModel
 from topology.scoring import score_set
 from topology.search import best_set

@@ -31,25 +31,25 @@ from typing import Any
 
 import numpy as np
 
+from devicemodel.assignment import PodAssignment, parent_gpu_of_share
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfileSpec
 from deviceplugin.published import inventory_object
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.cluster_objects import pod_object
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.gang_service import GangSettings
-from scheduler_ext.samples import pod_object
-from scheduler_ext.shortlist import DEFAULT_KEEP
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
-from topology.assignment import PodAssignment, parent_gpu_of_share
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
-from topology.errors import GpuweaveError
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.decide.shortlist import DEFAULT_KEEP
+from scheduler_ext.gangs.service import GangSettings
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
 from topology.fragmentation import TargetWorkload
-from topology.inventory import NodeInventory
-from topology.spec import NodeProfileSpec
 
 _NAME = re.compile(r"[^a-z0-9.-]+")
 # How a pod names its gang (docs/pod-api.md): the job's name and its number of pods.

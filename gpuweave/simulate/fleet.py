@@ -10,10 +10,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import Architecture, NicType, NodeInventory
 from hardware.profiles import load_profile
-from topology.errors import InvalidInputError
 from topology.graph import TopologyGraph
-from topology.inventory import Architecture, NicType, NodeInventory
 from topology.network import LABEL_AWS_LAYER_1, LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
 
 DEFAULT_PROFILES = ("p5.48xlarge", "p4d.24xlarge", "dgx-a100", "l40s-pcie-8")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from devicemodel.inventory import NicType
 from gpuweave.simulate.fleet import FleetNode
-from topology.inventory import NicType
 from topology.links import LinkClass
 from topology.network import (
     DEFAULT_TIER_LABELS,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 
+from devicemodel.errors import GpuweaveError
 from proto.v1beta1 import api_pb2, api_pb2_grpc
-from topology.errors import GpuweaveError
 
 HEALTHY = "Healthy"
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuweave.simulate.state import GpuMode, MigSlot, SimState
-from mig.catalog import default_catalog
+from hardware.mig_catalog import default_catalog
 from mig.planner import Instance, MigPlanError, plan_demand
 from topology.fragmentation import MILLI_PER_GPU
 

@@ -15,15 +15,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from gpuweave.simulate.baselines import ArtifactBestFit, ArtifactRandom, random_node_rank
+from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import NodeInventory
 from gpuweave.simulate.cluster import ClusterState, Request
+from gpuweave.simulate.fgd.baselines import ArtifactBestFit, ArtifactRandom, random_node_rank
+from gpuweave.simulate.fgd.policies import Placement, PlacementPolicy, default_gpus, pick_top
 from gpuweave.simulate.fleet import FleetNode
-from gpuweave.simulate.policies import Placement, PlacementPolicy, default_gpus, pick_top
 from gpuweave.simulate.state import SimState
 from topology.baselines import go_gpuallocator_like
-from topology.errors import InvalidInputError
 from topology.fragmentation import IntArray
-from topology.inventory import NodeInventory
 
 SIMULATE_POLICIES = ("gpuweave", "random", "best-fit", "go-gpuallocator-like")
 GpuChooser = Callable[[FleetNode, frozenset[int], int], tuple[int, ...]]

@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from devicemodel.errors import InvalidInputError
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.fleet import (
@@ -29,7 +30,6 @@ from gpuweave.simulate.report import (
     write_json,
 )
 from gpuweave.simulate.workload import Job, JobKind, WorkloadSettings, synthetic_jobs, trace_jobs
-from topology.errors import InvalidInputError
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from topology.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError
 
 SCHEDULER_CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "scheduler-config.yaml"
 MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore

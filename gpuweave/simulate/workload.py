@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuweave.simulate.trace import load_pods
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
+from gpuweave.simulate.fgd.trace import load_pods
 from topology.fragmentation import MILLI_PER_GPU
 
 GANG_SIZES = (2, 4, 8, 16)

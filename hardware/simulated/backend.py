@@ -12,13 +12,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfile
 from hardware.nvml import NvmlBackend
 from hardware.nvml_call import DEFAULT_CALL_TIMEOUT_S
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
 from hardware.simulated.sysfs_tree import write_fake_sysfs
-from topology.inventory import NodeInventory
-from topology.spec import NodeProfile
 
 # Memory-backed, like the kernel's /sys: creating the ~850 files, directories and links of a large
 # node's tree on a disk-backed /tmp took 0.7-1.4 s of the agent's start-up, on tmpfs about 25 ms.

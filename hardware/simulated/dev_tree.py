@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from topology.inventory import NicType, NodeInventory
+from devicemodel.inventory import NicType, NodeInventory
 
 MAX_GPU_MINORS = 32
 GPU_INSTANCES_PER_GPU = 15

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from devicemodel.inventory import Architecture, Gpu
+from devicemodel.spec_checks import MAX_NVLINKS
 from hardware.simulated.health_calls import SimNvmlCallError
 from hardware.simulated.mig_state import SimComputeInstance, SimGpuInstance
 from hardware.simulated.node import SimulatedNode
@@ -23,8 +25,6 @@ from hardware.simulated.structs import (
     PciInfo,
     c_nvmlGpuFabricInfoV_t,
 )
-from topology.inventory import Architecture, Gpu
-from topology.spec_checks import MAX_NVLINKS
 
 _MIB = 1024 * 1024
 _SMS_PER_SLICE = 16

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devicemodel.errors import GpuweaveError
 from hardware.fabric import FM_PID_FILE, FM_PROCESS
-from topology.errors import GpuweaveError
 
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3

@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.validation import first_problem
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
-from topology.errors import InvalidInputError
-from topology.validation import first_problem
 
 
 class InjectRequest(BaseModel):

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from devicemodel.inventory import NodeInventory
+from hardware.mig_catalog import MigCatalog, default_catalog
 from hardware.simulated.mig_state import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
@@ -35,8 +37,6 @@ from hardware.simulated.mig_state import (
     SimNvmlError,
     ci_profile_id,
 )
-from topology.inventory import NodeInventory
-from topology.mig_catalog import MigCatalog, default_catalog
 
 T = TypeVar("T")
 HandleKind = Literal["gpu_instance", "compute_instance", "mig_device"]

@@ -25,8 +25,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from topology.inventory import MigDevice
-from topology.mig_catalog import GiProfile, GpuModel, Placement
+from devicemodel.inventory import MigDevice
+from hardware.mig_catalog import GiProfile, GpuModel, Placement
 
 NVML_SUCCESS = 0
 NVML_ERROR_INVALID_ARGUMENT = 2

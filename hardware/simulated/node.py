@@ -14,12 +14,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfile, NodeProfileSpec
+from hardware.mig_catalog import MigCatalog, default_catalog
 from hardware.simulated.health_calls import SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
-from topology.errors import InvalidInputError
-from topology.inventory import NodeInventory
-from topology.mig_catalog import MigCatalog, default_catalog
-from topology.spec import NodeProfile, NodeProfileSpec
 
 DEVICE_HANDLE_BASE = 0x6000_0000  # GPU handles; MIG handles come from SimMigNode's allocator
 DEFAULT_HANG_LIMIT_S = 120.0

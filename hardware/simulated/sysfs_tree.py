@@ -19,11 +19,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devicemodel.inventory import Nic, NicType
 from hardware.simulated.dev_tree import write_fake_dev
 from hardware.simulated.health_calls import write_fabric_manager
 from hardware.simulated.node import SimulatedNode
 from hardware.sysfs import EFA_VENDOR, NVIDIA_VENDOR, sysfs_bdf
-from topology.inventory import Nic, NicType
 
 CPUS_PER_NUMA_NODE = 48
 _BRIDGE_CLASS = 0x060400

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from devicemodel.inventory import NodeInventory
 from hardware.backend import HardwareError
 from hardware.fabric import FabricReport
-from topology.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 FABRIC_GATE = "nvswitch-fabric"

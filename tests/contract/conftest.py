@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.inventory import NodeInventory
 from hardware.backend import GpuBackend
 from hardware.nvml import NvmlBackend
 from hardware.nvml_call import NvmlCaller
 from hardware.profiles import builtin_profile_names, load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.node import SimulatedNode
-from topology.inventory import NodeInventory
 
 CALL_TIMEOUT_S = 5.0
 

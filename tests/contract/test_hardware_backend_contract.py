@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
+from devicemodel.inventory import NodeInventory
 from hardware.backend import GpuBackend, HardwareError, HardwareTimeoutError, NotSupportedError
 from hardware.nvml_call import NvmlCaller
 from tests.contract.conftest import BackendUnderTest
-from topology.inventory import NodeInventory
 
 
 def _check_well_formed(inventory: NodeInventory) -> None:

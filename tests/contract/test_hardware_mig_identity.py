@@ -11,12 +11,12 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from devicemodel.inventory import NodeInventory
 from hardware.backend import HardwareError
+from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import COMPUTE_INSTANCE_PROFILE_COUNT, MigOps
 from hardware.nvml_call import NvmlCaller
 from tests.contract.conftest import BackendUnderTest
-from topology.inventory import NodeInventory
-from topology.mig_catalog import default_catalog
 
 _CREATED = ((3, 0), (2, 4))  # (compute slices, placement start) of the two simulated instances
 

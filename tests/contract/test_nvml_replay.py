@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.spec import NodeProfile
 from hardware.nvml_fixture import Entry, dump, load
 from tests.support.agent_process import REPO_ROOT
 from tests.support.gpu_check_record import record_fixture, replay
 from tests.support.small_inventory import small_inventory
-from topology.spec import NodeProfile
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nvml"
 RECORDED = sorted(FIXTURES.glob("*.json"))

@@ -24,8 +24,9 @@ import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.dra.devices import MigPublishing
-from deviceplugin.dra.slices import Taint, pool_slices
+from devicemodel.inventory import NodeInventory
+from dradriver.devices import MigPublishing
+from dradriver.slices import Taint, pool_slices
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (
@@ -41,7 +42,6 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.conftest import add_taint
 from tests.e2e.test_e2e_cdi import paths, resolve
-from topology.inventory import NodeInventory
 
 pytestmark = pytest.mark.e2e
 
@@ -130,7 +130,7 @@ def test_dra_example_claims_are_valid(dra_plane: ControlPlane) -> None:
 def test_dra_slice_publisher_reconciles_the_pool(dra_plane: ControlPlane) -> None:
     """Created, left alone when unchanged, rewritten under the next generation when the pool shrinks
     (a dynamic-MIG pool becoming a static one), stale slices deleted, and removed on delete_all."""
-    from deviceplugin.dra.kube import SlicePublisher  # noqa: PLC0415 (the kubernetes client, e2e only)
+    from dradriver.kube import SlicePublisher  # noqa: PLC0415 (the kubernetes client, e2e only)
 
     inventory = _inventory("dgx-h100", "e2e-dra-publisher")
     mode = {"mig": MigPublishing.DYNAMIC}
@@ -181,7 +181,7 @@ def test_dra_slice_publisher_lists_on_time_however_often_health_wakes_it(dra_pla
     (``changed()``), which must not postpone it, or a pool the kubelet wiped stays gone; and a
     registration (``resync()``) lists now and once more a few seconds later, since the kubelet's
     start-up wipe runs in the background and can land after the first."""
-    from deviceplugin.dra.kube import AFTER_REGISTRATION_S, SlicePublisher  # noqa: PLC0415
+    from dradriver.kube import AFTER_REGISTRATION_S, SlicePublisher  # noqa: PLC0415
 
     inventory = _inventory("dgx-h100", "e2e-dra-publisher-clock")
     clock = _Clock()

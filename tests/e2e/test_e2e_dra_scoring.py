@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.dra.slices import pool_slices
+from dradriver.slices import pool_slices
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (

@@ -26,8 +26,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT
+from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from deviceplugin.published import inventory_object
-from scheduler_ext.samples import profile_inventory
+from gpuweave.simulate.cluster_objects import profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
@@ -37,9 +40,6 @@ from tests.e2e.cluster import (
     wait_for,
 )
 from tests.e2e.pods import GPU, scheduling_failure
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT
-from topology.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from topology.network import LABEL_AWS_LAYER_3
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from kubernetes import dynamic
 
 from deviceplugin.sharing import SharingConfigModel
 from gpuweave.cli import build_parser
-from gpuweave.node_health import load_settings
+from gpuweave.node.health import load_settings
 from tests.e2e.cluster import NAMESPACE, REPO, ControlPlane, harness_binary
 from tests.support.opscheck import RenderError, render_chart
 

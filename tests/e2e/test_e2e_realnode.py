@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.e2e.cluster import (
     REPO,
@@ -40,7 +41,6 @@ from tests.e2e.pods import inventory
 from tests.e2e.realnode import REALNODE_TAINT, SEER_IMAGE, RealNode
 from tests.support.agent_node import run_sim_inject
 from tests.support.agent_process import short_temp_dir
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 
 pytestmark = pytest.mark.realnode
 

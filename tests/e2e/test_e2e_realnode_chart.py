@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,
@@ -42,7 +43,6 @@ from tests.e2e.test_e2e_realnode import (
     run_seer,
 )
 from tests.support.opscheck import render_chart
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
 
 pytestmark = pytest.mark.realnode
 

@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from scheduler_ext.samples import inventory_object, profile_inventory
+from gpuweave.simulate.cluster_objects import inventory_object, profile_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "tests" / "e2e" / "harness"

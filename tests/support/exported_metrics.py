@@ -3,7 +3,7 @@
 The extender's registry is built the way ``gpuweave extender`` builds it (``scheduler_ext.app``,
 here over a one-node snapshot so per-kind collectors have a sample); the node agent's is
 ``AgentMetrics`` with ``HealthMetrics`` and ``MigMetrics`` on the same registry, as
-``gpuweave/node_health.py`` and ``gpuweave/node_mig.py`` wire them. A renamed or removed metric
+``gpuweave/node/health.py`` and ``gpuweave/node/mig.py`` wire them. A renamed or removed metric
 disappears from this map, so the dashboard and rules tests fail.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import AgentMetrics
+from gpuweave.simulate.cluster_objects import cluster_list, inventory_object, node_object, profile_inventory
 from health.metrics import HealthMetrics
 from mig.metrics import MigMetrics
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, profile_inventory
 
 # Labels the scrape adds: Prometheus' target labels, the Prometheus Operator's Service discovery,
 # and `node`, relabelled from the pod's node by the chart's node-agent ServiceMonitor.

@@ -14,14 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from devicemodel.inventory import NodeInventory
+from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import MigOps
 from hardware.nvml import NvmlBackend
 from hardware.nvml_fixture import FixtureError, compare, dump, fixture_name, load
 from hardware.nvml_record import NvmlRecorder
 from hardware.profiles import builtin_profile_names, load_profile
 from hardware.simulated.backend import SimulatedBackend
-from topology.inventory import NodeInventory
-from topology.mig_catalog import default_catalog
 
 
 def record_fixture(*, simulate: str | None, out_dir: Path, profile: str | None = None) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, profile_inventory
+from gpuweave.simulate.cluster_objects import cluster_list, inventory_object, node_object, profile_inventory
 
 PROFILES = {"h100-a": "p5.48xlarge", "h100-b": "p5.48xlarge", "pcie-4": "a100-pcie-nvbridge-4"}
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from devicemodel.contracts import RESOURCE_GPU_COMPUTE
+from devicemodel.spec import NodeProfile
 from deviceplugin.control import call_agent
 from hardware.mps import read_pid
 from hardware.simulated import mps_control
@@ -26,8 +28,6 @@ from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir
 from tests.support.device_watch import Listed
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import RESOURCE_GPU_COMPUTE
-from topology.spec import NodeProfile
 
 HEALTHY = "Healthy"
 

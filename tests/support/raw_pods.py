@@ -1,5 +1,5 @@
 """Pods through the real ``kubernetes`` client as the API server stores them (raw JSON dicts), for
-transport tests that build pod bodies with ``scheduler_ext.samples.pod_object``."""
+transport tests that build pod bodies with ``gpuweave.simulate.cluster_objects.pod_object``."""
 
 from __future__ import annotations
 

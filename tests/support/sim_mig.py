@@ -10,15 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from devicemodel.inventory import NodeInventory
+from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import MigOps
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
-from mig.catalog import default_catalog
 from mig.journal import MigJournal
 from mig.reconciler import GpuRef, MigReconciler
 from mig.service import MigService
-from topology.inventory import NodeInventory
 
 
 def mig_reconciler(

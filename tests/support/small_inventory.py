@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from topology.inventory import Architecture, Gpu, MigDevice, Nic, NicType, NodeInventory, NvLink, PcieSwitch
+from devicemodel.inventory import (
+    Architecture,
+    Gpu,
+    MigDevice,
+    Nic,
+    NicType,
+    NodeInventory,
+    NvLink,
+    PcieSwitch,
+)
 
 
 def gpu_uuid(index: int) -> str:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.coexistence import foreign_plugins
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import wait_until
-from topology.contracts import RESOURCE_GPU
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import yaml
 
+from devicemodel.contracts import RESOURCE_EFA
 from deviceplugin.control import call_agent
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import short_temp_dir
 from tests.support.waiting import wait_until
-from topology.contracts import RESOURCE_EFA
 
 HEALTH_CONFIG = {"health": {"round_interval_s": 0.05, "check_timeout_s": 0.4, "event_wait_ms": 50}}
 

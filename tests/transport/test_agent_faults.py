@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import REPO_ROOT
 from tests.support.waiting import poll_until
-from topology.contracts import RESOURCE_GPU
 
 
 @pytest.fixture

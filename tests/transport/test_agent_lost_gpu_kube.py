@@ -14,11 +14,11 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from devicemodel.contracts import RESOURCE_GPU
 from hardware.profiles import load_profile
 from tests.support.agent_node import AgentNode
 from tests.support.control_plane import ControlPlane
 from tests.support.waiting import wait_until
-from topology.contracts import RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

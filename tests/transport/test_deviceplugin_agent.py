@@ -13,6 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from devicemodel.inventory import NodeInventory
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
 from deviceplugin.errors import ControlError
@@ -20,8 +22,6 @@ from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
-from topology.inventory import NodeInventory
 
 
 @pytest.fixture

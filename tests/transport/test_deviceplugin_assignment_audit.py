@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from deviceplugin.handoff import PodView
 from deviceplugin.kube import AssignmentAuditor, EventReporter, PodWatcher
 from deviceplugin.metrics import AgentMetrics
@@ -22,8 +24,6 @@ from tests.support.control_plane import ControlPlane
 from tests.support.podresources_server import PodResourcesServer
 from tests.support.small_inventory import gpu_uuid
 from tests.support.waiting import wait_until
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

@@ -16,13 +16,13 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from deviceplugin.control import call_agent
 from proto.v1beta1 import api_pb2
 from tests.support.agent_node import AgentNode
 from tests.support.control_plane import ControlPlane
 from tests.support.waiting import wait_until as wait
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

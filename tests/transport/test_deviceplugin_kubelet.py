@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
 from hardware.profiles import load_profile
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import ControlPlane, harness_binary
 from tests.support.waiting import wait_until as wait
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from deviceplugin.handoff import PodView
 from deviceplugin.kube import PodWatcher
 from tests.support.expiring_api import Collection, expiring_api
 from tests.support.small_inventory import gpu_uuid
 from tests.support.waiting import wait_until
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 NODE = "node-a"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devicemodel.assignment import device_id_share
 from deviceplugin.podresources import (
     AllocationLog,
     HeldDevices,
@@ -25,7 +26,6 @@ from deviceplugin.podresources import (
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.support.agent_process import short_temp_dir
 from tests.support.podresources_server import PodResourcesServer
-from topology.assignment import device_id_share
 
 MIG_3G = "nvidia.com/mig-3g.40gb"
 

@@ -9,20 +9,20 @@ import grpc
 import pytest
 import yaml
 
-from hardware.profiles import builtin_profile_names, load_profile
-from proto.v1beta1 import api_pb2
-from tests.support.agent_node import AgentNode
-from tests.support.agent_process import remove_tree
-from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import (
+from devicemodel.contracts import (
     RESOURCE_EFA,
     RESOURCE_GPU,
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
 )
-from topology.inventory import NicType, NodeInventory
-from topology.spec import NodeProfile
+from devicemodel.inventory import NicType, NodeInventory
+from devicemodel.spec import NodeProfile
+from hardware.profiles import builtin_profile_names, load_profile
+from proto.v1beta1 import api_pb2
+from tests.support.agent_node import AgentNode
+from tests.support.agent_process import remove_tree
+from tests.support.small_inventory import gpu_uuid, small_inventory
 
 
 def expected_counts(inventory: NodeInventory) -> dict[str, int]:

@@ -13,13 +13,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.sharing import SharingPlan
 from deviceplugin.streams import MAX_STREAMS
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import RESOURCE_GPU
 
 EXTRA_STREAMS = 32
 

@@ -14,11 +14,13 @@ from typing import Any
 import grpc
 import pytest
 
-from deviceplugin.dra.claim_cdi import CLAIM_KIND, ClaimSpecWriter, claim_file_name
-from deviceplugin.dra.claims import CHECKPOINT_FILE, ClaimError, ClaimPreparer
-from deviceplugin.dra.devices import DraDevice, dra_devices
-from deviceplugin.dra.health_stream import HealthStream
-from deviceplugin.dra.plugin import DraPluginServer, RegistrationService
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
+from dradriver.claim_cdi import CLAIM_KIND, ClaimSpecWriter, claim_file_name
+from dradriver.devices import DraDevice, dra_devices
+from dradriver.health_stream import HealthStream
+from dradriver.plugin import DraPluginServer, RegistrationService
+from dradriver.prepare import CHECKPOINT_FILE, ClaimError, ClaimPreparer
 from hardware.device_nodes import CharDevice, HostDeviceNodes
 from proto.dra.health.v1 import api_pb2 as health_pb2
 from proto.dra.health.v1 import api_pb2_grpc as health_grpc
@@ -30,8 +32,6 @@ from proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from tests.support.agent_process import short_temp_dir
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.errors import GpuweaveError
-from topology.inventory import NodeInventory
 
 NODE = "node-a"
 HOST = HostDeviceNodes(

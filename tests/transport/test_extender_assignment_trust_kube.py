@@ -16,17 +16,17 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from scheduler_ext.app import Extender
-from scheduler_ext.events import CONFLICT_REASON
 from scheduler_ext.kube import build_kube_extender
-from scheduler_ext.samples import pod_object, profile_inventory
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler_ext.serving.events import CONFLICT_REASON
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.control_plane import REPO, ControlPlane, create_gpu_node
 from tests.support.raw_pods import api_client as _api
 from tests.support.raw_pods import create_pod, read_pod
 from tests.support.waiting import wait_until
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.dra.slices import pool_slices
+from devicemodel.contracts import RESOURCE_GPU
+from dradriver.slices import pool_slices
+from gpuweave.simulate.cluster_objects import cluster_list, node_object, pod_object
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import cluster_list, node_object, pod_object
 from tests.transport.test_extender_http import Client
-from topology.contracts import RESOURCE_GPU
 
 NODES = ["pair-free", "pairs-split", "no-dra"]
 

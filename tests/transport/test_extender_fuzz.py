@@ -20,9 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from topology.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
 
 NODES = ["h100-a", "h100-b"]
 KUBERNETES_QUANTITY = re.compile(

@@ -13,15 +13,21 @@ from typing import Any, ClassVar
 
 import pytest
 
+from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
 from scheduler_ext.app import Extender, assemble, build_core, build_snapshot_extender
+from scheduler_ext.cluster.snapshot import load_snapshot
 from scheduler_ext.kube import KubeBinder
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.selector import SelectorCache
-from scheduler_ext.selector_sandbox import SelectorSandbox
-from scheduler_ext.snapshot import load_snapshot
+from scheduler_ext.pods.selector import SelectorCache
+from scheduler_ext.pods.selector_sandbox import SelectorSandbox
 from tests.support.loopback_api import loopback_api
 from tests.support.waiting import wait_until
-from topology.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
 
 NODES = ["h100-a", "h100-b"]
 LIST = "[" + ",".join(str(i) for i in range(300)) + "]"

@@ -10,10 +10,16 @@ from typing import Any
 
 import pytest
 
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_PLACEMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_PLACEMENT, RESOURCE_GPU
 
 
 def _snapshot(tmp_path: Path) -> Path:

@@ -13,10 +13,16 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, ANNOTATION_PLACEMENT, RESOURCE_GPU
+from devicemodel.errors import ECHO_CHARS, MAX_REASON_CHARS, echo
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from topology.contracts import ANNOTATION_GPU_SELECTOR, ANNOTATION_PLACEMENT, RESOURCE_GPU
-from topology.errors import ECHO_CHARS, MAX_REASON_CHARS, echo
 
 NAMES = [f"node-{i:03d}" for i in range(500)]
 DEEP = '{"a":' * 1000 + "1" + "}" * 1000

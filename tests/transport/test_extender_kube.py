@@ -16,17 +16,17 @@ import pytest
 import yaml
 from kubernetes import client
 
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object
 from scheduler_ext.app import Extender
 from scheduler_ext.kube import KubeBinder, KubeFeed, build_kube_extender
-from scheduler_ext.samples import pod_object
-from scheduler_ext.service import BindError
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler_ext.serving.service import BindError
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.control_plane import ControlPlane, create_gpu_node, harness_binary
 from tests.support.raw_pods import api_client as _api
 from tests.support.raw_pods import create_pod, read_pod
 from tests.support.waiting import wait_until as _wait
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 
 pytestmark = pytest.mark.e2e
 

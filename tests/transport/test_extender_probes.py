@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuweave.simulate.cluster_objects import cluster_list, inventory_object, node_object, profile_inventory
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, profile_inventory
 from tests.transport.test_extender_http import Client
 
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import node_object, pod_object
 from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.samples import node_object, pod_object
 from tests.transport.test_extender_http import NODES, Client, _args, _snapshot, client, extender
-from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
 
 __all__ = ["client", "extender"]  # fixtures shared with the basic suite
 

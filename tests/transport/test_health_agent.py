@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
+from devicemodel.spec import NodeProfile
 from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import short_temp_dir
 from tests.support.small_inventory import small_inventory
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
-from topology.spec import NodeProfile
 
 HEALTH_CONFIG = {"health": {"round_interval_s": 0.05, "check_timeout_s": 0.4, "event_wait_ms": 50}}
 WAIT = 15.0

@@ -18,18 +18,18 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-from health.badlist import BadGpu
-from health.kube import KubeCluster, bad_hardware_name
-from health.remediation import EvictionOutcome
-from health.scope import NodeCondition
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
-from topology.gangs import (
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
+from devicemodel.gangs import (
     ANNOTATION_GANG_EVICTION,
     LABEL_JOBSET_NAME,
     LABEL_JOBSET_RESTART,
     LABEL_REPLICATED_JOB,
 )
+from health.badlist import BadGpu
+from health.kube import KubeCluster, bad_hardware_name
+from health.remediation import EvictionOutcome
+from health.scope import NodeCondition
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
 

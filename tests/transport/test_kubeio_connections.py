@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuweave.simulate.cluster_objects import pod_object
 from kubeio.client import api_client
 from scheduler_ext.kube import KubeBinder
-from scheduler_ext.samples import pod_object
 from tests.support.control_plane import ControlPlane
 
 pytestmark = pytest.mark.e2e

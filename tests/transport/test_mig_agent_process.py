@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from deviceplugin.control import call_agent
 from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
-from topology.contracts import RESOURCE_GPU, mig_resource_name
 
 MIG_2G = mig_resource_name("2g.20gb")
 MIG_1G = mig_resource_name("1g.10gb")

@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config, watch
 
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
-from gpuweave.node_mig import build_mig_service
+from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
@@ -31,7 +32,6 @@ from mig.service import MigService
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import REPO, ControlPlane, wait_for
 from tests.support.kubelet_emulator import KubeletEmulator
-from topology.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
 
 pytestmark = pytest.mark.e2e
 

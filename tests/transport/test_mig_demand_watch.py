@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION
 from kubeio.listwatch import ListWatch
 from mig.kube import NodeWatch
 from mig.kube_demand import PodCache
@@ -26,7 +27,6 @@ from mig.service import LayoutFollower, MigService
 from tests.support.expiring_api import Collection, expiring_api
 from tests.support.sim_mig import sim_mig_service
 from tests.support.waiting import poll_until
-from topology.contracts import MIG_LAYOUT_ANNOTATION
 
 QUIET = ("kubeio.listwatch", "mig.kube", "mig.kube_demand")  # a relist after 410 warns nobody
 

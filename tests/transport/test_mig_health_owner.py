@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
-from gpuweave.node_health import mig_recreator, start_node_health
-from gpuweave.node_mig import build_mig_service
+from gpuweave.node.health import mig_recreator, start_node_health
+from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from mig.planner import TargetEntry
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import poll_until
-from topology.contracts import RESOURCE_GPU, mig_resource_name
 
 SETTINGS = HealthSettings(round_interval_s=0.05, check_timeout_s=1.0, event_wait_ms=20)  # stalls after 2.15 s
 

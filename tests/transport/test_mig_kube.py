@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from devicemodel.contracts import MIG_LAYOUT_ANNOTATION
 from mig.kube import node_annotation_reader
 from tests.support.loopback_api import loopback_api
-from topology.contracts import MIG_LAYOUT_ANNOTATION
 
 
 def handler_for(nodes: dict[str, dict[str, Any]]) -> type[BaseHTTPRequestHandler]:

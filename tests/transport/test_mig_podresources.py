@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.control import call_agent
 from deviceplugin.errors import ControlError
 from deviceplugin.podresources import AllocationLog, PodResourcesClient, default_socket_for
-from gpuweave.node_mig import build_mig_service, register_mig_routes
+from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.support.agent_process import short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.podresources_server import PodResourcesServer
-from topology.contracts import mig_resource_name
 
 MIG_3G = mig_resource_name("3g.40gb")
 MIG_1G = mig_resource_name("1g.10gb")

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.control import call_agent
-from gpuweave.node_mig import build_mig_service, register_mig_routes
+from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
-from topology.contracts import RESOURCE_GPU, mig_resource_name
 
 MIG_3G = mig_resource_name("3g.40gb")
 

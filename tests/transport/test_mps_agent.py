@@ -17,6 +17,8 @@ import grpc
 import pytest
 import yaml
 
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from devicemodel.spec import NodeProfile
 from deviceplugin.control import call_agent
 from hardware.mps import is_mps_control, read_pid, simulated_command
 from hardware.simulated import mps_control
@@ -26,8 +28,6 @@ from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, sh
 from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode, shares_healthy, shares_withheld, sharing_yaml
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
-from topology.spec import NodeProfile
 
 ROUND_S = 0.3
 HEALTHY = "Healthy"

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU_COMPUTE
+from devicemodel.spec import NodeProfile
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
-from gpuweave.node_health import start_node_health
-from gpuweave.node_mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
+from gpuweave.node.health import start_node_health
+from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
 from hardware.mps import ProcessMpsDaemons
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
@@ -29,8 +31,6 @@ from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.mps_node import blockable_control
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
-from topology.contracts import RESOURCE_GPU_COMPUTE
-from topology.spec import NodeProfile
 
 SETTINGS = HealthSettings(round_interval_s=0.1, check_timeout_s=2.0, event_wait_ms=20, startup_rounds=1)
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED
+from devicemodel.inventory import LostGpu, NodeInventory
 from deviceplugin.allocation import (
     VOLUME_MOUNT_ROOT,
     DeviceListing,
@@ -25,12 +27,10 @@ from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter,
 from deviceplugin.devices import PluginDevice, build_catalogue
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.cli import main
-from gpuweave.node_cdi import add_cdi_arguments, spec_dir
+from gpuweave.node.cdi import add_cdi_arguments, spec_dir
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.simulated.dev_tree import write_fake_dev
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED
-from topology.inventory import LostGpu, NodeInventory
 
 GPU_FILE, EFA_FILE = "gpuweave-nvidia.com-gpu.json", "gpuweave-vpc.amazonaws.com-efa.json"
 MIG = "nvidia.com/mig-3g.40gb"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from topology.contracts import mig_profile_of_resource, mig_resource_name
+from devicemodel.contracts import mig_profile_of_resource, mig_resource_name
 
 # An extended resource name's part after the domain: a qualified name (alphanumerics, -, _, .).
 RESOURCE_NAME = re.compile(r"^[a-z0-9.-]+/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")

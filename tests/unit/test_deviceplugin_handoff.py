@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from deviceplugin.handoff import HandoffMatcher, PodView, admission_ranks, corrections
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
 from tests.support.small_inventory import gpu_uuid
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 
 
 class FakeClock:

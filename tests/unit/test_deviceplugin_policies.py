@@ -7,6 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import (
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+)
+from devicemodel.errors import InvalidInputError
 from deviceplugin.allocation import grant_for
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
@@ -16,15 +25,6 @@ from deviceplugin.preferred import PreferenceRequest, preferred_devices
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
 from deviceplugin.siblings import SiblingGrants
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import (
-    RESOURCE_EFA,
-    RESOURCE_GPU,
-    RESOURCE_GPU_COMPUTE,
-    RESOURCE_GPU_MEMORY,
-    RESOURCE_GPU_SHARED,
-)
-from topology.errors import InvalidInputError
 
 MIG = "nvidia.com/mig-3g.40gb"
 FRACTIONAL_3 = SharingPlan(per_gpu={"3": GpuSharing(SharingMode.FRACTIONAL)})

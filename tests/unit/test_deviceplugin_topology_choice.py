@@ -9,11 +9,11 @@ from itertools import combinations
 
 import pytest
 
+from devicemodel.inventory import NodeInventory, NvLink
 from deviceplugin.topology_choice import gpu_chooser_for
 from hardware.profiles import load_profile
 from tests.support.agent_process import REPO_ROOT
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory, NvLink
 from topology.search import PlacementPolicy, best_set
 
 

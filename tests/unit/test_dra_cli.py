@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuweave.cli import main
-from gpuweave.node_dra import kubelet_root
+from gpuweave.node.dra import kubelet_root
 
 
 def _agent(tmp_path: Path, *extra: str) -> list[str]:

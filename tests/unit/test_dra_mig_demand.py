@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.dra.claim_cdi import ClaimSpecWriter
-from deviceplugin.dra.claims import CHECKPOINT_FILE, ClaimError, ClaimPreparer, ClaimRef
-from deviceplugin.dra.devices import DraDevice, MigPublishing, dra_devices
-from deviceplugin.dra.mig_demand import MigOnDemand
+from dradriver.claim_cdi import ClaimSpecWriter
+from dradriver.devices import DraDevice, MigPublishing, dra_devices
+from dradriver.mig_demand import MigOnDemand
+from dradriver.prepare import CHECKPOINT_FILE, ClaimError, ClaimPreparer, ClaimRef
 from hardware.device_nodes import HostDeviceNodes
 from mig.planner import Instance, TargetEntry
 from tests.support.small_inventory import small_inventory

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.dra.devices import MigPublishing, dra_devices, nvlink_domains
-from deviceplugin.dra.slices import Taint, build_resource_slices, pool_slices
-from deviceplugin.dra.validate import ResourceSliceError, check_slices
+from devicemodel.inventory import NodeInventory
+from dradriver.devices import MigPublishing, dra_devices, nvlink_domains
+from dradriver.slices import Taint, build_resource_slices, pool_slices
+from dradriver.validate import ResourceSliceError, check_slices
 from gpuweave.cli import main
 from hardware.profiles import builtin_profile_names, load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.inventory import NodeInventory
 
 
 def discovered(profile: str, node: str = "n0") -> NodeInventory:

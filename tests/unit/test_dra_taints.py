@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from deviceplugin.dra.devices import MigPublishing, dra_devices
-from deviceplugin.dra.slices import Taint
-from deviceplugin.dra.taints import (
+from devicemodel.inventory import LostGpu
+from dradriver.devices import MigPublishing, dra_devices
+from dradriver.slices import Taint
+from dradriver.taints import (
     TAINT_KEY,
     DeviceCondition,
     carry_time_added,
@@ -19,7 +20,6 @@ from deviceplugin.dra.taints import (
 from health.policy import DeviceRecord, DeviceState
 from health.scope import HealthSnapshot
 from tests.support.small_inventory import gpu_uuid, small_inventory
-from topology.inventory import LostGpu
 
 
 @pytest.mark.parametrize(

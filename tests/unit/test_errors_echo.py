@@ -1,8 +1,8 @@
-"""topology.errors.echo: a piece of input quoted in a message is cut and says how long it was."""
+"""devicemodel.errors.echo: a piece of input quoted in a message is cut and says how long it was."""
 
 from __future__ import annotations
 
-from topology.errors import ECHO_CHARS, echo
+from devicemodel.errors import ECHO_CHARS, echo
 
 
 def test_short_value_is_its_repr() -> None:

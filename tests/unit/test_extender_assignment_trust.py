@@ -11,20 +11,20 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.events import CONFLICT_REASON, PodEvent
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
-from tests.support.waiting import wait_until
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import (
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     RESOURCE_EFA,
     RESOURCE_GPU,
     RESOURCE_GPU_COMPUTE,
     mig_resource_name,
 )
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.serving.events import CONFLICT_REASON, PodEvent
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from tests.support.waiting import wait_until
 
 NODES = ("n0", "n1")
 

@@ -1,4 +1,4 @@
-"""Filter's per-state work (scheduler_ext.by_state): names grouped by state, and one verdict per
+"""Filter's per-state work (scheduler_ext.decide.by_state): names grouped by state, and one verdict per
 state spread back to every name as one verdict per node would answer."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_ext.by_state import Filtered, StateGroups, TokenIndex, _distinct
-from scheduler_ext.verdict import Verdict, fail, unresolvable
+from scheduler_ext.decide.by_state import Filtered, StateGroups, TokenIndex, _distinct
+from scheduler_ext.decide.verdict import Verdict, fail, unresolvable
 
 
 def test_the_index_reads_each_names_token_of_now_in_any_order() -> None:

@@ -7,12 +7,12 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import apply_objects
-from scheduler_ext.wire import ExtenderBindingArgs
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from scheduler_ext.cluster.snapshot import apply_objects
+from scheduler_ext.serving.wire import ExtenderBindingArgs
 
 
 class Recorder:

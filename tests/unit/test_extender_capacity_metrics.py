@@ -6,11 +6,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from devicemodel.contracts import RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import pod_object, profile_inventory
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
 from tests.support.mixed_cluster import mixed_cluster_snapshot
-from topology.contracts import RESOURCE_GPU
 
 
 def _samples(text: str, name: str) -> dict[tuple[str, str], float]:

@@ -11,11 +11,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.dra.slices import pool_slices
+from dradriver.slices import pool_slices
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from scheduler_ext.app import build_core
-from scheduler_ext.claims import (
+from scheduler_ext.cluster.claims import (
     MAX_COUNT,
     MAX_REQUESTS,
     ClaimBook,
@@ -221,7 +221,7 @@ def test_an_allocated_claim_of_the_pod_asks_nothing_more(book: ClaimBook) -> Non
 def test_hostile_claims_cost_bounded_work_and_score_zero(
     book: ClaimBook, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="scheduler_ext.claims"):
+    with caplog.at_level(logging.INFO, logger="scheduler_ext.cluster.claims"):
         book.upsert_claim(_claim("many", [_gpus(1, f"r{i}") for i in range(MAX_REQUESTS + 1)]))
         book.upsert_claim(_claim("huge", [_gpus(MAX_COUNT + 1)]))
     assert "not scored" in caplog.text

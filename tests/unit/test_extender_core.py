@@ -7,15 +7,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_ext.core import DecisionCore
-from scheduler_ext.layout import GpuSharingEntry, ShareMode
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.requests import BadPodRequestError, pod_request
-from scheduler_ext.samples import pod_object, profile_inventory
-from scheduler_ext.state import NodeState
-from scheduler_ext.verdict import materialize
-from topology.assignment import device_id_share
-from topology.contracts import (
+from devicemodel.assignment import device_id_share
+from devicemodel.contracts import (
     ANNOTATION_GPU_SELECTOR,
     ANNOTATION_PLACEMENT,
     RESOURCE_EFA,
@@ -24,8 +17,15 @@ from topology.contracts import (
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
 )
+from devicemodel.inventory import MigDevice, NodeInventory
+from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
+from scheduler_ext.decide.core import DecisionCore
+from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.decide.state import NodeState
+from scheduler_ext.decide.verdict import materialize
+from scheduler_ext.pods.requests import BadPodRequestError, pod_request
 from topology.fragmentation import TargetWorkload, TaskShape
-from topology.inventory import MigDevice, NodeInventory
 
 
 @pytest.fixture

@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.errors import GpuweaveError
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cache import ClusterCache
-from scheduler_ext.events import (
+from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.serving.events import (
     BOUND_REASON,
     REJECTED_REASON,
     EventCounts,
@@ -18,14 +24,8 @@ from scheduler_ext.events import (
     EventRecorder,
     PodEvent,
 )
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
 from tests.support.waiting import wait_until
-from topology.assignment import PodAssignment
-from topology.contracts import RESOURCE_GPU
-from topology.errors import GpuweaveError
 
 
 class Clock:

@@ -10,15 +10,9 @@ from typing import Any
 
 import pytest
 
-from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.gang_book import SLOT_PREFIX, GangBook, Slot
-from scheduler_ext.gang_service import GangSettings, PodGroupSizes
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.service import ExtenderService
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
-from topology.gangs import (
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from devicemodel.gangs import (
     ANNOTATION_GANG,
     ANNOTATION_GANG_SIZE,
     LABEL_JOBSET_NAME,
@@ -31,6 +25,18 @@ from topology.gangs import (
     gang_key,
     gang_of,
 )
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
+from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.gangs.book import SLOT_PREFIX, GangBook, Slot
+from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
+from scheduler_ext.serving.service import ExtenderService
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
 from topology.network import LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
 
 BLOCKS = {"a1": "block-a", "a2": "block-a", "b1": "block-b", "b2": "block-b", "c1": "block-c"}

@@ -10,15 +10,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
+from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.gang_book import SLOT_PREFIX
-from scheduler_ext.gang_service import GangSettings
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
-from topology.assignment import PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
-from topology.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.gangs.book import SLOT_PREFIX
+from scheduler_ext.gangs.service import GangSettings
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
 from topology.network import LABEL_AWS_LAYER_3
 
 NODES = {"n0": "dgx-h100", "n1": "dgx-h100", "n2": "p5.48xlarge", "n3": "l40s-pcie-8", "n4": "dgx-h100"}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_ext.cache import ClusterCache
-from scheduler_ext.host import host_allocatable, host_requests
-from scheduler_ext.ranking import ranked_scores
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.reservation import ReservedDemand
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.verdict import Verdict
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.decide.ranking import ranked_scores
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.decide.reservation import ReservedDemand
+from scheduler_ext.decide.verdict import Verdict
+from scheduler_ext.pods.host import host_allocatable, host_requests
 from topology.fragmentation import TargetWorkload, TaskShape
 
 

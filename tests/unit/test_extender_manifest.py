@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from topology.contracts import (
+from devicemodel.contracts import (
     RESOURCE_EFA,
     RESOURCE_GPU,
     RESOURCE_GPU_COMPUTE,
@@ -16,7 +16,7 @@ from topology.contracts import (
     RESOURCE_GPU_SHARED,
     mig_resource_name,
 )
-from topology.mig_catalog import default_catalog
+from hardware.mig_catalog import default_catalog
 
 CONFIG = Path(__file__).parents[2] / "manifests" / "scheduler" / "scheduler-config.yaml"
 CLAIMS_ENTRY = CONFIG.with_name("claims-extender.yaml")

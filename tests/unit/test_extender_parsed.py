@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from scheduler_ext.parsed import ParsedPods, parse_pod
-from scheduler_ext.requests import BadPodRequestError
-from scheduler_ext.samples import pod_object
-from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
+from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object
+from scheduler_ext.decide.parsed import ParsedPods, parse_pod
+from scheduler_ext.pods.requests import BadPodRequestError
 
 
 def _pod(gpus: int | str, version: str | None, uid: str = "u1") -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_ext.objects import pod_identity, pod_record
+from scheduler_ext.cluster.objects import pod_identity, pod_record
 
 _maybe_text = st.one_of(st.none(), st.just(""), st.text(max_size=12))
 

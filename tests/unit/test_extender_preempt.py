@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderBindingArgs, ExtenderPreemptionArgs
-from topology.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.serving.wire import ExtenderBindingArgs, ExtenderPreemptionArgs
 
 
 def _extender_with(pods: list[tuple[str, int, int]]) -> Extender:

@@ -10,12 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.samples import inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs
-from topology.assignment import PodAssignment
-from topology.contracts import (
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     ANNOTATION_PLACEMENT,
     RESOURCE_EFA,
@@ -23,6 +19,10 @@ from topology.contracts import (
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
 )
+from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
+from scheduler_ext.app import Extender, assemble, build_core
+from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
 
 PROFILES = ("p5.48xlarge", "dgx1-v100", "a100-pcie-nvbridge-4", "l40s-pcie-8")
 REQUESTS: tuple[dict[str, int], ...] = (

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from scheduler_ext.quantity import QuantityError, parse_quantity, whole_units
-from scheduler_ext.requests import BadPodRequestError, pod_request
-from scheduler_ext.samples import pod_object
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+from gpuweave.simulate.cluster_objects import pod_object
+from scheduler_ext.pods.quantity import QuantityError, parse_quantity, whole_units
+from scheduler_ext.pods.requests import BadPodRequestError, pod_request
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import pod_object
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import pod_object
-from scheduler_ext.server import decode_body, encode_filter_result
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult, parse
+from scheduler_ext.serving.server import decode_body, encode_filter_result
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult, parse
 from tests.support.mixed_cluster import mixed_cluster_snapshot
-from topology.contracts import RESOURCE_GPU
 
 
 def _args(pod: dict[str, Any], names: list[str]) -> ExtenderArgs:

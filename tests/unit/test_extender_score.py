@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from hardware.profiles import builtin_profile_names
-from scheduler_ext.core import DecisionCore
-from scheduler_ext.layout import GpuSharingEntry, ShareMode
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.requests import PodRequest, pod_request
-from scheduler_ext.samples import pod_object, profile_inventory
-from scheduler_ext.search import absolute_quality
-from scheduler_ext.state import NodeState
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from scheduler_ext.decide.core import DecisionCore
+from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.decide.search import absolute_quality
+from scheduler_ext.decide.state import NodeState
+from scheduler_ext.pods.requests import PodRequest, pod_request
 from topology.graph import TopologyGraph
 from topology.scoring import score_set
 

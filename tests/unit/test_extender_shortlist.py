@@ -9,12 +9,18 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
+from gpuweave.simulate.cluster_objects import (
+    cluster_list,
+    inventory_object,
+    node_object,
+    pod_object,
+    profile_inventory,
+)
 from scheduler_ext.app import build_snapshot_extender
-from scheduler_ext.samples import cluster_list, inventory_object, node_object, pod_object, profile_inventory
-from scheduler_ext.service import ExtenderService
-from scheduler_ext.shortlist import shortlist, weighs_soft_preferences
-from scheduler_ext.wire import ExtenderArgs, ExtenderBindingArgs, parse
-from topology.contracts import RESOURCE_GPU
+from scheduler_ext.decide.shortlist import shortlist, weighs_soft_preferences
+from scheduler_ext.serving.service import ExtenderService
+from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
 
 NODES = [f"n{i}" for i in range(12)]
 

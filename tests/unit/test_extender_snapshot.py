@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.assignment import ContainerAssignment, PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from devicemodel.errors import InvalidInputError
 from deviceplugin.published import inventory_object as published_inventory
 from deviceplugin.published import node_label_object
 from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from scheduler_ext.app import build_core
-from scheduler_ext.layout import ShareMode
-from scheduler_ext.requests import pod_request
-from scheduler_ext.samples import node_object, pod_object, profile_inventory
-from scheduler_ext.snapshot import load_snapshot
-from topology.assignment import ContainerAssignment, PodAssignment
-from topology.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
-from topology.errors import InvalidInputError
+from scheduler_ext.cluster.snapshot import load_snapshot
+from scheduler_ext.decide.layout import ShareMode
+from scheduler_ext.pods.requests import pod_request
 
 
 def _published_yaml(tmp_path: Path) -> tuple[Path, list[str]]:

@@ -8,23 +8,23 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_ext.core import DecisionCore
-from scheduler_ext.layout import GpuSharingEntry, ShareMode
-from scheduler_ext.ranking import ranked_scores
-from scheduler_ext.registry import LayoutRegistry
-from scheduler_ext.requests import PodRequest, pod_request
-from scheduler_ext.samples import pod_object, profile_inventory
-from scheduler_ext.verdict import Verdict, fail
-from scheduler_ext.workload import (
+from devicemodel.assignment import device_id_share
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from devicemodel.errors import InvalidInputError
+from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
+from scheduler_ext.decide.core import DecisionCore
+from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
+from scheduler_ext.decide.ranking import ranked_scores
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.decide.verdict import Verdict, fail
+from scheduler_ext.decide.workload import (
     COLD_START_PRIOR,
     WorkloadLearner,
     load_workload_file,
     pod_shape,
     workload_document,
 )
-from topology.assignment import device_id_share
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
-from topology.errors import InvalidInputError
+from scheduler_ext.pods.requests import PodRequest, pod_request
 from topology.fragmentation import TargetWorkload, TaskShape
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.gpu_keys import find_gpu, gpu_key
+from devicemodel.inventory import NodeInventory
 from deviceplugin.sharing import SharingMode, load_sharing_plan
 from mig.intent import parse_layout_annotation
 from mig.planner import TargetEntry
 from mig.reconciler import GpuRef
 from tests.support.small_inventory import small_inventory
-from topology.errors import InvalidInputError
-from topology.gpu_keys import find_gpu, gpu_key
-from topology.inventory import NodeInventory
 
 BEFORE = small_inventory(gpus=8)
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from devicemodel.spec import NodeProfile
 from hardware.fabric import FM_PID_FILE, FabricReader, FabricState
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.structs import NVMLError
 from health.signals.fabric import FABRIC_GATE, FabricGate
-from topology.spec import NodeProfile
 
 
 def with_fabric(name: str, state: str) -> NodeProfile:

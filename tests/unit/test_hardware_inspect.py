@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.spec import NodeProfile
 from gpuweave.cli import main
 from hardware.profiles import load_profile
-from topology.spec import NodeProfile
 
 
 def test_dgx1_shows_the_cube_mesh(capsys: pytest.CaptureFixture[str]) -> None:

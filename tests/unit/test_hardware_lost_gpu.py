@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.spec import NodeProfile, ProfileError
 from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
 from deviceplugin.published import inventory_object
 from deviceplugin.sharing import SharingPlan
@@ -23,9 +25,7 @@ from hardware.backend import HardwareError
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.structs import NVMLError
-from scheduler_ext.objects import inventory_record
-from topology.contracts import RESOURCE_GPU
-from topology.spec import NodeProfile, ProfileError
+from scheduler_ext.cluster.objects import inventory_record
 
 
 def profile_with_lost(name: str, *indexes: int) -> NodeProfile:

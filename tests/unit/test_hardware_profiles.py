@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.inventory import NicType
+from devicemodel.spec import ProfileError
 from hardware.profiles import builtin_profile_names, load_profile
-from topology.inventory import NicType
-from topology.spec import ProfileError
 
 EXPECTED = {
     "p5.48xlarge", "p4d.24xlarge", "dgx-a100", "dgx-h100", "dgx1-v100", "l40s-pcie-8", "a100-pcie-nvbridge-4",

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.spec import NodeProfile
 from hardware.backend import HardwareTimeoutError
+from hardware.mig_catalog import default_catalog
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
 from hardware.simulated.structs import NVMLError
-from topology.errors import InvalidInputError
-from topology.mig_catalog import default_catalog
-from topology.spec import NodeProfile
 
 
 def _with_mig_devices() -> NodeProfile:

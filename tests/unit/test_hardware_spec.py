@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from topology.inventory import NicType
-from topology.spec import NodeProfile, NodeProfileSpec, ProfileError
+from devicemodel.inventory import NicType
+from devicemodel.spec import NodeProfile, NodeProfileSpec, ProfileError
 
 
 def _doc() -> dict[str, Any]:

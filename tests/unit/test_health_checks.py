@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devicemodel.errors import InvalidInputError
 from hardware.health_probe import EfaAdapter, GpuReadings, ProbeError
 from hardware.simulated.health_calls import SimHealthState
 from hardware.simulated.health_inject import apply_request, parse_request
@@ -17,7 +18,6 @@ from health.metrics import HealthMetrics
 from health.policy import DeviceRecord, DeviceState
 from health.scope import HealthSnapshot, NodeFaultKind
 from health.xid import Action, Cause, Severity
-from topology.errors import InvalidInputError
 
 CLEAN = GpuReadings(0, 0, (0, 0, False, False), False, (), 18, 40, (16, 16), (5, 5))
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from devicemodel.assignment import device_id_share
 from hardware.health_probe import NvmlHealthProbe
 from hardware.simulated.health_calls import SimHealthState
 from health.badlist import BadGpu, BadHardwareList
@@ -18,7 +19,6 @@ from health.scope import TAINT_HEALTH_PENDING, TAINT_NODE_FAULT, NodeCondition
 from health.service import HealthParts, HealthService
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.unit.test_health_monitor import FakeClock, SimLib, Sink, efa_sysfs
-from topology.assignment import device_id_share
 
 
 class RecordingCluster:

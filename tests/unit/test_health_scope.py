@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.assignment import device_id_share
 from health.policy import DeviceRecord, DeviceState
 from health.scope import (
     CONDITION_EFA,
@@ -17,7 +18,6 @@ from health.scope import (
     node_conditions,
     taint_decision,
 )
-from topology.assignment import device_id_share
 
 GPU0, GPU1 = "GPU-0000", "GPU-1111"
 MIG_A, MIG_B = "MIG-aaaa", "MIG-bbbb"

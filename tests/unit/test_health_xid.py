@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.inventory import Architecture
 from health.xid import (
     UNKNOWN_XID,
     Action,
@@ -15,7 +16,6 @@ from health.xid import (
     recovery_rule,
     table_for,
 )
-from topology.inventory import Architecture
 
 A = Architecture
 

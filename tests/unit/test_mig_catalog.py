@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mig.catalog import MigCatalogError, default_catalog
-from topology.inventory import Architecture
+from devicemodel.inventory import Architecture
+from hardware.mig_catalog import MigCatalogError, default_catalog
 
 CATALOG = default_catalog()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mig.catalog import default_catalog
+from hardware.mig_catalog import default_catalog
 from mig.demand import (
     CLAIM_ANNOTATION,
     CLAIM_TIME_ANNOTATION,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mig.catalog import default_catalog
+from devicemodel.errors import InvalidInputError
+from hardware.mig_catalog import default_catalog
 from mig.intent import (
     GpuMigState,
     derive_demand_plans,
@@ -13,7 +14,6 @@ from mig.intent import (
     parse_profile_list,
 )
 from mig.planner import Instance, TargetEntry
-from topology.errors import InvalidInputError
 
 H100 = default_catalog().model("H100-80GB")
 A30 = default_catalog().model("A30-24GB")

@@ -11,7 +11,7 @@ from itertools import combinations_with_replacement
 
 import pytest
 
-from mig.catalog import GpuModel, default_catalog
+from hardware.mig_catalog import GpuModel, default_catalog
 from mig.planner import Instance, MigPlanError, Plan, TargetEntry, plan_demand, plan_layout
 
 CATALOG = default_catalog()

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
+from devicemodel.inventory import NodeInventory
+from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import MigInUseError, MigNvmlError, MigOps
 from hardware.nvml_call import NvmlCaller
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.node import SimulatedNode
-from mig.catalog import default_catalog
 from mig.journal import JOURNAL_FILE, MigJournal
 from mig.planner import MigPlanError, PlannedInstance, TargetEntry
 from mig.reconciler import GpuRef, MigApplyError, MigReconciler
 from mig.restore import recover
 from tests.support.sim_mig import mig_reconciler
-from topology.inventory import NodeInventory
 
 
 def sim_lib(inventory: NodeInventory) -> SimulatedNvmlLib:

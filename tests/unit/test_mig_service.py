@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.errors import InvalidInputError
 from hardware.simulated.lib import SimulatedNvmlLib
 from mig.service import LayoutFollower, MigService
 from tests.support.sim_mig import sim_mig_service
-from topology.errors import InvalidInputError
 
 
 def service(tmp_path: Path) -> tuple[MigService, SimulatedNvmlLib]:

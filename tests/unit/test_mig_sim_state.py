@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hardware.mig_catalog import default_catalog
 from hardware.simulated.mig_state import (
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
@@ -16,7 +17,6 @@ from hardware.simulated.mig_state import (
     SimMigGpu,
     SimNvmlError,
 )
-from topology.mig_catalog import default_catalog
 
 CATALOG = default_catalog()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicemodel.errors import InvalidInputError
 from deviceplugin.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
 from deviceplugin.sharing import SharingMode, load_sharing_plan
 from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
@@ -21,7 +22,6 @@ from hardware.simulated.node import SimulatedNode
 from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.small_inventory import small_inventory
 from tests.support.waiting import poll_until
-from topology.errors import InvalidInputError
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ import pytest
 
 from benchmarks.placement import HELD_OUT_SEEDS, TUNING_SEEDS, build_parser, parse_seeds
 from benchmarks.upper_bound import flow_bound, offline_pack
-from gpuweave.simulate.artifact import artifact_model, artifact_run
-from gpuweave.simulate.baselines import (
+from devicemodel.errors import InvalidInputError
+from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
+from gpuweave.simulate.fgd.artifact import artifact_model, artifact_run
+from gpuweave.simulate.fgd.baselines import (
     ArtifactBestFit,
     ArtifactDotProduct,
     ArtifactFgd,
@@ -17,10 +19,8 @@ from gpuweave.simulate.baselines import (
     pick_by_rank,
     random_node_rank,
 )
-from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
-from gpuweave.simulate.packing import run_packing
-from gpuweave.simulate.trace import TracePod
-from topology.errors import InvalidInputError
+from gpuweave.simulate.fgd.packing import run_packing
+from gpuweave.simulate.fgd.trace import TracePod
 from topology.fragmentation import FragmentModel, TaskShape
 
 T4 = NodeSpec("n0", 32000, 131072, 2, "T4")

@@ -12,12 +12,12 @@ import pytest
 from benchmarks.placement import parse_seeds, verdict
 from benchmarks.placement_published import load_published
 from benchmarks.topology_quality import choose_first_fit, churn, itp_gang_sizes
+from devicemodel.errors import InvalidInputError
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
-from gpuweave.simulate.experiment import experiment_for, make_policy
+from gpuweave.simulate.fgd.experiment import experiment_for, make_policy
+from gpuweave.simulate.fgd.packing import run_packing
+from gpuweave.simulate.fgd.trace import TracePod, inflate, load_pods
 from gpuweave.simulate.fleet import build_fleet
-from gpuweave.simulate.packing import run_packing
-from gpuweave.simulate.trace import TracePod, inflate, load_pods
-from topology.errors import InvalidInputError
 
 NODES = (NodeSpec("a", 32000, 131072, 2, "T4"), NodeSpec("b", 32000, 131072, 2, "T4"))
 PODS = (

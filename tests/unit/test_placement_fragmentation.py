@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 from topology.fragmentation import (
     FragmentModel,
     TargetWorkload,

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
-from gpuweave.simulate.experiment import experiment_for
-from gpuweave.simulate.packing import run_packing
-from gpuweave.simulate.policies import Placement
-from gpuweave.simulate.product import pod_for
-from gpuweave.simulate.product_policy import ProductPolicy
-from gpuweave.simulate.trace import TracePod, inflate
-from scheduler_ext.host import host_requests
-from scheduler_ext.requests import pod_request
-from scheduler_ext.workload import pod_shape
+from gpuweave.simulate.fgd.experiment import experiment_for
+from gpuweave.simulate.fgd.packing import run_packing
+from gpuweave.simulate.fgd.policies import Placement
+from gpuweave.simulate.fgd.product import pod_for
+from gpuweave.simulate.fgd.product_policy import ProductPolicy
+from gpuweave.simulate.fgd.trace import TracePod, inflate
+from scheduler_ext.decide.workload import pod_shape
+from scheduler_ext.pods.host import host_requests
+from scheduler_ext.pods.requests import pod_request
 from topology.fragmentation import TaskShape
 
 NODES = (

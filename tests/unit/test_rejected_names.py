@@ -8,9 +8,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_ext.by_state import RejectedNames
-from scheduler_ext.server import encode_filter_result
-from scheduler_ext.wire import ExtenderFilterResult
+from scheduler_ext.decide.by_state import RejectedNames
+from scheduler_ext.serving.server import encode_filter_result
+from scheduler_ext.serving.wire import ExtenderFilterResult
 
 
 def _rejected(names: list[str], states: list[int], reasons: list[str], mask: list[bool]) -> RejectedNames:

@@ -7,7 +7,7 @@ from http import HTTPStatus
 
 import pytest
 
-from scheduler_ext.request_head import (
+from scheduler_ext.serving.request_head import (
     MAX_FIELDS,
     MAX_LENGTH_DIGITS,
     MAX_LINE,

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from scheduler_ext.quantity import QuantityError
-from scheduler_ext.selector import DeviceAttributes, SelectorCache, SelectorError, quantity, semver
-from scheduler_ext.selector_cost import COST_LIMIT, estimate
-from scheduler_ext.selector_sandbox import SelectorSandbox
+from scheduler_ext.pods.quantity import QuantityError
+from scheduler_ext.pods.selector import DeviceAttributes, SelectorCache, SelectorError, quantity, semver
+from scheduler_ext.pods.selector_cost import COST_LIMIT, estimate
+from scheduler_ext.pods.selector_sandbox import SelectorSandbox
 from tests.support.waiting import wait_until
 
 H100 = DeviceAttributes(
@@ -107,7 +107,7 @@ def test_a_selector_that_kills_its_worker_is_refused_and_remembered() -> None:
         thread.start()
         wait_until("the selector to run in a worker", lambda: selectors.sandbox.busy() == 1)
         for child in psutil.Process().children():
-            if "scheduler_ext.selector_worker" in child.cmdline():
+            if "scheduler_ext.pods.selector_worker" in child.cmdline():
                 child.kill()
         thread.join(timeout=60)
         assert failures and "ended without an answer" in failures[0]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from devicemodel.assignment import device_id_share
+from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from gpuweave.cli import main
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.fleet import build_fleet
-from topology.assignment import device_id_share
-from topology.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 
 
 def test_agents_register_admit_and_report_a_failed_gpu() -> None:

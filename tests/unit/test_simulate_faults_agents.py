@@ -3,13 +3,13 @@ the agent resets and, after its probation rounds, serves again, in rounds the si
 
 from __future__ import annotations
 
+from devicemodel.contracts import RESOURCE_GPU
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.workload import Job, JobKind
-from topology.contracts import RESOURCE_GPU
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
 RESOURCE_EFA = "vpc.amazonaws.com/efa"

@@ -4,12 +4,12 @@ and the node's kubelet admits it."""
 
 from __future__ import annotations
 
+from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.workload import Job, JobKind
-from topology.contracts import RESOURCE_GPU, mig_resource_name
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
 

@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
+from devicemodel.errors import InvalidInputError
+from devicemodel.spec import NodeProfileSpec
+from devicemodel.spec_templates import SpecTemplates
 from deviceplugin.published import inventory_object
-from scheduler_ext.samples import profile_inventory, unique_uuids
-from topology.errors import InvalidInputError
-from topology.spec import NodeProfileSpec
-from topology.spec_templates import SpecTemplates
+from gpuweave.simulate.cluster_objects import profile_inventory, unique_uuids
 
 
 def _spec(profile: str, name: str) -> dict[str, Any]:

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
+from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import NodeInventory
 from deviceplugin.published import inventory_object
 from gpuweave.cli import main
-from gpuweave.status_text import WIDTH, explain_text, to_json
-from scheduler_ext.explain import Pending, Placed, explain
-from scheduler_ext.samples import node_object, pod_object, profile_inventory
-from scheduler_ext.summary import reason_counts, rejection_message
+from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
+from gpuweave.status.explain import Pending, Placed, explain
+from gpuweave.status.text import WIDTH, explain_text, to_json
+from scheduler_ext.decide.summary import reason_counts, rejection_message
 from tests.unit.test_status_rows import bound
-from topology.contracts import RESOURCE_GPU
-from topology.errors import InvalidInputError
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory
 from topology.scoring import score_set
 
 TAINT = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}

@@ -8,24 +8,24 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.published import inventory_object
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
-from gpuweave.cli import main
-from gpuweave.status_text import WIDTH, status_text, to_json
-from scheduler_ext.cluster_view import ClusterView
-from scheduler_ext.samples import node_object, pod_object, profile_inventory
-from scheduler_ext.status import HEALTHY, RETIRED, WITHHELD, cluster_status
-from scheduler_ext.workload import COLD_START_PRIOR
-from topology.assignment import ContainerAssignment, PodAssignment, device_id_share
-from topology.contracts import (
+from devicemodel.assignment import ContainerAssignment, PodAssignment, device_id_share
+from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     RESOURCE_GPU,
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
     mig_resource_name,
 )
+from devicemodel.inventory import MigDevice, NodeInventory
+from deviceplugin.published import inventory_object
+from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
+from gpuweave.cli import main
+from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
+from gpuweave.status.cluster_view import ClusterView
+from gpuweave.status.rows import HEALTHY, RETIRED, WITHHELD, cluster_status
+from gpuweave.status.text import WIDTH, status_text, to_json
+from scheduler_ext.decide.workload import COLD_START_PRIOR
 from topology.fragmentation import node_fragment
-from topology.inventory import MigDevice, NodeInventory
 
 LONG_NAMESPACE = "a-namespace-with-a-long-name"
 LONG_NAME = "a-pod-whose-name-alone-would-fill-half-a-terminal"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.errors import TopologyError
+from devicemodel.inventory import NodeInventory, NvSwitchFabric
 from tests.unit.topology_nodes import dgx1_v100, make_gpu, nvswitch_node, p4d
 from topology.baselines import go_gpuallocator_like, go_gpuallocator_pair_score
-from topology.errors import TopologyError
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory, NvSwitchFabric
 from topology.search import best_set
 
 ALL8 = frozenset(range(8))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.errors import TopologyError
+from devicemodel.inventory import Architecture, NodeInventory, NvLink, NvSwitchFabric
 from tests.unit.topology_nodes import (
     DGX1_V100_NVLINKS,
     dgx1_v100,
@@ -13,9 +15,7 @@ from tests.unit.topology_nodes import (
     p4d,
     pcie_only,
 )
-from topology.errors import TopologyError
 from topology.graph import LinkClass, PairLink, TopologyGraph
-from topology.inventory import Architecture, NodeInventory, NvLink, NvSwitchFabric
 
 
 def graph_of(inventory: NodeInventory) -> TopologyGraph:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError
 from topology.network import (
     DEFAULT_TIER_LABELS,
     LABEL_AWS_LAYER_1,

@@ -7,9 +7,9 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devicemodel.inventory import Architecture, NodeInventory, NvLink, NvSwitchFabric
 from tests.unit.topology_nodes import make_gpu, make_nic
 from topology.graph import TopologyGraph
-from topology.inventory import Architecture, NodeInventory, NvLink, NvSwitchFabric
 from topology.scoring import score_set
 from topology.search import LOOKAHEAD_TOLERANCE, PlacementPolicy, best_set, remaining_quality
 

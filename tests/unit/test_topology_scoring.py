@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from devicemodel.errors import TopologyError
 from tests.unit.topology_nodes import dgx1_v100, nvbridge_pairs, nvswitch_node, p4d
-from topology.errors import TopologyError
 from topology.graph import TopologyGraph
 from topology.scoring import NIC_BONUS, NUMA_FACTOR, SWITCH_FACTOR, SetScore, score_set
 

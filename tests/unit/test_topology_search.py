@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
+from devicemodel.errors import InvalidInputError, TopologyError
+from devicemodel.inventory import NodeInventory, NvLink
 from tests.unit.topology_nodes import dgx1_v100, make_gpu, nvbridge_pairs, nvswitch_node, p4d, pcie_only
-from topology.errors import InvalidInputError, TopologyError
 from topology.graph import TopologyGraph
-from topology.inventory import NodeInventory, NvLink
 from topology.search import (
     LOOKAHEAD_TOLERANCE,
     PlacementPolicy,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.state_file import replace_file_atomically, write_json_atomically
 from tests.support.small_fs import FILLER, fill, small_tmpfs
-from topology.state_file import replace_file_atomically, write_json_atomically
 
 
 def test_json_is_written_sorted_with_the_indent_and_no_temporary_file_remains(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ ask; see docs/topology.md for the DGX-1 V100 cube-mesh layout derived here.
 
 from __future__ import annotations
 
-from topology.inventory import (
+from devicemodel.inventory import (
     Architecture,
     Gpu,
     Nic,

@@ -1,0 +1,183 @@
+"""Which gang a pod belongs to, and how many members the gang has, from what users already set.
+
+A gang is the pods of one training job that only make progress together: the extender places
+them all or none (``gang_plan``). Three sources name one, checked in this order:
+
+1. ``gpuweave.io/gang: NAME`` with ``gpuweave.io/gang-size: N`` (annotations; the size is required);
+2. the scheduler-plugins coscheduling label ``scheduling.x-k8s.io/pod-group: NAME``; its size is
+   the PodGroup's ``spec.minMember`` (``scheduling.x-k8s.io/v1alpha1``, watched when the CRD
+   exists), else ``gpuweave.io/gang-size``; with neither the pod is treated as no gang (its size
+   is unknown, and guessing one could hold devices for members that never come);
+3. JobSet's pod labels ``jobset.sigs.k8s.io/jobset-name`` + ``jobset.sigs.k8s.io/replicatedjob-name``
+   (one gang per replicated job and restart attempt); its size is ``gpuweave.io/gang-size``,
+   else ``jobset.sigs.k8s.io/replicatedjob-replicas`` (the number of Jobs: right when each Job
+   runs one pod, the usual layout of multi-node training; set ``gpuweave.io/gang-size`` on the
+   pod template when Jobs run several).
+
+Gang keys are namespaced (``NS/source:name``), so equal names in two namespaces are two gangs.
+Values are validated here, at the boundary: a size that is not a whole number in
+1..``MAX_GANG_SIZE`` raises ``BadGangError``, whose text the filter gives every node. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from devicemodel.errors import InvalidInputError, echo
+
+ANNOTATION_GANG: Final = "gpuweave.io/gang"
+ANNOTATION_GANG_SIZE: Final = "gpuweave.io/gang-size"
+LABEL_POD_GROUP: Final = "scheduling.x-k8s.io/pod-group"
+LABEL_JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
+LABEL_REPLICATED_JOB: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_JOBSET_REPLICAS: Final = "jobset.sigs.k8s.io/replicatedjob-replicas"
+LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
+# What a fatal device fault under one member does to the rest of its gang (docs/health.md):
+# "gang" (default) evicts every member, "pod" only the pods on the failed device.
+ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
+POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
+POD_GROUP_VERSION: Final = "v1alpha1"
+POD_GROUP_PLURAL: Final = "podgroups"
+MAX_GANG_SIZE: Final = 4096
+MAX_NAME_LENGTH: Final = 253  # a Kubernetes object name
+_DIGITS = re.compile(r"[0-9]{1,5}")
+
+
+class BadGangError(InvalidInputError):
+    """The pod names a gang in a way the extender cannot act on (size missing or out of range)."""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """One gang: ``key`` identifies it cluster-wide, ``size`` is how many members it waits for."""
+
+    key: str
+    size: int
+    source: str  # annotation | pod-group | jobset (for messages and docs)
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _meta(pod: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
+    metadata = _mapping(pod.get("metadata"))
+    namespace = str(metadata.get("namespace") or "default")
+    return namespace, _mapping(metadata.get("labels")), _mapping(metadata.get("annotations"))
+
+
+def _name(value: object, *, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadGangError(f"{what} is {echo(value)}; give the gang's name (a non-empty string)")
+    if len(value) > MAX_NAME_LENGTH:
+        raise BadGangError(f"{what} is {len(value)} characters; the limit is {MAX_NAME_LENGTH}")
+    return value.strip()
+
+
+def parse_size(value: object, *, what: str = ANNOTATION_GANG_SIZE) -> int:
+    """A gang size: ASCII digits (or a JSON integer), 1..``MAX_GANG_SIZE``."""
+    if isinstance(value, bool):
+        raise BadGangError(f"{what} is {echo(value)}; give a whole number of members 1..{MAX_GANG_SIZE}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        size = int(value.strip())
+    else:
+        shown = value if not isinstance(value, str) or len(value) <= 20 else value[:20] + "..."
+        raise BadGangError(f"{what} is {echo(shown)}; give a whole number of members 1..{MAX_GANG_SIZE}")
+    if not 1 <= size <= MAX_GANG_SIZE:
+        raise BadGangError(f"{what} is {size}; a gang has 1..{MAX_GANG_SIZE} members")
+    return size
+
+
+def gang_key(pod: Mapping[str, Any]) -> str:
+    """The pod's gang key, "" for none; never raises (the cache tags every pod with it)."""
+    try:
+        found = _identity(pod)
+    except BadGangError:
+        return ""
+    return found[0] if found is not None else ""
+
+
+def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(key, source) of the gang the pod names, None when it names none."""
+    namespace, labels, annotations = _meta(pod)
+    if ANNOTATION_GANG in annotations:
+        return f"{namespace}/gang:{_name(annotations[ANNOTATION_GANG], what=ANNOTATION_GANG)}", "annotation"
+    if LABEL_POD_GROUP in labels:
+        return f"{namespace}/pod-group:{_name(labels[LABEL_POD_GROUP], what=LABEL_POD_GROUP)}", "pod-group"
+    if LABEL_JOBSET_NAME in labels and LABEL_REPLICATED_JOB in labels:
+        jobset = _name(labels[LABEL_JOBSET_NAME], what=LABEL_JOBSET_NAME)
+        job = _name(labels[LABEL_REPLICATED_JOB], what=LABEL_REPLICATED_JOB)
+        attempt = str(labels.get(LABEL_JOBSET_RESTART) or "0")
+        return f"{namespace}/jobset:{jobset}/{job}/{attempt}", "jobset"
+    return None
+
+
+def evicts_whole_gang(pod: Mapping[str, Any]) -> bool:
+    """Whether a fatal device fault under this gang member evicts the whole gang: yes unless the
+    pod says ``gpuweave.io/gang-eviction: pod`` (an unknown value keeps the default)."""
+    _, _, annotations = _meta(pod)
+    return str(annotations.get(ANNOTATION_GANG_EVICTION, "gang")).strip() != "pod"
+
+
+def gang_family(key: str) -> str:
+    """What stays the same across a gang's restarts: a JobSet replicated job without its restart
+    attempt; any other gang key as it is (a PyTorchJob or PodGroup re-creates pods under it)."""
+    namespace, _, rest = key.partition("/")
+    if rest.startswith("jobset:"):
+        return f"{namespace}/{rest.rpartition('/')[0]}"
+    return key
+
+
+def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gang | None:
+    """The pod's gang, None when it is in none (or its PodGroup's size is unknown).
+
+    ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches, as
+    the objects give it (validated here: a pod of a PodGroup with an unusable minMember is refused
+    with the reason, not placed alone). Raises ``BadGangError`` for a size it cannot accept."""
+    found = _identity(pod)
+    if found is None:
+        return None
+    key, source = found
+    namespace, labels, annotations = _meta(pod)
+    explicit = annotations.get(ANNOTATION_GANG_SIZE)
+    if source == "annotation":
+        if explicit is None:
+            raise BadGangError(
+                f"pod names gang {echo(annotations[ANNOTATION_GANG])} but no {ANNOTATION_GANG_SIZE}; "
+                "add the number of members"
+            )
+        size = parse_size(explicit)
+    elif source == "pod-group":
+        group = min_members.get(f"{namespace}/{labels[LABEL_POD_GROUP]}")
+        if group == 0:
+            return None  # minMember 0: the PodGroup asks for no gang
+        if group is not None:
+            size = parse_size(group, what=f"PodGroup {namespace}/{labels[LABEL_POD_GROUP]} minMember")
+        elif explicit is not None:
+            size = parse_size(explicit)
+        else:
+            return None  # a PodGroup we cannot see: size unknown, so placed one pod at a time
+    else:
+        size = parse_size(
+            explicit if explicit is not None else labels.get(LABEL_JOBSET_REPLICAS, "1"),
+            what=ANNOTATION_GANG_SIZE if explicit is not None else LABEL_JOBSET_REPLICAS,
+        )
+    if size == 1:
+        return None  # a gang of one is an ordinary pod
+    return Gang(key=key, size=size, source=source)
+
+
+def pod_group_entry(obj: Mapping[str, Any]) -> tuple[str, object] | None:
+    """(NS/NAME, minMember as given) of a PodGroup object; None when it has no name or no
+    minMember (its pods then need ``gpuweave.io/gang-size``). ``gang_of`` validates the value."""
+    metadata = _mapping(obj.get("metadata"))
+    name, namespace = metadata.get("name"), str(metadata.get("namespace") or "default")
+    if not isinstance(name, str) or not name:
+        return None
+    size = _mapping(obj.get("spec")).get("minMember")
+    return (f"{namespace}/{name}", size) if size is not None else None

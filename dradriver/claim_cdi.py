@@ -1,0 +1,107 @@
+"""CDI specs for prepared DRA claims: one spec file per claim, built from the device plugin's edits.
+
+A claim's devices get the same container edits Allocate gives a container
+(``deviceplugin.cdi.build_specs``: ``/dev/nvidia<minor>`` per GPU, the parent's node plus the
+``nvidia-caps`` access nodes per MIG device, ``uverbsN`` per EFA adapter; ``nvidiactl``,
+``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset`` and ``rdma_cm`` as common edits) and the
+same ``NVIDIA_VISIBLE_DEVICES`` (the claim's GPU and MIG UUIDs, for the NVIDIA Container Toolkit's
+hook). The spec's kind is ``gpuweave.io/claim`` and each device is named ``<claim-uid>-<device>``,
+so the kubelet hands the runtime ``gpuweave.io/claim=<claim-uid>-gpu-0`` and two claims never share
+a name. The files are ``gpuweave.io-claim_<uid>.json`` in the agent's CDI directory: not matched by
+the device-plugin writer's ``gpuweave-*`` files, so neither writer removes the other's.
+
+``claim_spec`` is pure; ``ClaimSpecWriter`` writes and removes the files atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from devicemodel.inventory import NodeInventory
+from devicemodel.state_file import replace_file_atomically
+from deviceplugin.allocation import VISIBLE_DEVICES_ENV
+from deviceplugin.cdi import CDI_VERSION, build_specs
+from deviceplugin.devices import DeviceKind
+from dradriver.devices import DraDevice
+from hardware.device_nodes import HostDeviceNodes
+
+CLAIM_KIND = "gpuweave.io/claim"
+CLAIM_FILE_PREFIX = "gpuweave.io-claim_"
+
+
+def claim_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def cdi_id(claim_uid: str, device: str) -> str:
+    """The fully qualified CDI device name the kubelet passes to the runtime."""
+    return f"{CLAIM_KIND}={claim_device_name(claim_uid, device)}"
+
+
+def claim_file_name(claim_uid: str) -> str:
+    return f"{CLAIM_FILE_PREFIX}{claim_uid}.json"
+
+
+def claim_spec(
+    claim_uid: str, inventory: NodeInventory, devices: Sequence[DraDevice], *, host: HostDeviceNodes
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The claim's CDI spec and the problems found (a MIG device without ``nvidia-caps`` minors,
+    an EFA adapter without device numbers), which the caller reports."""
+    served = [d.plugin for d in devices if d.plugin is not None]
+    built = build_specs(inventory, served, host=host)
+    edits: dict[str, dict[str, Any]] = {}
+    common: list[dict[str, Any]] = []
+    for file_spec in built.files.values():
+        edits |= {str(entry["name"]): entry["containerEdits"] for entry in file_spec["devices"]}
+        common += file_spec.get("containerEdits", {}).get("deviceNodes", [])
+    visible = [d.plugin.id for d in devices if d.plugin and d.plugin.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+    spec_devices = [
+        {"name": claim_device_name(claim_uid, d.name), "containerEdits": edits[d.plugin.id]}
+        for d in devices
+        if d.plugin is not None and d.plugin.id in edits
+    ]
+    container_edits: dict[str, Any] = {"deviceNodes": common} if common else {}
+    if visible:
+        container_edits["env"] = [f"{VISIBLE_DEVICES_ENV}={','.join(visible)}"]
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CLAIM_KIND, "devices": spec_devices}
+    if container_edits:
+        spec["containerEdits"] = container_edits
+    return spec, built.problems
+
+
+class ClaimSpecWriter:
+    """Writes and removes claim spec files in ``spec_dir``."""
+
+    def __init__(self, spec_dir: Path) -> None:
+        self.spec_dir = Path(spec_dir)
+
+    def write(self, claim_uid: str, spec: dict[str, Any]) -> None:
+        self.spec_dir.mkdir(parents=True, exist_ok=True)
+        payload = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+        replace_file_atomically(self.spec_dir / claim_file_name(claim_uid), payload)
+
+    def remove(self, claim_uid: str) -> None:
+        (self.spec_dir / claim_file_name(claim_uid)).unlink(missing_ok=True)
+
+    def claim_uids(self) -> set[str]:
+        """The claims whose spec files are on disk."""
+        if not self.spec_dir.is_dir():
+            return set()
+        return {
+            p.name[len(CLAIM_FILE_PREFIX) : -len(".json")]
+            for p in self.spec_dir.glob(f"{CLAIM_FILE_PREFIX}*.json")
+        }
+
+    def exists(self, claim_uid: str) -> bool:
+        return (self.spec_dir / claim_file_name(claim_uid)).is_file()
+
+    def remove_all_but(self, keep: Iterable[str]) -> list[str]:
+        """Remove the spec files of claims not in ``keep`` (left by a run that crashed between
+        writing a spec and checkpointing it); return their UIDs."""
+        stale = sorted(self.claim_uids() - set(keep))
+        for uid in stale:
+            self.remove(uid)
+        return stale

@@ -1,0 +1,240 @@
+"""The DRA driver's API-server side: reading claims at prepare, and publishing the node's pool.
+
+``KubeClaimSource`` reads a ResourceClaim as JSON (camelCase, as the API server sends it).
+``SlicePublisher`` keeps this node's ResourceSlices of driver ``gpuweave.io`` equal to what the
+builder gives: it lists the slices it finds for the node and driver, and when the devices, counters
+or taints differ it writes the whole pool again under the next generation (create or replace by
+name) and deletes slices the pool no longer has; nothing changes, nothing is written. It runs in a
+background thread, coalesces bursts, lists the pool from the API server at least every
+``RESYNC_S`` seconds (the kubelet deletes a driver's slices when it loses the plugin's registration),
+counted by the clock so that the health rounds' frequent wakes never postpone it, and retries
+through an outage, never blocking the kubelet's gRPC path. A taint that stays keeps the
+``timeAdded`` the API server stamped (``taints.carry_time_added``), so republishing never
+restarts a NoExecute toleration.
+
+A wake from ``changed()`` (every health round calls it) compares the new build with the slices
+as this process last read or wrote them, without a LIST: only the periodic resync, ``resync()``
+(the kubelet accepted the registration: it may have wiped the pool) and the first reconcile after
+a failure list from the API server. A (re)started kubelet wipes the node's slices in the
+background after it starts, so it can delete a pool published right after the registration:
+``resync()`` lists now and once more ``AFTER_REGISTRATION_S`` later. A slice gone under a
+replace (404) is created again at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dradriver.devices import DRIVER
+from dradriver.prepare import ClaimError
+from kubeio.client import finish
+from kubeio.errors import NOT_FOUND, describe, status_of
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0
+RESYNC_S = 30.0  # a LIST at least this often: the kubelet wipes a driver's slices when it
+# loses the plugin's registration (its own restart included), and nothing else would tell us
+AFTER_REGISTRATION_S = 5.0  # the second LIST after a registration: the kubelet's start-up wipe is async
+# generation, the taints already published (device name -> wire taints) -> the pool's slices
+PoolBuilder = Callable[[int, Mapping[str, list[Mapping[str, str]]]], list[dict[str, Any]]]
+
+
+class KubeClaimSource:
+    """``ClaimSource`` over the API server (needs ``resourceclaims get``)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._resource = client.ResourceV1Api(api)
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            raw = self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        except ApiException as exc:
+            if status_of(exc) == NOT_FOUND:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from None
+            raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: {describe(exc)}") from None
+        except Exception as exc:  # API server unreachable: the kubelet retries the claim
+            raise ClaimError(f"cannot read ResourceClaim {namespace}/{name}: {exc}") from None
+        data: Mapping[str, Any] = json.loads(finish(raw))
+        return data
+
+
+def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice's content without what the API server adds or the generation counts."""
+    devices = []
+    for device in spec.get("devices") or []:
+        taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or []]
+        devices.append(
+            {**device, "taints": taints} if taints else {k: v for k, v in device.items() if k != "taints"}
+        )
+    return {"devices": devices, "sharedCounters": spec.get("sharedCounters") or []}
+
+
+def published_taints(slices: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, str]]]:
+    return {
+        d["name"]: list(d["taints"])
+        for s in slices
+        for d in s["spec"].get("devices") or []
+        if d.get("taints")
+    }
+
+
+class SlicePublisher:
+    """Writes this node's pool (see the module docstring); ``changed()`` wakes it."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        node: str,
+        build: PoolBuilder,
+        resync_s: float = RESYNC_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._resource = client.ResourceV1Api(api)
+        self._resync_s = resync_s
+        self._clock = clock
+        self._list_at = clock() + resync_s  # the next periodic LIST (the first reconcile lists anyway)
+        self._second_list_at: float | None = None  # the LIST that follows a registration's
+        self._lock = threading.Lock()
+        self._node = node
+        self._build = build
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
+        self.published = 0  # pool generations written by this process
+        self.listed = 0  # LISTs of the pool sent to the API server
+        self._known: list[dict[str, Any]] | None = None  # the pool as last read or written
+        self._relist = threading.Event()
+        self._relist.set()
+
+    def start(self) -> None:
+        self._wake.set()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def changed(self) -> None:
+        """The devices or their health may have changed: compare with the pool as last known."""
+        self._wake.set()
+
+    def resync(self) -> None:
+        """The kubelet accepted the registration, so it may have wiped the pool, now or in a
+        moment: list it before comparing, and list again ``AFTER_REGISTRATION_S`` later."""
+        with self._lock:
+            self._second_list_at = self._clock() + AFTER_REGISTRATION_S
+        self._relist.set()
+        self._wake.set()
+
+    def _due_in(self) -> float:
+        with self._lock:
+            second = self._second_list_at
+            due = self._list_at if second is None else min(self._list_at, second)
+            return due - self._clock()
+
+    def _take_due_list(self) -> bool:
+        """True when a LIST is due now (the periodic one, or the one after a registration)."""
+        with self._lock:
+            now = self._clock()
+            second = self._second_list_at is not None and self._second_list_at <= now
+            if second:
+                self._second_list_at = None
+            return second or self._list_at <= now
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, self._due_in()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._take_due_list():
+                self._relist.set()  # however often changed() woke us in between
+            try:
+                self.publish_once(relist=self._relist.is_set())
+            except Exception as exc:  # API outage: keep serving the kubelet, retry later
+                log.warning("publishing ResourceSlices failed (%s); retrying in %.0f s", exc, RETRY_S)
+                if self._stop.wait(RETRY_S):
+                    return
+                self.resync()
+
+    def current(self) -> list[dict[str, Any]]:
+        """This node's slices of our driver as the API server has them."""
+        raw = self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self._node},spec.driver={DRIVER}", _preload_content=False
+        )
+        items: list[dict[str, Any]] = json.loads(finish(raw)).get("items") or []
+        self.listed += 1
+        return items
+
+    def publish_once(self, *, relist: bool = True) -> bool:
+        """One reconcile; True when the pool was written. ``relist=False`` compares with the pool
+        as this process last read or wrote it (no LIST) when it has one."""
+        if relist or self._known is None:
+            self._relist.clear()
+            with self._lock:
+                self._list_at = self._clock() + self._resync_s
+            self._known = None
+            existing = self.current()
+            self._known = existing
+        else:
+            existing = self._known
+        generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
+        desired = self._build(max(generation, 1), published_taints(existing))
+        by_name = {s["metadata"]["name"]: s for s in existing}
+        same = set(by_name) == {s["metadata"]["name"] for s in desired} and all(
+            _comparable(by_name[s["metadata"]["name"]]["spec"]) == _comparable(s["spec"])
+            and by_name[s["metadata"]["name"]]["spec"]["pool"] == s["spec"]["pool"]
+            for s in desired
+        )
+        if same:
+            return False
+        desired = self._build(generation + 1, published_taints(existing))
+        self._known = None  # until every write below went through
+        written: list[dict[str, Any]] = []
+        for item in desired:
+            name = item["metadata"]["name"]
+            if name in by_name:
+                version = by_name[name]["metadata"]["resourceVersion"]
+                body = {**item, "metadata": {**item["metadata"], "resourceVersion": version}}
+                try:
+                    raw = self._resource.replace_resource_slice(name, cast(Any, body), _preload_content=False)
+                except ApiException as exc:
+                    if status_of(exc) != NOT_FOUND:
+                        raise
+                    raw = self._resource.create_resource_slice(cast(Any, item), _preload_content=False)
+            else:
+                raw = self._resource.create_resource_slice(cast(Any, item), _preload_content=False)
+            written.append(json.loads(finish(raw)))
+        for name in by_name.keys() - {s["metadata"]["name"] for s in desired}:
+            try:
+                self._resource.delete_resource_slice(name)
+            except ApiException as exc:
+                if status_of(exc) != NOT_FOUND:
+                    raise
+        self._known = written
+        self.published += 1
+        log.info(
+            "published %d ResourceSlices of pool %s, generation %d", len(desired), self._node, generation + 1
+        )
+        return True
+
+    def delete_all(self) -> None:
+        """Remove this node's pool (the agent leaves DRA mode, or the node goes)."""
+        for item in self.current():
+            try:
+                self._resource.delete_resource_slice(item["metadata"]["name"])
+            except ApiException as exc:
+                if status_of(exc) != NOT_FOUND:
+                    raise

@@ -1,0 +1,345 @@
+"""NodePrepareResources / NodeUnprepareResources: what a claim's devices are and how they are handed out.
+
+``ClaimPreparer`` is the kubelet-facing core of the DRA plugin, with no gRPC in it. Preparing a claim
+reads the ResourceClaim from the API server (``ClaimSource``), takes its allocation results for driver
+``gpuweave.io`` in this node's pool, maps each device name back to the device model
+(``dradriver.devices``), writes the claim's CDI spec (``claim_cdi``) and returns the CDI
+device IDs. Every prepared claim is checkpointed in ``STATE_DIR/dra-claims.json`` (replaced
+atomically) before the answer goes back, so:
+
+- prepare is idempotent: a claim already prepared (in this run or an earlier one) gets the same
+  answer without reading the API server or writing anything;
+- unprepare is idempotent: an unknown claim is already unprepared;
+- an agent restart neither leaks nor double-prepares: the checkpoint is read at start, a spec file
+  missing for a checkpointed claim is written again, and a spec file without a checkpoint entry
+  (a crash between the two writes) is removed, since the kubelet was never told about it.
+
+With ``--dra-mig dynamic`` (``mig``), an allocated MIG placement with no instance gets one before the
+spec is written (``mig_demand``), recorded as pending first; a pending claim found at start (the agent
+stopped mid-prepare) has its instances removed, and unprepare removes the instances its claim made.
+
+A claim that cannot be prepared raises ``ClaimError`` with the reason, which becomes that claim's
+error in the response (the kubelet retries); other claims of the same call are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
+from devicemodel.state_file import write_json_atomically
+from dradriver.checkpoint import CHECKPOINT_VERSION, load_checkpoint
+from dradriver.claim_cdi import ClaimSpecWriter, cdi_id, claim_spec
+from dradriver.devices import DRIVER, DraDevice
+from dradriver.mig_demand import MigOnDemand
+from hardware.device_nodes import HostDeviceNodes
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "dra-claims.json"
+
+
+class ClaimError(GpuweaveError):
+    """A claim this node cannot prepare (reported for that claim only)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def describe(self) -> str:
+        return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One prepared device as the kubelet's ``Device`` message carries it."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "requestNames": list(self.request_names),
+            "poolName": self.pool_name,
+            "deviceName": self.device_name,
+            "cdiDeviceIDs": list(self.cdi_device_ids),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PreparedDevice:
+        return cls(
+            tuple(data["requestNames"]),
+            str(data["poolName"]),
+            str(data["deviceName"]),
+            tuple(data["cdiDeviceIDs"]),
+        )
+
+
+class ClaimSource(Protocol):
+    """Reads a ResourceClaim (its JSON, camelCase); raises ``ClaimError`` when it cannot."""
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]: ...
+
+
+def allocated_here(claim: Mapping[str, Any], *, ref: ClaimRef, pool: str) -> list[tuple[str, str]]:
+    """(request name, device name) of every allocation result for our driver in our pool."""
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"{ref.describe()}: the API server has uid {uid}; the claim was replaced, not preparing it"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not isinstance(allocation, Mapping):
+        raise ClaimError(f"{ref.describe()} is not allocated yet")
+    results = (allocation.get("devices") or {}).get("results") or []
+    ours = [
+        (str(r.get("request", "")), str(r.get("device", "")))
+        for r in results
+        if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("pool") == pool
+    ]
+    if not ours:
+        raise ClaimError(
+            f"{ref.describe()} has no device of driver {DRIVER} in pool {pool}: nothing to prepare here"
+        )
+    return ours
+
+
+Placement = tuple[int, str, int]  # GPU index, MIG profile, first memory slot
+
+
+def placements_to_make(wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]) -> list[Placement]:
+    """The allocated MIG placements that have no instance yet (``--dra-mig dynamic``)."""
+    by_name = {d.name: d for d in devices}
+    made: list[Placement] = []
+    for _, name in wanted:
+        device = by_name.get(name)
+        if device is None or device.plugin is not None or device.lost or device.mig_profile is None:
+            continue
+        placement = (
+            int(device.attributes["index"]["int"]),
+            device.mig_profile,
+            int(device.placement_start or 0),
+        )
+        if placement not in made:
+            made.append(placement)
+    return made
+
+
+def _resolve(
+    ref: ClaimRef, wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]
+) -> list[DraDevice]:
+    by_name = {d.name: d for d in devices}
+    chosen: list[DraDevice] = []
+    for _, name in wanted:
+        device = by_name.get(name)
+        if device is None:
+            raise ClaimError(f"{ref.describe()}: device {name} is not in this node's pool any more")
+        if device.lost:
+            raise ClaimError(
+                f"{ref.describe()}: GPU {name} is unreachable (off the bus); it cannot be prepared"
+            )
+        if device.plugin is None and device.mig_profile is not None:
+            raise ClaimError(
+                f"{ref.describe()}: device {name} is a MIG placement with no MIG instance and none was "
+                "made for it (this agent makes MIG instances only with --dra-mig dynamic)"
+            )
+        if device.plugin is None:
+            raise ClaimError(
+                f"{ref.describe()}: GPU {name} is in MIG mode; a whole GPU is prepared only with MIG off"
+            )
+        if device not in chosen:
+            chosen.append(device)
+    return chosen
+
+
+class ClaimPreparer:
+    """Prepares and unprepares claims, checkpointed in ``state_dir``; with ``mig``, makes the MIG
+    instances of allocated placements at prepare and removes them at unprepare."""
+
+    def __init__(
+        self,
+        *,
+        pool: str,
+        state_dir: Path,
+        source: ClaimSource,
+        devices: Callable[[], tuple[NodeInventory, Sequence[DraDevice]]],
+        specs: ClaimSpecWriter,
+        host: Callable[[], HostDeviceNodes],
+        mig: MigOnDemand | None = None,
+    ) -> None:
+        self.pool = pool
+        self._path = Path(state_dir) / CHECKPOINT_FILE
+        self._source = source
+        self._devices = devices
+        self._specs = specs
+        self._host = host
+        self._mig = mig
+        self._lock = threading.Lock()
+        self._claims: dict[str, dict[str, Any]] = self._load()
+        self._restore()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        return load_checkpoint(self._path)  # one line naming the file when it is not right
+
+    def _restore(self) -> None:
+        """Specs of prepared claims written again; a claim whose MIG instances were being made when
+        the agent stopped (never answered to the kubelet) has them removed; stray specs removed."""
+        for uid, entry in list(self._claims.items()):
+            if entry.get("pending"):
+                self._undo_mig(uid, entry.get("mig") or [])
+                del self._claims[uid]
+            elif not self._specs.exists(uid):
+                self._specs.write(uid, entry["spec"])
+        self._save()
+        for uid in self._specs.remove_all_but(self._claims):
+            log.warning("removed the CDI spec of claim %s: written but never checkpointed", uid)
+
+    def _undo_mig(self, uid: str, placements: Sequence[Sequence[Any]]) -> None:
+        for index, profile, start in placements:
+            try:
+                if self._mig is not None:
+                    self._mig.destroy(int(index), str(profile), int(start))
+            except Exception as exc:  # reported; the instance stays for an operator (gpuweave mig apply)
+                log.error(
+                    "cannot remove MIG %s at slot %s on GPU %s of claim %s: %s",
+                    profile,
+                    start,
+                    index,
+                    uid,
+                    exc,
+                )
+
+    def _save(self) -> None:
+        write_json_atomically(self._path, {"version": CHECKPOINT_VERSION, "claims": self._claims})
+
+    def prepared(self) -> dict[str, list[PreparedDevice]]:
+        with self._lock:
+            return {
+                uid: [PreparedDevice.from_wire(d) for d in e["devices"]]
+                for uid, e in self._claims.items()
+                if not e.get("pending")
+            }
+
+    def _done(self, uid: str) -> list[PreparedDevice] | None:
+        with self._lock:
+            entry = self._claims.get(uid)
+        if entry is None or entry.get("pending"):
+            return None
+        return [PreparedDevice.from_wire(d) for d in entry["devices"]]
+
+    def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        done = self._done(ref.uid)
+        if done is not None:
+            return done
+        wanted = allocated_here(self._source.get_claim(ref.namespace, ref.name), ref=ref, pool=self.pool)
+        made = self._make_mig(ref, wanted)
+        try:
+            return self._finish(ref, wanted, made)
+        except Exception:
+            if made:
+                self._undo_mig(ref.uid, made)
+                with self._lock:
+                    self._claims.pop(ref.uid, None)
+                    self._save()
+            raise
+
+    def _make_mig(self, ref: ClaimRef, wanted: Sequence[tuple[str, str]]) -> list[Placement]:
+        """Make the MIG instances the claim's placements need, recorded as pending first so a crash
+        in between leaves nothing behind after the next start."""
+        needed = placements_to_make(wanted, self._devices()[1])
+        if not needed or self._mig is None:
+            return []
+        with self._lock:
+            self._claims[ref.uid] = {
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "pending": True,
+                "mig": needed,
+            }
+            self._save()
+        made: list[Placement] = []
+        try:
+            for index, profile, start in needed:
+                self._mig.create(index, profile, start)
+                made.append((index, profile, start))
+        except Exception as exc:
+            self._undo_mig(ref.uid, made)
+            with self._lock:
+                self._claims.pop(ref.uid, None)
+                self._save()
+            raise ClaimError(f"{ref.describe()}: cannot make its MIG instance: {exc}") from None
+        log.info("made MIG instances for %s: %s", ref.describe(), made)
+        return made
+
+    def _finish(
+        self, ref: ClaimRef, wanted: Sequence[tuple[str, str]], made: list[Placement]
+    ) -> list[PreparedDevice]:
+        inventory, devices = self._devices()
+        chosen = _resolve(ref, wanted, devices)
+        spec, problems = claim_spec(ref.uid, inventory, chosen, host=self._host())
+        for problem in problems:
+            log.warning("CDI spec of %s: %s", ref.describe(), problem)
+        requests: dict[str, list[str]] = {}
+        for request, name in wanted:
+            requests.setdefault(name, []).append(request)
+        prepared = [
+            PreparedDevice(tuple(requests[d.name]), self.pool, d.name, (cdi_id(ref.uid, d.name),))
+            for d in chosen
+        ]
+        with self._lock:
+            if ref.uid in self._claims and not self._claims[ref.uid].get("pending"):
+                return [
+                    PreparedDevice.from_wire(d) for d in self._claims[ref.uid]["devices"]
+                ]  # a concurrent call
+            self._specs.write(ref.uid, spec)
+            entry = {"namespace": ref.namespace, "name": ref.name, "devices": [p.to_wire() for p in prepared]}
+            self._claims[ref.uid] = {**entry, "spec": spec, "mig": made}
+            try:
+                self._save()
+            except OSError as exc:
+                del self._claims[ref.uid]
+                self._specs.remove(ref.uid)
+                raise ClaimError(f"{ref.describe()}: cannot checkpoint it in {self._path} ({exc})") from None
+        log.info("prepared %s: %s", ref.describe(), ", ".join(d.name for d in chosen))
+        return prepared
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        with self._lock:
+            entry = self._claims.get(ref.uid)
+        if entry is None:
+            self._specs.remove(ref.uid)  # never prepared, or already unprepared
+            return
+        for index, profile, start in entry.get("mig") or []:
+            if self._mig is None:
+                break
+            try:
+                self._mig.destroy(int(index), str(profile), int(start))
+            except Exception as exc:  # the kubelet retries the unprepare
+                raise ClaimError(
+                    f"{ref.describe()}: cannot remove its MIG instance {profile} at slot {start} "
+                    f"on GPU {index}: {exc}"
+                ) from None
+        with self._lock:
+            self._claims.pop(ref.uid, None)
+            try:
+                self._save()
+            except OSError as exc:
+                self._claims[ref.uid] = entry
+                raise ClaimError(
+                    f"{ref.describe()}: cannot update the checkpoint {self._path} ({exc})"
+                ) from None
+            self._specs.remove(ref.uid)
+        log.info("unprepared %s", ref.describe())

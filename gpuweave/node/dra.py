@@ -1,0 +1,202 @@
+"""The node agent's DRA mode (``gpuweave node-agent --dra``; docs/dra.md): wiring for the composition root.
+
+With ``--dra`` every device of the node (GPUs, MIG devices, EFA adapters) is served through Dynamic
+Resource Allocation and none through the device-plugin API: the agent keeps its device model,
+health and MIG manager, publishes the node's ResourceSlices (health as device taints), registers
+with the kubelet's plugin watcher under ``<kubelet root>/plugins_registry`` and serves the DRA gRPC
+service at ``<kubelet root>/plugins/gpuweave.io/dra.sock``. The kubelet root is ``--kubelet-root``,
+by default the parent of ``--kubelet-dir`` when that is the kubelet's ``device-plugins`` directory.
+DRA mode reads claims from the API server, so it needs ``--kubeconfig`` or ``--in-cluster``, and it
+hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec-dir``). With
+``--dra-mig dynamic`` the MIG manager makes the instance of an allocated MIG placement at prepare
+and removes it at unprepare (``dradriver.mig_demand``); MIG demand mode, which reshapes for
+device-plugin pod requests, is refused beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
+from deviceplugin.agent import NodeAgent
+from deviceplugin.podresources import PodResourcesClient
+from dradriver.claim_cdi import ClaimSpecWriter
+from dradriver.devices import DRIVER, DraDevice, MigPublishing, dra_devices
+from dradriver.health_stream import HealthStream
+from dradriver.mig_demand import MigOnDemand
+from dradriver.plugin import DraPluginServer
+from dradriver.prepare import ClaimPreparer
+from dradriver.slices import Taint, build_resource_slices
+from dradriver.taints import carry_time_added, conditions_from, device_taints
+from dradriver.validate import check_slices
+from gpuweave.node.cdi import host_root, spec_dir
+from gpuweave.node.flags import add_dra_mig_argument
+from hardware.backend import GpuBackend
+from hardware.device_nodes import read_host_device_nodes
+from health.service import HealthService
+from mig.service import MigService
+
+if TYPE_CHECKING:  # the kubernetes client is imported only in DRA mode (start-up time, memory)
+    from kubernetes import client
+
+    from dradriver.kube import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+
+def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="serve every GPU, MIG device and EFA adapter through Dynamic Resource Allocation "
+        "(ResourceSlices + the kubelet DRA plugin) and none through the device-plugin API (docs/dra.md)",
+    )
+    add_dra_mig_argument(parser)
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        default=None,
+        help="with --dra: the kubelet's root directory, holding plugins_registry/ and plugins/ "
+        "(default: the parent of --kubelet-dir when that ends in device-plugins, else --kubelet-dir)",
+    )
+
+
+def kubelet_root(args: argparse.Namespace) -> Path:
+    if args.kubelet_root is not None:
+        return Path(args.kubelet_root)
+    kubelet_dir = Path(args.kubelet_dir)
+    return kubelet_dir.parent if kubelet_dir.name == "device-plugins" else kubelet_dir
+
+
+def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
+    """Refuse a DRA command line that cannot work, in one line, before anything starts."""
+    if not args.dra:
+        return
+    if not with_kube:
+        raise GpuweaveError(
+            "--dra reads ResourceClaims and publishes ResourceSlices: give --kubeconfig or --in-cluster"
+        )
+    if spec_dir(args) is None:
+        raise GpuweaveError("--dra hands devices to containers as CDI devices: --cdi-spec-dir cannot be none")
+    if args.dra_mig == MigPublishing.DYNAMIC.value and (args.mig_demand or args.mig_mode == "demand"):
+        raise GpuweaveError(
+            "--dra-mig dynamic makes MIG instances for allocated claims; --mig-mode demand would reshape "
+            "for nvidia.com/mig-* pod requests on the same GPUs: use --mig-mode off or declared"
+        )
+
+
+@dataclass
+class NodeDra:
+    server: DraPluginServer
+    publisher: SlicePublisher
+
+    def stop(self) -> None:
+        self.publisher.stop()
+        self.server.stop()
+
+
+def _node_owner(api: client.ApiClient, node: str) -> dict[str, Any] | None:
+    """An ownerReference to the Node, so its slices go with it (None when it cannot be read)."""
+    from kubernetes import client  # noqa: PLC0415 (deferred: DRA mode only)
+
+    try:
+        uid = client.CoreV1Api(api).read_node(node).metadata.uid  # type: ignore[union-attr]
+    except Exception as exc:
+        log.warning("cannot read Node %s (%s): its ResourceSlices get no owner reference", node, exc)
+        return None
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+
+
+def start_node_dra(
+    args: argparse.Namespace,
+    *,
+    agent: NodeAgent,
+    backend: GpuBackend,
+    api: client.ApiClient,
+    health: HealthService | None,
+    node: str,
+    mig_service: MigService | None = None,
+    pod_resources: PodResourcesClient | None = None,
+) -> NodeDra:
+    """Start the DRA plugin and the slice publisher for a started agent."""
+    from dradriver.kube import KubeClaimSource, SlicePublisher  # noqa: PLC0415 (deferred: DRA mode only)
+
+    mig = MigPublishing(args.dra_mig)
+    directory = spec_dir(args)
+    if directory is None:  # refused by check_dra_arguments already
+        raise GpuweaveError("--dra needs a CDI spec directory")
+
+    def devices() -> tuple[NodeInventory, tuple[DraDevice, ...]]:
+        inventory = agent.inventory
+        return inventory, dra_devices(inventory, mig=mig)
+
+    preparer = ClaimPreparer(
+        pool=node,
+        state_dir=args.state_dir,
+        source=KubeClaimSource(api),
+        devices=devices,
+        specs=ClaimSpecWriter(directory),
+        host=partial(read_host_device_nodes, host_root(backend)),
+        mig=(
+            MigOnDemand(mig_service.reconciler, refresh=agent.refresh_inventory)
+            if mig is MigPublishing.DYNAMIC and mig_service is not None
+            else None
+        ),
+    )
+    owner = _node_owner(api, node)
+
+    def taints_now() -> tuple[NodeInventory, tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
+        inventory, pool = devices()
+        faults, withheld = agent.health_maps()
+        conditions = conditions_from(health.snapshot() if health else None, faults=faults, withheld=withheld)
+        return inventory, pool, device_taints(pool, conditions)
+
+    def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
+        inventory, pool, taints = taints_now()
+        kept = carry_time_added(taints, published)
+        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=owner)
+        check_slices(slices)
+        return slices
+
+    def report() -> list[tuple[str, bool, str]]:
+        _, pool, taints = taints_now()
+        return [
+            (
+                d.name,
+                d.name not in taints,
+                "; ".join(f"{t.key}={t.value} ({t.effect})" for t in taints.get(d.name, ())),
+            )
+            for d in pool
+        ]
+
+    def device_id(driver: str, pool_name: str, name: str) -> str | None:
+        """A DRA device the kubelet lists for a pod, as the device ID health and MIG know."""
+        if driver != DRIVER or pool_name != node:
+            return None
+        found = next((d for d in devices()[1] if d.name == name), None)
+        if found is None:
+            return None
+        return found.plugin.id if found.plugin is not None else found.gpu_uuid
+
+    if pod_resources is not None:
+        pod_resources.resolve_dra_with(device_id)
+    stream = HealthStream(report, pool=node)
+    publisher = SlicePublisher(api, node=node, build=build)
+    server = DraPluginServer(
+        preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.resync
+    )
+    server.start()
+    for changed in (publisher.changed, stream.changed):
+        agent.add_listener(changed)
+        if health is not None:
+            health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
+    publisher.start()
+    log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
+    return NodeDra(server, publisher)

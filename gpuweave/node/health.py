@@ -1,0 +1,212 @@
+"""Health for the node-agent process: builds ``HealthService`` from the agent, the backend and the API.
+
+Called by the node-agent composition root after the agent has discovered its hardware. On a GPU
+host the probe reads NVML through the backend's library and ``/sys``, the kernel log is
+``/dev/kmsg`` and resets run ``nvidia-smi -r``. With a simulated backend the probe reads the
+simulated NVML library and sysfs tree, the kernel log is ``STATE_DIR/kmsg`` (the simulated driver
+writes its Xid lines there), resets follow the simulated node's rules and the agent's control
+socket gets the ``sim.inject`` command.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from devicemodel.errors import GpuweaveError
+from deviceplugin.agent import NodeAgent
+from deviceplugin.metrics import AgentMetrics
+from hardware.backend import GpuBackend
+from hardware.gpu_reset import GpuInUseError, nvidia_smi_reset
+from hardware.health_probe import NvmlHealthProbe
+from hardware.nvml import NvmlBackend
+from hardware.simulated.backend import SimulatedBackend
+from hardware.simulated.health_inject import inject_route
+from health.config import HealthSettings, load_health_settings
+from health.metrics import HealthMetrics
+from health.monitor import RoundHook
+from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
+from health.service import HealthParts, HealthService
+from mig.owners import GpuOwners
+from mig.planner import MigPlanError
+from mig.service import MigService
+
+if TYPE_CHECKING:
+    from health.kube import KubeCluster
+
+log = logging.getLogger(__name__)
+SIM_KMSG_FILE = "kmsg"
+SIM_INJECT_METHOD = "sim.inject"
+HOST_KMSG = "/dev/kmsg"
+
+
+def load_settings(path: Path | None) -> HealthSettings:
+    """Health settings from a YAML file (its ``health:`` section, or the whole file); defaults without one."""
+    if path is None:
+        return HealthSettings()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise GpuweaveError(f"cannot read health config {path}: {exc}") from exc
+    section = data.get("health", data) if isinstance(data, dict) else data
+    return load_health_settings(section)
+
+
+def start_node_health(
+    agent: NodeAgent,
+    *,
+    backend: GpuBackend,
+    state_dir: Path,
+    node_name: str,
+    settings: HealthSettings,
+    kube_api: Any | None = None,
+    metrics: AgentMetrics | None = None,
+    recreate_mig: MigRecreate | None = None,
+    pod_devices: PodDeviceLookup | None = None,
+    gpu_owners: GpuOwners | None = None,
+    round_hooks: tuple[RoundHook, ...] = (),
+    kill_mps: Callable[[int], str] | None = None,
+    taints_evict: bool = False,
+) -> HealthService:
+    """Build, wire and start health for a started agent; returns the service (stop it before the agent).
+
+    ``pod_devices`` (the kubelet's pod-resources API, e.g. ``PodResourcesClient.pod_devices``)
+    joins the extender's assignment annotations when finding the pods on a failed device.
+    ``gpu_owners`` (the MIG reconciler's ``owners``) makes each GPU reset own its GPU, so a
+    reset never runs inside a MIG reshape of that GPU. ``round_hooks`` run each round before
+    remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
+    ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
+    eviction controller."""
+    if isinstance(backend, SimulatedBackend):
+        sim = backend.node.health
+        root = backend.sysfs_root
+        probe = NvmlHealthProbe(
+            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
+        )
+        kernel_log = state_dir / SIM_KMSG_FILE
+    elif isinstance(backend, NvmlBackend):
+        probe = NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
+        kernel_log = Path(HOST_KMSG)
+    else:
+        raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
+    service = HealthService(
+        HealthParts(
+            inventory=agent.inventory,
+            probe=probe,
+            device_ops=probe if gpu_owners is None else OwnedResets(probe, gpu_owners),
+            sink=agent,
+            state_dir=state_dir,
+            settings=settings,
+            node_name=node_name,
+            kernel_log=kernel_log,
+            cluster=_cluster(kube_api, node_name=node_name),
+            metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
+            recreate_mig=recreate_mig,
+            pod_devices=pod_devices,
+            round_hooks=round_hooks,
+            taints_evict=taints_evict,
+        )
+    )
+    if isinstance(backend, SimulatedBackend):
+        inject = inject_route(backend.node.health, mig=backend.node.mig, kill_mps=kill_mps)
+        agent.control.add_route(SIM_INJECT_METHOD, inject)
+    agent.control.add_route("health.status", lambda _params: status(service))
+    agent.add_listener(lambda: _follow_inventory(service, agent))
+    modes = _mig_modes(agent)
+    agent.add_listener(lambda: _renew_events_on_mode_change(probe, agent, modes))
+    service.start()
+    return service
+
+
+def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
+    """The API-server side of health, imported only with an API: --no-kube runs load no kubernetes client."""
+    if kube_api is None:
+        return None
+    from health.kube import KubeCluster  # noqa: PLC0415 (deferred: ~13 MB and ~0.2 s of imports)
+
+    return KubeCluster(kube_api, node_name=node_name)
+
+
+def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:
+    """Recreate one failed MIG device through the MIG manager (``MigReconciler.recreate``).
+
+    The reconciler owns the GPU from its check to the end and puts back the layout NVML shows
+    then, so a reshape the operator ran after the fault stands; a device that reshape destroyed
+    is not recreated (False). A busy instance is "in use": remediation waits and tries again.
+    """
+
+    def recreate(gpu_uuid: str, mig_uuid: str) -> bool:
+        index = agent.inventory.gpu_by_uuid(gpu_uuid).index
+        try:
+            return mig.reconciler.recreate(index, mig_uuid) is not None
+        except MigPlanError as exc:
+            raise GpuInUseError(
+                f"MIG device {mig_uuid} on GPU {index} cannot be recreated yet: {exc}"
+            ) from exc
+
+    return recreate
+
+
+class OwnedResets:
+    """Device operations whose GPU reset owns the GPU (``GpuOwners``) while it runs."""
+
+    def __init__(self, ops: DeviceOps, owners: GpuOwners) -> None:
+        self._ops = ops
+        self._owners = owners
+
+    def gpu_busy(self, uuid: str) -> bool:
+        return self._ops.gpu_busy(uuid)
+
+    def reset_gpu(self, uuid: str) -> None:
+        with self._owners.hold(uuid, who="health: GPU reset"):
+            self._ops.reset_gpu(uuid)
+
+
+def _mig_modes(agent: NodeAgent) -> dict[str, bool]:
+    return {g.uuid: g.mig_enabled for g in agent.inventory.gpus}
+
+
+def _renew_events_on_mode_change(probe: NvmlHealthProbe, agent: NodeAgent, modes: dict[str, bool]) -> None:
+    """Register NVML events afresh when a GPU's MIG mode changed (its registrations went with it)."""
+    now = _mig_modes(agent)
+    if now != modes:
+        modes.clear()
+        modes.update(now)
+        failed = probe.renew_events()
+        if failed:
+            log.warning("NVML events not renewed after a MIG mode change on %s", ", ".join(failed))
+
+
+def _follow_inventory(service: HealthService, agent: NodeAgent) -> None:
+    """Track MIG devices created or destroyed by a reshape (only when the set changed)."""
+    inventory = agent.inventory
+    if set(inventory.mig_devices) != set(service.engine.inventory.mig_devices):
+        service.update_inventory(inventory)
+
+
+def status(service: HealthService) -> dict[str, Any]:
+    """Per-device health for tools and tests (``health.status`` on the control socket)."""
+    snap = service.snapshot()
+
+    def row(record: Any) -> dict[str, Any]:
+        return {
+            "state": str(record.state),
+            "reason": record.reason,
+            "strikes": record.strikes,
+            "lastXid": record.last_xid,
+        }
+
+    return {
+        "gpus": {uuid: row(r) for uuid, r in snap.gpus.items()},
+        "migs": {uuid: row(r) for uuid, r in snap.migs.items()},
+        "efa": dict(snap.efa_up),
+        "nodeFaults": sorted(f"{f.kind}:{f.subject}" for f in snap.node_faults),
+        "startupPending": snap.startup_pending,
+        "rounds": service.monitor.rounds_completed,
+        "badHardware": sorted(service.badlist.entries()),
+        "unsavedState": service.state.unsaved(),
+    }

@@ -1,0 +1,145 @@
+"""MPS for the node-agent process: one supervised control daemon per fractional GPU, wired to health.
+
+Called by the node-agent composition root. ``start_node_mps`` starts the daemons *before* the
+agent serves (a fractional GPU whose daemon does not answer is under the ``mps`` gate from the
+first device list), installs the per-GPU pipe lookup for Allocate and adds the control commands
+``mps.status`` and ``sharing.reload``. ``MpsRoundHook`` then runs the supervisor in every health
+round; a GPU whose daemon cannot be restarted becomes a fault of that GPU in the health engine
+(Event, metric, graded remediation of the pods on it).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import NodeInventory
+from deviceplugin.agent import NodeAgent
+from deviceplugin.mps import GATE, HOST_BASE_DIR, MpsSettings, MpsSupervisor, status, wanted_daemons
+from deviceplugin.sharing import SharingPlan, load_sharing_plan
+from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, ProcessMpsDaemons, simulated_command
+from health.monitor import HealthMonitor
+from health.policy import DeviceState, Fault
+from health.xid import Action, Cause, Severity
+
+log = logging.getLogger(__name__)
+MPS_SIGNAL = "mps-daemon"
+
+
+def mps_base_dir(plan: SharingPlan, *, state_dir: Path, simulated: bool) -> Path:
+    """Where each GPU's ``<uuid>/pipe`` and ``<uuid>/log`` live: ``mpsPipeDirectory`` when set,
+    else ``/run/gpuweave/mps`` on a host and ``STATE_DIR/mps`` in simulation."""
+    if plan.mps_pipe_directory:
+        return Path(plan.mps_pipe_directory)
+    return state_dir / "mps" if simulated else Path(HOST_BASE_DIR)
+
+
+def control_command(binary: str | None, *, simulated: bool) -> list[str]:
+    """The control program: ``--mps-control``, else the simulated one or the driver's binary."""
+    if binary:
+        return [binary]
+    return simulated_command() if simulated else [DEFAULT_BINARY]
+
+
+def require_binary(command: Sequence[str], wanted: Collection[str]) -> None:
+    """One line at start when fractional GPUs are configured but the control program is missing."""
+    if wanted and shutil.which(command[0]) is None:
+        raise GpuweaveError(
+            f"{len(wanted)} GPU(s) are fractional but the MPS control program {command[0]!r} is not "
+            "found: install the driver's nvidia-cuda-mps-control on the node (the container "
+            "needs NVIDIA_DRIVER_CAPABILITIES=compute,utility) or give --mps-control PATH"
+        )
+
+
+@dataclass
+class NodeMps:
+    """The supervisor with what it needs to know which daemons the node wants now."""
+
+    agent: NodeAgent
+    supervisor: MpsSupervisor
+
+    def wanted(self, retired: Collection[str] = ()) -> dict[str, MpsDaemonSpec]:
+        return self.wanted_for(self.agent.inventory, retired=retired)
+
+    def wanted_for(
+        self, inventory: NodeInventory, *, retired: Collection[str] = ()
+    ) -> dict[str, MpsDaemonSpec]:
+        plan = self.agent.config.sharing
+        return wanted_daemons(inventory, plan, base_dir=self.supervisor.settings.base_dir, retired=retired)
+
+    def kill(self, gpu_index: int) -> str:
+        """``sim inject --kill-mps-daemon``: kill GPU ``gpu_index``'s daemon as a crash would."""
+        for gpu in self.agent.inventory.gpus:
+            if gpu.index == gpu_index:
+                return self.supervisor.kill(gpu.uuid)
+        raise GpuweaveError(f"no GPU {gpu_index} on this node ({len(self.agent.inventory.gpus)} GPUs)")
+
+    def stop(self) -> None:
+        self.supervisor.stop_all()
+
+
+def start_node_mps(
+    agent: NodeAgent,
+    *,
+    daemons: MpsDaemons,
+    inventory: NodeInventory,
+    settings: MpsSettings,
+    sharing_config: Path | None = None,
+) -> NodeMps:
+    """Start every wanted daemon (before ``agent.start``), install the Allocate lookup and routes."""
+    supervisor = MpsSupervisor(daemons, settings, gate=lambda reasons: agent.set_gate(GATE, reasons))
+    mps = NodeMps(agent, supervisor)
+    wanted = mps.wanted_for(inventory)
+    if isinstance(daemons, ProcessMpsDaemons):
+        require_binary(daemons.command, wanted)
+    supervisor.check(wanted)
+    if wanted:
+        up = sum(1 for r in supervisor.records().values() if r.up)
+        log.info(
+            "MPS: %d of %d fractional GPUs have a live daemon under %s", up, len(wanted), settings.base_dir
+        )
+    agent.use_mps_pipes(supervisor.pipe_directory)
+    agent.control.add_route("mps.status", lambda _params: {"gpus": status(supervisor)})
+    if sharing_config is not None:
+        agent.control.add_route("sharing.reload", lambda _params: _reload(agent, mps, sharing_config))
+    return mps
+
+
+def _reload(agent: NodeAgent, mps: NodeMps, path: Path) -> dict[str, Any]:
+    """Re-read the sharing file: re-offer the GPUs, then start and stop daemons to match at once."""
+    counts = agent.set_sharing(load_sharing_plan(path))
+    mps.supervisor.check(mps.wanted())
+    return {"resources": counts, "mps": status(mps.supervisor)}
+
+
+class MpsRoundHook:
+    """Each health round: supervise the daemons; fault the GPUs whose daemon cannot be restarted."""
+
+    def __init__(self, mps: NodeMps) -> None:
+        self._mps = mps
+
+    def __call__(self, monitor: HealthMonitor) -> None:
+        with monitor.lock:
+            retired = {uuid for uuid, r in monitor.engine.gpus.items() if r.state is DeviceState.RETIRED}
+        to_fault = self._mps.supervisor.check(self._mps.wanted(retired))
+        if not to_fault:
+            return
+        with monitor.lock:
+            for record in to_fault:
+                reason = f"MPS control daemon cannot be restarted: {record.reason}"
+                fault = Fault(
+                    monitor.now(),
+                    MPS_SIGNAL,
+                    Severity.FATAL,
+                    reason,
+                    cause=Cause.DRIVER,
+                    ladder=(Action.RESET_GPU,),
+                    strike=False,
+                )
+                monitor.engine.apply(record.spec.gpu_uuid, fault)
+        monitor.publish()

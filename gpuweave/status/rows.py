@@ -1,0 +1,266 @@
+"""``gpuweave status`` rows: per node and GPU, what the scheduler sees, as plain values.
+
+Built from a ``ClusterView`` (the extender's own cache over the listed objects), so a GPU shows
+as not healthy exactly when the extender keeps new work off it (labelled with the health
+state the node agent's reason names: failed, suspect, probation ...), and a pod holds the devices its
+assignment annotation names. Per GPU: product, sharing mode, holders (whole GPU, MIG device or
+share units), health and its reason, the MIG layout, whether the bad-hardware list names it.
+Per node and cluster-wide: free GPUs and the fragment F_n(M) the scorer weighs
+(``shares.node_fragment``, FGD's measure for the learned workload mix). No I/O and no text
+layout here: the command renders these rows as a table or JSON.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from devicemodel.assignment import parent_gpu_of_share
+from gpuweave.status.cluster_view import BadHardware, ClusterView
+from health.policy import DeviceState
+from scheduler_ext.cluster.objects import PodRecord
+from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, GpuSlot, ShareMode
+from scheduler_ext.decide.shares import ModelFor, fragment_models, node_fragment
+from scheduler_ext.decide.state import NodeState, share_capacity
+from topology.fragmentation import MILLI_PER_GPU
+
+HEALTHY, WITHHELD, UNHEALTHY, RETIRED = "healthy", "withheld", "unhealthy", "retired"
+HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.HEALTHY)
+
+
+@dataclass(frozen=True)
+class Holder:
+    pod: str  # namespace/name
+    holds: str  # "whole", "MIG 1g.10gb", "40% compute, 10 GiB", "1 replica"
+
+
+@dataclass(frozen=True)
+class MigRow:
+    uuid: str
+    profile: str
+    health: str
+    reason: str
+    holder: str  # namespace/name, "" when free
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    uuid: str
+    product: str
+    memory_gib: int
+    sharing: str  # exclusive | fractional | time-sliced | mig
+    health: str  # healthy | suspect | failed | remediating | probation | retired | withheld | unhealthy
+    reason: str
+    free: str  # "free", "held", "60% free", "2/4 free" (replicas or MIG devices)
+    holders: tuple[Holder, ...]
+    migs: tuple[MigRow, ...]
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    topology: str  # nvswitch-8, nvlink-8, pcie-8 (the inventory's label)
+    gpus: tuple[GpuRow, ...]
+    pods: int
+    free_gpus: int  # whole GPUs free for new work
+    fragment_milli: float
+    idle_milli: float
+    unhealthy_nics: tuple[tuple[str, str], ...]  # (name, reason)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    nodes: tuple[NodeRow, ...]
+    without_inventory: tuple[str, ...]  # Nodes with no GpuNodeInventory (no gpuweave node agent)
+    bad_hardware: tuple[BadHardware, ...]
+    fragment_milli: float
+    idle_milli: float
+    mix: str  # what the fragment is measured against
+
+
+def cluster_status(view: ClusterView, *, node: str | None = None) -> ClusterStatus:
+    """The rows of every node (or of ``node`` only; cluster totals stay cluster-wide)."""
+    bad = {b.uuid: b for b in view.bad_hardware}
+    mix = view.core.workload.mix
+    models = fragment_models(mix.workload)  # the scorer's models for this mix (``DecisionCore``)
+    rows, bare = [], []
+    for name in sorted(view.cache.node_names()):
+        state = view.cache.node(name)
+        if state is None or state.layout is None:
+            bare.append(name)
+            continue
+        rows.append(_node_row(view, state, bad=bad, models=models))
+    shown = [r for r in rows if node is None or r.name == node]
+    return ClusterStatus(
+        nodes=tuple(shown),
+        without_inventory=tuple(n for n in bare if node is None or n == node),
+        bad_hardware=view.bad_hardware,
+        fragment_milli=sum(r.fragment_milli for r in rows),
+        idle_milli=sum(r.idle_milli for r in rows),
+        mix=_mix_text(mix.pinned, mix.version, mix.pods_seen),
+    )
+
+
+def _mix_text(pinned: bool, version: int, pods: int) -> str:
+    if pinned:
+        return "pinned workload"
+    return f"mix learned from {pods} pods" if version else "cold-start mix"
+
+
+def _node_row(
+    view: ClusterView, state: NodeState, *, bad: Mapping[str, BadHardware], models: ModelFor
+) -> NodeRow:
+    assert state.layout is not None and state.index is not None
+    records = {r.uid: r for r in view.cache.holdings_on(state.name)}
+    health = _DeviceHealth.of(view.inventories.get(state.name), state)
+    fragment, idle = node_fragment(state.layout, state.free, model_for=models, host_free=state.host_free)
+    gpus = tuple(
+        _gpu_row(state, slot, records=records, health=health, bad=bad.get(state.index.gpu_uuids[slot.index]))
+        for slot in state.layout.gpus
+    )
+    nics = tuple((nic, health.reason(nic)) for nic in state.index.nic_names if nic in state.unhealthy)
+    labels = (view.inventories.get(state.name, {}).get("metadata") or {}).get("labels") or {}
+    return NodeRow(
+        name=state.name,
+        topology=str(labels.get("gpuweave.io/topology") or f"{len(gpus)} GPUs"),
+        gpus=gpus,
+        pods=len({r.key for r in records.values()}),
+        free_gpus=len(state.free.free_gpus),
+        fragment_milli=fragment,
+        idle_milli=idle,
+        unhealthy_nics=nics,
+    )
+
+
+@dataclass(frozen=True)
+class _DeviceHealth:
+    """Per device ID: the state the extender acts on, and the reason the node agent published."""
+
+    unhealthy: frozenset[str]
+    withheld: frozenset[str]
+    reasons: Mapping[str, str]
+
+    @classmethod
+    def of(cls, inventory: Mapping[str, Any] | None, state: NodeState) -> _DeviceHealth:
+        status = (inventory or {}).get("status") or {}
+        reasons = {
+            str(d.get("id")): str(d.get("reason") or "")
+            for d in status.get("devices") or []
+            if isinstance(d, Mapping) and d.get("id")
+        }
+        return cls(state.unhealthy, frozenset(map(str, status.get("withheld") or [])), reasons)
+
+    def state(self, device_id: str, parent: str = "") -> str:
+        """healthy; the health state the agent's reason starts with (failed, suspect, probation
+        ...); else withheld (a gate or an operator held it) or unhealthy."""
+        if device_id not in self.unhealthy and parent not in self.unhealthy:
+            return HEALTHY
+        named = self.reason(device_id, parent).partition(":")[0]
+        if named in HEALTH_STATES:
+            return named.lower()
+        return WITHHELD if {device_id, parent} & self.withheld else UNHEALTHY
+
+    def reason(self, device_id: str, parent: str = "") -> str:
+        return self.reasons.get(device_id) or self.reasons.get(parent, "")
+
+
+def _gpu_row(
+    state: NodeState,
+    slot: GpuSlot,
+    *,
+    records: Mapping[str, PodRecord],
+    health: _DeviceHealth,
+    bad: BadHardware | None,
+) -> GpuRow:
+    assert state.layout is not None and state.index is not None
+    uuid = state.index.gpu_uuids[slot.index]
+    sharing = "mig" if slot.mig_enabled else slot.mode.value
+    migs = _mig_rows(state, slot.index, records=records, health=health)
+    holders = _holders(state, uuid, slot, records)
+    condition = RETIRED if bad is not None else health.state(uuid)
+    reason = bad.reason if bad is not None else health.reason(uuid) if condition != HEALTHY else ""
+    return GpuRow(
+        index=slot.index,
+        uuid=uuid,
+        product=slot.attributes.product_name,
+        memory_gib=slot.memory_gib,
+        sharing=sharing,
+        health=condition,
+        reason=reason,
+        free=_free_text(state, slot, migs=migs, held=bool(holders)),
+        holders=holders,
+        migs=migs,
+    )
+
+
+def _holders(
+    state: NodeState, uuid: str, slot: GpuSlot, records: Mapping[str, PodRecord]
+) -> tuple[Holder, ...]:
+    def key(uid: str) -> str:
+        record = records.get(uid)
+        return record.key if record is not None else uid
+
+    if slot.mode is ShareMode.EXCLUSIVE or slot.mig_enabled:
+        uid = state.holders.get(uuid)
+        return (Holder(key(uid), "whole"),) if uid is not None and not slot.mig_enabled else ()
+    units: dict[str, Counter[str]] = {}
+    for device_id, uid in state.holders.items():
+        if parent_gpu_of_share(device_id) == uuid:
+            units.setdefault(uid, Counter())[device_id.rpartition("::")[2].partition("-")[0]] += 1
+    shares = (Holder(key(uid), _share_words(counts)) for uid, counts in units.items())
+    return tuple(sorted(shares, key=lambda h: h.pod))
+
+
+def _share_words(units: Counter[str]) -> str:
+    parts = []
+    if units["compute"]:
+        parts.append(f"{units['compute']}% compute")
+    if units["memory"]:
+        parts.append(f"{units['memory']} GiB")
+    if units["replica"]:
+        parts.append(f"{units['replica']} replica" + ("s" if units["replica"] > 1 else ""))
+    return ", ".join(parts)
+
+
+def _mig_rows(
+    state: NodeState, gpu: int, *, records: Mapping[str, PodRecord], health: _DeviceHealth
+) -> tuple[MigRow, ...]:
+    assert state.layout is not None and state.index is not None
+    parent = state.index.gpu_uuids[gpu]
+    rows = []
+    for mig in (m for m in state.layout.migs if m.parent_index == gpu):
+        uuid = state.index.mig_uuids[mig.position]
+        uid = state.holders.get(uuid)
+        record = records.get(uid or "")
+        condition = health.state(uuid, parent)
+        reason = health.reason(uuid, parent) if condition != HEALTHY else ""
+        holder = record.key if record is not None else uid or ""
+        rows.append(MigRow(uuid=uuid, profile=mig.profile, health=condition, reason=reason, holder=holder))
+    return tuple(rows)
+
+
+def _free_text(state: NodeState, slot: GpuSlot, *, migs: Sequence[MigRow], held: bool) -> str:
+    if slot.mig_enabled:
+        free = sum(1 for m in migs if not m.holder and m.health == HEALTHY)
+        return f"{free}/{len(migs)} free"
+    if slot.mode is ShareMode.EXCLUSIVE:
+        return "held" if held else "free" if slot.index in state.free.free_gpus else "-"
+    assert state.layout is not None
+    use = dict(state.free.share_use).get(slot.index)
+    if use is None:
+        return "-"  # withheld: offers nothing
+    if slot.mode is ShareMode.FRACTIONAL:
+        return f"{COMPUTE_UNITS_PER_GPU - use.compute}% free"
+    return f"{share_capacity(state.layout, slot.index).replicas - use.replicas}/{slot.replicas} free"
+
+
+def fragment_percent(fragment_milli: float, idle_milli: float) -> float:
+    """The fragment as a share of the idle GPU it is part of (0 with nothing idle)."""
+    return 100.0 * fragment_milli / idle_milli if idle_milli > 0 else 0.0
+
+
+def gpus(milli: float) -> float:
+    return milli / MILLI_PER_GPU

@@ -1,0 +1,227 @@
+"""Reading the Kubernetes objects the extender watches into small values.
+
+Tolerant on purpose: the extender must keep serving when one object is odd. A GpuNodeInventory
+whose spec does not parse is logged and treated as "no inventory" for that node; a pod whose
+assignment annotation does not parse holds nothing (and is logged), never crashes the cache.
+
+A pod's ``gpuweave.io/assignment`` annotation is trusted only as far as the pod could really hold
+those devices (anyone who may create a pod can write the annotation): it counts only once the pod
+is bound (``spec.nodeName``) to the node the annotation names, and per container and resource only
+IDs of that resource's form (a ``GPU-`` UUID for ``nvidia.com/gpu``, a compute unit for
+``gpuweave.io/gpu-compute``, ...: ``assignment.fits_resource``), up to the count the container
+requests (the first IDs in the annotation's order; the requests as ``requests.pod_request`` reads
+them, so a pod whose containers it refuses counts nothing); a Pending pod's annotation holds
+nothing. The extender's own bind is counted before the watch shows it (the
+cache's *assumed* holdings).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from devicemodel.assignment import PodAssignment, fits_resource
+from devicemodel.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    RESOURCE_EFA,
+    RESOURCE_GPU,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    RESOURCE_GPU_SHARED,
+    mig_resource_name,
+)
+from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import gang_key
+from devicemodel.inventory import NodeInventory
+from devicemodel.spec import NodeProfileSpec
+from devicemodel.spec_templates import SpecTemplates
+from scheduler_ext.decide.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
+from scheduler_ext.pods.host import host_requests
+from scheduler_ext.pods.requests import PodRequest, pod_request
+
+LOG = logging.getLogger(__name__)
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class InventoryRecord:
+    """What one GpuNodeInventory says: the hardware, withheld devices and per-GPU sharing modes."""
+
+    node: str
+    inventory: NodeInventory
+    unhealthy: frozenset[str]
+    sharing: Mapping[str, GpuSharingEntry]
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """A pod as the cache tracks it: who it is and which devices it holds where."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    devices: frozenset[str]
+    priority: int
+    terminated: bool
+    cpu_milli: int = 0  # host requests, as NodeResourcesFit counts them (``host``)
+    memory_mib: int = 0
+    gang: str = ""  # the gang key it names (``gangs.gang_key``), "" for none
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def inventory_record(obj: Mapping[str, Any], *, templates: SpecTemplates | None = None) -> InventoryRecord:
+    """Parse a GpuNodeInventory object; raises ``InvalidInputError`` with the field at fault.
+    ``templates``: parse each hardware shape once (the cache's first sync of a large cluster)."""
+    name = str(_mapping(obj.get("metadata")).get("name") or "")
+    if not name:
+        raise InvalidInputError("GpuNodeInventory without metadata.name; the name must be the node's name")
+    raw_spec = _mapping(obj.get("spec"))
+    source = f"GpuNodeInventory {name} spec"
+    if templates is not None:
+        inventory = templates.inventory(raw_spec, name=name, source=source)
+    else:
+        inventory = NodeProfileSpec.parse(raw_spec, source=source).to_inventory(node_name=name)
+    status = _mapping(obj.get("status"))
+    return InventoryRecord(
+        node=name,
+        inventory=inventory,
+        unhealthy=_unhealthy(status),
+        sharing=_sharing(
+            _mapping(status.get("sharing")) or _mapping(_mapping(obj.get("spec")).get("sharing"))
+        ),
+    )
+
+
+def _unhealthy(status: Mapping[str, Any]) -> frozenset[str]:
+    """Device IDs kept from new work: ``status.unhealthyDevices``, ``status.withheld``, or any
+    ``status.devices`` entry whose health is not Healthy (the node agent publishes all three)."""
+    listed = [*(status.get("unhealthyDevices") or []), *(status.get("withheld") or [])]
+    ids = {str(d) for d in listed if isinstance(d, str | int)}
+    for device in status.get("devices") or []:
+        entry = _mapping(device)
+        health = str(entry.get("health") or entry.get("state") or "Healthy").lower()
+        if entry.get("id") and health not in ("healthy", "probation"):
+            ids.add(str(entry["id"]))
+    return frozenset(ids)
+
+
+def _sharing(raw: Mapping[str, Any]) -> Mapping[str, GpuSharingEntry]:
+    result: dict[str, GpuSharingEntry] = {}
+    for key, value in raw.items():
+        entry = _mapping(value) if not isinstance(value, str) else {"mode": value}
+        try:
+            mode = ShareMode(str(entry.get("mode") or "exclusive"))
+        except ValueError:
+            LOG.warning("ignoring sharing entry %s: unknown mode %r", key, entry.get("mode"))
+            continue
+        replicas = entry.get("replicas")
+        result[str(key)] = GpuSharingEntry(mode, replicas if isinstance(replicas, int) else DEFAULT_REPLICAS)
+    return result
+
+
+def pod_identity(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(uid, "namespace/name") as ``pod_record`` has them, without parsing the rest."""
+    metadata = _mapping(obj.get("metadata"))
+    return _pod_uid(metadata), f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+
+
+def _pod_uid(metadata: Mapping[str, Any]) -> str:
+    """The pod's UID; "namespace/name" as given for an object without one (a snapshot file's pod)."""
+    return str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
+
+
+def pod_record(obj: Mapping[str, Any]) -> PodRecord:
+    metadata = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
+    annotations = _mapping(metadata.get("annotations"))
+    node = spec.get("nodeName") or None
+    where = f"pod {metadata.get('namespace')}/{metadata.get('name')}"
+    devices = _counted_devices(obj, annotations.get(ANNOTATION_ASSIGNMENT), node=node, where=where)
+    priority = spec.get("priority")
+    cpu, memory = host_requests(obj)
+    return PodRecord(
+        uid=_pod_uid(metadata),
+        namespace=str(metadata.get("namespace") or "default"),
+        name=str(metadata.get("name") or ""),
+        node=str(node) if node else None,
+        devices=devices,
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        terminated=str(status.get("phase") or "") in TERMINAL_PHASES,  # terminating pods still hold
+        cpu_milli=cpu,
+        memory_mib=memory,
+        gang=gang_key(obj),
+    )
+
+
+def _counted_devices(obj: Mapping[str, Any], raw: object, *, node: object, where: str) -> frozenset[str]:
+    """The devices a pod's assignment annotation may count (see the module docstring)."""
+    if not isinstance(raw, str) or not raw or not node:
+        return frozenset()  # no annotation, or not bound: a Pending pod holds nothing
+    try:
+        assignment = PodAssignment.from_annotation(raw)
+        allowed = requested_units(pod_request({"spec": obj.get("spec")}))  # its containers only
+    except InvalidInputError as exc:
+        LOG.warning("%s: %s; counting none of its devices", where, exc)
+        return frozenset()
+    if assignment.node != node:
+        LOG.warning(
+            "%s: its gpuweave.io/assignment names node %.200r but the pod is bound to %.200r; "
+            "counting none of its devices",
+            where,
+            assignment.node,
+            node,
+        )
+        return frozenset()
+    counted: set[str] = set()
+    for container, chosen in assignment.containers.items():
+        for resource, ids in chosen.devices.items():
+            limit = allowed.get((container, resource), 0)
+            counted.update(_within(ids, resource, limit, where=f"{where} container {container:.200}"))
+    return frozenset(counted)
+
+
+def _within(ids: list[str], resource: str, limit: int, *, where: str) -> list[str]:
+    """Of the IDs named for one container and resource, those of that resource's form
+    (``fits_resource``), the first ``limit`` of them in the annotation's order."""
+    named = list(dict.fromkeys(ids))
+    fitting = [d for d in named if fits_resource(resource, d)]
+    if len(fitting) < len(named) or len(fitting) > limit:
+        LOG.warning(
+            "%s: its gpuweave.io/assignment names %d devices of %.200s (%d not of that resource's "
+            "kind) and it requests %d; counting %d",
+            where,
+            len(named),
+            resource,
+            len(named) - len(fitting),
+            limit,
+            min(limit, len(fitting)),
+        )
+    return fitting[:limit]
+
+
+def requested_units(request: PodRequest) -> dict[tuple[str, str], int]:
+    """(container name, resource name) -> the units that container requests, init containers
+    included, as ``requests.pod_request`` parsed them."""
+    units: dict[tuple[str, str], int] = {}
+    for c in request.containers:
+        counts = (
+            (RESOURCE_GPU, c.gpus),
+            (RESOURCE_EFA, c.efa),
+            (RESOURCE_GPU_COMPUTE, c.compute),
+            (RESOURCE_GPU_MEMORY, c.memory_gib),
+            (RESOURCE_GPU_SHARED, c.shared),
+            *((mig_resource_name(profile), n) for profile, n in c.mig),
+        )
+        units.update(((c.name, resource), n) for resource, n in counts if n)
+    return units

@@ -1,0 +1,104 @@
+"""Offline mode: the cluster from a Kubernetes ``List`` file, binds applied in memory only.
+
+A snapshot is what ``kubectl get nodes,gpunodeinventories,pods -A -o yaml`` prints (a ``List``), or
+several YAML documents, or the JSON form; nested Lists are flattened. ResourceSlices and
+ResourceClaims in it (``kubectl get resourceslices,resourceclaims -A``) feed the claim scores. It
+lets the extender run with no cluster: for what-if runs, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devicemodel.assignment import PodAssignment
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, NODE_INVENTORY_KIND
+from devicemodel.errors import InvalidInputError
+from scheduler_ext.cluster.cache import ClusterCache
+
+
+def load_snapshot(path: Path, cache: ClusterCache) -> dict[str, int]:
+    """Feed every Node, GpuNodeInventory, Pod, ResourceSlice and ResourceClaim in the file into
+    the cache; returns counts by kind."""
+    counts = apply_objects(iter(read_objects(path)), cache)
+    cache.synced.set()
+    return counts
+
+
+def read_objects(path: Path) -> list[Mapping[str, Any]]:
+    """Every object in the file, Lists flattened (``gpuweave status`` reads more kinds than the cache)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read snapshot {path}: {exc.strerror}; check --snapshot") from None
+    return list(_documents(text, source=str(path)))
+
+
+def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    pods = []
+    for obj in objects:
+        kind = str(obj.get("kind") or "")
+        if kind == "Node":
+            cache.upsert_node(obj)
+        elif kind == NODE_INVENTORY_KIND:
+            cache.upsert_inventory(obj)
+        elif kind == "ResourceSlice":
+            cache.claims.upsert_slice(obj)
+        elif kind == "ResourceClaim":
+            cache.claims.upsert_claim(obj)
+        elif kind == "Pod":
+            pods.append(obj)  # after the nodes, so holdings land on known nodes
+        else:
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
+    for pod in pods:
+        cache.upsert_pod(pod)
+        cache.remember_pod(pod)  # offline, the cache is the only record of bound pods too
+    return counts
+
+
+def _documents(text: str, *, source: str) -> Iterator[Mapping[str, Any]]:
+    try:
+        loaded = [json.loads(text)] if text.lstrip().startswith("{") else list(yaml.safe_load_all(text))
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InvalidInputError(f"snapshot {source} is neither JSON nor YAML: {exc}") from None
+    for document in loaded:
+        yield from _flatten(document, source=source)
+
+
+def _flatten(document: object, *, source: str) -> Iterator[Mapping[str, Any]]:
+    if document is None:
+        return
+    if not isinstance(document, Mapping):
+        raise InvalidInputError(
+            f"snapshot {source}: expected Kubernetes objects, found {type(document).__name__}"
+        )
+    if str(document.get("kind") or "").endswith("List") or ("items" in document and "kind" not in document):
+        for item in document.get("items") or []:
+            yield from _flatten(item, source=source)
+        return
+    yield document
+
+
+class SnapshotBinder:
+    """Bind in memory: the pod gets the annotation and node name, and the cache sees it as a watch would."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    def bind(self, pod: Mapping[str, Any], *, node: str, assignment: PodAssignment | None) -> None:
+        bound = copy.deepcopy(dict(pod))
+        bound.setdefault("spec", {})["nodeName"] = node
+        if assignment is not None:
+            metadata = bound.setdefault("metadata", {})
+            annotations = dict(metadata.get("annotations") or {})
+            annotations[ANNOTATION_ASSIGNMENT] = assignment.to_annotation()
+            metadata["annotations"] = annotations
+        self._cache.upsert_pod(bound)
+        self._cache.remember_pod(bound)  # no API server keeps it: the cache is the record

@@ -1,0 +1,164 @@
+"""Per-inventory facts the decision core asks about, derived once per distinct node layout.
+
+Thousands of nodes share a handful of hardware layouts. ``NodeLayout`` holds what decisions depend
+on with every per-node identifier (UUIDs, names) stripped, so decisions memoize across nodes of
+the same layout; ``LayoutIndex`` keeps the per-node identifiers that turn an index-based plan into
+device IDs at bind time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cached_property
+from itertools import combinations
+
+from devicemodel.inventory import Gpu, NicType, NodeInventory
+from scheduler_ext.pods.selector import DeviceAttributes
+
+COMPUTE_UNITS_PER_GPU = 100
+DEFAULT_REPLICAS = 4
+
+
+class ShareMode(StrEnum):
+    """How a GPU is offered to pods (one mode per GPU, as the node agent publishes it)."""
+
+    EXCLUSIVE = "exclusive"
+    FRACTIONAL = "fractional"
+    TIME_SLICED = "time-sliced"
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """One GPU as decisions see it (no UUID)."""
+
+    index: int
+    numa_node: int
+    pcie_switch: str | None
+    attributes: DeviceAttributes
+    mode: ShareMode
+    replicas: int
+    memory_gib: int
+    mig_enabled: bool
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    position: int  # index into the node's mig_devices tuple
+    parent_index: int
+    profile: str
+
+
+@dataclass(frozen=True)
+class NicSlot:
+    position: int  # index into the node's EFA NIC list
+    numa_node: int
+    pcie_switch: str | None
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Identifier-free description of a node's devices; equal layouts share memoized decisions."""
+
+    gpus: tuple[GpuSlot, ...]
+    nvlink_pairs: frozenset[tuple[int, int]]
+    migs: tuple[MigSlot, ...]
+    nics: tuple[NicSlot, ...]
+
+    @cached_property
+    def gpu_by_index(self) -> Mapping[int, GpuSlot]:
+        return {g.index: g for g in self.gpus}
+
+    def nvlinked(self, a: int, b: int) -> bool:
+        return (min(a, b), max(a, b)) in self.nvlink_pairs
+
+    def all_nvlinked(self, gpus: tuple[int, ...]) -> bool:
+        return all(self.nvlinked(a, b) for a, b in combinations(gpus, 2))
+
+    def nic_switches(self) -> frozenset[str]:
+        return frozenset(n.pcie_switch for n in self.nics if n.pcie_switch is not None)
+
+    def nic_aligned(self, gpu: int) -> bool:
+        """A GPU with an EFA adapter on its own PCIe switch."""
+        switch = self.gpu_by_index[gpu].pcie_switch
+        return switch is not None and switch in self.nic_switches()
+
+
+@dataclass(frozen=True)
+class LayoutIndex:
+    """The per-node identifiers behind a layout's positions."""
+
+    gpu_uuids: Mapping[int, str]
+    mig_uuids: tuple[str, ...]
+    nic_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GpuSharingEntry:
+    mode: ShareMode
+    replicas: int = DEFAULT_REPLICAS
+
+
+def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
+    pairs = {
+        (min(link.gpu_a, link.gpu_b), max(link.gpu_a, link.gpu_b))
+        for link in inventory.nvlinks
+        if link.links > 0
+    }
+    if inventory.nvswitch is not None:
+        pairs.update((a, b) for a, b in combinations(sorted(inventory.nvswitch.gpus), 2))
+    return frozenset(pairs)
+
+
+def build_layout(
+    inventory: NodeInventory, *, sharing: Mapping[str, GpuSharingEntry] | None = None
+) -> tuple[NodeLayout, LayoutIndex]:
+    """Derive the layout and its identifiers; ``sharing`` maps GPU UUID or index to its mode."""
+    pairs = _nvlink_pairs(inventory)
+    slots = tuple(
+        _gpu_slot(inventory, gpu, pairs=pairs, sharing=sharing or {})
+        for gpu in sorted(inventory.gpus, key=lambda g: g.index)
+    )
+    migs = tuple(MigSlot(i, m.parent_index, m.profile) for i, m in enumerate(inventory.mig_devices))
+    efa = [n for n in inventory.nics if n.type is NicType.EFA]
+    nics = tuple(NicSlot(i, n.numa_node, n.pcie_switch) for i, n in enumerate(efa))
+    layout = NodeLayout(gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics)
+    index = LayoutIndex(
+        gpu_uuids={g.index: g.uuid for g in inventory.gpus},
+        mig_uuids=tuple(m.uuid for m in inventory.mig_devices),
+        nic_names=tuple(n.name for n in efa),
+    )
+    return layout, index
+
+
+def _gpu_slot(
+    inventory: NodeInventory,
+    gpu: Gpu,
+    *,
+    pairs: frozenset[tuple[int, int]],
+    sharing: Mapping[str, GpuSharingEntry],
+) -> GpuSlot:
+    entry = sharing.get(gpu.uuid) or sharing.get(str(gpu.index)) or GpuSharingEntry(ShareMode.EXCLUSIVE)
+    switched = inventory.nvswitch is not None and gpu.index in inventory.nvswitch.gpus
+    attributes = DeviceAttributes(
+        architecture=str(gpu.architecture.value),
+        product_name=gpu.product,
+        compute_capability=gpu.compute_capability,
+        driver_version=inventory.driver_version,
+        memory_bytes=gpu.memory_mib * 2**20,
+        mig_capable=gpu.mig_capable,
+        nvlink_peers=sum(1 for pair in pairs if gpu.index in pair),
+        nvswitch=switched,
+        numa_node=gpu.numa_node,
+    )
+    return GpuSlot(
+        index=gpu.index,
+        numa_node=gpu.numa_node,
+        pcie_switch=gpu.pcie_switch,
+        attributes=attributes,
+        mode=entry.mode,
+        replicas=entry.replicas,
+        memory_gib=gpu.memory_mib // 1024,
+        mig_enabled=gpu.mig_enabled or bool(inventory.mig_devices_of(gpu.index)),
+    )

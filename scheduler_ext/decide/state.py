@@ -1,0 +1,147 @@
+"""One node's device state as an immutable value: layout, health, and who holds which device.
+
+The cluster cache replaces a node's ``NodeState`` wholesale on every change (copy-on-write), so
+a decision reads one consistent value with no lock. ``FreeState`` is the per-state summary the
+decision core works on, computed once per state and keyed for memoization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from devicemodel.assignment import parent_gpu_of_share
+from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, LayoutIndex, NodeLayout, ShareMode
+
+
+@dataclass(frozen=True)
+class ShareUse:
+    """Units of one share-mode GPU in use."""
+
+    compute: int = 0
+    memory: int = 0
+    replicas: int = 0
+
+
+@dataclass(frozen=True)
+class FreeState:
+    """What is free on a node, by layout position; ``key`` identifies it for memoization."""
+
+    free_gpus: frozenset[int]  # exclusive-mode GPUs, healthy, not held
+    healthy_gpus: frozenset[int]  # exclusive-mode GPUs that are healthy, held or not
+    free_migs: frozenset[int]
+    healthy_migs: frozenset[int]
+    share_use: tuple[tuple[int, ShareUse], ...]  # healthy share-mode GPUs only
+    free_nics: frozenset[int]
+    healthy_nics: frozenset[int]
+
+    @cached_property
+    def key(self) -> tuple[object, ...]:
+        return (
+            _mask(self.free_gpus),
+            _mask(self.healthy_gpus),
+            _mask(self.free_migs),
+            _mask(self.healthy_migs),
+            self.share_use,
+            _mask(self.free_nics),
+            _mask(self.healthy_nics),
+        )
+
+
+def _mask(items: frozenset[int]) -> int:
+    value = 0
+    for item in items:
+        value |= 1 << item
+    return value
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node as the extender knows it. ``layout`` is None when the node publishes no inventory."""
+
+    name: str
+    layout: NodeLayout | None = None
+    layout_id: int = -1
+    index: LayoutIndex | None = None
+    unhealthy: frozenset[str] = frozenset()
+    holders: Mapping[str, str] = field(default_factory=dict)  # device ID -> pod UID
+    token: int = -1  # interned (layout, free state); equal tokens decide alike
+    host_free: tuple[int, int] | None = None  # (CPU milli, memory MiB) left; None: not known
+
+    @property
+    def memo_key(self) -> tuple[object, ...]:
+        return (self.layout_id, self.free.key, self.host_free)
+
+    def with_holders(self, holders: Mapping[str, str]) -> NodeState:
+        return replace(self, holders=holders, token=-1)
+
+    def with_host_free(self, host_free: tuple[int, int] | None) -> NodeState:
+        return replace(self, host_free=host_free, token=-1)
+
+    @cached_property
+    def free(self) -> FreeState:
+        return free_state(self)
+
+
+def free_state(node: NodeState) -> FreeState:
+    layout, index = node.layout, node.index
+    if layout is None or index is None:
+        empty: frozenset[int] = frozenset()
+        return FreeState(empty, empty, empty, empty, (), empty, empty)
+    bad_gpus = frozenset(i for i, uuid in index.gpu_uuids.items() if uuid in node.unhealthy)
+    exclusive = frozenset(g.index for g in layout.gpus if g.mode is ShareMode.EXCLUSIVE and not g.mig_enabled)
+    healthy_gpus = exclusive - bad_gpus
+    held = node.holders
+    free_gpus = frozenset(i for i in healthy_gpus if index.gpu_uuids[i] not in held)
+    healthy_migs = frozenset(
+        m.position
+        for m in layout.migs
+        if m.parent_index not in bad_gpus and index.mig_uuids[m.position] not in node.unhealthy
+    )
+    free_migs = frozenset(p for p in healthy_migs if index.mig_uuids[p] not in held)
+    healthy_nics = frozenset(
+        n.position for n in layout.nics if index.nic_names[n.position] not in node.unhealthy
+    )
+    free_nics = frozenset(p for p in healthy_nics if index.nic_names[p] not in held)
+    return FreeState(
+        free_gpus=free_gpus,
+        healthy_gpus=healthy_gpus,
+        free_migs=free_migs,
+        healthy_migs=healthy_migs,
+        share_use=_share_use(node, bad_gpus),
+        free_nics=free_nics,
+        healthy_nics=healthy_nics,
+    )
+
+
+def _share_use(node: NodeState, bad_gpus: frozenset[int]) -> tuple[tuple[int, ShareUse], ...]:
+    assert node.layout is not None and node.index is not None
+    by_uuid = {uuid: i for i, uuid in node.index.gpu_uuids.items()}
+    counts: dict[int, dict[str, int]] = {}
+    for device_id in node.holders:
+        parent = parent_gpu_of_share(device_id)
+        if parent is None or parent not in by_uuid:
+            continue
+        kind = device_id.rpartition("::")[2].partition("-")[0]
+        per_gpu = counts.setdefault(by_uuid[parent], {})
+        per_gpu[kind] = per_gpu.get(kind, 0) + 1
+    result = []
+    for gpu in node.layout.gpus:
+        if gpu.mode is ShareMode.EXCLUSIVE or gpu.index in bad_gpus:
+            continue
+        used = counts.get(gpu.index, {})
+        result.append(
+            (gpu.index, ShareUse(used.get("compute", 0), used.get("memory", 0), used.get("replica", 0)))
+        )
+    return tuple(result)
+
+
+def share_capacity(layout: NodeLayout, gpu_index: int) -> ShareUse:
+    """Total units a share-mode GPU offers."""
+    gpu = layout.gpu_by_index[gpu_index]
+    if gpu.mode is ShareMode.FRACTIONAL:
+        return ShareUse(compute=COMPUTE_UNITS_PER_GPU, memory=gpu.memory_gib)
+    if gpu.mode is ShareMode.TIME_SLICED:
+        return ShareUse(replicas=gpu.replicas)
+    return ShareUse()
