@@ -1,1 +1,6 @@
-"""scheduler_ext package of gpuweave."""
+"""The kube-scheduler extender (filter, prioritize, bind, preempt), in rooms that import downwards:
+``pods`` (what a pod asks for) < ``decide`` (the pure decision core) < ``cluster`` (the cluster
+cache, claims, preemption) < ``gangs`` < ``serving`` (the verbs, HTTP, wire, probes, metrics,
+events); ``app`` wires one process and ``kube`` runs it against a cluster. import-linter holds the
+order (pyproject.toml); docs/architecture.md walks a request through it.
+"""

@@ -1,4 +1,3 @@
-"""Pure core: inventory values, the topology graph, set scoring and fragmentation.
-
-Nothing in this package performs I/O or imports a transport or hardware library.
+"""Topology: the graph of one node's GPUs and NICs, GPU set scoring and search, fragmentation,
+and network tiers between nodes. Pure: values in, decisions out; built on ``devicemodel``.
 """
