@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory, unique_uuids
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.objects import InventoryRecord
 from scheduler_ext.cluster.snapshot import SnapshotBinder
-from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.decide.shortlist import DEFAULT_KEEP
 from scheduler_ext.serving.server import PriorityEncoder, decode_body, encode_filter_result
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
@@ -86,7 +86,7 @@ def build_cluster(size: int, *, rng: random.Random, keep: int = DEFAULT_KEEP) ->
         inventory = unique_uuids(templates[profile], salt=name)
         inventory = type(inventory)(**{**inventory.__dict__, "name": name})
         shared = i % 10 == 0  # every tenth node offers two GPUs as fractional shares
-        sharing = {str(g): GpuSharingEntry(ShareMode.FRACTIONAL) for g in (0, 1)} if shared else {}
+        sharing = {str(g): GpuSharing(SharingMode.FRACTIONAL) for g in (0, 1)} if shared else {}
         cache.upsert_node(node_object(name, gpus=len(inventory.gpus)))
         cache.put_inventory(InventoryRecord(name, inventory, frozenset(), sharing))
     cache.synced.set()

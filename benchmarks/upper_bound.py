@@ -36,12 +36,13 @@ import numpy as np
 
 from benchmarks.placement import DEFAULT_OUT, HELD_OUT_SEEDS, parse_seeds
 from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fgd.artifact import artifact_run
 from gpuweave.simulate.fgd.experiment import PAPER_VARIANTS, TraceExperiment, build_experiment
 from gpuweave.simulate.fgd.policies import default_gpus
 from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR, TracePod
-from topology.fragmentation import MILLI_PER_GPU, BoolArray, FragmentModel, TargetWorkload, TaskShape
+from topology.fragmentation import BoolArray, FragmentModel, TargetWorkload, TaskShape
 
 MAX_KINDS = 20  # the cut enumerates 2**kinds subsets
 

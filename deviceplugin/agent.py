@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan
 from devicemodel.state_file import write_json_atomically
 from deviceplugin.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
 from deviceplugin.cdi import CdiPublisher
@@ -39,7 +40,6 @@ from deviceplugin.podresources import AllocationLog
 from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
 from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import DevicePluginService, ResourceServer
-from deviceplugin.sharing import SharingPlan
 from deviceplugin.siblings import SiblingGrants
 from deviceplugin.state import ResourceState
 

@@ -21,9 +21,8 @@ from devicemodel.contracts import (
     mig_resource_name,
 )
 from devicemodel.inventory import Gpu, LostGpu, NicType, NodeInventory
-from deviceplugin.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB, SharingMode, SharingPlan
 
-MIB_PER_GIB = 1024
 MAX_DEVICE_ID_LENGTH = 63
 
 

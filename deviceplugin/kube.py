@@ -20,12 +20,12 @@ from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan
 from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
-from deviceplugin.sharing import SharingPlan
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
-from deviceplugin.sharing import SharingMode, SharingPlan
 from hardware.mps import MpsControlError, MpsDaemons, MpsDaemonSpec
 
 log = logging.getLogger(__name__)

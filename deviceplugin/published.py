@@ -15,9 +15,9 @@ from typing import Any
 
 from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_KIND
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
 from deviceplugin.devices import lost_reasons
-from deviceplugin.sharing import SharingMode, SharingPlan
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

@@ -32,8 +32,8 @@ from itertools import pairwise
 from typing import Any
 
 from devicemodel.inventory import Gpu, LostGpu, MigDevice, Nic, NicType, NodeInventory
+from devicemodel.sharing import SharingPlan
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
-from deviceplugin.sharing import SharingPlan
 from hardware.mig_catalog import GiProfile, MigCatalogError, default_catalog
 
 DRIVER = "gpuweave.io"

@@ -25,8 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from devicemodel.errors import InvalidInputError
-
-MILLI_PER_GPU = 1000
+from devicemodel.sharing import MILLI_PER_GPU
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

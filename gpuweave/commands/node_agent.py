@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.coexistence import refuse_if_served_by_another
 from deviceplugin.devices import build_catalogue
 from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.mps import MpsSettings
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
-from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
 from gpuweave.node.dra import add_dra_arguments, check_dra_arguments, start_node_dra

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from devicemodel.errors import GpuweaveError
+from devicemodel.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.published import published_list
-from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from dradriver.devices import MigPublishing
 from dradriver.slices import pool_slices
 from gpuweave.node.flags import add_dra_mig_argument

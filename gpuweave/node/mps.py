@@ -19,9 +19,9 @@ from typing import Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.agent import NodeAgent
 from deviceplugin.mps import GATE, HOST_BASE_DIR, MpsSettings, MpsSupervisor, status, wanted_daemons
-from deviceplugin.sharing import SharingPlan, load_sharing_plan
 from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, ProcessMpsDaemons, simulated_command
 from health.monitor import HealthMonitor
 from health.policy import DeviceState, Fault

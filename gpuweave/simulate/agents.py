@@ -27,10 +27,10 @@ from typing import Any
 from devicemodel.contracts import mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
 from deviceplugin.published import inventory_object
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.health import SIM_KMSG_FILE, start_node_health
 from gpuweave.node.mps import MpsRoundHook, start_node_mps

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
-from topology.fragmentation import MILLI_PER_GPU, BoolArray, FloatArray, FragmentModel, IntArray, TaskShape
+from devicemodel.sharing import MILLI_PER_GPU
+from topology.fragmentation import BoolArray, FloatArray, FragmentModel, IntArray, TaskShape
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from devicemodel.assignment import PodAssignment, parent_gpu_of_share
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
 from deviceplugin.published import inventory_object
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.cluster_objects import pod_object
 from gpuweave.simulate.fleet import FleetNode

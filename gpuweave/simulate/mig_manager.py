@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.state import GpuMode, MigSlot, SimState
 from hardware.mig_catalog import default_catalog
 from mig.planner import Instance, MigPlanError, plan_demand
-from topology.fragmentation import MILLI_PER_GPU
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.jobtime import JobTiming
 from gpuweave.simulate.state import RunningPod
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import MILLI_PER_GPU
 
 
 @dataclass

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.workload import Job
-from topology.fragmentation import MILLI_PER_GPU, FragmentModel
+from topology.fragmentation import FragmentModel
 
 
 class GpuMode(IntEnum):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.state import GpuMode, SimState
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import MILLI_PER_GPU
 
 
 @dataclass

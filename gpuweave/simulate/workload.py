@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.fgd.trace import load_pods
-from topology.fragmentation import MILLI_PER_GPU
 
 GANG_SIZES = (2, 4, 8, 16)
 # ITP: 2.14%, 3.42%, 10.11% of jobs; 16-64 GPUs 1.2% of jobs but 30% of GPU-hours, here all 16 GPUs

@@ -21,11 +21,11 @@ from typing import Any
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import SharingMode
 from gpuweave.status.cluster_view import ClusterView, Object, unbound
 from gpuweave.status.node_rules import excluded_by_scheduler
 from scheduler_ext.cluster.objects import PodRecord
 from scheduler_ext.cluster.snapshot import SnapshotBinder
-from scheduler_ext.decide.layout import ShareMode
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.decide.summary import DeviceGroup, device_groups, generic_reason, reason_counts
 from scheduler_ext.decide.verdict import Verdict
@@ -275,7 +275,7 @@ def _largest_node(view: ClusterView, request: PodRequest, verdicts: Mapping[str,
         state = view.cache.node(name)
         if state is not None and state.layout is not None:
             gpus = state.layout.gpus
-            sizes[name] = sum(1 for g in gpus if not g.mig_enabled and g.mode is ShareMode.EXCLUSIVE)
+            sizes[name] = sum(1 for g in gpus if not g.mig_enabled and g.mode is SharingMode.EXCLUSIVE)
     if not need or not sizes or max(sizes.values()) >= need:
         return []
     largest = max(sizes, key=lambda n: (sizes[n], n))

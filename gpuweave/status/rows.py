@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from devicemodel.assignment import parent_gpu_of_share
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MILLI_PER_GPU, SharingMode
 from gpuweave.status.cluster_view import BadHardware, ClusterView
 from health.policy import DeviceState
 from scheduler_ext.cluster.objects import PodRecord
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, GpuSlot, ShareMode
+from scheduler_ext.decide.layout import GpuSlot
 from scheduler_ext.decide.shares import ModelFor, fragment_models, node_fragment
 from scheduler_ext.decide.state import NodeState, share_capacity
-from topology.fragmentation import MILLI_PER_GPU
 
 HEALTHY, WITHHELD, UNHEALTHY, RETIRED = "healthy", "withheld", "unhealthy", "retired"
 HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.HEALTHY)
@@ -203,7 +203,7 @@ def _holders(
         record = records.get(uid)
         return record.key if record is not None else uid
 
-    if slot.mode is ShareMode.EXCLUSIVE or slot.mig_enabled:
+    if slot.mode is SharingMode.EXCLUSIVE or slot.mig_enabled:
         uid = state.holders.get(uuid)
         return (Holder(key(uid), "whole"),) if uid is not None and not slot.mig_enabled else ()
     units: dict[str, Counter[str]] = {}
@@ -246,13 +246,13 @@ def _free_text(state: NodeState, slot: GpuSlot, *, migs: Sequence[MigRow], held:
     if slot.mig_enabled:
         free = sum(1 for m in migs if not m.holder and m.health == HEALTHY)
         return f"{free}/{len(migs)} free"
-    if slot.mode is ShareMode.EXCLUSIVE:
+    if slot.mode is SharingMode.EXCLUSIVE:
         return "held" if held else "free" if slot.index in state.free.free_gpus else "-"
     assert state.layout is not None
     use = dict(state.free.share_use).get(slot.index)
     if use is None:
         return "-"  # withheld: offers nothing
-    if slot.mode is ShareMode.FRACTIONAL:
+    if slot.mode is SharingMode.FRACTIONAL:
         return f"{COMPUTE_UNITS_PER_GPU - use.compute}% free"
     return f"{share_capacity(state.layout, slot.index).replicas - use.replicas}/{slot.replicas} free"
 

@@ -51,7 +51,9 @@ MAX_INTERNED = 100_000  # distinct node summaries kept for sharing (cleared past
 
 # ---- values ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class DraDevice:
+class SliceDevice:
+    """What the extender keeps of one device in a published ResourceSlice."""
+
     name: str
     type: str  # gpu, mig, efa
     domain: str  # nvlinkDomain; "" without NVLink
@@ -64,7 +66,7 @@ class SliceEntry:
     node: str
     pool: str
     generation: int
-    devices: tuple[DraDevice, ...]
+    devices: tuple[SliceDevice, ...]
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def parse_slice(obj: Mapping[str, Any]) -> SliceEntry | None:
             continue  # MIG devices and placements are not scored here
         taints = device.get("taints")
         devices.append(
-            DraDevice(
+            SliceDevice(
                 name=device["name"],
                 type=kind,
                 domain=_string_attr(attributes, ATTR_NVLINK),
@@ -289,7 +291,7 @@ def claim_demand(obj: Mapping[str, Any]) -> tuple[Demand | None, str]:
 
 
 # ---- scoring (pure) ------------------------------------------------------------------------------
-def summarize(devices: Sequence[DraDevice], held: Mapping[str, int] | frozenset[str]) -> NodeSummary:
+def summarize(devices: Sequence[SliceDevice], held: Mapping[str, int] | frozenset[str]) -> NodeSummary:
     """The free (untainted, unallocated) GPUs per NVLink domain and root, and EFAs per root."""
     domains: dict[str, Counter[str]] = {}
     efa: Counter[str] = Counter()

@@ -35,9 +35,9 @@ from devicemodel.contracts import (
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import gang_key
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import DEFAULT_REPLICAS, GpuSharing, SharingMode
 from devicemodel.spec import NodeProfileSpec
 from devicemodel.spec_templates import SpecTemplates
-from scheduler_ext.decide.layout import DEFAULT_REPLICAS, GpuSharingEntry, ShareMode
 from scheduler_ext.pods.host import host_requests
 from scheduler_ext.pods.requests import PodRequest, pod_request
 
@@ -52,7 +52,7 @@ class InventoryRecord:
     node: str
     inventory: NodeInventory
     unhealthy: frozenset[str]
-    sharing: Mapping[str, GpuSharingEntry]
+    sharing: Mapping[str, GpuSharing]
 
 
 @dataclass(frozen=True)
@@ -115,17 +115,17 @@ def _unhealthy(status: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(ids)
 
 
-def _sharing(raw: Mapping[str, Any]) -> Mapping[str, GpuSharingEntry]:
-    result: dict[str, GpuSharingEntry] = {}
+def _sharing(raw: Mapping[str, Any]) -> Mapping[str, GpuSharing]:
+    result: dict[str, GpuSharing] = {}
     for key, value in raw.items():
         entry = _mapping(value) if not isinstance(value, str) else {"mode": value}
         try:
-            mode = ShareMode(str(entry.get("mode") or "exclusive"))
+            mode = SharingMode(str(entry.get("mode") or "exclusive"))
         except ValueError:
             LOG.warning("ignoring sharing entry %s: unknown mode %r", key, entry.get("mode"))
             continue
         replicas = entry.get("replicas")
-        result[str(key)] = GpuSharingEntry(mode, replicas if isinstance(replicas, int) else DEFAULT_REPLICAS)
+        result[str(key)] = GpuSharing(mode, replicas if isinstance(replicas, int) else DEFAULT_REPLICAS)
     return result
 
 

@@ -10,23 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cached_property
 from itertools import combinations
 
 from devicemodel.inventory import Gpu, NicType, NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode
 from scheduler_ext.pods.selector import DeviceAttributes
-
-COMPUTE_UNITS_PER_GPU = 100
-DEFAULT_REPLICAS = 4
-
-
-class ShareMode(StrEnum):
-    """How a GPU is offered to pods (one mode per GPU, as the node agent publishes it)."""
-
-    EXCLUSIVE = "exclusive"
-    FRACTIONAL = "fractional"
-    TIME_SLICED = "time-sliced"
 
 
 @dataclass(frozen=True)
@@ -37,7 +26,7 @@ class GpuSlot:
     numa_node: int
     pcie_switch: str | None
     attributes: DeviceAttributes
-    mode: ShareMode
+    mode: SharingMode
     replicas: int
     memory_gib: int
     mig_enabled: bool
@@ -94,12 +83,6 @@ class LayoutIndex:
     nic_names: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class GpuSharingEntry:
-    mode: ShareMode
-    replicas: int = DEFAULT_REPLICAS
-
-
 def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
     pairs = {
         (min(link.gpu_a, link.gpu_b), max(link.gpu_a, link.gpu_b))
@@ -112,7 +95,7 @@ def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
 
 
 def build_layout(
-    inventory: NodeInventory, *, sharing: Mapping[str, GpuSharingEntry] | None = None
+    inventory: NodeInventory, *, sharing: Mapping[str, GpuSharing] | None = None
 ) -> tuple[NodeLayout, LayoutIndex]:
     """Derive the layout and its identifiers; ``sharing`` maps GPU UUID or index to its mode."""
     pairs = _nvlink_pairs(inventory)
@@ -137,9 +120,9 @@ def _gpu_slot(
     gpu: Gpu,
     *,
     pairs: frozenset[tuple[int, int]],
-    sharing: Mapping[str, GpuSharingEntry],
+    sharing: Mapping[str, GpuSharing],
 ) -> GpuSlot:
-    entry = sharing.get(gpu.uuid) or sharing.get(str(gpu.index)) or GpuSharingEntry(ShareMode.EXCLUSIVE)
+    entry = sharing.get(gpu.uuid) or sharing.get(str(gpu.index)) or GpuSharing(SharingMode.EXCLUSIVE)
     switched = inventory.nvswitch is not None and gpu.index in inventory.nvswitch.gpus
     attributes = DeviceAttributes(
         architecture=str(gpu.architecture.value),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from scheduler_ext.decide.layout import NodeLayout, ShareMode
+from devicemodel.sharing import SharingMode
+from scheduler_ext.decide.layout import NodeLayout
 from scheduler_ext.decide.nics import plan_nic_containers
 from scheduler_ext.decide.search import LayoutSearch, SetChoice
 from scheduler_ext.decide.shares import ModelFor, plan_share_containers
@@ -77,7 +78,7 @@ class Planner:
 
     def _exclusive(self) -> frozenset[int]:
         return frozenset(
-            g.index for g in self.layout.gpus if g.mode is ShareMode.EXCLUSIVE and not g.mig_enabled
+            g.index for g in self.layout.gpus if g.mode is SharingMode.EXCLUSIVE and not g.mig_enabled
         )
 
     def _policy_check(self, gpus: frozenset[int], need: int, *, free: bool) -> str | None:

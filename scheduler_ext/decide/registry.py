@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from devicemodel.inventory import NodeInventory
-from scheduler_ext.decide.layout import GpuSharingEntry, LayoutIndex, NodeLayout, build_layout
+from devicemodel.sharing import GpuSharing
+from scheduler_ext.decide.layout import LayoutIndex, NodeLayout, build_layout
 from scheduler_ext.decide.search import LayoutSearch
 from scheduler_ext.decide.state import NodeState
 
@@ -34,7 +35,7 @@ class LayoutRegistry:
         inventory: NodeInventory,
         *,
         name: str,
-        sharing: Mapping[str, GpuSharingEntry] | None = None,
+        sharing: Mapping[str, GpuSharing] | None = None,
         unhealthy: frozenset[str] = frozenset(),
         holders: Mapping[str, str] | None = None,
     ) -> NodeState:

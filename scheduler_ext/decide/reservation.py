@@ -19,12 +19,11 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU
+from devicemodel.sharing import MILLI_PER_COMPUTE_UNIT, MILLI_PER_GPU
 from scheduler_ext.decide.state import NodeState
-from topology.fragmentation import MILLI_PER_GPU, TargetWorkload
+from topology.fragmentation import TargetWorkload
 
 NodeKind = tuple[str, int, int, int]  # (GPU product, GPU count, CPU milli, memory MiB) as built
-MILLI_PER_UNIT = MILLI_PER_GPU // COMPUTE_UNITS_PER_GPU
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,8 @@ def kind_and_free(
     if layout is None or not layout.gpus or allocatable is None:
         return None, 0, 0.0
     free = state.free
-    shares = sum(MILLI_PER_GPU - u.compute * MILLI_PER_UNIT for _, u in free.share_use if not u.replicas)
+    shares = sum(
+        MILLI_PER_GPU - u.compute * MILLI_PER_COMPUTE_UNIT for _, u in free.share_use if not u.replicas
+    )
     kind = (layout.gpus[0].attributes.product_name, len(layout.gpus), allocatable[0], allocatable[1])
     return kind, len(layout.gpus), float(shares + MILLI_PER_GPU * len(free.free_gpus))

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from devicemodel.share_rule import tightest_gpu
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, NodeLayout, ShareMode
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MILLI_PER_GPU, SharingMode
+from scheduler_ext.decide.layout import NodeLayout
 from scheduler_ext.decide.state import FreeState, ShareUse, share_capacity
 from scheduler_ext.decide.verdict import ContainerPlan, PlanStep, Verdict, fail, unresolvable
 from scheduler_ext.pods.host import NO_HOST, HostRequest
 from scheduler_ext.pods.requests import ContainerRequest, PodRequest
-from topology.fragmentation import MILLI_PER_GPU, FragmentModel, TargetWorkload, TaskShape
+from topology.fragmentation import FragmentModel, TargetWorkload, TaskShape
 
 # Fragment increases closer than this (milli-GPU) are ties: the measure's noise is not signal.
 # Chosen on seeds 42..51 of the default trace for the simulator policy this scorer replaced.
@@ -110,11 +111,11 @@ def plan_share_containers(
     qualities: list[float] = []  # time-sliced fill ratios
     fractional = False
     for container in sorted(wanting, key=lambda c: (-c.compute, -c.memory_gib, -c.shared, c.name)):
-        mode = ShareMode.TIME_SLICED if container.shared else ShareMode.FRACTIONAL
+        mode = SharingMode.TIME_SLICED if container.shared else SharingMode.FRACTIONAL
         roomy = _roomy(container, mode, layout=layout, eligible=eligible, use=use)
         if isinstance(roomy, Verdict):
             return roomy
-        if mode is ShareMode.TIME_SLICED:
+        if mode is SharingMode.TIME_SLICED:
             left = {i: share_capacity(layout, i).replicas - use[i].replicas for i in roomy}
             chosen = tightest_gpu(left, container.shared, index={i: i for i in roomy}) or roomy[0]
             capacity = share_capacity(layout, chosen).replicas
@@ -145,7 +146,7 @@ def plan_share_containers(
 
 def _roomy(
     container: ContainerRequest,
-    mode: ShareMode,
+    mode: SharingMode,
     *,
     layout: NodeLayout,
     eligible: frozenset[int],
@@ -163,7 +164,12 @@ def _roomy(
 
 
 def _impossible(
-    container: ContainerRequest, mode: ShareMode, capable: list[int], layout: NodeLayout, *, healthy: set[int]
+    container: ContainerRequest,
+    mode: SharingMode,
+    capable: list[int],
+    layout: NodeLayout,
+    *,
+    healthy: set[int],
 ) -> str | None:
     if not capable:
         return f"container {container.name!r} asks for GPU shares; node offers no {mode.value} GPU"
@@ -198,7 +204,7 @@ def _frees(layout: NodeLayout, use: dict[int, ShareUse]) -> dict[int, int]:
     return {
         i: _milli(COMPUTE_UNITS_PER_GPU - u.compute)
         for i, u in use.items()
-        if layout.gpu_by_index[i].mode is ShareMode.FRACTIONAL
+        if layout.gpu_by_index[i].mode is SharingMode.FRACTIONAL
     }
 
 

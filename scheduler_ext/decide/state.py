@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from devicemodel.assignment import parent_gpu_of_share
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, LayoutIndex, NodeLayout, ShareMode
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, SharingMode
+from scheduler_ext.decide.layout import LayoutIndex, NodeLayout
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ def free_state(node: NodeState) -> FreeState:
         empty: frozenset[int] = frozenset()
         return FreeState(empty, empty, empty, empty, (), empty, empty)
     bad_gpus = frozenset(i for i, uuid in index.gpu_uuids.items() if uuid in node.unhealthy)
-    exclusive = frozenset(g.index for g in layout.gpus if g.mode is ShareMode.EXCLUSIVE and not g.mig_enabled)
+    exclusive = frozenset(
+        g.index for g in layout.gpus if g.mode is SharingMode.EXCLUSIVE and not g.mig_enabled
+    )
     healthy_gpus = exclusive - bad_gpus
     held = node.holders
     free_gpus = frozenset(i for i in healthy_gpus if index.gpu_uuids[i] not in held)
@@ -128,7 +131,7 @@ def _share_use(node: NodeState, bad_gpus: frozenset[int]) -> tuple[tuple[int, Sh
         per_gpu[kind] = per_gpu.get(kind, 0) + 1
     result = []
     for gpu in node.layout.gpus:
-        if gpu.mode is ShareMode.EXCLUSIVE or gpu.index in bad_gpus:
+        if gpu.mode is SharingMode.EXCLUSIVE or gpu.index in bad_gpus:
             continue
         used = counts.get(gpu.index, {})
         result.append(
@@ -140,8 +143,8 @@ def _share_use(node: NodeState, bad_gpus: frozenset[int]) -> tuple[tuple[int, Sh
 def share_capacity(layout: NodeLayout, gpu_index: int) -> ShareUse:
     """Total units a share-mode GPU offers."""
     gpu = layout.gpu_by_index[gpu_index]
-    if gpu.mode is ShareMode.FRACTIONAL:
+    if gpu.mode is SharingMode.FRACTIONAL:
         return ShareUse(compute=COMPUTE_UNITS_PER_GPU, memory=gpu.memory_gib)
-    if gpu.mode is ShareMode.TIME_SLICED:
+    if gpu.mode is SharingMode.TIME_SLICED:
         return ShareUse(replicas=gpu.replicas)
     return ShareUse()

@@ -29,13 +29,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import DEFAULT_REPLICAS, MILLI_PER_COMPUTE_UNIT, MILLI_PER_GPU
 from devicemodel.validation import first_problem
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU, DEFAULT_REPLICAS
 from scheduler_ext.pods.host import host_requests
 from scheduler_ext.pods.requests import PodRequest
-from topology.fragmentation import MILLI_PER_GPU, TargetWorkload, TaskShape
+from topology.fragmentation import TargetWorkload, TaskShape
 
-MILLI_PER_COMPUTE_UNIT = MILLI_PER_GPU // COMPUTE_UNITS_PER_GPU
 MAX_SHAPES = 64  # the scorer's cost grows with the shapes kept; the rarest beyond this are dropped
 SEEN_PODS = 100_000  # pods remembered so a retried filter does not count a pod twice
 # Cold start: whole GPUs and common shares, the mix of the public Alibaba GPU trace rounded.

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from devicemodel.sharing import MILLI_PER_GPU
 from scheduler_ext.decide.reservation import KindTotals, NodeKind
 from scheduler_ext.gangs.book import GangBook
-from topology.fragmentation import MILLI_PER_GPU
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REASON_CLASSES = (

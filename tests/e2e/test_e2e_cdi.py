@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.allocation import DeviceListing, DeviceListStrategy
 from deviceplugin.cdi import CdiPublisher, CdiSpecWriter
 from deviceplugin.control import call_agent
 from deviceplugin.devices import DeviceKind
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.profiles import load_profile

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes import dynamic
 
-from deviceplugin.sharing import SharingConfigModel
+from devicemodel.sharing import SharingConfigModel
 from gpuweave.cli import build_parser
 from gpuweave.node.health import load_settings
 from tests.e2e.cluster import NAMESPACE, REPO, ControlPlane, harness_binary

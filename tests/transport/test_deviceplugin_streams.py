@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.sharing import SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.sharing import SharingPlan
 from deviceplugin.streams import MAX_STREAMS
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from tests.support.kubelet_emulator import KubeletEmulator

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfile
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.node.health import start_node_health
 from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
 from hardware.mps import ProcessMpsDaemons

@@ -15,6 +15,7 @@ import pytest
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED
 from devicemodel.inventory import LostGpu, NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.allocation import (
     VOLUME_MOUNT_ROOT,
     DeviceListing,
@@ -25,7 +26,6 @@ from deviceplugin.allocation import (
 )
 from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs, conflicts
 from deviceplugin.devices import PluginDevice, build_catalogue
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.cli import main
 from gpuweave.node.cdi import add_cdi_arguments, spec_dir
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes

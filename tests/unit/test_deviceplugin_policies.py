@@ -16,13 +16,13 @@ from devicemodel.contracts import (
     RESOURCE_GPU_SHARED,
 )
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
 from deviceplugin.allocation import grant_for
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue, unhealthy_reasons
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.handoff import HandoffMatcher, PodView
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest, preferred_devices
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
 from deviceplugin.siblings import SiblingGrants
 from tests.support.small_inventory import gpu_uuid, small_inventory
 

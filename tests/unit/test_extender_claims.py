@@ -20,7 +20,7 @@ from scheduler_ext.cluster.claims import (
     MAX_REQUESTS,
     ClaimBook,
     Demand,
-    DraDevice,
+    SliceDevice,
     claim_demand,
     parse_slice,
     score_node,
@@ -288,7 +288,7 @@ def test_the_shipped_topology_example_scores_high_on_p5_and_one_root_for_two_gpu
 
 def test_an_nvlink_group_that_fits_no_domain_scores_zero_but_a_loose_split_scores_two() -> None:
     summary = summarize(
-        [DraDevice(f"gpu-{i}", "gpu", f"nvl{i // 2}", f"r{i}", False) for i in range(4)], frozenset()
+        [SliceDevice(f"gpu-{i}", "gpu", f"nvl{i // 2}", f"r{i}", False) for i in range(4)], frozenset()
     )
     assert score_node(summary, Demand(gpus=4, nvlink_groups=(4,))) == 0
     assert score_node(summary, Demand(gpus=4, nvlink_groups=(2, 2))) == 2

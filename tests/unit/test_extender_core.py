@@ -18,9 +18,9 @@ from devicemodel.contracts import (
     RESOURCE_GPU_SHARED,
 )
 from devicemodel.inventory import MigDevice, NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from scheduler_ext.decide.core import DecisionCore
-from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.decide.verdict import materialize
@@ -191,13 +191,13 @@ def test_init_containers_reuse_the_pods_gpus(core: DecisionCore) -> None:
     assert len(by_name["init"].gpus) == 4
 
 
-def _sharing(mode: ShareMode, gpus: range, replicas: int = 4) -> dict[str, GpuSharingEntry]:
-    return {str(i): GpuSharingEntry(mode, replicas) for i in gpus}
+def _sharing(mode: SharingMode, gpus: range, replicas: int = 4) -> dict[str, GpuSharing]:
+    return {str(i): GpuSharing(mode, replicas) for i in gpus}
 
 
 def test_shares_pack_fgd_style_onto_the_partly_used_gpu(core: DecisionCore) -> None:
     inventory = profile_inventory("p5.48xlarge", "n1")
-    state = _state(core, inventory, sharing=_sharing(ShareMode.FRACTIONAL, range(2)))
+    state = _state(core, inventory, sharing=_sharing(SharingMode.FRACTIONAL, range(2)))
     used = {device_id_share(inventory.gpus[1].uuid, "compute", u): "x" for u in range(50)}
     state = state.with_holders(used)
     verdict = core.decide(_pod({RESOURCE_GPU_COMPUTE: 50, RESOURCE_GPU_MEMORY: 10}), state)
@@ -209,7 +209,7 @@ def test_shares_pack_fgd_style_onto_the_partly_used_gpu(core: DecisionCore) -> N
 
 def test_share_larger_than_a_gpu_is_unresolvable(core: DecisionCore) -> None:
     state = _state(
-        core, profile_inventory("p5.48xlarge", "n1"), sharing=_sharing(ShareMode.FRACTIONAL, range(8))
+        core, profile_inventory("p5.48xlarge", "n1"), sharing=_sharing(SharingMode.FRACTIONAL, range(8))
     )
     verdict = core.decide(_pod({RESOURCE_GPU_COMPUTE: 150}), state)
     assert verdict.unresolvable and "more than one GPU offers" in verdict.reason
@@ -217,7 +217,7 @@ def test_share_larger_than_a_gpu_is_unresolvable(core: DecisionCore) -> None:
 
 def test_share_gpus_are_not_offered_whole(core: DecisionCore) -> None:
     state = _state(
-        core, profile_inventory("p5.48xlarge", "n1"), sharing=_sharing(ShareMode.FRACTIONAL, range(6))
+        core, profile_inventory("p5.48xlarge", "n1"), sharing=_sharing(SharingMode.FRACTIONAL, range(6))
     )
     assert core.decide(_pod({RESOURCE_GPU: 2}), state).fits
     assert core.decide(_pod({RESOURCE_GPU: 3}), state).unresolvable
@@ -225,7 +225,7 @@ def test_share_gpus_are_not_offered_whole(core: DecisionCore) -> None:
 
 def test_time_sliced_replicas_best_fit(core: DecisionCore) -> None:
     inventory = profile_inventory("l40s-pcie-8", "n1")
-    state = _state(core, inventory, sharing=_sharing(ShareMode.TIME_SLICED, range(2), replicas=4))
+    state = _state(core, inventory, sharing=_sharing(SharingMode.TIME_SLICED, range(2), replicas=4))
     state = state.with_holders({device_id_share(inventory.gpus[0].uuid, "replica", 0): "x"})
     verdict = core.decide(_pod({RESOURCE_GPU_SHARED: 2}), state)
     assert verdict.fits and verdict.plan[0].share_gpu == 0
@@ -295,7 +295,7 @@ def test_fgd_follows_the_expected_workload(task_milli: int, expected_gpu: int) -
     )
     core = DecisionCore(LayoutRegistry(), share_workload=workload)
     inventory = profile_inventory("p5.48xlarge", "n1")
-    state = _state(core, inventory, sharing=_sharing(ShareMode.FRACTIONAL, range(2)))
+    state = _state(core, inventory, sharing=_sharing(SharingMode.FRACTIONAL, range(2)))
     state = state.with_holders(
         {device_id_share(inventory.gpus[1].uuid, "compute", u): "x" for u in range(50)}
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
+from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from hardware.profiles import builtin_profile_names
 from scheduler_ext.decide.core import DecisionCore
-from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.decide.search import absolute_quality
 from scheduler_ext.decide.state import NodeState
@@ -66,7 +66,7 @@ def test_single_gpu_pod_still_fills_the_last_gpu_of_an_nvlink_node(core: Decisio
 
 def test_fractional_pods_keep_fgd_scores_on_any_hardware(core: DecisionCore) -> None:
     request = pod_request(pod_object("p", limits={RESOURCE_GPU_COMPUTE: 30}))
-    fractional = {"0": GpuSharingEntry(ShareMode.FRACTIONAL)}
+    fractional = {"0": GpuSharing(SharingMode.FRACTIONAL)}
     scores = set()
     for profile in ("dgx1-v100", "l40s-pcie-8"):
         inventory = profile_inventory(profile, profile)

@@ -11,13 +11,12 @@ import yaml
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.published import inventory_object as published_inventory
 from deviceplugin.published import node_label_object
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from scheduler_ext.app import build_core
 from scheduler_ext.cluster.snapshot import load_snapshot
-from scheduler_ext.decide.layout import ShareMode
 from scheduler_ext.pods.requests import pod_request
 
 
@@ -55,7 +54,7 @@ def test_published_objects_and_pods_rebuild_the_holdings(tmp_path: Path) -> None
     state = cache.node("gpu-1")
     assert state is not None and state.layout is not None
     assert set(state.holders) == set(held)  # the Succeeded pod released its GPU
-    assert state.layout.gpu_by_index[7].mode is ShareMode.FRACTIONAL
+    assert state.layout.gpu_by_index[7].mode is SharingMode.FRACTIONAL
     assert core.decide(pod_request(pod_object("six", limits={RESOURCE_GPU: 5})), state).fits
     assert not core.decide(pod_request(pod_object("seven", limits={RESOURCE_GPU: 6})), state).fits
     assert core.decide(pod_request(pod_object("share", limits={RESOURCE_GPU_COMPUTE: 40})), state).fits

@@ -11,9 +11,9 @@ import yaml
 from devicemodel.assignment import device_id_share
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import pod_object, profile_inventory
 from scheduler_ext.decide.core import DecisionCore
-from scheduler_ext.decide.layout import GpuSharingEntry, ShareMode
 from scheduler_ext.decide.ranking import ranked_scores
 from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.decide.verdict import Verdict, fail
@@ -92,7 +92,7 @@ def test_the_learned_mix_changes_where_a_share_goes() -> None:
     """GPU 1 is half used. Once the cluster has shown only half-GPU pods, a 30% share goes to the
     idle GPU 0 (GPU 1 keeps room for one); with only whole-GPU pods it goes to GPU 1."""
     inventory = profile_inventory("p5.48xlarge", "n1")
-    sharing = {str(i): GpuSharingEntry(ShareMode.FRACTIONAL) for i in range(2)}
+    sharing = {str(i): GpuSharing(SharingMode.FRACTIONAL) for i in range(2)}
     for seen_milli, expected in ((50, 0), (100, 1)):
         core = DecisionCore(LayoutRegistry(), workload=WorkloadLearner(prior_pods=1, refresh_pods=50))
         for i in range(200):

@@ -16,7 +16,7 @@ import yaml
 from devicemodel.errors import InvalidInputError
 from devicemodel.gpu_keys import find_gpu, gpu_key
 from devicemodel.inventory import NodeInventory
-from deviceplugin.sharing import SharingMode, load_sharing_plan
+from devicemodel.sharing import SharingMode, load_sharing_plan
 from mig.intent import parse_layout_annotation
 from mig.planner import TargetEntry
 from mig.reconciler import GpuRef

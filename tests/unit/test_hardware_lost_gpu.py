@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.sharing import SharingPlan
 from devicemodel.spec import NodeProfile, ProfileError
 from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
 from deviceplugin.published import inventory_object
-from deviceplugin.sharing import SharingPlan
 from gpuweave.cli import main
 from hardware.backend import HardwareError
 from hardware.profiles import load_profile

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import SharingMode, load_sharing_plan
 from deviceplugin.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
-from deviceplugin.sharing import SharingMode, load_sharing_plan
 from hardware.mps import MpsControlError, MpsDaemonSpec, ProcessMpsDaemons, read_pid, simulated_command
 from hardware.simulated import mps_control
 from hardware.simulated.health_inject import apply_request, parse_request

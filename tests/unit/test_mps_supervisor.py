@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from devicemodel.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.mps import MpsSettings, MpsSupervisor, restart_delay, wanted_daemons
-from deviceplugin.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
 from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonSpec
 from tests.support.small_inventory import gpu_uuid, small_inventory
 

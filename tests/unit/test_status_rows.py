@@ -17,8 +17,8 @@ from devicemodel.contracts import (
     mig_resource_name,
 )
 from devicemodel.inventory import MigDevice, NodeInventory
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.published import inventory_object
-from deviceplugin.sharing import GpuSharing, SharingMode, SharingPlan
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from gpuweave.status.cluster_view import ClusterView
@@ -45,10 +45,18 @@ def with_migs(inventory: NodeInventory, gpu: int, profiles: list[str]) -> NodeIn
     parent = inventory.gpu(gpu)
     gpus = [replace(g, mig_enabled=True) if g.index == gpu else g for g in inventory.gpus]
     migs = [
-        MigDevice(uuid=f"MIG-{gpu:04x}{slot:04x}-0000-4000-8000-{len(inventory.name):012x}",
-                  parent_uuid=parent.uuid, parent_index=gpu, profile=profile, gpu_instance_id=slot + 1,
-                  compute_instance_id=0, placement_start=slot, placement_size=1, memory_mib=10240,
-                  compute_slices=1)
+        MigDevice(
+            uuid=f"MIG-{gpu:04x}{slot:04x}-0000-4000-8000-{len(inventory.name):012x}",
+            parent_uuid=parent.uuid,
+            parent_index=gpu,
+            profile=profile,
+            gpu_instance_id=slot + 1,
+            compute_instance_id=0,
+            placement_start=slot,
+            placement_size=1,
+            memory_mib=10240,
+            compute_slices=1,
+        )
         for slot, profile in enumerate(profiles)
     ]
     return replace(inventory, gpus=tuple(gpus), mig_devices=tuple(migs))
@@ -60,8 +68,11 @@ def cluster() -> tuple[list[dict[str, Any]], NodeInventory, NodeInventory]:
     a100 = with_migs(profile_inventory("dgx-a100", "gpu-a100"), 0, ["1g.10gb", "1g.10gb", "3g.40gb"])
     share_uuid = a100.gpus[7].uuid
     objects = [
-        inventory_object(h100, withheld={h100.gpus[3].uuid: "Xid 79: GPU fell off the bus (suspect)"},
-                         faults={h100.gpus[6].uuid: "Failed: Xid 48 (DBE)"}),
+        inventory_object(
+            h100,
+            withheld={h100.gpus[3].uuid: "Xid 79: GPU fell off the bus (suspect)"},
+            faults={h100.gpus[6].uuid: "Failed: Xid 48 (DBE)"},
+        ),
         inventory_object(a100, sharing=SharingPlan(per_gpu={"7": GpuSharing(SharingMode.FRACTIONAL)})),
         node_object("gpu-h100", gpus=8),
         node_object("gpu-a100", gpus=8),
@@ -69,12 +80,24 @@ def cluster() -> tuple[list[dict[str, Any]], NodeInventory, NodeInventory]:
         bound("pair", "gpu-h100", {RESOURCE_GPU: [h100.gpus[0].uuid, h100.gpus[1].uuid]}),
         bound(LONG_NAME, "gpu-h100", {RESOURCE_GPU: [h100.gpus[2].uuid]}, namespace=LONG_NAMESPACE),
         bound("slice", "gpu-a100", {mig_resource_name("1g.10gb"): [a100.mig_devices[1].uuid]}),
-        bound("share", "gpu-a100", {
-            RESOURCE_GPU_COMPUTE: [device_id_share(share_uuid, "compute", u) for u in range(40)],
-            RESOURCE_GPU_MEMORY: [device_id_share(share_uuid, "memory", u) for u in range(10)],
-        }),
-        {"kind": "GpuBadHardware", "metadata": {"name": "x"}, "spec": {
-            "uuid": h100.gpus[5].uuid, "node": "gpu-h100", "reason": "3 strikes of Xid 48", "strikes": 3}},
+        bound(
+            "share",
+            "gpu-a100",
+            {
+                RESOURCE_GPU_COMPUTE: [device_id_share(share_uuid, "compute", u) for u in range(40)],
+                RESOURCE_GPU_MEMORY: [device_id_share(share_uuid, "memory", u) for u in range(10)],
+            },
+        ),
+        {
+            "kind": "GpuBadHardware",
+            "metadata": {"name": "x"},
+            "spec": {
+                "uuid": h100.gpus[5].uuid,
+                "node": "gpu-h100",
+                "reason": "3 strikes of Xid 48",
+                "strikes": 3,
+            },
+        },
     ]
     return objects, h100, a100
 
@@ -107,7 +130,10 @@ def test_fragment_is_fgd_of_the_free_gpus_for_the_mix(cluster: Any) -> None:
     nodes = {n.name: n for n in status.nodes}
     # H100: GPUs 4, 5, 7 free (3 and 6 withheld, 0..2 held); the 8-GPU and 2-GPU shapes decide
     expected = node_fragment(
-        cpu_free=1 << 40, gpu_free=[1000] * 3, gpu_model="NVIDIA H100 80GB HBM3", workload=COLD_START_PRIOR,
+        cpu_free=1 << 40,
+        gpu_free=[1000] * 3,
+        gpu_model="NVIDIA H100 80GB HBM3",
+        workload=COLD_START_PRIOR,
         memory_free=1 << 40,
     )
     assert nodes["gpu-h100"].fragment_milli == pytest.approx(expected)
@@ -130,8 +156,17 @@ def test_text_fits_80_columns_and_names_every_pod_and_reason(cluster: Any) -> No
     objects, _, _ = cluster
     text = status_text(cluster_status(ClusterView.of(objects)))
     assert max(len(line) for line in text.splitlines()) <= WIDTH
-    for needle in ("train/pair", "train/slice", "train/share (40% compute, 10 GiB)", "Xid 79: GPU fell off",
-                   "retired", "3 strikes of Xid 48", "BAD-HARDWARE LIST (1 GPU,", "cpu-only", "1g.10gb"):
+    for needle in (
+        "train/pair",
+        "train/slice",
+        "train/share (40% compute, 10 GiB)",
+        "Xid 79: GPU fell off",
+        "retired",
+        "3 strikes of Xid 48",
+        "BAD-HARDWARE LIST (1 GPU,",
+        "cpu-only",
+        "1g.10gb",
+    ):
         assert needle in text, needle
     assert LONG[:30] in text and LONG not in text  # cut with an ellipsis, not folded by the terminal
 

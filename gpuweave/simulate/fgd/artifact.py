@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.fgd.trace import TracePod
-from topology.fragmentation import MILLI_PER_GPU, FragmentModel, IntArray, typical_workload
+from topology.fragmentation import FragmentModel, IntArray, typical_workload
 
 ARTIFACT_COVERAGE = 0.95  # podPopularityThreshold in the artifact's run scripts
 ARTIFACT_RATIO = 1.3  # -tune 1.3

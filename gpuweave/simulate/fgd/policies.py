@@ -14,8 +14,9 @@ from typing import Protocol
 
 import numpy as np
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, Request
-from topology.fragmentation import MILLI_PER_GPU, FloatArray, FragmentModel, IntArray
+from topology.fragmentation import FloatArray, FragmentModel, IntArray
 
 MAX_NODE_SCORE = 100
 MAX_SPEC_CPU_MILLI = 128_000  # best-fit / dot-product normalisation, as in the FGD artifact

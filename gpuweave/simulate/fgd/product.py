@@ -27,12 +27,9 @@ from typing import Any
 from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU_COMPUTE
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import Architecture, Gpu, NodeInventory
+from devicemodel.sharing import MILLI_PER_COMPUTE_UNIT
 from gpuweave.simulate.cluster import NodeSpec, Request
 from gpuweave.simulate.cluster_objects import inventory_object, node_object
-from scheduler_ext.decide.layout import COMPUTE_UNITS_PER_GPU
-from topology.fragmentation import MILLI_PER_GPU
-
-MILLI_PER_UNIT = MILLI_PER_GPU // COMPUTE_UNITS_PER_GPU
 
 
 class ProductPathError(GpuweaveError):
@@ -81,7 +78,7 @@ def pod_for(request: Request, *, uid: str) -> dict[str, Any]:
     if request.gpu_count == 0:
         containers = [{"name": "main", "resources": {"requests": host, "limits": host}}]
     else:
-        units = request.gpu_milli // MILLI_PER_UNIT
+        units = request.gpu_milli // MILLI_PER_COMPUTE_UNIT
         containers = [
             {
                 "name": f"gpu{i}",

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
-from topology.fragmentation import MILLI_PER_GPU, TaskShape
+from devicemodel.sharing import MILLI_PER_GPU
+from topology.fragmentation import TaskShape
 
 DEFAULT_TRACE_DIR = (
     Path(__file__).resolve().parents[2].parent / "shared" / "data" / "alibaba-gpu-2023" / "csv"

@@ -28,8 +28,11 @@ from devicemodel.inventory import Gpu
 from devicemodel.spec_derive import normalize_bus_id
 from devicemodel.validation import first_problem
 
-COMPUTE_UNITS_PER_GPU = 100
-DEFAULT_REPLICAS = 4
+MILLI_PER_GPU = 1000  # a GPU in the milli-GPU units of the FGD trace and fragmentation measure
+COMPUTE_UNITS_PER_GPU = 100  # gpuweave.io/gpu-compute: 1% of one GPU
+MILLI_PER_COMPUTE_UNIT = MILLI_PER_GPU // COMPUTE_UNITS_PER_GPU
+MIB_PER_GIB = 1024  # gpuweave.io/gpu-memory is counted in GiB
+DEFAULT_REPLICAS = 4  # gpuweave.io/gpu-shared replicas of a time-sliced GPU that names none
 
 
 class SharingMode(StrEnum):
