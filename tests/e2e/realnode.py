@@ -14,10 +14,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
+from kubernetes.client.exceptions import ApiException
+
 from hardware.device_nodes import CharDevice, read_host_device_nodes
 from hardware.profiles import load_profile
 from hardware.simulated.node import SimulatedNode
 from hardware.simulated.sysfs_tree import write_fake_sysfs
+from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from tests.e2e.pods import inventory
 from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
 from tests.support.oci_image import ImageFile, write_image_archive
 
@@ -220,3 +226,132 @@ class RealNode:
         its Node, ResourceSlices and GpuNodeInventory are deleted so later tests do not see it."""
         self.process.stop(timeout=60)
         self.plane.forget_node(self.name)
+
+
+# ---- seer pods: what a container on the real node saw ------------------------------------------
+SEER_NAMESPACE = "e2e-realnode"
+SEER_SCHEDULER = "gpuweave-realnode"
+NVIDIA_MAJOR = 195
+
+
+def seer_pod(name: str, limits: dict[str, str], node: str) -> dict[str, Any]:
+    """A seer pod for the real node ``node``: it tolerates the node's taint and selects the node,
+    since the session's simulated nodes (other modules) would fit it too."""
+    toleration = {**REALNODE_TAINT, "operator": "Equal"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": SEER_SCHEDULER,
+            "hostNetwork": True,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 2,
+            "tolerations": [toleration],
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": SEER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+
+
+def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """Create the pod, wait until it runs and its container has reported; (pod, report)."""
+    node.plane.core.create_namespaced_pod(SEER_NAMESPACE, seer_pod(name, limits, node.name))
+    return wait_reported(node, name)
+
+
+def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
+    """The pod once it runs and its container has reported; (pod, report)."""
+
+    def reported() -> tuple[Any, dict[str, Any]] | None:
+        node.process.check_alive()
+        pod = node.plane.core.read_namespaced_pod(name, SEER_NAMESPACE)
+        if pod.status.phase == "Failed":
+            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}", pytrace=False)
+        if pod.status.phase != "Running":
+            return None
+        seen = node.seen(pod)
+        return (pod, seen) if seen is not None else None
+
+    try:
+        return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
+    except pytest.fail.Exception:
+        pod = node.plane.core.read_namespaced_pod(name, SEER_NAMESPACE)
+        statuses = [(c.name, c.state) for c in pod.status.container_statuses or []]
+        pytest.fail(
+            f"pod {name} on node {pod.spec.node_name!r}, phase {pod.status.phase}, containers {statuses}, "
+            f"conditions {[(c.type, c.status, c.message) for c in pod.status.conditions or []]}",
+            pytrace=False,
+        )
+
+
+def delete_pod(node: RealNode, name: str) -> None:
+    try:
+        node.plane.core.delete_namespaced_pod(name, SEER_NAMESPACE, grace_period_seconds=0)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    wait_for(f"pod {name} gone", lambda: pod_or_none(node, name) is None, timeout=60)
+
+
+def pod_or_none(node: RealNode, name: str) -> Any:
+    try:
+        return node.plane.core.read_namespaced_pod(name, SEER_NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """/dev/nvidia<N> nodes the container has, with their device numbers."""
+    out = {}
+    for device in seen["devices"]:
+        tail = device["path"].removeprefix("/dev/nvidia")
+        if device["path"].startswith("/dev/nvidia") and tail.isdigit():
+            out[device["path"]] = (device["major"], device["minor"])
+    return out
+
+
+def allowed_gpu_minors(seen: dict[str, Any]) -> set[int]:
+    """GPU minors the container's device cgroup lets it open (``c 195:N rw``; control nodes aside)."""
+    minors = set()
+    for rule in seen["deviceCgroup"]:
+        kind, numbers, _ = rule.split(" ")
+        major, minor = numbers.split(":")
+        if kind == "c" and major == str(NVIDIA_MAJOR) and minor.isdigit() and int(minor) < 254:
+            minors.add(int(minor))
+    return minors
+
+
+def gpus_by_uuid(node: RealNode) -> dict[str, dict[str, Any]]:
+    return {g["uuid"]: g for g in inventory(node.plane, node.name)["spec"]["gpus"]}
+
+
+def container_id(pod: Any) -> str:
+    (status,) = pod.status.container_statuses
+    assert status.state.running is not None, status.state
+    return str(status.container_id)
+
+
+def allocatable_ids(node: RealNode, resource: str) -> set[str]:
+    """The kubelet's pod-resources GetAllocatableResources for ``resource``: every device ID the
+    device manager holds from the plugins' ListAndWatch."""
+    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=10)
+    return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
+
+
+def delete_all_pods(node: RealNode) -> None:
+    """Delete every pod in the seer namespace and wait until each is gone."""
+    for pod in node.plane.core.list_namespaced_pod(SEER_NAMESPACE).items:
+        delete_pod(node, pod.metadata.name)

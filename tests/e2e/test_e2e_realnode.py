@@ -18,14 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
-from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,
@@ -37,8 +34,24 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
-from tests.e2e.pods import inventory
-from tests.e2e.realnode import REALNODE_TAINT, SEER_IMAGE, RealNode
+from tests.e2e.realnode import (
+    NVIDIA_MAJOR,
+    REALNODE_TAINT,
+    RealNode,
+    allocatable_ids,
+    allowed_gpu_minors,
+    container_id,
+    delete_all_pods,
+    delete_pod,
+    gpu_nodes,
+    gpus_by_uuid,
+    pod_or_none,
+    run_seer,
+    seer_pod,
+    wait_reported,
+)
+from tests.e2e.realnode import SEER_NAMESPACE as NAMESPACE
+from tests.e2e.realnode import SEER_SCHEDULER as SCHEDULER
 from tests.support.agent_node import run_sim_inject
 from tests.support.agent_process import short_temp_dir
 
@@ -46,9 +59,6 @@ pytestmark = pytest.mark.realnode
 
 NODE = "e2e-realnode"
 PROFILE = "p5.48xlarge"  # 8 MIG-capable H100, 32 EFA adapters
-SCHEDULER = "gpuweave-realnode"
-NAMESPACE = "e2e-realnode"
-NVIDIA_MAJOR = 195
 MPS_GPU = 6  # fractional (MPS): served as gpuweave.io/gpu-compute shares
 MPS_SHARING = {"mode": "fractional", "mps": {"defaultActiveThreadPercentage": 40}}
 MIG_GPU = 7  # split by the gpuweave.io/mig-layout annotation
@@ -146,8 +156,7 @@ def realnode(plane: ControlPlane, agent_kubeconfig: Path, scheduler_kubeconfig: 
 def no_pods_left(realnode: RealNode) -> Iterator[None]:
     """Each test starts on an empty node, whatever the previous one left."""
     yield
-    for pod in realnode.plane.core.list_namespaced_pod(NAMESPACE).items:
-        delete_pod(realnode, pod.metadata.name)
+    delete_all_pods(realnode)
 
 
 def wait_allocatable(node: RealNode, agent: Agent, wanted: dict[str, int], *, timeout: float = 60) -> None:
@@ -156,123 +165,6 @@ def wait_allocatable(node: RealNode, agent: Agent, wanted: dict[str, int], *, ti
         return all(allocatable.get(r) == str(n) for r, n in wanted.items())
 
     wait_for(f"{NODE} allocatable {wanted}", lambda: agent.process.alive_and(reached), timeout=timeout)
-
-
-def seer_pod(name: str, limits: dict[str, str], node: str) -> dict[str, Any]:
-    """A seer pod for the real node ``node``: it tolerates the node's taint and selects the node,
-    since the session's simulated nodes (other modules) would fit it too."""
-    toleration = {**REALNODE_TAINT, "operator": "Equal"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "hostNetwork": True,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 2,
-            "tolerations": [toleration],
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": SEER_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
-
-
-def run_seer(node: RealNode, name: str, limits: dict[str, str]) -> tuple[Any, dict[str, Any]]:
-    """Create the pod, wait until it runs and its container has reported; (pod, report)."""
-    node.plane.core.create_namespaced_pod(NAMESPACE, seer_pod(name, limits, node.name))
-    return wait_reported(node, name)
-
-
-def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
-    """The pod once it runs and its container has reported; (pod, report)."""
-
-    def reported() -> tuple[Any, dict[str, Any]] | None:
-        node.process.check_alive()
-        pod = node.plane.core.read_namespaced_pod(name, NAMESPACE)
-        if pod.status.phase == "Failed":
-            pytest.fail(f"pod {name} failed: {pod.status.reason}: {pod.status.message}", pytrace=False)
-        if pod.status.phase != "Running":
-            return None
-        seen = node.seen(pod)
-        return (pod, seen) if seen is not None else None
-
-    try:
-        return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
-    except pytest.fail.Exception:
-        pod = node.plane.core.read_namespaced_pod(name, NAMESPACE)
-        statuses = [(c.name, c.state) for c in pod.status.container_statuses or []]
-        pytest.fail(
-            f"pod {name} on node {pod.spec.node_name!r}, phase {pod.status.phase}, containers {statuses}, "
-            f"conditions {[(c.type, c.status, c.message) for c in pod.status.conditions or []]}",
-            pytrace=False,
-        )
-
-
-def delete_pod(node: RealNode, name: str) -> None:
-    try:
-        node.plane.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-    wait_for(f"pod {name} gone", lambda: pod_or_none(node, name) is None, timeout=60)
-
-
-def pod_or_none(node: RealNode, name: str) -> Any:
-    try:
-        return node.plane.core.read_namespaced_pod(name, NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def gpu_nodes(seen: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """/dev/nvidia<N> nodes the container has, with their device numbers."""
-    out = {}
-    for device in seen["devices"]:
-        tail = device["path"].removeprefix("/dev/nvidia")
-        if device["path"].startswith("/dev/nvidia") and tail.isdigit():
-            out[device["path"]] = (device["major"], device["minor"])
-    return out
-
-
-def allowed_gpu_minors(seen: dict[str, Any]) -> set[int]:
-    """GPU minors the container's device cgroup lets it open (``c 195:N rw``; control nodes aside)."""
-    minors = set()
-    for rule in seen["deviceCgroup"]:
-        kind, numbers, _ = rule.split(" ")
-        major, minor = numbers.split(":")
-        if kind == "c" and major == str(NVIDIA_MAJOR) and minor.isdigit() and int(minor) < 254:
-            minors.add(int(minor))
-    return minors
-
-
-def gpus_by_uuid(node: RealNode) -> dict[str, dict[str, Any]]:
-    return {g["uuid"]: g for g in inventory(node.plane, node.name)["spec"]["gpus"]}
-
-
-def container_id(pod: Any) -> str:
-    (status,) = pod.status.container_statuses
-    assert status.state.running is not None, status.state
-    return str(status.container_id)
-
-
-def allocatable_ids(node: RealNode, resource: str) -> set[str]:
-    """The kubelet's pod-resources GetAllocatableResources for ``resource``: every device ID the
-    device manager holds from the plugins' ListAndWatch."""
-    socket = node.kubelet_dir / "pod-resources" / "kubelet.sock"
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
-        stub = api_pb2_grpc.PodResourcesListerStub(channel)
-        answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=10)
-    return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
 
 
 def test_two_gpu_pod_sees_exactly_its_two_gpus(realnode: RealNode) -> None:

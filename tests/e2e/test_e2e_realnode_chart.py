@@ -30,27 +30,29 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
-from tests.e2e.realnode import AGENT_IMAGE, REALNODE_TAINT, RealNode
-from tests.e2e.test_e2e_realnode import (
-    NAMESPACE,
+from tests.e2e.realnode import (
+    AGENT_IMAGE,
     NVIDIA_MAJOR,
+    REALNODE_TAINT,
+    SEER_SCHEDULER,
+    RealNode,
     allocatable_ids,
     allowed_gpu_minors,
     container_id,
+    delete_all_pods,
     gpu_nodes,
     gpus_by_uuid,
-    no_pods_left,
     run_seer,
 )
+from tests.e2e.realnode import SEER_NAMESPACE as NAMESPACE
 from tests.support.opscheck import render_chart
 
 pytestmark = pytest.mark.realnode
 
 NODE = "e2e-realnode-chart"
-SCHEDULER = "gpuweave-realnode"
+SCHEDULER = SEER_SCHEDULER
 AGENT_NAMESPACE = "gpuweave-system"
 AGENT_LABELS = "app.kubernetes.io/name=gpuweave-node-agent"
-__all__ = ["no_pods_left"]  # the autouse fixture, imported to run here too
 
 
 def chart_values(repository: str, tag: str) -> dict[str, Any]:
@@ -135,6 +137,13 @@ def wait_for_agent_serving(node: RealNode) -> None:
         return allocatable.get(RESOURCE_GPU) == "8" and allocatable.get(RESOURCE_EFA) == "32"
 
     wait_for(f"the chart's agent on {NODE} serving 8 GPUs and 32 EFA", serving, timeout=180)
+
+
+@pytest.fixture(autouse=True)
+def no_pods_left(realnode: RealNode) -> Iterator[None]:
+    """Each test starts on an empty node, whatever the previous one left."""
+    yield
+    delete_all_pods(realnode)
 
 
 def test_chart_agent_container_registers_and_a_pod_sees_its_gpus(realnode: RealNode) -> None:
