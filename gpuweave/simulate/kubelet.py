@@ -4,7 +4,8 @@ Each simulated node gets a ``SimKubelet``: it serves ``v1beta1.Registration`` on
 ``<dir>/kubelet.sock``, dials every plugin that registers, consumes its ``ListAndWatch`` stream
 (keeping each device's health and when it last changed) and, when a pod lands on the node, calls
 ``GetPreferredAllocation`` (if offered) and ``Allocate`` for the devices the extender chose, as the
-kubelet's device manager does at container admission.
+kubelet's device manager does at container admission. ``gpuweave gpu-check`` uses it as the kubelet
+of a real host's node agent.
 """
 
 from __future__ import annotations
@@ -113,6 +114,37 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
         """Resource name -> healthy devices, as the node's allocatable would show."""
         with self._lock:
             return {r: sum(h == HEALTHY for h in p.health.values()) for r, p in self._plugins.items()}
+
+    def devices(self, resource: str) -> dict[str, str]:
+        """Device ID -> health, as ``resource``'s plugin last listed them (empty: not registered)."""
+        with self._lock:
+            plugin = self._plugins.get(resource)
+            return dict(plugin.health) if plugin else {}
+
+    def preferred(self, resource: str, count: int) -> list[str] | None:
+        """The plugin's GetPreferredAllocation answer for ``count`` of its healthy devices, as the
+        kubelet asks it at admission; None when the plugin does not offer the call."""
+        with self._lock:
+            plugin = self._plugins.get(resource)
+            available = [d for d, h in (plugin.health.items() if plugin else []) if h == HEALTHY]
+        if plugin is None:
+            raise KubeletCallError(f"no device plugin registered for {resource}")
+        if not plugin.options.get_preferred_allocation_available:
+            return None
+        request = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, allocation_size=count
+                )
+            ]
+        )
+        try:
+            response = plugin.stub.GetPreferredAllocation(request, timeout=10)
+        except grpc.RpcError as exc:
+            raise KubeletCallError(
+                f"{resource} GetPreferredAllocation({count} devices) failed: {exc.details()}"
+            ) from exc
+        return list(response.container_responses[0].deviceIDs) if response.container_responses else []
 
     def wait_for(self, resources: set[str], *, timeout: float = 20.0) -> bool:
         """Until every named resource is registered and has listed its devices."""

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from devicemodel.spec import NodeProfile
+from gpuweave.gpucheck.record import record_fixture, replay
 from hardware.nvml_fixture import Entry, dump, load
 from tests.support.agent_process import REPO_ROOT
-from tests.support.gpu_check_record import record_fixture, replay
 from tests.support.small_inventory import small_inventory
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nvml"

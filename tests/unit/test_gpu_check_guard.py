@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_check import guard_environment
+from gpuweave.gpucheck.agent import guard_environment
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
 """Write a host's NVML recording as a fixture, and replay a fixture against the simulator.
 
-``record_fixture`` is the last step of ``scripts/gpu-check``: it records every NVML answer the
-product reads on this host (or on a simulated profile) together with what the replay needs to
-rebuild the same machine in the simulator: the built-in profile that describes it and its MIG
-layout. ``replay`` builds that simulated machine, records it the same way and returns every
-difference (``hardware.nvml_fixture.compare``).
+``record_fixture`` is the last step of ``gpuweave gpu-check`` (``scripts/gpu-check``): it records
+every NVML answer the product reads on this host (or on a simulated profile) together with what
+the replay needs to rebuild the same machine in the simulator: the built-in profile that describes
+it and its MIG layout. ``recordedBy`` names the check as ``scripts/gpu-check`` whichever entry form
+ran it, so a fixture does not depend on how the check was started. ``replay`` builds that
+simulated machine, records it the same way and returns every difference
+(``hardware.nvml_fixture.compare``).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def replay(path: Path) -> list[str]:
     if not isinstance(profile, str):
         raise FixtureError(
             f"{path}: no built-in profile describes {meta.get('product')} x{meta.get('gpuCount')}; add one "
-            "(docs/node-profiles.md) and re-record with scripts/gpu-check --profile NAME"
+            "(docs/node-profiles.md) and re-record with gpuweave gpu-check --profile NAME"
         )
     backend = SimulatedBackend(load_profile(profile))
     try:
