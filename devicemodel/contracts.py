@@ -1,7 +1,7 @@
 """Names that pods, nodes and other components depend on.
 
-These are contracts (DESIGN §3): changing one breaks users' pod specs or the handoff between
-the extender and the node agent. Keep old names working when adding new ones.
+These are contracts (docs/architecture.md, Contracts): changing one breaks users' pod specs or the
+handoff between the extender and the node agent. Keep old names working when adding new ones.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The NodeProfile format (DESIGN §3): a node's hardware written as YAML, and its wire form.
+"""The NodeProfile format (docs/node-profiles.md): a node's hardware written as YAML, and its wire form.
 
 A node profile describes simulated hardware for what-if runs; the same ``spec`` shape is the
 ``spec`` of the per-node inventory custom resource the node agent publishes and the extender

@@ -5,7 +5,7 @@ link between them: CrossCPU 10, SameCPU 20, HostBridge 30, MultiSwitch 40, Singl
 100 per NVLink. Its NVLink count comes from links whose remote end is the other GPU, so GPUs that
 reach each other through NVSwitches get no NVLink credit at all: on an NVSwitch node every pair
 scores as its PCIe path. We reproduce that on purpose; it is the behaviour the benchmarks compare
-against (DESIGN section 4).
+against (docs/topology.md, Baseline; docs/benchmarks.md).
 
 Its best-effort policy enumerates partitions of the available GPUs into sets of the requested
 size, keeps the partition with the highest total set score (so later requests also get good

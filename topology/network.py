@@ -3,7 +3,7 @@
 A tier is one node label; two nodes in the same tier domain carry the same value for it. The
 tiers are ordered closest-to-the-node first, so the lowest tier index a set of nodes shares names
 the tightest network domain that holds them all, and a lower index means fewer switch hops
-between them (DESIGN §4, gangs are placed by network tier).
+between them (docs/extender.md, Gangs: gangs are placed by network tier).
 
 Default order, closest first:
 

@@ -6,7 +6,7 @@ Among the sets whose value is within ``LOOKAHEAD_TOLERANCE`` of the best, the se
 the one whose leftover GPUs still hold the best sets for later requests of 2, 4 and 8 GPUs.
 
 Results are memoized by (topology shape, free mask, must mask, size, policy) in bounded LRU
-caches of pure functions, so identical nodes share them (DESIGN section 4).
+caches of pure functions, so identical nodes share them (docs/topology.md, Memoization).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The simulation's MIG manager: reshape GPUs on MIG nodes to follow pending MIG demand.
 
-One GPU at a time, as the node agent's MIG manager does (DESIGN section 4): a GPU already in MIG
+One GPU at a time, as the node agent's MIG manager does (docs/mig.md): a GPU already in MIG
 mode gets new instances where they fit (``mig.planner.plan_demand`` keeps busy instances); else a
 fully idle GPU on a MIG node is switched to MIG mode. A MIG GPU left without demand and without
 busy instances for ``idle_revert_s`` goes back to a whole GPU. Every non-empty plan is a reshape.
