@@ -1,6 +1,6 @@
 """Gang reservations: the planned places of a gang's members, held until they bind or expire.
 
-A reservation is the answer of ``gang_plan`` kept for ``ttl_s``: one slot per member not yet
+A reservation is the answer of ``gangs.plan`` kept for ``ttl_s``: one slot per member not yet
 placed, each a node and the devices planned there. The cluster cache holds each slot's devices
 as an *assumed* holding under the slot's own holder ID (``gang-slot:KEY#i``), so every other
 pod's filter and bind see them taken; a member's bind hands the slot's holding over to the
@@ -18,7 +18,7 @@ the TTL) and the nodes the preempt verb let a member preempt on (``remember_pree
 TTL), which with the preempt call's candidates make the nodes its preemption is planned on.
 
 The book keeps only reservations and time (a clock passed in, a fake one in tests); the cache
-calls are the coordinator's (``gang_service``). Thread-safe.
+calls are the coordinator's (``gangs.service``). Thread-safe.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The extender's gang verbs: plan a gang when its first member is filtered, steer the others to
 their planned nodes, hand a slot to its member at bind, release what expires.
 
-Glue between the pure parts (``gangs`` identity, ``gang_plan`` planning, ``gang_book``
+Glue between the pure parts (``gangs`` identity, ``gangs.plan`` planning, ``gangs.book``
 reservations) and the cluster cache, which holds every open slot's devices as an assumed
 holding, so no other pod can take them and no device is held twice (the cache refuses a double
 booking). Nothing survives a restart but what the cluster says: members already bound hold their

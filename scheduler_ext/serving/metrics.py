@@ -21,7 +21,7 @@ from scheduler_ext.gangs.book import GangBook
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REASON_CLASSES = (
-    ("gang ", "gang"),  # gang planning (``gang_plan``, ``gang_service``): every reason starts so
+    ("gang ", "gang"),  # gang planning (``gangs.plan``, ``gangs.service``): every reason starts so
     ("gpu-selector", "selector"),
     ("NVLink", "nvlink"),
     ("NUMA", "numa"),

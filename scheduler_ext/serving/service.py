@@ -71,7 +71,7 @@ class ExtenderService:
     binder: Binder
     observer: Observer | None = None
     keep: int = 0  # filter passes at most this many fitting nodes (``shortlist``); 0: all of them
-    gangs: GangCoordinator | None = None  # all-or-nothing gang placement (``gang_service``)
+    gangs: GangCoordinator | None = None  # all-or-nothing gang placement (``scheduler_ext.gangs.service``)
     binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
     parsed: ParsedPods = field(default_factory=ParsedPods)  # each pod version parsed once for all verbs
 
