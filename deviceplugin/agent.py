@@ -8,7 +8,11 @@
 - ``set_device_health(device_id, healthy, reason)`` records a fault on a device ID or on a
   physical GPU UUID (which fans out to that GPU's MIG devices and shares, never to siblings).
 - ``withhold(ids, reason)`` / ``release(ids)``: devices reported Unhealthy so the kubelet stops
-  placing new work there (the Suspect state of the health design), without calling them failed.
+  placing new work there (the Suspect state of the health design), without calling them failed;
+  ``set_gate(name, reasons)`` does the same for a named node-level condition (the NVSwitch fabric).
+  The bookkeeping behind these (faults, withheld devices, gates, lost GPUs) is
+  ``deviceplugin.health_book.DeviceHealthBook``; the agent pushes its verdicts into every list
+  and streams the change.
 - ``control.add_route(method, handler)`` adds a command to ``STATE_DIR/agent.sock``.
 - ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
 - ``allocations`` holds the device IDs granted in Allocate since start, with when (a second source
@@ -33,8 +37,9 @@ from devicemodel.state_file import write_json_atomically
 from deviceplugin.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
 from deviceplugin.cdi import CdiPublisher
 from deviceplugin.control import ControlServer
-from deviceplugin.devices import PluginDevice, build_catalogue, lost_reasons, unhealthy_reasons
+from deviceplugin.devices import PluginDevice, build_catalogue
 from deviceplugin.errors import AllocationRejectedError
+from deviceplugin.health_book import DeviceHealthBook
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import AllocationLog
 from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
@@ -115,10 +120,7 @@ class NodeAgent:
         self._rediscover: threading.Thread | None = None
         self._prepare: threading.Thread | None = None
         self._resources: dict[str, _Resource] = {}
-        self._faults: dict[str, str] = {}
-        self._withheld: dict[str, str] = {}
-        self._lost: dict[str, str] = {}  # GPUs the driver counts but cannot reach: always Unhealthy
-        self._gates: dict[str, dict[str, str]] = {}  # node-level conditions (gate -> ID -> reason)
+        self._health_book = DeviceHealthBook()  # faults, withheld devices, gates, lost GPUs
         self._listeners: list[Callable[[], None]] = []
         self._inventory: NodeInventory | None = None
         self._chooser: GpuSetChooser | None = None
@@ -178,7 +180,7 @@ class NodeAgent:
             changed = inventory != self._inventory
             if changed:
                 self._inventory = inventory
-                self._lost = lost_reasons(inventory)
+                self._health_book.follow_inventory(inventory)
                 self._chooser = self._chooser_for(inventory) if self._chooser_for else None
             if self._cdi is not None:  # defined before any list can offer a new device
                 self._cdi.prepare(inventory, [d for devices in catalogue.values() for d in devices])
@@ -248,8 +250,7 @@ class NodeAgent:
                 devices = (
                     catalogue[name] if catalogue is not None else tuple(resource.state.devices().values())
                 )
-                faults = {**self._faults, **self._lost}
-                reasons = unhealthy_reasons(devices, faults=faults, withheld=self._all_withheld())
+                reasons = self._health_book.reasons_for(devices)
                 changed = resource.state.update(devices, reasons) or changed
                 self.metrics.unhealthy_devices.labels(name).set(len(reasons))
         return changed
@@ -258,24 +259,19 @@ class NodeAgent:
     def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
         """Record a device's (or a whole GPU's, by UUID) health; streams the change at once."""
         with self._lock:
-            if healthy:
-                self._faults.pop(device_id, None)
-            else:
-                self._faults[device_id] = reason or "unhealthy"
+            self._health_book.set_health(device_id, healthy, reason)
             self._apply()
         self._changed()
 
     def withhold(self, device_ids: Iterable[str], reason: str = "withheld") -> None:
         with self._lock:
-            for device_id in device_ids:
-                self._withheld[device_id] = reason
+            self._health_book.withhold(device_ids, reason)
             self._apply()
         self._changed()
 
     def release(self, device_ids: Iterable[str]) -> None:
         with self._lock:
-            for device_id in device_ids:
-                self._withheld.pop(device_id, None)
+            self._health_book.release(device_ids)
             self._apply()
         self._changed()
 
@@ -284,9 +280,8 @@ class NodeAgent:
         condition, such as the NVSwitch fabric; kept apart from ``withhold`` so that a MIG
         reshape's ``release`` of a GPU never lifts a gate on it."""
         with self._lock:
-            if self._gates.get(name, {}) == dict(reasons):
+            if not self._health_book.set_gate(name, reasons):
                 return
-            self._gates[name] = dict(reasons)
             self._apply()
         self._changed()
 
@@ -294,10 +289,7 @@ class NodeAgent:
         """(faults, withheld): device ID or GPU UUID -> reason; withheld includes every gate's
         (the NVSwitch fabric), so what is published matches what the kubelet is told."""
         with self._lock:
-            return dict(self._faults), self._all_withheld()
-
-    def _all_withheld(self) -> dict[str, str]:
-        return {k: v for gate in self._gates.values() for k, v in gate.items()} | self._withheld
+            return self._health_book.faults(), self._health_book.withheld()
 
     def health_report(self) -> dict[str, Any]:
         """Per resource, every device's health and reason; plus the raw fault and withheld maps."""
@@ -308,7 +300,8 @@ class NodeAgent:
                 ]
                 for name, r in self._resources.items()
             }
-            return {"resources": resources, "faults": dict(self._faults), "withheld": dict(self._withheld)}
+            faults, withheld = self._health_book.faults(), self._health_book.withheld_on_request()
+            return {"resources": resources, "faults": faults, "withheld": withheld}
 
     # ---- kubelet-facing policy -------------------------------------------------------------
     def _prefer(self, request: PreferenceRequest) -> list[str]:

@@ -1,4 +1,4 @@
-"""The node agent's DRA mode (``gpuweave node-agent --dra``; docs/dra.md): wiring for the composition root.
+"""The node agent's DRA mode (``gpuweave node-agent --dra``; docs/dra.md), started by the builder.
 
 With ``--dra`` every device of the node (GPUs, MIG devices, EFA adapters) is served through Dynamic
 Resource Allocation and none through the device-plugin API: the agent keeps its device model,

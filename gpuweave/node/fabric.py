@@ -1,4 +1,4 @@
-"""The NVSwitch fabric gate for the node-agent process, over the backend it discovered with.
+"""The NVSwitch fabric gate for the node agent (``NodeAgentBuilder.fabric``), over its backend.
 
 On a GPU host the fabric is read through the backend's NVML caller and the host's ``/run`` and
 ``/proc`` (the DaemonSet mounts ``/run/nvidia-fabricmanager`` and runs with ``hostPID``); with a

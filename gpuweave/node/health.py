@@ -1,6 +1,6 @@
-"""Health for the node-agent process: builds ``HealthService`` from the agent, the backend and the API.
+"""Health for the node agent: builds ``HealthService`` from the agent, the backend and the API.
 
-Called by the node-agent composition root after the agent has discovered its hardware. On a GPU
+Called through ``gpuweave.node.builder.NodeAgentBuilder.health`` once the agent has started. On a GPU
 host the probe reads NVML through the backend's library and ``/sys``, the kernel log is
 ``/dev/kmsg`` and resets run ``nvidia-smi -r``. With a simulated backend the probe reads the
 simulated NVML library and sysfs tree, the kernel log is ``STATE_DIR/kmsg`` (the simulated driver

@@ -1,4 +1,4 @@
-"""Wire the MIG manager into a started-or-starting node agent (part of the node-agent composition root).
+"""Wire the MIG manager into a started-or-starting node agent (used by ``gpuweave.node.builder``).
 
 It builds the NVML MIG adapter on the backend's own library and per-call timeout wrapper, the
 journal in STATE_DIR, the reconciler with hooks into the agent (withhold devices before they are
@@ -25,7 +25,7 @@ from hardware.simulated.backend import SimulatedBackend
 from mig.journal import MigJournal
 from mig.metrics import MigMetrics
 from mig.reconciler import GpuRef, MigReconciler
-from mig.service import AgentHooks, MigService
+from mig.service import AgentHooks, HeldByPods, MigService
 
 
 def build_mig_service(
@@ -35,15 +35,19 @@ def build_mig_service(
     state_dir: Path,
     inventory: NodeInventory,
     pod_resources: PodResourcesClient | None = None,
+    held_by_pods: HeldByPods | None = None,
 ) -> MigService:
     """The MIG service for this node; call ``start()`` on it, then ``register_mig_routes``.
 
     A device counts as busy (kept by every reshape) when NVML sees a process on it, when the
     kubelet's pod-resources API lists it as allocated (``pod_resources``; a pod whose container has
     not started holds it too), or when this agent granted it in Allocate seconds ago. An
-    unreachable pod-resources API makes every reshape fail closed (``MigBusyUnknownError``)."""
+    unreachable pod-resources API makes every reshape fail closed (``MigBusyUnknownError``).
+    ``held_by_pods`` replaces those two sources (the simulated cluster's own record of the devices
+    its pods hold, standing in for the kubelet's API)."""
     nvml, resetter = _nvml_of(backend)
-    hooks = AgentHooks(agent, held_by_pods=HeldDevices(pod_resources, agent.allocations))
+    held = held_by_pods if held_by_pods is not None else HeldDevices(pod_resources, agent.allocations)
+    hooks = AgentHooks(agent, held_by_pods=held)
     reconciler = MigReconciler(
         ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
         journal=MigJournal(state_dir),

@@ -1,8 +1,9 @@
-"""MPS for the node-agent process: one supervised control daemon per fractional GPU, wired to health.
+"""MPS for the node agent: one supervised control daemon per fractional GPU, wired to health.
 
-Called by the node-agent composition root. ``start_node_mps`` starts the daemons *before* the
-agent serves (a fractional GPU whose daemon does not answer is under the ``mps`` gate from the
-first device list), installs the per-GPU pipe lookup for Allocate and adds the control commands
+Called through ``gpuweave.node.builder.NodeAgentBuilder.mps`` (the process's daemons, or the
+simulated cluster's in-memory ones). ``start_node_mps`` starts the daemons *before* the agent
+serves (a fractional GPU whose daemon does not answer is under the ``mps`` gate from the first
+device list), installs the per-GPU pipe lookup for Allocate and adds the control commands
 ``mps.status`` and ``sharing.reload``. ``MpsRoundHook`` then runs the supervisor in every health
 round; a GPU whose daemon cannot be restarted becomes a fault of that GPU in the health engine
 (Event, metric, graded remediation of the pods on it).

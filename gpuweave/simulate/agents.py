@@ -1,11 +1,13 @@
 """The real node agents of the simulated cluster, one per node, each with its own kubelet.
 
 Every node runs ``deviceplugin.agent.NodeAgent`` on simulated hardware
-(``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML)
-with the node's sharing plan, one MPS daemon per fractional GPU (``gpuweave.node.mps`` on
+(``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML),
+built by the same ``gpuweave.node.builder.NodeAgentBuilder`` as ``gpuweave node-agent``: the
+node's sharing plan, metrics in a registry of its own, one MPS daemon per fractional GPU (on
 ``InMemoryMpsDaemons``: records in this process, since a process per GPU across the fleet would
-not fit a small machine) and its health service (``gpuweave.node.health``: NVML events,
-kernel log, Xid policy), serving its resources over gRPC on unix sockets in a temporary
+not fit a small machine), its health service (NVML events, kernel log, Xid policy) and, on a
+MIG-managed node, the MIG manager, whose busy devices are the pods this pool admitted (the
+kubelet's pod-resources view). It serves its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
 extender chose), so a device the agent refuses shows up as an admission failure. Faults are
@@ -29,25 +31,20 @@ from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.mps import MpsSettings
+from deviceplugin.metrics import AgentMetrics
 from deviceplugin.published import inventory_object
-from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node.health import SIM_KMSG_FILE, start_node_health
-from gpuweave.node.mps import MpsRoundHook, start_node_mps
+from gpuweave.node.builder import NodeAgentBuilder
+from gpuweave.node.health import SIM_KMSG_FILE
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
-from hardware.mig_catalog import default_catalog
-from hardware.mig_ops import MigOps
 from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
-from mig.journal import MigJournal
 from mig.planner import TargetEntry
-from mig.reconciler import GpuRef, MigReconciler
-from mig.service import AgentHooks, MigService
+from mig.service import MigService
 
 
 class AgentStartError(GpuweaveError):
@@ -62,29 +59,13 @@ def _first_round_done(health: HealthService, *, timeout_s: float = 20.0) -> None
         time.sleep(0.005)
 
 
-def _mig_reconciler(node: _Node, *, state_dir: Path) -> MigReconciler:
-    """The node agent's MIG manager on the simulated NVML, as ``gpuweave node-agent`` wires it,
-    except that busy devices come from this node's simulated pod-resources view."""
-    nvml, resetter = node.backend.nvml, node.backend.node.mig
-    hooks = AgentHooks(node.agent, held_by_pods=node.held_devices)
-    reconciler = MigReconciler(
-        ops=MigOps(nvml.lib, call=nvml.caller, resetter=resetter),
-        journal=MigJournal(state_dir),
-        catalog=default_catalog(),
-        gpus=[GpuRef(g.index, g.uuid, g.product) for g in node.agent.inventory.gpus],
-        hooks=hooks,
-    )
-    MigService(reconciler, hooks=hooks).start()
-    return reconciler
-
-
 @dataclass
 class _Node:
     agent: NodeAgent
     kubelet: SimKubelet
     backend: SimulatedBackend
     health: HealthService | None
-    mig: MigReconciler | None = None
+    mig: MigService | None = None
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
 
     def held_devices(self) -> frozenset[str]:
@@ -137,35 +118,25 @@ class NodeAgentPool:
         config = AgentConfig(
             kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
         )
-        agent = NodeAgent(config, discover=backend.discover, chooser_for=gpu_chooser_for)
+        # metrics in a registry per node: the agent's, MIG's and health's counters, as a process has
+        builder = NodeAgentBuilder(backend, state_dir=state_dir, node_name=node.name, metrics=AgentMetrics())
+        agent = builder.agent(config)
         agent.add_listener(lambda: self._mark_changed(index))  # what wakes its publisher
         self._mark_changed(index)
         # One MPS daemon per fractional GPU, as records in this process (no process per GPU)
-        mps = start_node_mps(
-            agent,
-            daemons=InMemoryMpsDaemons(),
-            inventory=backend.discover(),
-            settings=MpsSettings(base_dir=state_dir / "mps"),
-        )
+        mps = builder.mps(agent, daemons=InMemoryMpsDaemons(), inventory=backend.discover())
         agent.start()
         if not kubelet.wait_for(set(agent.resource_names()[:1])):
             agent.stop()
             kubelet.stop()
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
-        health = start_node_health(
-            agent,
-            backend=backend,
-            state_dir=state_dir,
-            node_name=node.name,
-            settings=self._health,
-            round_hooks=(MpsRoundHook(mps),),
-            kill_mps=mps.kill,
-        )
+        health = builder.health(agent, settings=self._health, mps=mps)
         _first_round_done(health)
         started = _Node(agent, kubelet, backend, health)
-        if node.mig_managed:
-            started.mig = _mig_reconciler(started, state_dir=state_dir)
+        if node.mig_managed:  # busy devices: what this pool admitted and has not released
+            started.mig = builder.mig(agent, inventory=agent.inventory, held_by_pods=started.held_devices)
+            started.mig.start()
         return started
 
     def _mark_changed(self, node: int) -> None:
@@ -216,12 +187,12 @@ class NodeAgentPool:
         """Apply a MIG layout (profile, start) to one GPU through the node agent's MIG reconciler
         (None: back to a whole GPU); the agent withholds and republishes its devices. False when
         the agent refuses (busy instance, bad plan): the layout stays as it was."""
-        reconciler = self._nodes[node].mig
-        if reconciler is None:
+        mig = self._nodes[node].mig
+        if mig is None:
             return False
         entries = None if target is None else [TargetEntry(profile, start) for profile, start in target]
         try:
-            reconciler.apply(gpu, entries)
+            mig.reconciler.apply(gpu, entries)
         except GpuweaveError as exc:
             self.reshape_refusals.append(f"{self._fleet[node].name} GPU {gpu}: {exc}")
             return False
