@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ from tests.e2e.cluster import (
     REPO,
     ControlPlane,
     Process,
+    free_port,
     render_scheduler_config,
     start_extender,
     start_scheduler,
@@ -94,6 +96,9 @@ class PhaseResult:
     # is garbage (say, from the extender's first lists just before) or work per request
     control_plane_alloc_kib_per_pod: float | None = None
     control_plane_gc_cycles: int | None = None
+    # kube-scheduler's own scheduling_algorithm_duration histogram over the phase (the scheduling
+    # cycle's filter and score, extender calls included; binding is not in it): p50 and p99 in ms
+    scheduler_algorithm_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,54 @@ def parse_api_counters(text: str) -> ApiServerCounters:
     return ApiServerCounters(
         counts, go.get("go_memstats_alloc_bytes_total", 0.0), go.get("go_gc_duration_seconds_count", 0.0)
     )
+
+
+ALGORITHM_HISTOGRAM = "scheduler_scheduling_algorithm_duration_seconds"
+
+
+def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) pairs of one Prometheus histogram, summed over its label
+    sets other than ``le``, in bound order."""
+    counts: dict[float, float] = {}
+    prefix = f"{name}_bucket{{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix) :].rpartition("} ")
+        bound = next(part.split("=", 1)[1].strip('"') for part in labels.split(",") if part.startswith("le="))
+        le = float("inf") if bound == "+Inf" else float(bound)
+        counts[le] = counts.get(le, 0.0) + float(value)
+    return sorted(counts.items())
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket the rank falls in; None if empty."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
+
+
+def scheduler_algorithm_ms(port: int) -> dict[str, float]:
+    """p50/p99 of kube-scheduler's scheduling algorithm duration so far, from its /metrics."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate, on loopback
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10, context=context) as answer:
+        buckets = histogram_buckets(answer.read().decode(), ALGORITHM_HISTOGRAM)
+    out = {}
+    for label, q in (("p50", 0.5), ("p99", 0.99)):
+        value = bucket_quantile(buckets, q)
+        if value is not None:
+            out[label] = round(1000 * value, 2)
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -264,7 +317,9 @@ def run_phase(
 ) -> PhaseResult:
     create_pods(plane, pods)
     with BindWatch(plane) as binds:
-        scheduler = start_scheduler(plane, config_path=config_path, name=f"kube-scheduler-{phase}-{round_}")
+        metrics_port = free_port()
+        name = f"kube-scheduler-{phase}-{round_}"
+        scheduler = start_scheduler(plane, config_path=config_path, name=name, metrics_port=metrics_port)
         processes = {"kube-scheduler": scheduler, "control-plane": plane.process}
         if extender is not None:
             processes["extender"] = extender
@@ -275,6 +330,7 @@ def run_phase(
             spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
             counters = api_counters(plane) - counters_before
             memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
+            algorithm = scheduler_algorithm_ms(metrics_port)
         finally:
             scheduler.stop()
     delete_pods(plane)
@@ -294,6 +350,7 @@ def run_phase(
         },
         control_plane_alloc_kib_per_pod=round(counters.allocated_bytes / 1024 / max(bound, 1), 1),
         control_plane_gc_cycles=int(counters.gc_cycles),
+        scheduler_algorithm_ms=algorithm,
     )
 
 
@@ -417,6 +474,33 @@ def results_path(nodes: int) -> Path:
     return RESULTS_DIR / ("e2e_throughput.json" if nodes == 1000 else f"e2e_throughput_{nodes}.json")
 
 
+def cost_per_pod(results: list[PhaseResult]) -> dict[str, Any]:
+    """The extender's cost per bound pod against kube-scheduler's, both in the extender phases
+    (medians over rounds), and the extender's added latency per scheduling cycle as kube-scheduler
+    measures it: its algorithm duration with the extender minus without (median p50 and p99)."""
+    ours = [r for r in results if r.phase == "extender"]
+    extender = statistics.median(r.cpu_ms_per_pod["extender"] for r in ours)
+    scheduler = statistics.median(r.cpu_ms_per_pod["kube-scheduler"] for r in ours)
+    cost: dict[str, Any] = {
+        "extender_cpu_ms_per_pod": round(extender, 2),
+        "scheduler_cpu_ms_per_pod": round(scheduler, 2),
+        "extender_over_scheduler_cpu": round(extender / scheduler, 3) if scheduler else None,
+    }
+    added = {}
+    for label in ("p50", "p99"):
+        with_ext = [r.scheduler_algorithm_ms[label] for r in ours if label in r.scheduler_algorithm_ms]
+        without = [
+            r.scheduler_algorithm_ms[label]
+            for r in results
+            if r.phase == "baseline" and label in r.scheduler_algorithm_ms
+        ]
+        if with_ext and without:
+            added[label] = round(statistics.median(with_ext) - statistics.median(without), 2)
+    if added:
+        cost["extender_added_cycle_ms"] = added
+    return cost
+
+
 def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, nodes: int) -> None:
     baseline_rate, extender_rate = median_rate(results, "baseline"), median_rate(results, "extender")
     ratio = extender_rate / baseline_rate if baseline_rate else 0.0
@@ -454,6 +538,23 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
             f"{phase} control-plane heap allocated per pod (KiB) / GC cycles: "
             + ", ".join(f"{r.control_plane_alloc_kib_per_pod} / {r.control_plane_gc_cycles}" for r in rows)
         )
+    cost = cost_per_pod(results)
+    print(
+        f"extender CPU per bound pod: {cost['extender_cpu_ms_per_pod']:.2f} ms against kube-scheduler's "
+        f"{cost['scheduler_cpu_ms_per_pod']:.2f} ms in the same phases: "
+        f"{cost['extender_over_scheduler_cpu']:.2f}x (medians; target <= 0.3x)"
+    )
+    for r in results:
+        if r.scheduler_algorithm_ms:
+            shown = ", ".join(f"{k} {v:.2f} ms" for k, v in r.scheduler_algorithm_ms.items())
+            print(f"{r.phase} {r.round}: kube-scheduler's scheduling algorithm {shown}")
+    added = cost.get("extender_added_cycle_ms")
+    if added:
+        print(
+            "extender's added latency per scheduling cycle (kube-scheduler's algorithm duration, "
+            "extender phase minus baseline, medians): "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in added.items())
+        )
     ours = [r for r in results if r.phase == "extender"]
     print(
         "extender RSS "
@@ -478,6 +579,7 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
         "extender_over_baseline_per_round": per_round,
+        **cost,
         "extender_mean_ms_per_verb": verbs["mean_ms"],
         "extender_calls_per_verb": verbs["calls"],
     }

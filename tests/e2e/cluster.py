@@ -199,14 +199,26 @@ def render_scheduler_config(
     return path
 
 
-def start_scheduler(plane: ControlPlane, *, config_path: Path, name: str = "kube-scheduler") -> Process:
+def start_scheduler(
+    plane: ControlPlane, *, config_path: Path, name: str = "kube-scheduler", metrics_port: int | None = None
+) -> Process:
+    """kube-scheduler from the harness; with ``metrics_port`` it serves /metrics on that loopback
+    port over HTTPS (self-signed) to anyone, as a benchmark reads it; otherwise it serves nothing."""
+    serving = ["--secure-port=0"]
+    if metrics_port is not None:
+        serving = [
+            f"--secure-port={metrics_port}",
+            "--bind-address=127.0.0.1",
+            f"--cert-dir={plane.work / (name + '-certs')}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        ]
     return Process(
         name,
         [
             str(harness_binary()),
             "kube-scheduler",
             f"--config={config_path}",
-            "--secure-port=0",
+            *serving,
             f"--v={os.environ.get('GPUWEAVE_E2E_SCHEDULER_V', '2')}",
         ],
         log_dir=plane.work,

@@ -1,8 +1,14 @@
-"""The throughput benchmark's reading of kube-apiserver's /metrics (requests, allocation, GC)."""
+"""The throughput benchmark's reading of kube-apiserver's /metrics (requests, allocation, GC) and of
+kube-scheduler's scheduling-algorithm histogram."""
 
 from __future__ import annotations
 
-from benchmarks.e2e_throughput import parse_api_counters
+from benchmarks.e2e_throughput import (
+    ALGORITHM_HISTOGRAM,
+    bucket_quantile,
+    histogram_buckets,
+    parse_api_counters,
+)
 
 METRICS = """\
 # HELP go_gc_duration_seconds A summary of the wall-time pause duration in garbage collection cycles.
@@ -34,3 +40,28 @@ def test_metrics_without_go_counters_read_as_zero() -> None:
     counters = parse_api_counters('apiserver_request_total{verb="GET",resource="pods"} 4\n')
     assert counters.requests == {"GET pods": 4}
     assert (counters.allocated_bytes, counters.gc_cycles) == (0.0, 0.0)
+
+
+SCHEDULER_METRICS = """\
+# TYPE scheduler_scheduling_algorithm_duration_seconds histogram
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="a",le="0.001"} 10
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="a",le="0.002"} 40
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="a",le="0.004"} 90
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="a",le="+Inf"} 100
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="b",le="0.001"} 0
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="b",le="0.002"} 0
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="b",le="0.004"} 0
+scheduler_scheduling_algorithm_duration_seconds_bucket{profile="b",le="+Inf"} 0
+scheduler_scheduling_algorithm_duration_seconds_sum 0.25
+scheduler_scheduling_algorithm_duration_seconds_count 100
+scheduler_e2e_scheduling_duration_seconds_bucket{le="0.001"} 99
+"""
+
+
+def test_scheduler_algorithm_quantiles_interpolate_within_the_bucket_as_prometheus_does() -> None:
+    buckets = histogram_buckets(SCHEDULER_METRICS, ALGORITHM_HISTOGRAM)
+    assert buckets == [(0.001, 10), (0.002, 40), (0.004, 90), (float("inf"), 100)]  # profiles summed
+    assert bucket_quantile(buckets, 0.5) == 0.002 + 0.002 * (50 - 40) / (90 - 40)
+    assert bucket_quantile(buckets, 0.05) == 0.001 * 5 / 10
+    assert bucket_quantile(buckets, 0.99) == 0.004  # in +Inf: the last finite bound
+    assert bucket_quantile([(0.001, 0), (float("inf"), 0)], 0.5) is None
