@@ -12,6 +12,7 @@ kube-scheduler pick among the scorer's best nodes whatever its plugins say; its 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from operator import attrgetter
 
@@ -30,22 +31,45 @@ def ranked_scores(verdicts: Sequence[Verdict], reserve: Sequence[float] | None =
     ``reserve``: per verdict, the reservation cost in milli-GPU (``reservation``), added to the
     fragment level of FGD-scored verdicts before ranking. Not fitting: 0.
     """
-    ranked: list[int] = ranks(verdicts, reserve).tolist()
-    return ranked
+    fits = list(map(_FITS, verdicts))
+    qualities = _qualities(verdicts, reserve)
+    fitting = [q for f, q in zip(fits, qualities, strict=True) if f]
+    if not fitting:
+        return [0] * len(verdicts)
+    if any(map(math.isnan, fitting)):  # a NaN quality: numpy's rules, as before
+        ranked: list[int] = _ranks_numpy(np.array(fits, dtype=bool), np.array(qualities)).tolist()
+        return ranked
+    best, worst = max(fitting), min(fitting)
+    step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
+    top = MAX_SCORE - 1
+    return [
+        0 if not f else MAX_SCORE if best - q <= SAME else min(max(math.floor(step * (q - worst)), 0), top)
+        for f, q in zip(fits, qualities, strict=True)
+    ]
 
 
 def ranks(verdicts: Sequence[Verdict], reserve: Sequence[float] | None = None) -> np.ndarray:
     """``ranked_scores`` as an int64 array."""
-    fits = np.array(list(map(_FITS, verdicts)), dtype=bool)
-    qualities = np.array(list(map(_QUALITY, verdicts)), dtype=np.float64)
-    if reserve is not None:
-        levels = np.array(list(map(_LEVEL, verdicts)), dtype=np.float64)  # None -> nan
-        idle = np.array(list(map(_IDLE, verdicts)), dtype=np.float64)
-        cost = np.asarray(reserve, dtype=np.float64)
-        moved = (cost != 0) & ~np.isnan(levels)
-        qualities[moved] = quality_of(levels[moved] + cost[moved], idle[moved])
-    if not fits.any():
-        return np.zeros(len(verdicts), dtype=np.int64)
+    return np.array(ranked_scores(verdicts, reserve), dtype=np.int64)
+
+
+def _qualities(verdicts: Sequence[Verdict], reserve: Sequence[float] | None) -> list[float]:
+    """Each verdict's quality, FGD-scored ones moved by their reservation cost. The ranking runs
+    per distinct node state (tens of values), where plain lists beat numpy's per-call cost."""
+    qualities = list(map(_QUALITY, verdicts))
+    if reserve is None or not any(reserve):
+        return qualities
+    levels = np.array(list(map(_LEVEL, verdicts)), dtype=np.float64)  # None -> nan
+    idle = np.array(list(map(_IDLE, verdicts)), dtype=np.float64)
+    cost = np.asarray(reserve, dtype=np.float64)
+    moved = (cost != 0) & ~np.isnan(levels)
+    adjusted = np.array(qualities, dtype=np.float64)
+    adjusted[moved] = quality_of(levels[moved] + cost[moved], idle[moved])
+    out: list[float] = adjusted.tolist()
+    return out
+
+
+def _ranks_numpy(fits: np.ndarray, qualities: np.ndarray) -> np.ndarray:
     best, worst = qualities[fits].max(), qualities[fits].min()
     step = (MAX_SCORE - 1) / (best - worst) if best > worst else 0.0
     scaled = np.clip(np.floor(step * (qualities - worst)), 0, MAX_SCORE - 1)

@@ -23,6 +23,7 @@ _QUANTITY = re.compile(
     r"(?:(?P<binary>[KMGTPE]i)|(?P<exponent>[eE][+-]?[0-9]+)|(?P<decimal>[numkMGTPE]))?",
     re.ASCII,
 )
+_PLAIN = re.compile(r"[0-9]{1,18}", re.ASCII)  # a bare count below 10^18 (< 2^63-1): most quantities
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
@@ -37,6 +38,8 @@ def parse_quantity(text: str) -> Fraction:
     Surrounding whitespace is ignored, as the API server's JSON decoding trims it.
     """
     stripped = text.strip()
+    if _PLAIN.fullmatch(stripped):
+        return Fraction(int(stripped))
     if len(stripped) > MAX_QUANTITY_CHARS:
         raise QuantityError(f"quantity of {len(stripped)} characters; the limit is {MAX_QUANTITY_CHARS}")
     match = _QUANTITY.fullmatch(stripped)
@@ -66,6 +69,9 @@ def _scale(match: re.Match[str]) -> Fraction:
 
 def whole_units(text: str) -> int:
     """A quantity that must be a whole non-negative number (an extended resource's count)."""
+    stripped = text.strip()
+    if _PLAIN.fullmatch(stripped):  # "2": the common spelling, without the exact-fraction path
+        return int(stripped)
     value = parse_quantity(text)
     if value.denominator != 1:
         raise QuantityError(

@@ -120,3 +120,25 @@ def test_a_request_must_equal_its_limit() -> None:
         pod_request(pod)
     equal = _pod([_container("main", {RESOURCE_GPU: "2"}, requests={RESOURCE_GPU: "2000m"})])
     assert pod_request(equal).containers[0].gpus == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("0", "7", " 8 ", "007", "8\u00a0"),
+        *("999999999999999999", "1000000000000000000", "9223372036854775807", "9223372036854775808"),
+        "٣",
+    ],
+)
+def test_bare_counts_take_the_short_path_to_the_same_answer(text: str) -> None:
+    """Plain ASCII digits (up to 18 of them) skip the exact-fraction parse; the answer, or the
+    refusal, is what the full grammar gives (19 digits and Unicode digits go the long way)."""
+    stripped = text.strip()
+    number = stripped if stripped.isascii() and stripped.isdigit() else None
+    if number is None or int(number) > 2**63 - 1:  # not a quantity, or more than Kubernetes stores
+        with pytest.raises(QuantityError):
+            whole_units(text)
+        return
+    assert parse_quantity(text) == Fraction(int(number))
+    assert whole_units(text) == int(number)
+    assert type(whole_units(text)) is int
