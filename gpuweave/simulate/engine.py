@@ -386,7 +386,7 @@ class Simulation:
         run_s = job.duration_s * timing.stretch
         for pod in started:
             self._ends[pod.pod_id] = now + delay_s + run_s
-        self.result.ledger.started(job, now=now + delay_s, timing=timing, run_s=run_s)
+        self.result.ledger.started(job, now=now + delay_s, timing=timing, run_s=run_s, grace_s=delay_s)
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         return True

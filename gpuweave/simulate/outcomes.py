@@ -7,7 +7,11 @@ The scheduling loop reports starts, evictions and ends here; the report reads th
   from its beginning (no checkpoint), so that work is done again;
 - a **gang recovery** runs from a fault to the moment every pod of an evicted training job runs
   again, on the simulated clock (60 s ticks; the fault's nominal detection latency is added, as the
-  loop evicts at the fault's own tick), checkpoint load and container start excluded.
+  loop evicts at the fault's own tick), checkpoint load and container start excluded. Its parts
+  (``GangRecovery.parts``): **detection** (the fault's nominal detection latency), **waiting**
+  (the ticks until every member had a place: 0 when spare room took the gang at the fault's own
+  tick) and **preemption grace** (``PREEMPTION_GRACE_S`` when the gang got its room by evicting
+  lower-priority pods, which it waits out).
 """
 
 from __future__ import annotations
@@ -41,12 +45,21 @@ class GangRecovery:
     fault_at_s: float
     detection_s: float
     running_again_s: float | None = None  # None: not all members running again by the end
+    grace_s: float = 0.0  # preemption grace waited before running again (0: no preemption)
 
     @property
     def seconds(self) -> float | None:
         if self.running_again_s is None:
             return None
         return self.running_again_s - self.fault_at_s + self.detection_s
+
+    @property
+    def parts(self) -> dict[str, float] | None:
+        """Where the recovery's seconds went: detection + waiting + preemption grace."""
+        if self.running_again_s is None:
+            return None
+        waiting = self.running_again_s - self.grace_s - self.fault_at_s
+        return {"detection": self.detection_s, "waiting": waiting, "preemption_grace": self.grace_s}
 
 
 @dataclass
@@ -79,10 +92,12 @@ class JobLedger:
     _restarts: dict[str, int] = field(default_factory=dict)
     _open: dict[str, GangRecovery] = field(default_factory=dict)
 
-    def started(self, job: Job, *, now: float, timing: JobTiming, run_s: float) -> None:
+    def started(self, job: Job, *, now: float, timing: JobTiming, run_s: float, grace_s: float = 0.0) -> None:
+        """``now``: when the job runs; ``grace_s`` of it was waiting for preempted pods to leave."""
         recovery = self._open.pop(job.job_id, None)
         if recovery is not None:
             recovery.running_again_s = now
+            recovery.grace_s = grace_s
         if job.kind is JobKind.GANG:
             self.training.append(
                 PlacedTraining(

@@ -73,6 +73,7 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
         "gpu_hours_lost_to_faults": ledger.gpu_seconds_lost / 3600.0,
         "gang_recovery_s": [round(s, 3) for s in recovered],
         "gang_recovery_median_s": float(statistics.median(recovered)) if recovered else None,
+        "gang_recovery_parts_median_s": _median_parts([r.parts for r in ledger.recoveries if r.parts]),
         "gangs_not_recovered": sum(1 for r in ledger.recoveries if r.seconds is None),
         "inventories_received": result.inventories_received,
         "pods_preempted": result.pods_preempted,
@@ -109,6 +110,18 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         "mig_pods_started": result.mig_pods_started,
         "allocation_lowest_30min_pct": _lowest_window_mean(steady, window_s=1800.0),
     } | _job_figures(result)
+
+
+def _median_parts(parts: list[dict[str, float]]) -> dict[str, float] | None:
+    """Per part of a gang recovery (detection, waiting, preemption grace), the median seconds."""
+    if not parts:
+        return None
+    return {name: float(statistics.median(p[name] for p in parts)) for name in parts[0]}
+
+
+def _parts_cell(parts: dict[str, float] | None) -> str:
+    """``5 + 0 + 30``: the median detection, waiting and preemption-grace seconds."""
+    return " + ".join(f"{seconds:.0f}" for seconds in parts.values()) if parts else "-"
 
 
 def _recovery_cell(summary: dict[str, Any]) -> str:
@@ -160,6 +173,7 @@ ROWS = (
     ("pods preempted", "pods_preempted", "{}"),
     ("GPU-hours lost to faults", "gpu_hours_lost_to_faults", "{:.1f}"),
     ("gang recovery: median (back / evicted)", "", ""),
+    ("  detection + waiting + grace (median s)", "gang_recovery_parts_median_s", "parts"),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
     ("kubelet Allocate calls ok / refused", "kubelet_admissions", "{}"),
     ("MIG reshapes", "mig_reshapes", "{}"),
@@ -175,6 +189,8 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
         elif not key:
             cells = [_recovery_cell(s) for s in summaries]
+        elif fmt == "parts":
+            cells = [_parts_cell(s.get(key)) for s in summaries]
         else:
             cells = [_number(fmt, s[key]) for s in summaries]
         lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))

@@ -19,6 +19,7 @@ from gpuweave.simulate.fleet import (
     parse_profiles,
     share_pool,
 )
+from gpuweave.simulate.outcomes import GangRecovery
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
     add_common_completion,
@@ -170,10 +171,17 @@ def _recovery_line(result: RunResult) -> str:
         return "no training job was evicted by a fault"
     parts = [
         f"{r.job_id} ({r.pods} pod(s), {r.fault.split(' ')[0]} at t={r.fault_at_s / 60:.0f} min): "
-        + (f"{r.seconds:.0f} s" if r.seconds is not None else "not running again by the end")
+        + (_recovery_parts(r) if r.seconds is not None else "not running again by the end")
         for r in recoveries
     ]
     return "; ".join(parts)
+
+
+def _recovery_parts(recovery: GangRecovery) -> str:
+    """``35 s = detection 5 s + waiting 0 s + preemption grace 30 s``."""
+    parts = recovery.parts or {}
+    named = " + ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in parts.items())
+    return f"{recovery.seconds:.0f} s = {named}"
 
 
 def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: SimulateOptions) -> None:
@@ -220,7 +228,10 @@ def _write_outputs(
         "mig_reshapes": [asdict(r) for r in results[0].reshapes],
         "topology_outcomes": [asdict(o) for o in results[0].topology],
         "training_placements": {r.policy: [asdict(p) for p in r.ledger.training] for r in results},
-        "gang_recoveries": {r.policy: [asdict(g) for g in r.ledger.recoveries] for r in results},
+        "gang_recoveries": {
+            r.policy: [{**asdict(g), "seconds": g.seconds, "parts": g.parts} for g in r.ledger.recoveries]
+            for r in results
+        },
         "elapsed_s": elapsed,
     }
     write_json(out / "report.json", payload)

@@ -44,6 +44,8 @@ def test_a_gang_evicted_by_an_efa_loss_recovers_on_spare_nodes_in_its_detection_
     fault_at = 0.15 * 4 * 3600.0
     assert summary["gang_recovery_s"] == [5.0]  # restarted in the fault's tick: EFA detection only
     assert summary["gang_recovery_median_s"] == 5.0 and summary["gangs_not_recovered"] == 0
+    parts = {"detection": 5.0, "waiting": 0.0, "preemption_grace": 0.0}
+    assert summary["gang_recovery_parts_median_s"] == parts
     assert summary["gpu_hours_lost_to_faults"] == pytest.approx(16 * fault_at / 3600.0)
     (done,) = result.ledger.completions
     assert done.restarts == 1
@@ -81,12 +83,16 @@ def test_a_recovering_gang_preempts_lower_priority_work_through_the_extender(pol
         placer.close()
     summary = summarize(result)
     (recovery,) = summary["gang_recovery_s"]
+    (parts,) = [r.parts for r in result.ledger.recoveries]
+    assert parts is not None and sum(parts.values()) == recovery
     if policy == "gpuweave":
         assert recovery == 35.0 and summary["pods_preempted"] == 1
+        assert parts == {"detection": 5.0, "waiting": 0.0, "preemption_grace": 30.0}
         restarts = {c.job_id: c.restarts for c in result.ledger.completions}
         assert restarts == {"train-0": 1, "single-1": 1}  # the victim ran again from its start
     else:
         assert recovery > 1800.0 and summary["pods_preempted"] == 0  # back only with the link
+        assert parts["preemption_grace"] == 0.0 and parts["waiting"] >= 1800.0  # waited for the link
     assert summary["jobs_unfinished"] == 0 and summary["jobs_completed"] == 2
 
 
@@ -105,6 +111,9 @@ def test_every_policy_reports_the_job_figures_in_json_and_the_table(
         assert len(recovered) + summary["gangs_not_recovered"] == len(
             report["gang_recoveries"][summary["policy"]]
         )
+        for recovery in report["gang_recoveries"][summary["policy"]]:
+            if recovery["seconds"] is not None:
+                assert sum(recovery["parts"].values()) == pytest.approx(recovery["seconds"])
         assert summary["jobs_completed"] <= summary["jobs_started"]
         placed = report["training_placements"][summary["policy"]]
         assert all(p["stretch"] >= 1.0 and p["run_s"] > 0 for p in placed)
@@ -113,6 +122,7 @@ def test_every_policy_reports_the_job_figures_in_json_and_the_table(
     assert "job completion, mean (min)" in table and "GPU-hours lost to faults" in table
     assert summary_table(report["summaries"]) in table
     assert "gang recovery: median (back / evicted)" in table
+    assert "  detection + waiting + grace (median s)" in table
 
 
 def test_the_common_mean_covers_only_the_jobs_every_run_finished() -> None:
