@@ -74,6 +74,7 @@ class PlacedTraining:
     gbps: float
     stretch: float
     run_s: float
+    waited_s: float = 0.0  # from the job's arrival to this start (a restart: again from its arrival)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class JobLedger:
                     timing.gbps,
                     timing.stretch,
                     run_s,
+                    now - job.arrival_s,
                 )
             )
 

@@ -69,6 +69,8 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
         },
         "training_stretch_mean": _mean([p.stretch for p in ledger.training]),
         "multi_node_gang_stretch_mean": _mean([p.stretch for p in multi]) if multi else None,
+        # the trade behind the stretch: how long those gangs waited for the places they got
+        "multi_node_gang_wait_mean_min": _mean([p.waited_s / 60.0 for p in multi]) if multi else None,
         "training_slowest_links": dict(sorted(links.items())),
         "gpu_hours_lost_to_faults": ledger.gpu_seconds_lost / 3600.0,
         "gang_recovery_s": [round(s, 3) for s in recovered],
@@ -167,6 +169,7 @@ ROWS = (
     ("  training jobs, mean (min)", "training_completion_mean_min", "{:.1f}"),
     ("  training run time vs best set (mean)", "training_stretch_mean", "{:.3f}"),
     ("  multi-node gangs vs best set (mean)", "multi_node_gang_stretch_mean", "{:.3f}"),
+    ("  multi-node gangs' wait, mean (min)", "multi_node_gang_wait_mean_min", "{:.1f}"),
     ("jobs started / pending at the window's end", None, ""),
     ("  jobs not finished after the drain", "jobs_unfinished", "{}"),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),

@@ -49,6 +49,12 @@ def test_a_gang_evicted_by_an_efa_loss_recovers_on_spare_nodes_in_its_detection_
     assert summary["gpu_hours_lost_to_faults"] == pytest.approx(16 * fault_at / 3600.0)
     (done,) = result.ledger.completions
     assert done.restarts == 1
+    first, again = result.ledger.training
+    assert first.waited_s == 0.0  # placed in its arrival's tick
+    assert again.waited_s == again.at_s - gang.arrival_s == fault_at  # restarted in the fault's tick
+    assert summary["multi_node_gang_wait_mean_min"] == pytest.approx(
+        (first.waited_s + again.waited_s) / 120.0
+    )
     assert done.completion_s >= fault_at + 3600.0  # restarted from the beginning, no checkpoint
     assert summary["job_completion_mean_min"] == pytest.approx(done.completion_s / 60.0)
 
@@ -116,13 +122,15 @@ def test_every_policy_reports_the_job_figures_in_json_and_the_table(
                 assert sum(recovery["parts"].values()) == pytest.approx(recovery["seconds"])
         assert summary["jobs_completed"] <= summary["jobs_started"]
         placed = report["training_placements"][summary["policy"]]
-        assert all(p["stretch"] >= 1.0 and p["run_s"] > 0 for p in placed)
+        assert all(p["stretch"] >= 1.0 and p["run_s"] > 0 and p["waited_s"] >= 0 for p in placed)
+        assert "multi_node_gang_wait_mean_min" in summary
     assert all("labels" in node for node in report["cluster"])
     table = capsys.readouterr().out
     assert "job completion, mean (min)" in table and "GPU-hours lost to faults" in table
     assert summary_table(report["summaries"]) in table
     assert "gang recovery: median (back / evicted)" in table
     assert "  detection + waiting + grace (median s)" in table
+    assert "  multi-node gangs' wait, mean (min)" in table
 
 
 def test_the_common_mean_covers_only_the_jobs_every_run_finished() -> None:
