@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.control import call_agent
 from deviceplugin.errors import ControlError
 from gpuweave.gpucheck.process import CheckFailedError, gpuweave_command, product_env
 from gpuweave.simulate.kubelet import HEALTHY, SimKubelet
 
-RESOURCE_GPU = "nvidia.com/gpu"
 AGENT_REGISTER_S = 40.0
 AGENT_ROUND_S = 30.0
 AGENT_STOP_S = 20.0
@@ -112,7 +112,7 @@ def _exercise_agent(kubelet: SimKubelet, state_dir: Path, agent: subprocess.Pope
     if preferred is not None and (len(preferred) != 1 or preferred[0] not in healthy):
         raise CheckFailedError(f"GetPreferredAllocation of one device out of {healthy} answered {preferred}")
     chosen = preferred or healthy[:1]
-    response = kubelet.admit(RESOURCE_GPU, chosen)  # GetPreferredAllocation (if offered), then Allocate
+    response = kubelet.allocate(RESOURCE_GPU, chosen)  # the preference was asked above, as the kubelet does
     if not response.envs and not response.devices and not response.cdi_devices:
         raise CheckFailedError(f"Allocate of {chosen} returned no environment, devices or CDI devices")
 

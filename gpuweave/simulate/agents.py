@@ -31,7 +31,6 @@ from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.metrics import AgentMetrics
 from deviceplugin.published import inventory_object
 from gpuweave.node.builder import NodeAgentBuilder
 from gpuweave.node.health import SIM_KMSG_FILE
@@ -118,8 +117,8 @@ class NodeAgentPool:
         config = AgentConfig(
             kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
         )
-        # metrics in a registry per node: the agent's, MIG's and health's counters, as a process has
-        builder = NodeAgentBuilder(backend, state_dir=state_dir, node_name=node.name, metrics=AgentMetrics())
+        # the builder's own metrics registry: the agent's, MIG's and health's counters, as a process has
+        builder = NodeAgentBuilder(backend, state_dir=state_dir, node_name=node.name)
         agent = builder.agent(config)
         agent.add_listener(lambda: self._mark_changed(index))  # what wakes its publisher
         self._mark_changed(index)

@@ -215,23 +215,16 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
 
     def admit(self, resource: str, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         """GetPreferredAllocation (when offered) then Allocate, for one container."""
+        self.preferred(resource, len(device_ids))
+        return self.allocate(resource, device_ids)
+
+    def allocate(self, resource: str, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
+        """Allocate alone, for one container (``admit`` asks for a preference first)."""
         with self._lock:
             plugin = self._plugins.get(resource)
-            available = [d for d, h in (plugin.health.items() if plugin else []) if h == HEALTHY]
         if plugin is None:
             raise KubeletCallError(f"no device plugin registered for {resource}")
         try:
-            if plugin.options.get_preferred_allocation_available:
-                plugin.stub.GetPreferredAllocation(
-                    api_pb2.PreferredAllocationRequest(
-                        container_requests=[
-                            api_pb2.ContainerPreferredAllocationRequest(
-                                available_deviceIDs=available, allocation_size=len(device_ids)
-                            )
-                        ]
-                    ),
-                    timeout=10,
-                )
             response = plugin.stub.Allocate(
                 api_pb2.AllocateRequest(
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device_ids)]
