@@ -96,6 +96,21 @@ def _seen(extender: Extender, pod: dict[str, Any]) -> None:
     )
 
 
+def _counted(extender: Extender, node: str, pod: dict[str, Any]) -> None:
+    """Wait until the node's state counts the pod as a holder.
+
+    The cache publishes a pod's holding before it rebuilds the node's state from it (both under
+    the node's lock; reads take no lock), so a test that reads the state waits for the state.
+    """
+    uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+
+    def counted() -> bool:
+        state = extender.cache.node(node)
+        return extender.cache.holding(uid) is not None and state is not None and uid in state.holders.values()
+
+    wait_until(f"node {node}'s state to count pod {name}", counted)
+
+
 def _passing(extender: Extender, gpus: int) -> list[str]:
     probe = pod_object(f"probe-{gpus}", limits={RESOURCE_GPU: gpus})
     args = ExtenderArgs.model_validate({"Pod": probe, "NodeNames": list(NODES)})
@@ -134,7 +149,7 @@ def test_a_bound_pod_holds_at_most_its_request(kubeconfig: str, extender: Extend
         annotations=_annotation("trust-a", gpus),
     )
     uid = greedy["metadata"]["uid"]
-    wait_until("the bound pod's holding", lambda: extender.cache.holding(uid) is not None)
+    _counted(extender, "trust-a", greedy)
     holding = extender.cache.holding(uid)
     assert holding is not None and holding.record.devices == {gpus[0]}
     assert _passing(extender, 7) == list(NODES)
@@ -150,9 +165,7 @@ def test_the_later_of_two_bound_pods_on_one_gpu_is_a_conflict(kubeconfig: str, e
         node="trust-b",
         annotations=_annotation("trust-b", gpus[:2]),
     )
-    wait_until(
-        "the first pod's holding", lambda: extender.cache.holding(first["metadata"]["uid"]) is not None
-    )
+    _counted(extender, "trust-b", first)
     later = _create(
         kubeconfig,
         "later",
@@ -160,9 +173,7 @@ def test_the_later_of_two_bound_pods_on_one_gpu_is_a_conflict(kubeconfig: str, e
         node="trust-b",
         annotations=_annotation("trust-b", gpus[1:3]),
     )
-    wait_until(
-        "the later pod's holding", lambda: extender.cache.holding(later["metadata"]["uid"]) is not None
-    )
+    _counted(extender, "trust-b", later)
     holders = extender.cache.node("trust-b").holders  # type: ignore[union-attr]
     assert holders[gpus[1]] == first["metadata"]["uid"]
     assert holders[gpus[2]] == later["metadata"]["uid"]
