@@ -99,6 +99,8 @@ def _plain(value: object) -> Json:
         return "handle"
     if isinstance(value, ctypes._SimpleCData):
         return _plain(value.value)
+    if isinstance(value, ctypes.Array):
+        return [_plain(item) for item in value]
     if isinstance(value, ctypes.Structure):
         return {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -42,7 +42,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "nvmlGpuInstanceGetInfo": ("device", "id", "profileId", "placement"),
     "nvmlGpuInstanceGetComputeInstanceProfileInfo": ("id", "sliceCount", "instanceCount"),
     "nvmlComputeInstanceGetInfo": ("device", "id", "profileId"),
-    "nvmlDeviceGetGpuFabricInfoV": ("state", "status"),
+    "nvmlDeviceGetGpuFabricInfoV": ("state", "status", "clusterUuid", "cliqueId", "healthMask"),
 }
 
 
