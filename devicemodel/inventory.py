@@ -106,6 +106,17 @@ class NvSwitchFabric:
 
     gpus: tuple[int, ...]
     links_per_gpu: int
+    # The multi-node NVLink domain the switches belong to (a GB200/GB300 NVL72 rack's NVLink
+    # partition), as every listed GPU's completed fabric reports it: "" and 0 for a single-node
+    # board (HGX), whose GPUs report an all-zero cluster UUID.
+    cluster_uuid: str = ""
+    clique_id: int = 0
+
+    @property
+    def clique(self) -> str | None:
+        """``<cluster UUID>.<clique ID>``, the value of GFD's ``nvidia.com/gpu.clique`` label; None
+        without a multi-node domain."""
+        return f"{self.cluster_uuid}.{self.clique_id}" if self.cluster_uuid else None
 
 
 @dataclass(frozen=True)

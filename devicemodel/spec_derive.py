@@ -120,10 +120,15 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
     migs = tuple(
         inv.MigDevice(
             uuid=m.uuid or derived_mig_uuid(node_name, m.gpu, m.gpu_instance_id, m.compute_instance_id),
-            parent_uuid=uuids[m.gpu], parent_index=m.gpu, profile=m.profile,
-            gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
-            placement_start=m.placement_start, placement_size=m.placement_size,
-            memory_mib=m.memory_mib, compute_slices=m.compute_slices,
+            parent_uuid=uuids[m.gpu],
+            parent_index=m.gpu,
+            profile=m.profile,
+            gpu_instance_id=m.gpu_instance_id,
+            compute_instance_id=m.compute_instance_id,
+            placement_start=m.placement_start,
+            placement_size=m.placement_size,
+            memory_mib=m.memory_mib,
+            compute_slices=m.compute_slices,
         )
         for m in sorted(spec.mig_devices, key=lambda m: (m.gpu, m.gpu_instance_id, m.compute_instance_id))
     )
@@ -153,8 +158,13 @@ def _nics(spec: NodeProfileSpec, roots: dict[str, str]) -> tuple[inv.Nic, ...]:
     uverbs = uverbs_numbers(spec)
     return tuple(
         inv.Nic(
-            name=n.name, type=n.type, pci_bus_id=bus_ids[n.name], numa_node=n.numa_node,
-            pcie_switch=n.pcie_switch, pcie_root=_root_of(n, roots), uverbs_device=uverbs[n.name],
+            name=n.name,
+            type=n.type,
+            pci_bus_id=bus_ids[n.name],
+            numa_node=n.numa_node,
+            pcie_switch=n.pcie_switch,
+            pcie_root=_root_of(n, roots),
+            uverbs_device=uverbs[n.name],
             netdev=nic_netdev(n, uverbs[n.name]),
         )
         for n in sorted(spec.nics, key=lambda n: bus_ids[n.name])
@@ -165,7 +175,14 @@ def _fabric(spec: NodeProfileSpec) -> inv.NvSwitchFabric | None:
     if spec.nvswitch is None:
         return None
     fabric = spec.nvswitch
-    return inv.NvSwitchFabric(gpus=tuple(sorted(fabric.gpus)), links_per_gpu=fabric.links_per_gpu)
+    zero = not fabric.cluster_uuid or not int(fabric.cluster_uuid.replace("-", ""), 16)
+    domain = "" if zero or fabric.cluster_uuid is None else fabric.cluster_uuid
+    return inv.NvSwitchFabric(
+        gpus=tuple(sorted(fabric.gpus)),
+        links_per_gpu=fabric.links_per_gpu,
+        cluster_uuid=domain,
+        clique_id=(fabric.clique_id or 0) if domain else 0,
+    )
 
 
 def _gpu(gpu: GpuSpec, roots: dict[str, str], *, node_name: str) -> inv.Gpu:
@@ -195,36 +212,58 @@ def inventory_to_spec_dict(inventory: inv.NodeInventory) -> dict[str, Any]:
         ],
         "gpus": [
             {
-                "index": g.index, "uuid": g.uuid, "product": g.product, "architecture": g.architecture.value,
-                "computeCapability": g.compute_capability, "memoryMiB": g.memory_mib, "numaNode": g.numa_node,
-                "pcieSwitch": g.pcie_switch, "migCapable": g.mig_capable, "pciBusId": g.pci_bus_id,
-                "migEnabled": g.mig_enabled, "minor": g.minor, "pcieRoot": g.pcie_root,
+                "index": g.index,
+                "uuid": g.uuid,
+                "product": g.product,
+                "architecture": g.architecture.value,
+                "computeCapability": g.compute_capability,
+                "memoryMiB": g.memory_mib,
+                "numaNode": g.numa_node,
+                "pcieSwitch": g.pcie_switch,
+                "migCapable": g.mig_capable,
+                "pciBusId": g.pci_bus_id,
+                "migEnabled": g.mig_enabled,
+                "minor": g.minor,
+                "pcieRoot": g.pcie_root,
             }
             for g in inventory.gpus
         ],
         "nvlinks": [{"gpus": [nl.gpu_a, nl.gpu_b], "links": nl.links} for nl in inventory.nvlinks],
-        "nvswitch": (
-            {"gpus": list(inventory.nvswitch.gpus), "linksPerGpu": inventory.nvswitch.links_per_gpu}
-            if inventory.nvswitch is not None
-            else None
-        ),
+        "nvswitch": (_nvswitch_dict(inventory.nvswitch) if inventory.nvswitch is not None else None),
         "nics": [
             {
-                "name": n.name, "type": n.type.value, "numaNode": n.numa_node, "pcieSwitch": n.pcie_switch,
-                "pciBusId": n.pci_bus_id, "uverbs": n.uverbs_device or "", "netdev": n.netdev or "",
+                "name": n.name,
+                "type": n.type.value,
+                "numaNode": n.numa_node,
+                "pcieSwitch": n.pcie_switch,
+                "pciBusId": n.pci_bus_id,
+                "uverbs": n.uverbs_device or "",
+                "netdev": n.netdev or "",
                 "pcieRoot": n.pcie_root,
             }
             for n in inventory.nics
         ],
         "migDevices": [
             {
-                "gpu": m.parent_index, "uuid": m.uuid, "profile": m.profile,
-                "gpuInstanceId": m.gpu_instance_id, "computeInstanceId": m.compute_instance_id,
-                "placementStart": m.placement_start, "placementSize": m.placement_size,
-                "memoryMiB": m.memory_mib, "computeSlices": m.compute_slices,
+                "gpu": m.parent_index,
+                "uuid": m.uuid,
+                "profile": m.profile,
+                "gpuInstanceId": m.gpu_instance_id,
+                "computeInstanceId": m.compute_instance_id,
+                "placementStart": m.placement_start,
+                "placementSize": m.placement_size,
+                "memoryMiB": m.memory_mib,
+                "computeSlices": m.compute_slices,
             }
             for m in inventory.mig_devices
         ],
         "driverVersion": inventory.driver_version,
         "cudaDriverVersion": inventory.cuda_driver_version,
     }
+
+
+def _nvswitch_dict(fabric: inv.NvSwitchFabric) -> dict[str, Any]:
+    wire: dict[str, Any] = {"gpus": list(fabric.gpus), "linksPerGpu": fabric.links_per_gpu}
+    if fabric.cluster_uuid:
+        wire |= {"clusterUuid": fabric.cluster_uuid, "cliqueId": fabric.clique_id}
+    return wire

@@ -18,6 +18,7 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
 from deviceplugin.devices import lost_reasons
+from topology.network import LABEL_GPU_CLIQUE
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -68,6 +69,8 @@ def node_labels(inventory: NodeInventory) -> dict[str, str]:
             "nvidia.com/mig.capable": str(any(g.mig_capable for g in inventory.gpus)).lower(),
             "nvidia.com/mig.strategy": "mixed",
         }
+    if inventory.nvswitch is not None and inventory.nvswitch.clique is not None:
+        labels[LABEL_GPU_CLIQUE] = inventory.nvswitch.clique  # the multi-node NVLink domain, as GFD
     labels |= _version_labels(
         "nvidia.com/cuda.driver-version", inventory.driver_version, ("major", "minor", "revision")
     )

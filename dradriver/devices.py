@@ -181,6 +181,13 @@ def _whole_gpu(gpu: Gpu, inventory: NodeInventory, plugin: PluginDevice | None) 
     attrs["nvlinkPeers"] = {"int": domain[1] if domain else 0}
     if domain:
         attrs["nvlinkDomain"] = _s(domain[0])
+    fabric = inventory.nvswitch
+    if fabric is not None and fabric.clique is not None and gpu.index in fabric.gpus:
+        # the multi-node NVLink domain (NVL72 rack partition): the node label nvidia.com/gpu.clique's
+        # value, so a claim can match it (constraints: matchAttribute gpuweave.io/clique) or select it
+        attrs["clique"] = _s(fabric.clique)
+        attrs["cliqueID"] = {"int": fabric.clique_id}
+        attrs["clusterUUID"] = _s(fabric.cluster_uuid)
     return DraDevice(
         name=f"gpu-{gpu.index}",
         kind=DraKind.GPU,

@@ -51,6 +51,8 @@ class GpuFacts:
     mig_enabled: bool
     mig_devices: tuple[MigFacts, ...] = ()
     link_remotes: list[str] = field(default_factory=list)
+    # (cluster UUID, clique ID) of a completed multi-node NVLink fabric; None otherwise
+    fabric_domain: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,7 @@ def assemble_inventory(
         pcie_switches=tuple(switches.values()),
         nvlinks=nvlinks,
         nvswitch=fabric,
-        nics=tuple(
-            sorted((_nic(nic, place, names) for nic, place in nic_rows), key=lambda n: n.pci_bus_id)
-        ),
+        nics=tuple(sorted((_nic(nic, place, names) for nic, place in nic_rows), key=lambda n: n.pci_bus_id)),
         mig_devices=tuple(_mig_devices(gpus)),
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
@@ -208,17 +208,44 @@ def _links(
         if len(set(switch_links.values())) > 1:
             LOG.warning("GPUs have unequal NVSwitch link counts: %s", switch_links)
         lanes = min(switch_links.values())
-        fabric = inv.NvSwitchFabric(gpus=tuple(sorted(switch_links)), links_per_gpu=lanes)
+        cluster, clique = _domain([g for g in gpus if g.index in switch_links])
+        fabric = inv.NvSwitchFabric(
+            gpus=tuple(sorted(switch_links)), links_per_gpu=lanes, cluster_uuid=cluster, clique_id=clique
+        )
     return tuple(pairs), fabric
+
+
+def _domain(gpus: list[GpuFacts]) -> tuple[str, int]:
+    """The one multi-node NVLink domain every switch-attached GPU reports, ("", 0) otherwise.
+
+    GPUs of one node that name different domains, or some none, are a fabric out of step (GFD
+    refuses to label such a node too): the node is published without a clique, so no gang counts
+    on multi-node NVLink there.
+    """
+    domains = {g.fabric_domain for g in gpus}
+    if len(domains) != 1 or None in domains:
+        if any(d is not None for d in domains):
+            seen = sorted(map(str, domains))
+            LOG.warning("GPUs report different NVLink domains, publishing none: %s", seen)
+        return "", 0
+    (domain,) = domains
+    assert domain is not None
+    return domain
 
 
 def _mig_devices(gpus: list[GpuFacts]) -> list[inv.MigDevice]:
     found = [
         inv.MigDevice(
-            uuid=m.uuid, parent_uuid=g.uuid, parent_index=g.index, profile=m.profile,
-            gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id,
-            placement_start=m.placement_start, placement_size=m.placement_size,
-            memory_mib=m.memory_mib, compute_slices=m.compute_slices,
+            uuid=m.uuid,
+            parent_uuid=g.uuid,
+            parent_index=g.index,
+            profile=m.profile,
+            gpu_instance_id=m.gpu_instance_id,
+            compute_instance_id=m.compute_instance_id,
+            placement_start=m.placement_start,
+            placement_size=m.placement_size,
+            memory_mib=m.memory_mib,
+            compute_slices=m.compute_slices,
         )
         for g in gpus
         for m in g.mig_devices

@@ -158,6 +158,15 @@ def cluster_uuid_of(info: Any) -> str:
     return str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid))))
 
 
+def fabric_domain(info: Any) -> tuple[str, int] | None:
+    """(cluster UUID, clique ID) of a completed fabric in a multi-node NVLink domain, else None
+    (not completed, failed training, or the all-zero cluster UUID of a single-node board)."""
+    if int(info.state) != _STATE_COMPLETED or int(info.status) != 0:
+        return None
+    cluster = cluster_uuid_of(info)
+    return None if cluster == _NO_CLUSTER else (cluster, int(info.cliqueId))
+
+
 def _from_info(gpu_uuid: str, info: Any) -> GpuFabric:
     completed = _completed_state(gpu_uuid, info)
     if not completed.ready:

@@ -8,6 +8,7 @@ MIG manager and health checks make their NVML calls the same way.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import platform
 from collections.abc import Mapping
@@ -24,13 +25,22 @@ from hardware.backend import (
     NotSupportedError,
 )
 from hardware.discovery import GpuFacts, MigFacts, assemble_inventory
+from hardware.fabric import fabric_domain
 from hardware.gpu_identity import GpuIdentities
 from hardware.nvml_call import DEFAULT_CALL_TIMEOUT_S, NvmlCaller, is_code
 from hardware.sysfs import SysfsReader, sysfs_bdf
 
 LOG = logging.getLogger(__name__)
 _ARCHITECTURES = (
-    "KEPLER", "MAXWELL", "PASCAL", "VOLTA", "TURING", "AMPERE", "ADA", "HOPPER", "BLACKWELL",
+    "KEPLER",
+    "MAXWELL",
+    "PASCAL",
+    "VOLTA",
+    "TURING",
+    "AMPERE",
+    "ADA",
+    "HOPPER",
+    "BLACKWELL",
 )
 _MIB = 1024 * 1024
 
@@ -130,6 +140,8 @@ class NvmlBackend:
         """One GPU's facts and NVLink wiring; any error is this GPU's alone (the caller decides)."""
         gpu = self._read_gpu(index)
         self._read_nvlinks(gpu)
+        if gpu.link_remotes:
+            gpu.fabric_domain = self._read_fabric_domain(gpu.index)
         return gpu
 
     def _read_gpu(self, index: int) -> GpuFacts:
@@ -217,6 +229,17 @@ class NvmlBackend:
                 continue
             remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, index=gpu.index)
             gpu.link_remotes.append(normalize_bus_id(_text(remote.busId)))
+
+    def _read_fabric_domain(self, index: int) -> tuple[str, int] | None:
+        """The GPU's multi-node NVLink domain from its fabric info (Hopper and later), else None."""
+        struct = getattr(self.lib, "c_nvmlGpuFabricInfoV_t", None)
+        if struct is None:
+            return None
+        info = struct()
+        handle = self.handle(index)
+        if self._optional("nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info), index=index) is None:
+            return None
+        return fabric_domain(info)
 
     def _cuda_version(self) -> str:
         try:

@@ -114,7 +114,11 @@ def _interconnect(inventory: NodeInventory) -> str:
     parts = []
     if inventory.nvswitch is not None:
         gpus = ",".join(map(str, inventory.nvswitch.gpus))
-        parts.append(f"NVSwitch fabric: GPUs {gpus}, {inventory.nvswitch.links_per_gpu} NVLinks each")
+        fabric = inventory.nvswitch
+        line = f"NVSwitch fabric: GPUs {gpus}, {fabric.links_per_gpu} NVLinks each"
+        if fabric.clique is not None:
+            line += f"; multi-node NVLink domain {fabric.cluster_uuid}, clique {fabric.clique_id}"
+        parts.append(line)
     if inventory.nvlinks:
         pairs = " ".join(f"{nl.gpu_a}-{nl.gpu_b}x{nl.links}" for nl in inventory.nvlinks)
         parts.append(f"NVLink pairs: {pairs}")
