@@ -12,16 +12,62 @@ from pathlib import Path
 import yaml
 
 from devicemodel.spec import NodeProfile, ProfileError
+from devicemodel.spec_rack import RACK_KIND, RackProfile
 
 _BUILTIN_PACKAGE = "hardware.builtin_profiles"
+_BUILTIN_RACKS = "hardware.builtin_racks"
 _SUFFIXES = (".yaml", ".yml")
 
 
 def builtin_profile_names() -> tuple[str, ...]:
-    """Names of the packaged profiles (``p5.48xlarge``, ``dgx1-v100``, ...), sorted."""
-    root = resources.files(_BUILTIN_PACKAGE)
+    """Names of the packaged node profiles (``p5.48xlarge``, ``dgx1-v100``, ...), sorted."""
+    return _names(_BUILTIN_PACKAGE)
+
+
+def builtin_rack_names() -> tuple[str, ...]:
+    """Names of the packaged rack profiles (``gb200-nvl72``, ...), sorted."""
+    return _names(_BUILTIN_RACKS)
+
+
+def _names(package: str) -> tuple[str, ...]:
+    root = resources.files(package)
     names = (entry.name.removesuffix(".yaml") for entry in root.iterdir() if entry.name.endswith(".yaml"))
     return tuple(sorted(names))
+
+
+def is_rack(name_or_path: str | Path) -> bool:
+    """Whether the name is a built-in rack, or the file a ``RackProfile`` document."""
+    text = str(name_or_path)
+    if not (isinstance(name_or_path, Path) or _looks_like_path(text)):
+        return text in builtin_rack_names()
+    try:
+        data = yaml.safe_load(Path(text).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False  # load_profile reports what is wrong with it
+    return isinstance(data, dict) and data.get("kind") == RACK_KIND
+
+
+def load_rack(name_or_path: str | Path) -> tuple[RackProfile, NodeProfile]:
+    """A rack profile (built-in name or path) and its node profile; ``ProfileError`` if bad."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or _looks_like_path(text):
+        source = text
+        try:
+            content = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ProfileError(f"cannot read rack profile {text}: {exc.strerror or exc}") from None
+    elif text in builtin_rack_names():
+        source = f"built-in rack {text}"
+        content = resources.files(_BUILTIN_RACKS).joinpath(f"{text}.yaml").read_text(encoding="utf-8")
+    else:
+        known = ", ".join(builtin_rack_names())
+        raise ProfileError(f"no built-in rack profile {text!r} (built-in: {known}); or pass a YAML file path")
+    try:
+        data = yaml.safe_load(content)
+    except yaml.YAMLError:
+        raise ProfileError(f"{source}: not valid YAML") from None
+    rack = RackProfile.parse(data, source=source)
+    return rack, load_profile(rack.spec.node)
 
 
 def load_profile(name_or_path: str | Path) -> NodeProfile:
@@ -39,6 +85,12 @@ def load_profile(name_or_path: str | Path) -> NodeProfile:
             raise ProfileError(f"cannot read node profile {path}: {exc.strerror or exc}") from None
         return parse_profile_text(content, source=str(path))
     if text not in builtin_profile_names():
+        if text in builtin_rack_names():
+            rack, _ = load_rack(text)
+            raise ProfileError(
+                f"{text} is a rack of {rack.spec.node} nodes, not a node profile; name {rack.spec.node} "
+                "for one node (gpuweave simulate --profiles takes racks too)"
+            )
         known = ", ".join(builtin_profile_names())
         raise ProfileError(f"no built-in node profile {text!r} (built-in: {known}); or pass a YAML file path")
     content = resources.files(_BUILTIN_PACKAGE).joinpath(f"{text}.yaml").read_text(encoding="utf-8")

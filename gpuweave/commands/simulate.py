@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--profiles",
         default=None,
-        help="comma list of node profiles (built-in names or YAML paths), used round-robin "
+        help="comma list of node or rack profiles (built-in names or YAML paths), used round-robin "
         "(default p5.48xlarge,p4d.24xlarge,dgx-a100,l40s-pcie-8)",
     )
     parser.add_argument("--trace", type=Path, default=None, help="pod list in Alibaba 2023 CSV format")

@@ -108,7 +108,7 @@ class NodeAgentPool:
         kubelet = SimKubelet(kubelet_dir)
         kubelet.start()
         backend = SimulatedBackend(
-            load_profile(node.profile),
+            node.node_profile or load_profile(node.profile),
             self._root / f"n{index}" / "hw",
             node_name=node.name,
             kmsg_path=state_dir / SIM_KMSG_FILE,

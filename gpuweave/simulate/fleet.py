@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import Architecture, NicType, NodeInventory
-from hardware.profiles import load_profile
+from devicemodel.spec import NodeProfile
+from hardware.profiles import is_rack, load_profile, load_rack
 from topology.graph import TopologyGraph
-from topology.network import LABEL_AWS_LAYER_1, LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
+from topology.network import LABEL_AWS_LAYER_1, LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3, LABEL_GPU_CLIQUE
 
 DEFAULT_PROFILES = ("p5.48xlarge", "p4d.24xlarge", "dgx-a100", "l40s-pcie-8")
 DEFAULT_NODES = 16
@@ -29,6 +30,7 @@ HOST_SPECS: dict[str, tuple[int, int]] = {
     "dgx1-v100": (80_000, 524_288),
     "l40s-pcie-8": (192_000, 1_572_864),
     "a100-pcie-nvbridge-4": (64_000, 524_288),
+    "gb200-compute-tray": (144_000, 491_520),  # 2 Grace CPUs of 72 cores, 480 GiB LPDDR5X
 }
 GENERIC_HOST = (128_000, 1_048_576)
 _LABEL_UNSAFE = re.compile(r"[^a-z0-9-]+")
@@ -43,7 +45,9 @@ class FleetNode:
     cpu_milli: int
     memory_mib: int
     mig_managed: bool
-    labels: Mapping[str, str] = field(default_factory=dict)  # network tier labels (EKS layers)
+    labels: Mapping[str, str] = field(default_factory=dict)  # network tier labels (EKS layers, clique)
+    node_profile: NodeProfile | None = None  # the node's own profile (a rack's tray: with its domain)
+    rack: str = ""  # the rack the node is a tray of ("" outside racks)
 
     @property
     def gpus(self) -> int:
@@ -111,19 +115,18 @@ def build_fleet(
         raise InvalidInputError(
             f"--nodes-per-block {nodes_per_block}: a network block holds at least one node"
         )
-    loaded = {name: load_profile(name) for name in dict.fromkeys(profiles)}
     fleet = []
     ordinals: dict[str, int] = {}
-    for i in range(nodes):
-        name = profiles[i % len(profiles)]
-        profile = loaded[name]
-        node_name = f"{profile.name}-{i // len(profiles):02d}"
+    for profile, node_name, rack in _node_profiles(profiles, nodes):
         inventory = profile.spec.to_inventory(node_name=node_name)
         if not inventory.gpus:
-            raise InvalidInputError(f"profile {name} has no GPUs; the simulation needs GPU nodes")
+            raise InvalidInputError(f"profile {profile.name} has no GPUs; the simulation needs GPU nodes")
         cpu, memory = HOST_SPECS.get(profile.name, GENERIC_HOST)
         ordinal = ordinals.get(profile.name, 0)
         ordinals[profile.name] = ordinal + 1
+        labels = network_labels(profile.name, ordinal, nodes_per_block=nodes_per_block)
+        if inventory.nvswitch is not None and inventory.nvswitch.clique is not None:
+            labels[LABEL_GPU_CLIQUE] = inventory.nvswitch.clique  # as the node's agent publishes it
         fleet.append(
             FleetNode(
                 name=node_name,
@@ -133,7 +136,38 @@ def build_fleet(
                 cpu_milli=cpu,
                 memory_mib=memory,
                 mig_managed=profile.name in MIG_PROFILES and any(g.mig_capable for g in inventory.gpus),
-                labels=network_labels(profile.name, ordinal, nodes_per_block=nodes_per_block),
+                labels=labels,
+                node_profile=profile,
+                rack=rack,
             )
         )
     return tuple(fleet)
+
+
+def _node_profiles(profiles: Sequence[str], nodes: int) -> list[tuple[NodeProfile, str, str]]:
+    """(profile, node name, rack) of each of ``nodes`` nodes, the names taken round-robin.
+
+    A node profile gives one node per turn (``<profile>-NN``); a rack profile gives a whole rack
+    per turn (``<rack>-rR-NN``: its trays in order, each with the rack's NVLink domain; every rack
+    instance has its own cluster UUID). The last rack is cut short when ``nodes`` runs out.
+    """
+    loaded: dict[str, NodeProfile | tuple[NodeProfile, ...]] = {}
+    racks: dict[str, int] = {}
+    for name in dict.fromkeys(profiles):
+        loaded[name] = load_profile(name) if not is_rack(name) else ()
+    built: list[tuple[NodeProfile, str, str]] = []
+    turn = 0
+    while len(built) < nodes:
+        name = profiles[turn % len(profiles)]
+        entry = loaded[name]
+        if isinstance(entry, NodeProfile):
+            built.append((entry, f"{entry.name}-{turn // len(profiles):02d}", ""))
+        else:
+            rack, node = load_rack(name)
+            instance = racks.get(rack.name, 0)
+            racks[rack.name] = instance + 1
+            rack_name = f"{rack.name}-r{instance}"
+            for slot, tray in enumerate(rack.nodes(node, instance=instance)[: nodes - len(built)]):
+                built.append((tray, f"{rack_name}-{slot:02d}", rack_name))
+        turn += 1
+    return built
