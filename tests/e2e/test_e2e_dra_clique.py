@@ -1,0 +1,176 @@
+"""A DRA claim that needs one NVLink clique, allocated by the real kube-scheduler (DynamicResources).
+
+Two DRA nodes publish the agent's own pool for a GB200 compute tray, each from another clique of
+one degraded NVL72 rack (``gb200-nvl72-degraded``: cliques 1 and 2). A claim asks for four GPUs
+whose ``gpuweave.io/clique`` attribute is clique 2's, all four matching (``matchAttribute``): the
+allocator gives it the four GPUs of the clique-2 tray, never the other node's. A claim whose
+selector names a clique no node has stays unallocated and its pod unscheduled.
+
+The nodes are API objects only (no kubelet): the test ends at the binding and the allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dradriver.slices import pool_slices
+from hardware.profiles import load_rack
+from hardware.simulated.backend import SimulatedBackend
+from tests.e2e.cluster import (
+    REPO,
+    ControlPlane,
+    render_scheduler_config,
+    start_extender,
+    start_scheduler,
+    stopping,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "e2e-dra-clique"
+SCHEDULER = "e2e-dra-clique-scheduler"
+NODE_LABEL = "e2e.gpuweave.io/dra-clique"
+TAINT = {"key": "e2e.gpuweave.io/dra-clique", "value": "only", "effect": "NoSchedule"}
+NODES = {"e2e-clique-one": 0, "e2e-clique-two": 9}  # node -> its tray in the degraded rack
+
+
+def _cliques() -> dict[str, str]:
+    """Node -> the clique its tray's GPUs report (``<cluster UUID>.<clique ID>``)."""
+    rack, tray = load_rack("gb200-nvl72-degraded")
+    trays = rack.nodes(tray)
+    return {node: trays[slot].to_inventory().nvswitch.clique or "" for node, slot in NODES.items()}  # type: ignore[union-attr]
+
+
+def _create_node(plane: ControlPlane, name: str, slot: int) -> None:
+    labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true"}
+    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e DRA clique node"}
+    plane.core.patch_node_status(
+        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    )
+    rack, tray = load_rack("gb200-nvl72-degraded")
+    backend = SimulatedBackend(rack.nodes(tray)[slot], node_name=name)
+    try:
+        inventory = backend.discover()  # the clique comes from the simulated NVML fabric answer
+    finally:
+        backend.close()
+    resource = client.ResourceV1Api(plane.api)
+    for body in pool_slices(inventory):
+        resource.create_resource_slice(body)
+
+
+def _claim(name: str, clique: str) -> dict[str, Any]:
+    selector = {"cel": {"expression": f'device.attributes["gpuweave.io"].clique == "{clique}"'}}
+    request = {
+        "name": "gpus",
+        "exactly": {"deviceClassName": "gpu.gpuweave.io", "count": 4, "selectors": [selector]},
+    }
+    constraint = {"requests": ["gpus"], "matchAttribute": "gpuweave.io/clique"}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [request], "constraints": [constraint]}},
+    }
+
+
+def _pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "nodeSelector": {NODE_LABEL: "true"},
+            "tolerations": [{**TAINT, "operator": "Equal"}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            "containers": [
+                {"name": "main", "image": "e2e/none", "resources": {"claims": [{"name": "gpus"}]}}
+            ],
+        },
+    }
+
+
+class _Cleanup:
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+
+    def stop(self) -> None:
+        resource = client.ResourceV1Api(self.plane.api)
+        for call in (
+            lambda: self.plane.core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0),
+            lambda: resource.delete_collection_namespaced_resource_claim(NAMESPACE),
+            *(
+                (lambda n=n: resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={n}"))
+                for n in NODES
+            ),
+            *((lambda n=n: self.plane.core.delete_node(n)) for n in NODES),
+        ):
+            try:
+                call()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+@pytest.fixture(scope="module")
+def clique_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[ControlPlane]:
+    plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
+    plane.ensure_namespace(NAMESPACE)
+    cleanup = _Cleanup(plane)
+    try:
+        for node, slot in NODES.items():
+            _create_node(plane, node, slot)
+    except BaseException:
+        cleanup.stop()
+        raise
+    extender, url = start_extender(plane, kubeconfig=scheduler_kubeconfig, name="dra-clique-extender")
+    config = render_scheduler_config(
+        plane, extender_url=url, kubeconfig=scheduler_kubeconfig, scheduler_name=SCHEDULER, claims=True
+    )
+    scheduler = start_scheduler(plane, config_path=config, name="dra-clique-kube-scheduler")
+    with stopping(cleanup, extender, scheduler):
+        yield plane
+
+
+def test_a_claim_for_one_clique_gets_four_gpus_of_that_cliques_tray(clique_cluster: ControlPlane) -> None:
+    plane = clique_cluster
+    cliques = _cliques()
+    assert len(set(cliques.values())) == 2 and all(cliques.values())
+    resource = client.ResourceV1Api(plane.api)
+    resource.create_namespaced_resource_claim(NAMESPACE, _claim("clique-two", cliques["e2e-clique-two"]))
+    plane.core.create_namespaced_pod(NAMESPACE, _pod("needs-clique-two", "clique-two"))
+
+    def bound() -> str | None:
+        return plane.core.read_namespaced_pod("needs-clique-two", NAMESPACE).spec.node_name or None
+
+    assert wait_for("the clique pod bound", bound, timeout=60) == "e2e-clique-two"
+    claim = resource.read_namespaced_resource_claim("clique-two", NAMESPACE)
+    results = claim.status.allocation.devices.results
+    assert {r.pool for r in results} == {"e2e-clique-two"}
+    assert sorted(r.device for r in results) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_a_claim_for_a_clique_no_node_has_stays_pending(clique_cluster: ControlPlane) -> None:
+    plane = clique_cluster
+    resource = client.ResourceV1Api(plane.api)
+    elsewhere = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9.1"
+    resource.create_namespaced_resource_claim(NAMESPACE, _claim("clique-nowhere", elsewhere))
+    plane.core.create_namespaced_pod(NAMESPACE, _pod("needs-clique-nowhere", "clique-nowhere"))
+
+    def unschedulable() -> bool:
+        pod = plane.core.read_namespaced_pod("needs-clique-nowhere", NAMESPACE)
+        conditions = pod.status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    wait_for("the scheduler to mark the pod unschedulable", unschedulable, timeout=60)
+    assert not plane.core.read_namespaced_pod("needs-clique-nowhere", NAMESPACE).spec.node_name
+    assert resource.read_namespaced_resource_claim("clique-nowhere", NAMESPACE).status.allocation is None
