@@ -6,9 +6,11 @@ NVML numbers a profile twice: the *profile index* (``NVML_GPU_INSTANCE_PROFILE_*
 units: a GPU has 8 memory slots (A30: 4), and a profile may only start at the listed slots.
 
 Sources: the MIG user guide tables and ``nvidia-smi mig -lgipp`` captures (A100, H100, H100 NVL,
-A30). H200 and B200 placements and profile IDs follow the H100 set (the guide gives fractions, not
-placements), and memory sizes not published in MiB are derived from the profile's share of the
-GPU; on a real node the backend reads ``info.id`` and ``memorySizeMB`` from NVML instead.
+A30). The H200's profile IDs, slice counts, counts, placements and memory sizes are NVML's answers
+on a real NVIDIA H200 (driver 580.159.04, ``tests/fixtures/nvml/nvidia-h200-580.159.04.json``,
+held to the simulator by the replay test). B200 placements and profile IDs follow the H100 set (the
+guide gives fractions, not placements), and its memory sizes are derived from the profile's share
+of the GPU; on a real node the backend reads ``info.id`` and ``memorySizeMB`` from NVML instead.
 
 Pure: no I/O, no NVML.
 """
@@ -243,7 +245,9 @@ def _build_models() -> tuple[GpuModel, ...]:
             architecture=hopper,
             memory_mib=143771,
             names=_names(18, 35, 71, 141),
-            mib=(16640, 33536, 71424, 140288),
+            # As NVML reports them on an H200 (driver 580.159.04): the 1-slot profiles get less than
+            # half of the 2-slot size, and 7g.141gb 143360 of the GPU's 143771 MiB.
+            mib=(16384, 33280, 71424, 143360),
         ),
         _eight_slot_model(
             "B200-180GB",

@@ -206,7 +206,15 @@ class DeviceCalls(SimulatedLibBase):
         return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
 
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
-        return self._gpu("nvmlDeviceGetNumaNodeId", handle).numa_node
+        """The NUMA node *of the GPU's memory*, which exists only where the GPU is a NUMA node
+        (NVML: "platforms where the GPUs are NUMA nodes", Grace-attached GPUs over NVLink-C2C);
+        elsewhere NVML answers NOT_SUPPORTED, as an H200 on an x86 host did (driver 580.159.04;
+        ``nvidia-smi topo -m``: "GPU NUMA ID N/A"). A GPU's NUMA *affinity* (the profile's
+        ``numaNode``) is its PCI device's ``numa_node`` in sysfs, not this. Not matched: the
+        profile format has no GPU memory node, so the GPUs of ``gb200-compute-tray`` answer
+        NOT_SUPPORTED too, where a real GB200 names its memory's node (no GB200 recording yet)."""
+        self._gpu("nvmlDeviceGetNumaNodeId", handle)
+        raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetAttributes(self, device: Any) -> DeviceAttributes:
         _, mig = self._device("nvmlDeviceGetAttributes", device)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError
+from devicemodel.inventory import Architecture
 from hardware.fabric import FM_PID_FILE, FM_PROCESS
 
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -30,6 +31,14 @@ NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_IN_USE = 19
 EVENT_XID, EVENT_DBE, EVENT_RECOVERY = 0x8, 0x2, 0x8000
+# nvmlDeviceGetSupportedEventTypes. Hopper: what an H200 answered on driver 580.159.04 (every type
+# up to 0x8000 but power-source change 0x20 and MIG config change 0x40). Other families have no
+# recording yet and keep the types the product registers, with single-bit ECC.
+DEFAULT_EVENT_TYPES = EVENT_XID | EVENT_DBE | EVENT_RECOVERY | 0x1
+_EVENT_TYPES = {Architecture.HOPPER: 0xFF9F}
+# Ampere and later data-center GPUs remap rows instead of retiring pages: NVML answers
+# nvmlDeviceGetRetiredPages* with NOT_SUPPORTED there (an H200 did, driver 580.159.04).
+_ROW_REMAPPING = frozenset({Architecture.AMPERE, Architecture.HOPPER, Architecture.BLACKWELL})
 _RECOVERY_NAMES = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
 NO_INSTANCE = 0xFFFFFFFF
 FABRIC_STATES = ("not-started", "in-progress", "completed", "failed")
@@ -72,6 +81,9 @@ class SimGpuHealth:
     resets: int = 0
     recovery_action: int = 0
     reset_required: bool = False  # a pass-through VM's GPU: only a reboot resets it
+    # What the GPU's family supports (``describe``); kept across ``clear``.
+    event_types: int = DEFAULT_EVENT_TYPES
+    page_retirement: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,12 @@ class SimHealthState:
                 f"no GPU {index} on the simulated node (it has {len(self.gpus)}); pick 0-{len(self.gpus) - 1}"
             )
         return self.gpus[index]
+
+    def describe(self, index: int, architecture: Architecture) -> None:
+        """What GPU ``index`` supports as its family does: event types, page retirement."""
+        gpu = self.gpu(index)
+        gpu.event_types = _EVENT_TYPES.get(architecture, DEFAULT_EVENT_TYPES)
+        gpu.page_retirement = architecture not in _ROW_REMAPPING
 
     # --- injection API ----------------------------------------------------------------------------
 
@@ -249,7 +267,14 @@ class SimHealthState:
         targets = self.gpus if index is None else [self.gpu(index)]
         with self._cond:
             for gpu in targets:
-                fresh = SimGpuHealth(gpu.uuid, gpu.pci_bus_id, gpu.nvlinks, resets=gpu.resets)
+                fresh = SimGpuHealth(
+                    gpu.uuid,
+                    gpu.pci_bus_id,
+                    gpu.nvlinks,
+                    resets=gpu.resets,
+                    event_types=gpu.event_types,
+                    page_retirement=gpu.page_retirement,
+                )
                 gpu.__dict__.update(fresh.__dict__)
             if index is None:
                 self.global_hang_until = 0.0
@@ -432,8 +457,7 @@ class HealthCallsMixin:
         return self.nvmlEventSetWait_v2(event_set, timeout_ms)
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
-        self._health_gpu(handle)
-        return EVENT_XID | EVENT_DBE | EVENT_RECOVERY | 0x1  # single-bit ECC too (never raised here)
+        return self._health_gpu(handle).event_types
 
     def nvmlEventSetFree(self, event_set: int) -> None:  # noqa: N802
         self.health.free_event_set(event_set)
@@ -453,10 +477,16 @@ class HealthCallsMixin:
         return gpu.remap_correctable, gpu.remap_uncorrectable, int(gpu.remap_pending), int(gpu.remap_failure)
 
     def nvmlDeviceGetRetiredPages(self, handle: Any, source_filter: int) -> list[int]:  # noqa: N802
-        return list(self._health_gpu(handle).retired_pages)
+        return list(self._retiring_gpu(handle).retired_pages)
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:  # noqa: N802
-        return int(self._health_gpu(handle).retired_pending)
+        return int(self._retiring_gpu(handle).retired_pending)
+
+    def _retiring_gpu(self, handle: Any) -> SimGpuHealth:
+        gpu = self._health_gpu(handle)
+        if not gpu.page_retirement:
+            raise self._health_error(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:  # noqa: N802
         gpu = self._health_gpu(handle)

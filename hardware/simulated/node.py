@@ -64,6 +64,8 @@ class SimulatedNode:
             sysfs_root=sysfs_root / "sys" if sysfs_root is not None else None,
             nvswitch=inventory.nvswitch is not None,
         )
+        for gpu in inventory.gpus:
+            self.health.describe(gpu.index, gpu.architecture)
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}
 
         self._lock = threading.Lock()

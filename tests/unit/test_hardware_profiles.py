@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -13,8 +14,16 @@ from devicemodel.spec import ProfileError
 from hardware.profiles import builtin_profile_names, load_profile
 
 EXPECTED = {
-    "p5.48xlarge", "p4d.24xlarge", "dgx-a100", "dgx-h100", "dgx1-v100", "l40s-pcie-8", "a100-pcie-nvbridge-4",
+    "p5.48xlarge",
+    "p4d.24xlarge",
+    "dgx-a100",
+    "dgx-h100",
+    "dgx1-v100",
+    "l40s-pcie-8",
+    "a100-pcie-nvbridge-4",
+    "h200-vm-1",
 }
+H200_RECORDING = Path(__file__).parents[1] / "fixtures" / "nvml" / "nvidia-h200-580.159.04.json"
 
 
 def test_every_design_profile_is_built_in() -> None:
@@ -64,6 +73,21 @@ def test_pcie_only_and_bridged_profiles() -> None:
     assert not l40s.nvlinks and l40s.nvswitch is None
     bridged = load_profile("a100-pcie-nvbridge-4").to_inventory()
     assert [(nl.gpu_a, nl.gpu_b, nl.links) for nl in bridged.nvlinks] == [(0, 1, 12), (2, 3, 12)]
+
+
+def test_h200_vm_is_the_recorded_host() -> None:
+    """One H200 passed through to a VM, as NVML and nvidia-smi showed it (docs/gpu-check.md)."""
+    inventory = load_profile("h200-vm-1").to_inventory()
+    recording = json.loads(H200_RECORDING.read_text())
+    assert recording["profile"] == "h200-vm-1" and recording["source"] == "nvml"
+    (gpu,) = inventory.gpus
+    recorded = (recording["product"], recording["driver"], recording["gpuCount"])
+    assert (gpu.product, inventory.driver_version, len(inventory.gpus)) == recorded
+    assert (gpu.pci_bus_id, gpu.minor, gpu.memory_mib * 1024 * 1024) == ("00000000:00:06.0", 0, 150754820096)
+    assert (gpu.architecture.value, gpu.compute_capability) == ("hopper", "9.0")
+    assert inventory.cuda_driver_version == "13.0"
+    assert gpu.mig_capable and not gpu.mig_enabled
+    assert not inventory.nvlinks and inventory.nvswitch is None and not inventory.nics
 
 
 def test_a_user_file_works_like_a_builtin(tmp_path: Path) -> None:

@@ -30,8 +30,13 @@ def _with_mig_devices() -> NodeProfile:
     rows = [("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6)]
     document["spec"]["migDevices"] = [
         {
-            "gpu": 1, "profile": name, "gpuInstanceId": gi, "computeInstanceId": 0, "placementStart": start,
-            "placementSize": model.profile(name).memory_slices, "memoryMiB": model.profile(name).memory_mib,
+            "gpu": 1,
+            "profile": name,
+            "gpuInstanceId": gi,
+            "computeInstanceId": 0,
+            "placementStart": start,
+            "placementSize": model.profile(name).memory_slices,
+            "memoryMiB": model.profile(name).memory_mib,
             "computeSlices": model.profile(name).compute_slices,
         }
         for name, gi, start in rows
@@ -58,7 +63,9 @@ def test_mig_devices_of_a_partitioned_gpu_are_discovered_exactly(backend: Any) -
     inventory = backend(profile).discover()
     assert inventory == profile.to_inventory()
     assert [(m.profile, m.gpu_instance_id, m.placement_start) for m in inventory.mig_devices] == [
-        ("3g.40gb", 1, 0), ("2g.20gb", 2, 4), ("1g.10gb", 5, 6),
+        ("3g.40gb", 1, 0),
+        ("2g.20gb", 2, 4),
+        ("1g.10gb", 5, 6),
     ]
 
 
@@ -159,3 +166,54 @@ def test_discovery_names_switches_in_bus_order_unless_told_their_names(tmp_path:
     finally:
         plain.close()
         named.close()
+
+
+def _initialised_lib(profile: str) -> SimulatedNvmlLib:
+    lib = SimulatedNvmlLib(SimulatedNode(load_profile(profile).to_inventory()))
+    lib.nvmlInit()
+    return lib
+
+
+def _answer(call: Any) -> object:
+    """The call's answer, or the NVML error code it raised."""
+    try:
+        return call()
+    except NVMLError as exc:
+        return f"error {exc.value}"
+
+
+def test_family_answers_as_recorded_on_a_real_h200() -> None:
+    """Hopper: an H200 on driver 580.159.04 (tests/fixtures/nvml) answered the NUMA node and the
+    retired pages NOT_SUPPORTED and listed event types 0xFF9F; a Volta GPU still retires pages."""
+    hopper, volta = (_initialised_lib(name) for name in ("h200-vm-1", "dgx1-v100"))
+    not_supported = f"error {hopper.NVML_ERROR_NOT_SUPPORTED}"
+    h200, v100 = hopper.nvmlDeviceGetHandleByIndex(0), volta.nvmlDeviceGetHandleByIndex(0)
+    assert _answer(lambda: hopper.nvmlDeviceGetNumaNodeId(h200)) == not_supported
+    assert _answer(lambda: volta.nvmlDeviceGetNumaNodeId(v100)) == not_supported  # x86: no GPU NUMA node
+    assert hopper.nvmlDeviceGetSupportedEventTypes(h200) == 0xFF9F
+    assert _answer(lambda: hopper.nvmlDeviceGetRetiredPagesPendingStatus(h200)) == not_supported
+    assert _answer(lambda: hopper.nvmlDeviceGetRetiredPages(h200, 0)) == not_supported
+    assert volta.nvmlDeviceGetRetiredPagesPendingStatus(v100) == 0
+    hopper.node.health.clear()  # clearing faults keeps what the family supports
+    assert _answer(lambda: hopper.nvmlDeviceGetRetiredPagesPendingStatus(h200)) == not_supported
+    assert hopper.nvmlDeviceGetSupportedEventTypes(h200) == 0xFF9F
+
+
+def test_h200_gpu_instance_profiles_are_the_recorded_ones() -> None:
+    lib = _initialised_lib("h200-vm-1")
+    handle = lib.nvmlDeviceGetHandleByIndex(0)
+    offered = {}
+    for index in range(0x12):
+        info = _answer(lambda index=index: lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, index))
+        offered[index] = info if isinstance(info, str) else (info.id, info.sliceCount, info.memorySizeMB)
+    assert offered == {
+        0: (19, 1, 16384),
+        1: (14, 2, 33280),
+        2: (9, 3, 71424),
+        3: (5, 4, 71424),
+        4: (0, 7, 143360),
+        7: (20, 1, 16384),
+        9: (15, 1, 33280),
+        **dict.fromkeys((5, 6, 8, *range(10, 17)), f"error {lib.NVML_ERROR_NOT_SUPPORTED}"),
+        17: f"error {lib.NVML_ERROR_INVALID_ARGUMENT}",
+    }
