@@ -10,6 +10,7 @@ MIG-device handles are accepted where NVML accepts them (name, memory, attribute
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from devicemodel.inventory import Architecture, Gpu
@@ -250,6 +251,9 @@ class DeviceCalls(SimulatedLibBase):
         info.state = _FABRIC_STATES[state]
         info.status = self.NVML_ERROR_UNKNOWN if state == "failed" else self.NVML_SUCCESS
         info.healthMask = _FABRIC_HEALTHY_MASK if state == "completed" else 0
+        if state == "completed" and fabric.cluster_uuid:  # a multi-node NVLink domain (NVL72)
+            info.clusterUuid[:] = list(uuid.UUID(fabric.cluster_uuid).bytes)
+            info.cliqueId = fabric.clique_id
         return self.NVML_SUCCESS
 
 
