@@ -14,15 +14,20 @@ them all or none (``gang_plan``). Three sources name one, checked in this order:
    runs one pod, the usual layout of multi-node training; set ``gpuweave.io/gang-size`` on the
    pod template when Jobs run several).
 
+A gang may require a network tier: ``gpuweave.io/gang-tier: LABEL`` (e.g. ``nvidia.com/gpu.clique``)
+on its pods means every member goes inside one domain of that tier (or of a closer one), else the
+gang waits; without it the gang takes the tightest domain that holds it, at any tier or none.
+
 Gang keys are namespaced (``NS/source:name``), so equal names in two namespaces are two gangs.
 Values are validated here, at the boundary: a size that is not a whole number in
-1..``MAX_GANG_SIZE`` raises ``BadGangError``, whose text the filter gives every node. Pure.
+1..``MAX_GANG_SIZE``, or a required tier that is not one of the extender's tier labels, raises
+``BadGangError``, whose text the filter gives every node. Pure.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -38,25 +43,33 @@ LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
 # What a fatal device fault under one member does to the rest of its gang (docs/health.md):
 # "gang" (default) evicts every member, "pod" only the pods on the failed device.
 ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
+# The network tier (a tier label of the extender's, e.g. nvidia.com/gpu.clique) one domain of
+# which must hold every member (docs/extender.md, Gangs): where no domain of it (or of a closer
+# tier) holds the whole gang, the gang waits.
+ANNOTATION_GANG_TIER: Final = "gpuweave.io/gang-tier"
 POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
 POD_GROUP_VERSION: Final = "v1alpha1"
 POD_GROUP_PLURAL: Final = "podgroups"
 MAX_GANG_SIZE: Final = 4096
 MAX_NAME_LENGTH: Final = 253  # a Kubernetes object name
 _DIGITS = re.compile(r"[0-9]{1,5}")
+_TIER_ECHO_CHARS = 100  # of a bad tier value quoted: leaves room in the reason for the labels it may take
 
 
 class BadGangError(InvalidInputError):
-    """The pod names a gang in a way the extender cannot act on (size missing or out of range)."""
+    """The pod names a gang in a way the extender cannot act on (size missing or out of range, a
+    required tier that is not a tier label)."""
 
 
 @dataclass(frozen=True)
 class Gang:
-    """One gang: ``key`` identifies it cluster-wide, ``size`` is how many members it waits for."""
+    """One gang: ``key`` identifies it cluster-wide, ``size`` is how many members it waits for,
+    ``tier`` the tier label one domain of which must hold them all ("" for none required)."""
 
     key: str
     size: int
     source: str  # annotation | pod-group | jobset (for messages and docs)
+    tier: str = ""
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -133,17 +146,35 @@ def gang_family(key: str) -> str:
     return key
 
 
-def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gang | None:
+def parse_tier(value: object, *, tier_labels: Sequence[str]) -> str:
+    """A required tier: one of ``tier_labels`` (the extender's network tiers), surrounding blanks
+    ignored."""
+    if isinstance(value, str) and value.strip() in tier_labels:
+        return value.strip()
+    known = ", ".join(tier_labels) if tier_labels else "none are configured"
+    raise BadGangError(
+        f"{ANNOTATION_GANG_TIER} is {echo(value, limit=_TIER_ECHO_CHARS)}; give one of the extender's "
+        f"network tier labels ({known})"
+    )
+
+
+def gang_of(
+    pod: Mapping[str, Any], *, min_members: Mapping[str, object], tier_labels: Sequence[str]
+) -> Gang | None:
     """The pod's gang, None when it is in none (or its PodGroup's size is unknown).
 
     ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches, as
     the objects give it (validated here: a pod of a PodGroup with an unusable minMember is refused
-    with the reason, not placed alone). Raises ``BadGangError`` for a size it cannot accept."""
+    with the reason, not placed alone). ``tier_labels``: the extender's network tier labels, the
+    values ``gpuweave.io/gang-tier`` may take. Raises ``BadGangError`` for a size or tier it cannot
+    accept (the tier is checked on every pod that names a gang)."""
     found = _identity(pod)
     if found is None:
         return None
     key, source = found
     namespace, labels, annotations = _meta(pod)
+    required = annotations.get(ANNOTATION_GANG_TIER)
+    tier = parse_tier(required, tier_labels=tier_labels) if required is not None else ""
     explicit = annotations.get(ANNOTATION_GANG_SIZE)
     if source == "annotation":
         if explicit is None:
@@ -169,7 +200,7 @@ def gang_of(pod: Mapping[str, Any], *, min_members: Mapping[str, object]) -> Gan
         )
     if size == 1:
         return None  # a gang of one is an ordinary pod
-    return Gang(key=key, size=size, source=source)
+    return Gang(key=key, size=size, source=source, tier=tier)
 
 
 def pod_group_entry(obj: Mapping[str, Any]) -> tuple[str, object] | None:

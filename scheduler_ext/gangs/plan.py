@@ -14,9 +14,11 @@ How the plan is chosen:
    Nodes in the same state (memo token) are worked out once.
 2. **The tightest domain.** For each network tier, closest first (``topology.network``), nodes
    are grouped by their label value; the first tier with a domain whose slots hold the whole gang
-   wins. Past the last tier the whole offered set is one domain. Members already placed (bound
-   before an extender restart, or before a reservation expired) pin the domain: only the domain
-   that holds them all at that tier counts.
+   wins. Past the last tier the whole offered set is one domain. A gang that requires a tier
+   (``gpuweave.io/gang-tier``, ``required_tier``) stops at that tier: a domain of it or of a
+   closer tier holds the gang, or the plan misses and the gang waits. Members already placed
+   (bound before an extender restart, or before a reservation expired) pin the domain: only the
+   domain that holds them all at that tier counts.
 3. **Inside a domain** the nodes of the gang's previous attempt come first (``preferred``:
    recovery after a restart of every member keeps the surviving nodes and adds a spare beside
    them), then nodes that hold more members (members on one node talk over NVLink), then the
@@ -33,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from devicemodel.assignment import PodAssignment
+from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import ANNOTATION_GANG_TIER
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.decide.verdict import ContainerPlan, Verdict, materialize
 from topology.network import DEFAULT_TIER_LABELS, group_by_domain, tier_domain, tier_name
@@ -88,12 +92,16 @@ def plan_gang(
     tier_labels: Sequence[str] = DEFAULT_TIER_LABELS,
     placed_nodes: Sequence[str] = (),
     preferred: frozenset[str] = frozenset(),
+    required_tier: str = "",
 ) -> GangPlan | GangMiss:
     """Plan ``needed`` members of gang ``key`` on ``candidates`` (see module doc). ``preferred``:
-    the nodes the gang's previous attempt ran on (recovery keeps it where it was)."""
+    the nodes the gang's previous attempt ran on (recovery keeps it where it was);
+    ``required_tier``: a label of ``tier_labels`` one domain of which (or of a closer tier) must
+    hold the whole gang, "" for none."""
+    widest = _widest_tier(required_tier, tier_labels)
     slots = _slots_per_node(candidates, states, decide, needed=needed)
     best_seen = (0, "")
-    for tier in range(len(tier_labels) + 1):
+    for tier in range(widest + 1):
         groups = _domains(slots, labels, tier, tier_labels=tier_labels, placed_nodes=placed_nodes)
         options = []
         for domain, names in groups.items():
@@ -109,9 +117,30 @@ def plan_gang(
             *_, domain, chosen = min(options, key=lambda o: (o[0], o[1], o[2], o[3]))
             return GangPlan(_materialize(chosen, slots, states), tier=tier, domain=domain)
     waiting = _waiting_domain(
-        slots, candidates, states, labels, needed=needed, tier_labels=tier_labels, placed_nodes=placed_nodes
+        slots,
+        candidates,
+        states,
+        labels,
+        needed=needed,
+        tier_labels=tier_labels[: widest + 1],
+        placed_nodes=placed_nodes,
     )
-    return GangMiss(_miss_reason(key, needed, len(set(candidates)), best_seen, placed_nodes), closest=waiting)
+    reason = _miss_reason(
+        key, needed, len(set(candidates)), best_seen, placed_nodes, required_tier=required_tier
+    )
+    return GangMiss(reason, closest=waiting)
+
+
+def _widest_tier(required_tier: str, tier_labels: Sequence[str]) -> int:
+    """The widest tier a plan may use: the required one's index, else ``len(tier_labels)`` (the
+    whole offered set)."""
+    if not required_tier:
+        return len(tier_labels)
+    if required_tier not in tier_labels:
+        raise InvalidInputError(
+            f"required tier {required_tier!r} is not one of the tier labels {', '.join(tier_labels)}"
+        )
+    return list(tier_labels).index(required_tier)
 
 
 def _slots_per_node(
@@ -239,11 +268,18 @@ def _where(tier: int, domain: str, tier_labels: Sequence[str]) -> str:
 
 
 def _miss_reason(
-    key: str, needed: int, offered: int, best: tuple[int, str], placed_nodes: Sequence[str]
+    key: str,
+    needed: int,
+    offered: int,
+    best: tuple[int, str],
+    placed_nodes: Sequence[str],
+    *,
+    required_tier: str,
 ) -> str:
     placed = f" beside its {len(placed_nodes)} placed member(s)" if placed_nodes else ""
+    inside = f" inside one {required_tier} domain (its {ANNOTATION_GANG_TIER})" if required_tier else ""
     most = f"; the most any network domain holds is {best[0]} ({best[1]})" if best[0] else "; none holds one"
     return (
-        f"gang {key} needs {needed} more member(s) placed together{placed}, all or none, and the "
-        f"{offered} node(s) offered do not hold them{most}; no device is held for it"
+        f"gang {key} needs {needed} more member(s) placed together{inside}{placed}, all or none, and "
+        f"the {offered} node(s) offered do not hold them{most}; no device is held for it"
     )

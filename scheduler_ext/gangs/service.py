@@ -9,9 +9,10 @@ devices through their assignment annotations; once the cache is synced, ``rebuil
 places of partly bound gangs again, and any other member filtered later plans the rest around them.
 
 Recovery may preempt: a gang that ran before (its family's nodes are remembered) and does not fit
-now is planned again as if every pod of lower priority than its members were gone; where that
-plan holds it, the nodes of the plan's domain that such an eviction would open for a member are
-the gang's room. Filter answers the offered nodes in the room as resolvable; the preempt verb
+now is planned again as if every pod of lower priority than its members were gone (within its
+required tier, ``gpuweave.io/gang-tier``, as every plan of it is); where that plan holds it, the
+nodes of the plan's domain that such an eviction would open for a member are the gang's room.
+Filter answers the offered nodes in the room as resolvable; the preempt verb
 (``preemption_room``) plans over the nodes last offered plus kube-scheduler's candidates (nodes
 its own filters rejected, e.g. for too few free GPUs, reach only the preempt call) and narrows
 the candidates to the room. Every other gang that does not fit is answered unresolvable, and its
@@ -91,8 +92,9 @@ class GangCoordinator:
     _sweep_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def gang_of(self, pod: Mapping[str, Any]) -> Gang | None:
-        """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on."""
-        return gang_of(pod, min_members=self.pod_groups.sizes)
+        """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on (a required tier
+        that is not one of ``tier_labels`` among them)."""
+        return gang_of(pod, min_members=self.pod_groups.sizes, tier_labels=self.tier_labels)
 
     # ---- filter -----------------------------------------------------------------------------
     def filter(
@@ -142,6 +144,7 @@ class GangCoordinator:
             tier_labels=self.tier_labels,
             placed_nodes=placed_nodes,
             preferred=preferred,
+            required_tier=gang.tier,
         )
         if isinstance(outcome, GangMiss):
             self.on_outcome("missed")
@@ -208,6 +211,7 @@ class GangCoordinator:
             tier_labels=self.tier_labels,
             placed_nodes=placed_nodes,
             preferred=preferred,
+            required_tier=gang.tier,
         )
         if isinstance(outcome, GangMiss):
             return frozenset()

@@ -37,11 +37,12 @@ from scheduler_ext.gangs.book import SLOT_PREFIX, GangBook, Slot
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.serving.service import ExtenderService
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
-from topology.network import LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
+from topology.network import DEFAULT_TIER_LABELS, LABEL_AWS_LAYER_2, LABEL_AWS_LAYER_3
 
 BLOCKS = {"a1": "block-a", "a2": "block-a", "b1": "block-b", "b2": "block-b", "c1": "block-c"}
 NODES = list(BLOCKS)
 TTL_S = 60.0
+TIERS = DEFAULT_TIER_LABELS
 
 
 # ---- identity ---------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_gang_identity(
     labels: dict[str, str], annotations: dict[str, str], groups: dict[str, int], expected: Gang | None
 ) -> None:
     pod = _pod(labels=labels, annotations=annotations)
-    assert gang_of(pod, min_members=groups) == expected
+    assert gang_of(pod, min_members=groups, tier_labels=TIERS) == expected
     assert gang_key(pod) == (expected.key if expected else gang_key(pod))
 
 
@@ -93,15 +94,19 @@ def test_gang_identity(
 def test_bad_gang_sizes_are_refused_with_the_annotation_and_the_range(size: str) -> None:
     pod = _pod(annotations={ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: size})
     with pytest.raises(BadGangError, match=r"gpuweave.io/gang-size is .*(1\.\.4096|members)"):
-        gang_of(pod, min_members={})
+        gang_of(pod, min_members={}, tier_labels=TIERS)
     assert gang_key(pod) == "ml/gang:job"  # the identity stays readable
 
 
 def test_a_gang_name_without_a_size_or_with_a_bad_name_is_refused() -> None:
     with pytest.raises(BadGangError, match=r"no gpuweave\.io/gang-size"):
-        gang_of(_pod(annotations={ANNOTATION_GANG: "job"}), min_members={})
+        gang_of(_pod(annotations={ANNOTATION_GANG: "job"}), min_members={}, tier_labels=TIERS)
     with pytest.raises(BadGangError, match="limit is 253"):
-        gang_of(_pod(annotations={ANNOTATION_GANG: "x" * 300, ANNOTATION_GANG_SIZE: "2"}), min_members={})
+        gang_of(
+            _pod(annotations={ANNOTATION_GANG: "x" * 300, ANNOTATION_GANG_SIZE: "2"}),
+            min_members={},
+            tier_labels=TIERS,
+        )
     assert gang_key(_pod(annotations={ANNOTATION_GANG: " "})) == ""  # never raises
 
 
@@ -317,15 +322,17 @@ def test_pod_group_sizes_follow_the_watch_and_a_bad_min_member_is_a_reason() -> 
     member = _pod(labels={LABEL_POD_GROUP: "pg"})
     sizes.apply("ADDED", group)
     assert sizes.sizes == {"ml/pg": 4}
-    assert gang_of(member, min_members=sizes.sizes) == Gang("ml/pod-group:pg", 4, "pod-group")
+    assert gang_of(member, min_members=sizes.sizes, tier_labels=TIERS) == Gang(
+        "ml/pod-group:pg", 4, "pod-group"
+    )
     sizes.apply("MODIFIED", {**group, "spec": {"minMember": 99999}})
     with pytest.raises(BadGangError, match=r"PodGroup ml/pg minMember is 99999; a gang has 1\.\.4096"):
-        gang_of(member, min_members=sizes.sizes)
+        gang_of(member, min_members=sizes.sizes, tier_labels=TIERS)
     sizes.apply("MODIFIED", {**group, "spec": {"minMember": "lots"}})
     with pytest.raises(BadGangError, match="PodGroup ml/pg minMember is 'lots'"):
-        gang_of(member, min_members=sizes.sizes)
+        gang_of(member, min_members=sizes.sizes, tier_labels=TIERS)
     sizes.apply("MODIFIED", {**group, "spec": {"minMember": 0}})
-    assert gang_of(member, min_members=sizes.sizes) is None  # no gang asked for
+    assert gang_of(member, min_members=sizes.sizes, tier_labels=TIERS) is None  # no gang asked for
     sizes.apply("MODIFIED", {**group, "spec": {}})
     assert sizes.sizes == {}
     sizes.apply("ADDED", group)
