@@ -19,6 +19,11 @@ RESOURCE_GPU_COMPUTE: Final = "gpuweave.io/gpu-compute"
 RESOURCE_GPU_MEMORY: Final = "gpuweave.io/gpu-memory"
 # Time-sliced replicas of whole GPUs (configurable per GPU).
 RESOURCE_GPU_SHARED: Final = "gpuweave.io/gpu-shared"
+# An IMEX channel on nodes in a multi-node NVLink domain (GB200/GB300 NVL72): the device node
+# ``/dev/nvidia-caps-imex-channels/channel<N>`` and ``NVIDIA_IMEX_CHANNELS=<N>`` in the container.
+RESOURCE_IMEX_CHANNEL: Final = "gpuweave.io/imex-channel"
+IMEX_CHANNEL_DIR: Final = "/dev/nvidia-caps-imex-channels"
+IMEX_CHANNELS_ENV: Final = "NVIDIA_IMEX_CHANNELS"
 
 # Pod annotations.
 ANNOTATION_GPU_SELECTOR: Final = "gpuweave.io/gpu-selector"  # CEL over DRA-named attributes
@@ -58,3 +63,8 @@ def mig_profile_of_resource(resource: str) -> str | None:
         if profile.endswith(suffix):
             return profile[: -len(suffix)] + "+" + suffix[1:]
     return profile
+
+
+def imex_channel_path(channel: int) -> str:
+    """The host (and container) device node of IMEX channel ``channel``."""
+    return f"{IMEX_CHANNEL_DIR}/channel{channel}"

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from devicemodel.contracts import IMEX_CHANNELS_ENV
 from deviceplugin.devices import DeviceKind, PluginDevice
 from deviceplugin.errors import AllocationRejectedError
 
@@ -227,6 +228,17 @@ def _share_grant(
     return _with(_listed(resource, [gpu_uuid], listing=listing, envs=envs), chosen, mounts=mounts)
 
 
+def _imex_grant(chosen: Sequence[PluginDevice]) -> ContainerGrant:
+    """The channel's device node and ``NVIDIA_IMEX_CHANNELS``, which the NVIDIA Container
+    Toolkit reads to make the same channel visible; no CDI name (the node goes in as a DeviceSpec,
+    which every runtime honours)."""
+    return ContainerGrant(
+        device_nodes=tuple(DeviceNode(path, path, "rw") for d in chosen for path in d.device_nodes),
+        envs={IMEX_CHANNELS_ENV: ",".join(str(d.unit) for d in chosen)},
+        annotations={ANNOTATION_DEVICES: ",".join(d.id for d in chosen)},
+    )
+
+
 def _replica_grant(
     resource: str, chosen: Sequence[PluginDevice], *, listing: DeviceListing
 ) -> ContainerGrant:
@@ -259,4 +271,6 @@ def grant_for(
         return _efa_grant(resource, chosen, listing=listing)
     if kind is DeviceKind.REPLICA:
         return _replica_grant(resource, chosen, listing=listing)
+    if kind is DeviceKind.IMEX:
+        return _imex_grant(chosen)
     return _share_grant(resource, chosen, mps_pipe_dir=mps_pipe_dir, listing=listing)

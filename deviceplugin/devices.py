@@ -18,6 +18,8 @@ from devicemodel.contracts import (
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
+    RESOURCE_IMEX_CHANNEL,
+    imex_channel_path,
     mig_resource_name,
 )
 from devicemodel.inventory import Gpu, LostGpu, NicType, NodeInventory
@@ -33,6 +35,11 @@ class DeviceKind(StrEnum):
     COMPUTE = "compute"
     MEMORY = "memory"
     REPLICA = "replica"
+    IMEX = "imex"
+
+
+IMEX_CHANNEL_ID = "imex-channel-0"
+IMEX_CHANNEL = 0  # one IMEX domain per node at a time (its daemon serves one), so one channel
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,25 @@ def _efa_devices(inventory: NodeInventory) -> list[PluginDevice]:
     ]
 
 
+def _imex_devices(inventory: NodeInventory) -> list[PluginDevice]:
+    """Channel 0 on a node of a multi-node NVLink domain, none elsewhere. One device: the kubelet
+    gives it to one pod at a time, so two jobs on a node never share a channel (an IMEX channel
+    reaches the memory every process on it exports across the domain)."""
+    fabric = inventory.nvswitch
+    if fabric is None or fabric.clique is None:
+        return []
+    return [
+        PluginDevice(
+            id=IMEX_CHANNEL_ID,
+            resource=RESOURCE_IMEX_CHANNEL,
+            kind=DeviceKind.IMEX,
+            numa_node=None,
+            unit=IMEX_CHANNEL,
+            device_nodes=(imex_channel_path(IMEX_CHANNEL),),
+        )
+    ]
+
+
 def lost_device_id(lost: LostGpu) -> str:
     """The ID a lost GPU is listed under: its UUID when known, else its bus id (or index) marked
     unreachable, so the kubelet counts it in capacity but never allocates it."""
@@ -162,7 +188,7 @@ def build_catalogue(inventory: NodeInventory, plan: SharingPlan) -> dict[str, tu
         for device in _devices_of_gpu(gpu, inventory, plan):
             by_resource.setdefault(device.resource, []).append(device)
     by_resource[RESOURCE_GPU].extend(_lost_devices(inventory))
-    for device in _efa_devices(inventory):
+    for device in [*_efa_devices(inventory), *_imex_devices(inventory)]:
         by_resource.setdefault(device.resource, []).append(device)
     for resource, devices in by_resource.items():
         for device in devices:

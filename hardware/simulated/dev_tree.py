@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devicemodel.contracts import imex_channel_path
 from devicemodel.inventory import NicType, NodeInventory
 
 MAX_GPU_MINORS = 32
@@ -75,6 +76,9 @@ def write_fake_dev(root: Path, inventory: NodeInventory) -> None:
         _touch(root / "dev" / f"nvidia{gpu.minor}")
     for cap in ("nvidia-cap1", "nvidia-cap2"):
         _touch(root / "dev" / "nvidia-caps" / cap)
+    if inventory.nvswitch is not None and inventory.nvswitch.clique is not None:
+        # IMEX channel 0, as the driver creates it with NVreg_CreateImexChannel0=1 on NVL72 nodes
+        _touch(root / imex_channel_path(0).lstrip("/"))
     rdma = [n for n in inventory.nics if n.type in (NicType.EFA, NicType.INFINIBAND) and n.uverbs_device]
     for nic in rdma:
         _touch(root / str(nic.uverbs_device).lstrip("/"))
