@@ -7,7 +7,11 @@ are the device plugin's IDs (see ``device_id_*`` below), so both sides agree by 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import hashlib
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from devicemodel.contracts import (
     RESOURCE_GPU,
@@ -78,17 +82,46 @@ class ContainerAssignment(BaseModel):
     devices: dict[str, list[str]] = Field(default_factory=dict)
 
 
+_DnsName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+MAX_IMEX_NODES = 576  # the largest NVLink 5 domain: 576 GPUs, so never more nodes than that
+
+
+class ImexDomain(BaseModel):
+    """The IMEX domain of a pod that requests ``gpuweave.io/imex-channel``: its job's nodes.
+
+    The extender writes it at bind for every member of a gang (the nodes its plan placed the gang
+    on) or for a lone pod (its own node); the node agent configures the node's IMEX daemon with
+    ``nodes`` while that pod holds the node's channel (docs/nvlink-domains.md, IMEX).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: _DnsName
+    nodes: tuple[_DnsName, ...] = Field(min_length=1, max_length=MAX_IMEX_NODES)
+
+
+def imex_domain_name(key: str) -> str:
+    """A DNS-safe name for the IMEX domain of a job (a gang key or a pod's namespace/name): the
+    key's safe characters, cut short, and a digest of the whole key so two keys never share one."""
+    safe = re.sub(r"[^a-z0-9.-]+", "-", key.lower()).strip("-.")[:200] or "job"
+    return f"{safe}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
 class PodAssignment(BaseModel):
-    """The whole annotation value."""
+    """The whole annotation value. ``imex`` is written only for pods that request an IMEX channel,
+    so the annotation of every other pod reads as before."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     version: int = ASSIGNMENT_VERSION
     node: str
     containers: dict[str, ContainerAssignment]
+    imex: ImexDomain | None = None
 
     def to_annotation(self) -> str:
-        return self.model_dump_json(exclude_defaults=False)
+        return self.model_dump_json(exclude_none=True)
 
     @classmethod
     def from_annotation(cls, value: str) -> PodAssignment:

@@ -6,7 +6,8 @@ handoff between the extender and the node agent. Keep old names working when add
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 # Resource names users' pod specs already carry.
 RESOURCE_GPU: Final = "nvidia.com/gpu"
@@ -68,3 +69,20 @@ def mig_profile_of_resource(resource: str) -> str | None:
 def imex_channel_path(channel: int) -> str:
     """The host (and container) device node of IMEX channel ``channel``."""
     return f"{IMEX_CHANNEL_DIR}/channel{channel}"
+
+
+def requests_resource(pod: Mapping[str, Any], resource: str) -> bool:
+    """Whether any container of the pod (init ones too) asks for ``resource`` (limit or request,
+    a count other than zero). Tolerant of malformed specs: they ask for nothing."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    for section in ("initContainers", "containers"):
+        containers = spec.get(section)
+        for container in containers if isinstance(containers, list) else ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            for part in ("limits", "requests"):
+                values = resources.get(part) if isinstance(resources, Mapping) else None
+                if isinstance(values, Mapping) and values.get(resource) not in (None, 0, "0"):
+                    return True
+    return False

@@ -55,6 +55,7 @@ class PendingPod:
     bound: str = ""  # resourceVersion of the first event in which this agent saw the pod bound here
     phase: str = "Pending"
     resource_version: str = ""  # the latest one seen: the precondition of an annotation correction
+    requests_imex: bool = False  # its spec asks for gpuweave.io/imex-channel (the node has one)
 
 
 def _as_int(resource_version: str) -> int | None:
@@ -119,6 +120,7 @@ class PodView:
         annotation: str | None,
         created: str = "",
         resource_version: str = "",
+        requests_imex: bool = False,
     ) -> None:
         assignment = None
         if phase not in TERMINAL_PHASES and annotation:
@@ -137,7 +139,7 @@ class PodView:
                 self._arrivals += 1
             seen = known.seen if known else self._arrivals
             self._pods[uid] = PendingPod(
-                uid, namespace, name, assignment, created, seen, bound, phase, resource_version
+                uid, namespace, name, assignment, created, seen, bound, phase, resource_version, requests_imex
             )
 
     def remove(self, uid: str) -> None:

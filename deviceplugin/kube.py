@@ -18,7 +18,14 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from devicemodel.contracts import ANNOTATION_ASSIGNMENT, API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+from devicemodel.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    API_GROUP,
+    API_VERSION,
+    NODE_INVENTORY_PLURAL,
+    RESOURCE_IMEX_CHANNEL,
+    requests_resource,
+)
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 from deviceplugin.agent import NodeAgent
@@ -29,6 +36,7 @@ from deviceplugin.published import inventory_object, node_labels
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
+from topology.network import LABEL_GPU_CLIQUE
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +116,23 @@ class Publisher:
         self.published += 1
 
 
+def clique_peers(api: client.ApiClient) -> Callable[[str], dict[str, str]]:
+    """``peers(clique)``: node name -> InternalIP of every node labelled with that clique."""
+    core = client.CoreV1Api(api)
+
+    def peers(clique: str) -> dict[str, str]:
+        listed = core.list_node(label_selector=f"{LABEL_GPU_CLIQUE}={clique}")
+        found: dict[str, str] = {}
+        for node in listed.items:
+            addresses = (node.status.addresses or []) if node.status else []
+            internal = next((a.address for a in addresses if a.type == "InternalIP"), "")
+            if internal and node.metadata is not None and node.metadata.name:
+                found[node.metadata.name] = internal
+        return found
+
+    return peers
+
+
 class EventReporter:
     """Creates core/v1 Events about pods (handoff mismatches)."""
 
@@ -143,6 +168,7 @@ def _upsert(view: PodView, pod: Mapping[str, Any]) -> None:
         annotation=(metadata.get("annotations") or {}).get(ANNOTATION_ASSIGNMENT),
         created=str(metadata.get("creationTimestamp") or ""),
         resource_version=str(metadata.get("resourceVersion") or ""),
+        requests_imex=requests_resource(pod, RESOURCE_IMEX_CHANNEL),
     )
 
 
@@ -348,6 +374,10 @@ class KubeParts:
             )
             self.handoff.add_allocation_listener(self.audit.poke)
             self.audit.start()
+
+    def clique_peers(self) -> Callable[[str], dict[str, str]]:
+        """The IMEX reconciler's peer lookup over this connection (``clique_peers``)."""
+        return clique_peers(self.api)
 
     def stop(self) -> None:
         if self.publisher is not None:

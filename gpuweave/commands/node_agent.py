@@ -75,6 +75,14 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_FABRIC_INTERVAL_S,
         help="seconds between NVSwitch fabric checks; GPUs wait for the fabric (docs/deploy.md)",
     )
+    add(
+        "--imex-config-dir",
+        type=Path,
+        default=None,
+        help="where the IMEX daemon's nodes_config.cfg is written for the job holding the node's IMEX "
+        "channel (default STATE_DIR/imex; /etc/nvidia-imex for a host's nvidia-imex; "
+        "docs/nvlink-domains.md); needs the API server",
+    )
     add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
     add(

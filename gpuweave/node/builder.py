@@ -42,6 +42,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.dra import start_node_dra
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
+from gpuweave.node.imex import ImexConfigWriter, ImexReconciler
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
 from hardware.backend import GpuBackend
@@ -237,12 +238,28 @@ class NodeAgentBuilder:
                 kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
                 correct_assignments=args.correct_assignments,
             )
+            started.stoppers.append(self.imex(kube, agent, config_dir=args.imex_config_dir))
         started.stoppers.append(
             self._start_dra(args, agent=agent, kube=kube, health=health, mig=mig, pod_resources=pod_resources)
         )
         if args.metrics_address:
             started.stoppers.append(_serve_metrics(args.metrics_address, self.metrics))
         return started
+
+    def imex(self, kube: KubeParts, agent: NodeAgent, *, config_dir: Path | None) -> Callable[[], None]:
+        """Start the IMEX reconciler (docs/nvlink-domains.md): it serves only while the node is in a
+        multi-node NVLink domain, so on every other node it writes nothing."""
+
+        def clique() -> str | None:
+            fabric = agent.inventory.nvswitch
+            return fabric.clique if fabric is not None else None
+
+        writer = ImexConfigWriter(config_dir or self.state_dir / "imex", simulated=self.simulated)
+        reconciler = ImexReconciler(
+            kube.view, node=self.node_name, clique=clique, peers=kube.clique_peers(), writer=writer
+        )
+        reconciler.start()
+        return reconciler.stop
 
     def _start_dra(
         self,

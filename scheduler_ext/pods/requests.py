@@ -22,8 +22,10 @@ from devicemodel.contracts import (
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_SHARED,
+    RESOURCE_IMEX_CHANNEL,
     RESOURCE_MIG_PREFIX,
     mig_profile_of_resource,
+    requests_resource,
 )
 from devicemodel.errors import InvalidInputError, echo
 from scheduler_ext.pods.quantity import MAX_STORED, QuantityError, whole_units
@@ -79,6 +81,7 @@ class PodRequest:
     selector: str | None = None
     placement: Placement = Placement.BEST_EFFORT
     priority: int = 0
+    imex: bool = False  # asks for an IMEX channel: the bind records the job's IMEX domain
 
     @property
     def key(self) -> str:
@@ -138,10 +141,10 @@ def _our_resources(values: object, *, section: str, container: str) -> dict[str,
     counts: dict[str, int] = {}
     for key, value in values.items():
         name = str(key)
-        if not name.startswith(OUR_PREFIXES):
-            continue
+        if not name.startswith(OUR_PREFIXES) or name == RESOURCE_IMEX_CHANNEL:
+            continue  # the IMEX channel: one per node, counted by kube-scheduler, given by the kubelet
         if name.startswith(GPUWEAVE_PREFIX) and name not in GPUWEAVE_RESOURCES:
-            known = ", ".join(sorted(GPUWEAVE_RESOURCES))
+            known = ", ".join(sorted(GPUWEAVE_RESOURCES | {RESOURCE_IMEX_CHANNEL}))
             raise BadPodRequestError(
                 f"container {echo(container)}: unknown resource {echo(name)}; gpuweave serves {known}"
             )
@@ -259,6 +262,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         selector=str(selector).strip() if selector is not None and str(selector).strip() else None,
         placement=parse_placement(annotations.get(ANNOTATION_PLACEMENT)),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        imex=requests_resource(pod, RESOURCE_IMEX_CHANNEL),
     )
 
 

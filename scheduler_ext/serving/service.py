@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from devicemodel.assignment import PodAssignment
+from devicemodel.assignment import ImexDomain, PodAssignment, imex_domain_name
 from devicemodel.errors import GpuweaveError, clip
 from devicemodel.gangs import BadGangError, gang_key
 from scheduler_ext.cluster.cache import ClusterCache, DoubleBookingError
@@ -280,6 +280,8 @@ class ExtenderService:
             _, assignment, slot = self._assume(request, args.Node, parsed.host, gang=gang_key(pod))
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
+        if request.imex:
+            assignment = with_imex_domain(assignment, request, slot, gang=gang_key(pod))
         try:
             self.binder.bind(pod, node=args.Node, assignment=assignment)
         except BindError as exc:
@@ -367,3 +369,17 @@ class ExtenderService:
                 for node, (uids, pdb) in chosen.items()
             }
         )
+
+
+def with_imex_domain(
+    assignment: PodAssignment, request: PodRequest, slot: tuple[Reservation, Slot] | None, *, gang: str
+) -> PodAssignment:
+    """The assignment with the pod's IMEX domain: a gang member's is its gang's planned nodes (the
+    same name and nodes on every member), a lone pod's its own node."""
+    if slot is not None:
+        reservation, _ = slot
+        nodes = tuple(sorted({s.node for s in reservation.slots}))
+        name = imex_domain_name(gang or reservation.key)
+    else:
+        nodes, name = (assignment.node,), imex_domain_name(request.key)
+    return assignment.model_copy(update={"imex": ImexDomain(name=name, nodes=nodes)})

@@ -7,14 +7,16 @@ kubelet: bound pods stay Pending, which is all scheduling needs) in two NVLink c
 labelled as the node agent labels them (``nvidia.com/gpu.clique: <cluster UUID>.<clique ID>``,
 from each tray's fabric). Clique A is fragmented: two of its trays hold a 1-GPU pod, so seven
 whole trays are free there, nine in clique B. An 8-member gang of 4-GPU pods with
-``gpuweave.io/gang-tier: nvidia.com/gpu.clique`` goes to clique B.
+``gpuweave.io/gang-tier: nvidia.com/gpu.clique`` goes to clique B. Each member also asks for the
+tray's IMEX channel (``gpuweave.io/imex-channel``, one per tray, counted by kube-scheduler): every
+member's assignment names one IMEX domain listing the gang's eight trays.
 
 Then a tray fault: two of the gang's trays publish their GPUs unhealthy (the node agent's
 ``GpuNodeInventory`` status), and the gang's pods are deleted and created again (health
 remediation and the job controller). Clique B now holds seven members and clique A seven, so
 only a placement across the cliques exists: the gang waits, with a reason naming the required
 tier and the most one domain holds. Once clique A's 1-GPU pods are gone, the gang is placed
-entirely inside clique A.
+entirely inside clique A, with an IMEX domain of the same name listing its new trays.
 
 A second kube-scheduler (profile ``gpuweave-tier-scheduler``) calls its own
 ``gpuweave extender --gang-ttl 15``, beside the session's scheduler; the trays carry a taint only
@@ -36,7 +38,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment
-from devicemodel.contracts import ANNOTATION_ASSIGNMENT
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_IMEX_CHANNEL
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE, ANNOTATION_GANG_TIER
 from devicemodel.inventory import NodeInventory
 from deviceplugin.published import inventory_object, node_labels
@@ -119,7 +121,7 @@ def _create_tray(plane: ControlPlane, inventory: NodeInventory) -> None:
     name = inventory.name
     labels = {**node_labels(inventory), "kubernetes.io/hostname": name, NODE_LABEL: "true"}
     plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
-    resources = {"cpu": "144", "memory": "960Gi", "pods": "110", GPU: "4"}
+    resources = {"cpu": "144", "memory": "960Gi", "pods": "110", GPU: "4", RESOURCE_IMEX_CHANNEL: "1"}
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e GB200 tray"}
     plane.core.patch_node_status(
         name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
@@ -133,6 +135,7 @@ def _pod(name: str, *, gpus: int = 4, gang: str | None = None) -> dict[str, Any]
         if gang
         else {}
     )
+    limits = {GPU: str(gpus), RESOURCE_IMEX_CHANNEL: "1"} if gang else {GPU: str(gpus)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -142,7 +145,7 @@ def _pod(name: str, *, gpus: int = 4, gang: str | None = None) -> dict[str, Any]
             "terminationGracePeriodSeconds": 0,
             "tolerations": [{**TAINT, "operator": "Equal"}],
             "nodeSelector": {NODE_LABEL: "true"},
-            "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {GPU: str(gpus)}}}],
+            "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": limits}}],
         },
     }
 
@@ -223,6 +226,17 @@ def _held_devices(plane: ControlPlane) -> dict[str, list[str]]:
     return held
 
 
+def _imex_domains(plane: ControlPlane, names: list[str]) -> set[tuple[str, tuple[str, ...]]]:
+    """The IMEX domains (name, nodes) the members' assignments name."""
+    found = set()
+    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
+        if pod.metadata.name in names:
+            imex = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT]).imex
+            assert imex is not None, pod.metadata.name
+            found.add((imex.name, imex.nodes))
+    return found
+
+
 def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
     plane: ControlPlane, rack: Rack
 ) -> None:
@@ -243,6 +257,8 @@ def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
     assert {rack.clique_of(n) for n in placed.values()} == {clique_b}
     assert len(set(placed.values())) == GANG_SIZE  # one 4-GPU member per tray
     assert all(len(pods) == 1 for pods in _held_devices(plane).values())
+    ((domain, imex_nodes),) = _imex_domains(plane, members)  # one domain: the gang's eight trays
+    assert imex_nodes == tuple(sorted(placed.values()))
 
     # 2. a tray fault under two members; remediation evicts the gang and its job re-creates it
     faulty = sorted(placed.values())[:2]
@@ -275,3 +291,4 @@ def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
     assert {rack.clique_of(n) for n in moved.values()} == {rack.clique_of("gb200-a0")}
     assert len(set(moved.values())) == GANG_SIZE
     assert all(len(pods) == 1 for pods in _held_devices(plane).values())
+    assert _imex_domains(plane, again) == {(domain, tuple(sorted(moved.values())))}  # same job, new trays

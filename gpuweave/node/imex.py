@@ -1,0 +1,141 @@
+"""IMEX for the node agent: the node's IMEX daemon configured for the job that holds its channel.
+
+``ImexReconciler`` follows the agent's pod view (``deviceplugin.kube.PodWatcher``): whenever it
+changes, and every ``interval_s`` while a domain is incomplete, it asks ``deviceplugin.imex`` which
+domain the node should serve, looks up the InternalIPs of the nodes in this node's clique (one
+``list nodes`` by the clique label, ``deviceplugin.kube.clique_peers``), and hands the result to
+``ImexConfigWriter``:
+
+- ``nodes_config.cfg``: one peer address per line, what ``nvidia-imex`` reads
+  (``/etc/nvidia-imex/nodes_config.cfg`` on a host; ``--imex-config-dir`` points the agent there);
+- ``gpuweave-domain.json``: the domain, its nodes and addresses, the pod that holds the channel,
+  and whether a daemon serves it (``simulated: true`` when the agent runs on simulated hardware,
+  where this file is the simulated daemon's state).
+
+Both are replaced atomically and removed when no pod holds the channel any more (the domain is
+torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is left to the
+host (docs/nvlink-domains.md, IMEX).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from devicemodel.state_file import replace_file_atomically
+from deviceplugin.handoff import PodView
+from deviceplugin.imex import ImexConfig, imex_config, wanted_domain
+
+log = logging.getLogger(__name__)
+NODES_CONFIG = "nodes_config.cfg"
+DOMAIN_FILE = "gpuweave-domain.json"
+DEFAULT_INTERVAL_S = 10.0
+_STEP_S = 0.5
+
+
+class ImexConfigWriter:
+    """Writes (or removes) the daemon's node list and gpuweave's record of the domain."""
+
+    def __init__(self, directory: Path, *, simulated: bool) -> None:
+        self.directory = directory
+        self._simulated = simulated
+
+    def apply(self, config: ImexConfig | None, *, holder: str = "") -> None:
+        if config is None:
+            for name in (NODES_CONFIG, DOMAIN_FILE):
+                (self.directory / name).unlink(missing_ok=True)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = {
+            "domain": config.domain,
+            "nodes": list(config.nodes),
+            "addresses": list(config.addresses),
+            "holder": holder,
+            "simulated": self._simulated,
+        }
+        replace_file_atomically(self.directory / NODES_CONFIG, config.nodes_config().encode())
+        replace_file_atomically(self.directory / DOMAIN_FILE, (json.dumps(record, indent=1) + "\n").encode())
+
+    def current(self) -> dict[str, Any] | None:
+        try:
+            loaded = json.loads((self.directory / DOMAIN_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
+
+
+class ImexReconciler:
+    """Keeps the writer's files equal to the domain the node's channel holder asks for."""
+
+    def __init__(
+        self,
+        view: PodView,
+        *,
+        node: str,
+        clique: Callable[[], str | None],
+        peers: Callable[[str], dict[str, str]],
+        writer: ImexConfigWriter,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self._view = view
+        self._node = node
+        self._clique = clique
+        self._peers = peers
+        self._writer = writer
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._applied: tuple[ImexConfig | None, str] | None = None
+        self._reported = ""
+        self.problem = ""  # the last problem seen ("" when the domain was configured whole)
+
+    def reconcile(self) -> ImexConfig | None:
+        """One round: decide, look up peers, write when it differs from what was written."""
+        decision = wanted_domain(self._view.assigned(), node=self._node)
+        config, problem = None, decision.problem
+        if decision.domain is not None:
+            clique = self._clique()
+            peers = self._peers(clique) if clique is not None else {}
+            config, problem = imex_config(decision.domain, node=self._node, clique=clique, peers=peers)
+        if (config, decision.holder) != self._applied:
+            self._writer.apply(config, holder=decision.holder)
+            self._applied = (config, decision.holder)
+            if config is not None:
+                log.info(
+                    "IMEX domain %s for pod %s: %d node(s)", config.domain, decision.holder, len(config.nodes)
+                )
+            else:
+                log.info("IMEX: no domain on node %s", self._node)
+        if problem and problem != self._reported:
+            log.warning("%s", problem)
+        self._reported = self.problem = problem
+        return config
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="imex-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        """Reconcile on every change of the pod view, and every ``interval_s`` while a domain is
+        incomplete (a peer's address may appear later); waits in short steps so ``stop`` is quick."""
+        version, waited = -1, 0.0
+        while not self._stop.is_set():
+            current = self._view.version()
+            if current != version or (self.problem and waited >= self._interval_s):
+                version, waited = current, 0.0
+                try:
+                    self.reconcile()
+                except Exception as exc:  # an API or disk error: keep what was written, retry later
+                    log.exception("IMEX reconcile failed; retrying in %.0f s", self._interval_s)
+                    self.problem = f"IMEX reconcile failed: {exc}"
+            if not self._view.wait_for_change(current, timeout=_STEP_S):
+                waited += _STEP_S
