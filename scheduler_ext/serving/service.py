@@ -22,6 +22,7 @@ from scheduler_ext.cluster.cache import ClusterCache, DoubleBookingError
 from scheduler_ext.cluster.objects import PodRecord, pod_identity
 from scheduler_ext.cluster.preempt import choose_victims
 from scheduler_ext.decide.by_state import Filtered, StateGroups, held_per_state
+from scheduler_ext.decide.cliques import best_fit_cliques, whole_free_counts
 from scheduler_ext.decide.core import DecisionCore
 from scheduler_ext.decide.parsed import ParsedPods
 from scheduler_ext.decide.ranking import ranked_scores, ranks
@@ -42,6 +43,7 @@ from scheduler_ext.serving.wire import (
     MetaPod,
     MetaVictims,
 )
+from topology.network import LABEL_GPU_CLIQUE
 
 LOG = logging.getLogger(__name__)
 BIND_WAIT_S = 30.0  # how long a retried bind waits for the first call of the same pod
@@ -168,7 +170,33 @@ class ExtenderService:
         if request is None:
             return names, [0] * len(names)
         verdicts = self._verdicts(request, names, parsed.host)
-        return names, ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+        scores = ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+        if not gang_key(pod):  # a gang's nodes come from its plan; any other pod fits one node
+            scores = self._best_fit_cliques(names, scores)
+        return names, scores
+
+    def _best_fit_cliques(self, names: list[str], scores: list[int]) -> list[int]:
+        """Among the best nodes, those of the clique with the fewest entirely free nodes (``cliques``)."""
+        labels = self.cache.node_labels()
+        states = self.cache.states()
+
+        def clique_of(name: str) -> str | None:
+            return labels.get(name, {}).get(LABEL_GPU_CLIQUE)
+
+        def whole_free(name: str) -> bool:
+            state = states.get(name)
+            free = state.free if state is not None else None
+            return free is not None and bool(free.free_gpus) and free.free_gpus == free.healthy_gpus
+
+        counts: dict[str, int] | None = None
+
+        def whole_free_in(clique: str) -> int:
+            nonlocal counts
+            if counts is None:
+                counts = whole_free_counts(labels, whole_free, label=LABEL_GPU_CLIQUE)
+            return counts.get(clique, 0)
+
+        return best_fit_cliques(names, scores, clique_of, whole_free_in)
 
     def prioritize_claims(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> tuple[list[str], list[int]]:
         """The ``prioritize-claims`` verb (the second extender entry, which kube-scheduler calls for
