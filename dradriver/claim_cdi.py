@@ -5,10 +5,15 @@ A claim's devices get the same container edits Allocate gives a container
 ``nvidia-caps`` access nodes per MIG device, ``uverbsN`` per EFA adapter; ``nvidiactl``,
 ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset`` and ``rdma_cm`` as common edits) and the
 same ``NVIDIA_VISIBLE_DEVICES`` (the claim's GPU and MIG UUIDs, for the NVIDIA Container Toolkit's
-hook). The spec's kind is ``gpuweave.io/claim`` and each device is named ``<claim-uid>-<device>``,
-so the kubelet hands the runtime ``gpuweave.io/claim=<claim-uid>-gpu-0`` and two claims never share
-a name. The files are ``gpuweave.io-claim_<uid>.json`` in the agent's CDI directory: not matched by
-the device-plugin writer's ``gpuweave-*`` files, so neither writer removes the other's.
+hook). The node's IMEX channel gets what Allocate gives ``gpuweave.io/imex-channel``: its device
+node (``/dev/nvidia-caps-imex-channels/channel<N>``, path only: the runtime reads its type and
+numbers from the host's node, as it does for the device plugin's DeviceSpec) and
+``NVIDIA_IMEX_CHANNELS=<N>``, both as that device's own edits, so only the containers that use its
+request see them. The spec's kind is ``gpuweave.io/claim`` and each device is named
+``<claim-uid>-<device>``, so the kubelet hands the runtime ``gpuweave.io/claim=<claim-uid>-gpu-0``
+and two claims never share a name. The files are ``gpuweave.io-claim_<uid>.json`` in the agent's
+CDI directory: not matched by the device-plugin writer's ``gpuweave-*`` files, so neither writer
+removes the other's.
 
 ``claim_spec`` is pure; ``ClaimSpecWriter`` writes and removes the files atomically.
 """
@@ -20,11 +25,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from devicemodel.contracts import IMEX_CHANNELS_ENV
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import replace_file_atomically
 from deviceplugin.allocation import VISIBLE_DEVICES_ENV
 from deviceplugin.cdi import CDI_VERSION, build_specs
-from deviceplugin.devices import DeviceKind
+from deviceplugin.devices import DeviceKind, PluginDevice
 from dradriver.devices import DraDevice
 from hardware.device_nodes import HostDeviceNodes
 
@@ -45,6 +51,16 @@ def claim_file_name(claim_uid: str) -> str:
     return f"{CLAIM_FILE_PREFIX}{claim_uid}.json"
 
 
+def imex_edits(device: PluginDevice) -> dict[str, Any]:
+    """An IMEX channel's container edits: its device node and ``NVIDIA_IMEX_CHANNELS``."""
+    return {
+        "deviceNodes": [
+            {"path": path, "hostPath": path, "permissions": "rw"} for path in device.device_nodes
+        ],
+        "env": [f"{IMEX_CHANNELS_ENV}={device.unit}"],
+    }
+
+
 def claim_spec(
     claim_uid: str, inventory: NodeInventory, devices: Sequence[DraDevice], *, host: HostDeviceNodes
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -57,6 +73,7 @@ def claim_spec(
     for file_spec in built.files.values():
         edits |= {str(entry["name"]): entry["containerEdits"] for entry in file_spec["devices"]}
         common += file_spec.get("containerEdits", {}).get("deviceNodes", [])
+    edits |= {d.id: imex_edits(d) for d in served if d.kind is DeviceKind.IMEX}
     visible = [d.plugin.id for d in devices if d.plugin and d.plugin.kind in (DeviceKind.GPU, DeviceKind.MIG)]
     spec_devices = [
         {"name": claim_device_name(claim_uid, d.name), "containerEdits": edits[d.plugin.id]}

@@ -10,14 +10,18 @@ exactly what Allocate would. Names are DNS labels, unique in the node's pool:
 - ``gpu-<index>-mig-<profile>-<start>``: a MIG placement that may be created (``DYNAMIC``), e.g.
   ``gpu-0-mig-3g-40gb-4``; it consumes the GPU's counters (``dradriver.slices``);
 - ``efa-<adapter>``: an EFA adapter (its name lower-cased, other characters as ``-``);
+- ``imex-channel-<N>``: the node's IMEX channel, on a node of a multi-node NVLink domain (a clique)
+  only; one device, so the allocator gives it to one claim at a time (one job per node holds it);
 - a GPU the driver counts but cannot reach keeps ``gpu-<index>``, with only ``type``, ``index`` and
   ``uuid``, and is tainted NoExecute (``dradriver.taints``).
 
-Attributes (domain ``gpuweave.io`` unless named): ``type`` (gpu, mig, efa), ``uuid``, ``index``,
-``productName``, ``architecture``, ``computeCapability`` (string "9.0"), ``cudaComputeCapability``
-(version "9.0.0", for comparisons), ``driverVersion``, ``migCapable``, ``numaNode``, ``pcieSwitch``,
-``nvlinkDomain``, ``nvlinkPeers``, ``nvswitch``; for MIG ``profile``, ``parentUUID``,
-``placementStart``, ``placementSize``; for EFA ``name``; and the standard
+Attributes (domain ``gpuweave.io`` unless named): ``type`` (gpu, mig, efa, imex-channel), ``uuid``,
+``index``, ``productName``, ``architecture``, ``computeCapability`` (string "9.0"),
+``cudaComputeCapability`` (version "9.0.0", for comparisons), ``driverVersion``, ``migCapable``,
+``numaNode``, ``pcieSwitch``, ``nvlinkDomain``, ``nvlinkPeers``, ``nvswitch``; on a clique's GPUs
+``clique``, ``cliqueID``, ``clusterUUID``; for MIG ``profile``, ``parentUUID``,
+``placementStart``, ``placementSize``; for EFA ``name``; for the IMEX channel ``channel`` and the
+same three clique attributes as its GPUs; and the standard
 ``resource.kubernetes.io/pcieRoot``, ``pciBusID`` and ``numaNode``. Capacity: ``memory`` (bytes, as
 a quantity in Mi), and for MIG ``computeSlices`` and ``memorySlices``.
 """
@@ -31,6 +35,7 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import Any
 
+from devicemodel.contracts import RESOURCE_IMEX_CHANNEL
 from devicemodel.inventory import Gpu, LostGpu, MigDevice, Nic, NicType, NodeInventory
 from devicemodel.sharing import SharingPlan
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
@@ -46,6 +51,7 @@ class DraKind(StrEnum):
     GPU = "gpu"
     MIG = "mig"
     EFA = "efa"
+    IMEX_CHANNEL = "imex-channel"
 
 
 class MigPublishing(StrEnum):
@@ -174,6 +180,20 @@ def _gpu_attrs(gpu: Gpu, inventory: NodeInventory, kind: DraKind) -> dict[str, d
     return attrs
 
 
+def _clique_attrs(inventory: NodeInventory) -> dict[str, dict[str, Any]]:
+    """The multi-node NVLink domain (NVL72 rack partition) of the node, none without one: the node
+    label nvidia.com/gpu.clique's value, so a claim can match it (constraints: matchAttribute
+    gpuweave.io/clique) or select it."""
+    fabric = inventory.nvswitch
+    if fabric is None or fabric.clique is None:
+        return {}
+    return {
+        "clique": _s(fabric.clique),
+        "cliqueID": {"int": fabric.clique_id},
+        "clusterUUID": _s(fabric.cluster_uuid),
+    }
+
+
 def _whole_gpu(gpu: Gpu, inventory: NodeInventory, plugin: PluginDevice | None) -> DraDevice:
     attrs = _gpu_attrs(gpu, inventory, DraKind.GPU) | {"uuid": _s(gpu.uuid)}
     domain = nvlink_domains(inventory).get(gpu.index)
@@ -181,13 +201,8 @@ def _whole_gpu(gpu: Gpu, inventory: NodeInventory, plugin: PluginDevice | None) 
     attrs["nvlinkPeers"] = {"int": domain[1] if domain else 0}
     if domain:
         attrs["nvlinkDomain"] = _s(domain[0])
-    fabric = inventory.nvswitch
-    if fabric is not None and fabric.clique is not None and gpu.index in fabric.gpus:
-        # the multi-node NVLink domain (NVL72 rack partition): the node label nvidia.com/gpu.clique's
-        # value, so a claim can match it (constraints: matchAttribute gpuweave.io/clique) or select it
-        attrs["clique"] = _s(fabric.clique)
-        attrs["cliqueID"] = {"int": fabric.clique_id}
-        attrs["clusterUUID"] = _s(fabric.cluster_uuid)
+    if inventory.nvswitch is not None and gpu.index in inventory.nvswitch.gpus:
+        attrs |= _clique_attrs(inventory)
     return DraDevice(
         name=f"gpu-{gpu.index}",
         kind=DraKind.GPU,
@@ -327,10 +342,23 @@ def _efa_device(nic: Nic, plugin: PluginDevice) -> DraDevice:
     )
 
 
+def _imex_channel(inventory: NodeInventory, plugin: PluginDevice) -> DraDevice:
+    """The node's IMEX channel (``deviceplugin.devices`` serves the same one as
+    ``gpuweave.io/imex-channel``): one device, so the allocator gives it to one claim at a time and
+    two jobs on a node never share a channel (the node's IMEX daemon serves one domain)."""
+    attrs = {
+        ATTR_TYPE: _s(DraKind.IMEX_CHANNEL.value),
+        "channel": {"int": plugin.unit},
+        **_clique_attrs(inventory),
+    }
+    return DraDevice(name=plugin.id, kind=DraKind.IMEX_CHANNEL, attributes=attrs, capacity={}, plugin=plugin)
+
+
 def dra_devices(
     inventory: NodeInventory, *, mig: MigPublishing = MigPublishing.STATIC
 ) -> tuple[DraDevice, ...]:
-    """Every device of the node's pool, GPUs by index (each followed by its MIG devices), then EFA."""
+    """Every device of the node's pool, GPUs by index (each followed by its MIG devices), then EFA,
+    then the IMEX channel (a node with a clique only)."""
     catalogue = build_catalogue(inventory, SharingPlan())
     plugin_by_id: Mapping[str, PluginDevice] = {d.id: d for ds in catalogue.values() for d in ds}
     devices: list[DraDevice] = []
@@ -350,4 +378,9 @@ def dra_devices(
     for nic in sorted(inventory.nics, key=lambda n: n.name):
         if nic.type is NicType.EFA and nic.name in plugin_by_id:
             devices.append(_efa_device(nic, plugin_by_id[nic.name]))
+    devices += [
+        _imex_channel(inventory, d)
+        for d in catalogue.get(RESOURCE_IMEX_CHANNEL, ())
+        if d.kind is DeviceKind.IMEX
+    ]
     return tuple(devices)

@@ -6,6 +6,11 @@ whose ``gpuweave.io/clique`` attribute is clique 2's, all four matching (``match
 allocator gives it the four GPUs of the clique-2 tray, never the other node's. A claim whose
 selector names a clique no node has stays unallocated and its pod unscheduled.
 
+The IMEX channel: a claim from ``manifests/dra/example-claims-imex.yaml`` (four GPUs and the channel,
+all matching on ``gpuweave.io/clique``) gets a tray's four GPUs and its ``imex-channel-0``; a second
+claim for that tray's channel waits (one claim holds a node's channel), and so does a claim for the
+channel on a third node, a DGX H100 with no clique, which publishes none.
+
 The nodes are API objects only (no kubelet): the test ends at the binding and the allocation.
 """
 
@@ -16,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.spec import NodeProfile
 from dradriver.slices import pool_slices
-from hardware.profiles import load_rack
+from hardware.profiles import load_profile, load_rack
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (
     REPO,
@@ -39,6 +46,10 @@ SCHEDULER = "e2e-dra-clique-scheduler"
 NODE_LABEL = "e2e.gpuweave.io/dra-clique"
 TAINT = {"key": "e2e.gpuweave.io/dra-clique", "value": "only", "effect": "NoSchedule"}
 NODES = {"e2e-clique-one": 0, "e2e-clique-two": 9}  # node -> its tray in the degraded rack
+# A node without a clique, under another label: a pod that may go anywhere in NODE_LABEL never
+# evaluates its clique selector against this node's GPUs, which have no clique attribute.
+NO_CLIQUE_NODE, NO_CLIQUE_LABEL = "e2e-clique-none", "e2e.gpuweave.io/no-clique"
+NO_CLIQUE_PROFILE = "dgx-h100"
 
 
 def _cliques() -> dict[str, str]:
@@ -48,16 +59,15 @@ def _cliques() -> dict[str, str]:
     return {node: trays[slot].to_inventory().nvswitch.clique or "" for node, slot in NODES.items()}  # type: ignore[union-attr]
 
 
-def _create_node(plane: ControlPlane, name: str, slot: int) -> None:
-    labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true"}
+def _create_node(plane: ControlPlane, name: str, profile: NodeProfile, label: str = NODE_LABEL) -> None:
+    labels = {"kubernetes.io/hostname": name, label: "true"}
     plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e DRA clique node"}
     plane.core.patch_node_status(
         name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
     )
-    rack, tray = load_rack("gb200-nvl72-degraded")
-    backend = SimulatedBackend(rack.nodes(tray)[slot], node_name=name)
+    backend = SimulatedBackend(profile, node_name=name)
     try:
         inventory = backend.discover()  # the clique comes from the simulated NVML fabric answer
     finally:
@@ -82,14 +92,36 @@ def _claim(name: str, clique: str) -> dict[str, Any]:
     }
 
 
-def _pod(name: str, claim: str) -> dict[str, Any]:
+def _imex_claim(name: str) -> dict[str, Any]:
+    """A ResourceClaim with the spec of the documented template (four GPUs and the IMEX channel)."""
+    template = yaml.safe_load((REPO / "manifests" / "dra" / "example-claims-imex.yaml").read_text())
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": template["spec"]["spec"],
+    }
+
+
+def _channel_claim(name: str) -> dict[str, Any]:
+    request = {"name": "imex", "exactly": {"deviceClassName": "imex-channel.gpuweave.io"}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def _pod(name: str, claim: str, *, node: str | None = None) -> dict[str, Any]:
+    selector = {"kubernetes.io/hostname": node} if node else {NODE_LABEL: "true"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
             "schedulerName": SCHEDULER,
-            "nodeSelector": {NODE_LABEL: "true"},
+            "nodeSelector": selector,
             "tolerations": [{**TAINT, "operator": "Equal"}],
             "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
             "containers": [
@@ -110,9 +142,9 @@ class _Cleanup:
             lambda: resource.delete_collection_namespaced_resource_claim(NAMESPACE),
             *(
                 (lambda n=n: resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={n}"))
-                for n in NODES
+                for n in [*NODES, NO_CLIQUE_NODE]
             ),
-            *((lambda n=n: self.plane.core.delete_node(n)) for n in NODES),
+            *((lambda n=n: self.plane.core.delete_node(n)) for n in [*NODES, NO_CLIQUE_NODE]),
         ):
             try:
                 call()
@@ -127,8 +159,11 @@ def clique_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[
     plane.ensure_namespace(NAMESPACE)
     cleanup = _Cleanup(plane)
     try:
+        rack, tray = load_rack("gb200-nvl72-degraded")
+        trays = rack.nodes(tray)
         for node, slot in NODES.items():
-            _create_node(plane, node, slot)
+            _create_node(plane, node, trays[slot])
+        _create_node(plane, NO_CLIQUE_NODE, load_profile(NO_CLIQUE_PROFILE), NO_CLIQUE_LABEL)
     except BaseException:
         cleanup.stop()
         raise
@@ -174,3 +209,42 @@ def test_a_claim_for_a_clique_no_node_has_stays_pending(clique_cluster: ControlP
     wait_for("the scheduler to mark the pod unschedulable", unschedulable, timeout=60)
     assert not plane.core.read_namespaced_pod("needs-clique-nowhere", NAMESPACE).spec.node_name
     assert resource.read_namespaced_resource_claim("clique-nowhere", NAMESPACE).status.allocation is None
+
+
+def _unschedulable(plane: ControlPlane, pod: str) -> str | None:
+    """The PodScheduled=False message once the scheduler gave up on the pod."""
+    conditions = plane.core.read_namespaced_pod(pod, NAMESPACE).status.conditions or []
+    return next(
+        (c.message or "?" for c in conditions if c.type == "PodScheduled" and c.reason == "Unschedulable"),
+        None,
+    )
+
+
+def test_the_imex_channel_goes_to_one_claim_on_a_tray_and_never_to_a_node_without_a_clique(
+    clique_cluster: ControlPlane,
+) -> None:
+    plane = clique_cluster
+    resource = client.ResourceV1Api(plane.api)
+    resource.create_namespaced_resource_claim(NAMESPACE, _imex_claim("imex-job"))
+    plane.core.create_namespaced_pod(NAMESPACE, _pod("imex-job", "imex-job", node="e2e-clique-one"))
+
+    def bound() -> str | None:
+        return plane.core.read_namespaced_pod("imex-job", NAMESPACE).spec.node_name or None
+
+    assert wait_for("the IMEX pod bound", bound, timeout=60) == "e2e-clique-one"
+    results = resource.read_namespaced_resource_claim("imex-job", NAMESPACE).status.allocation.devices.results
+    assert {r.pool for r in results} == {"e2e-clique-one"}
+    assert sorted((r.request, r.device) for r in results) == [
+        *(("gpus", f"gpu-{i}") for i in range(4)),
+        ("imex", "imex-channel-0"),
+    ]
+
+    # the tray's channel is held: a second claim for it waits; the DGX H100 publishes no channel
+    for pod, node in (("imex-second", "e2e-clique-one"), ("imex-no-clique", NO_CLIQUE_NODE)):
+        resource.create_namespaced_resource_claim(NAMESPACE, _channel_claim(pod))
+        plane.core.create_namespaced_pod(NAMESPACE, _pod(pod, pod, node=node))
+    for pod in ("imex-second", "imex-no-clique"):
+        message = wait_for(f"{pod} unschedulable", lambda p=pod: _unschedulable(plane, p), timeout=60)
+        assert "cannot allocate all claims" in message, message
+        assert not plane.core.read_namespaced_pod(pod, NAMESPACE).spec.node_name
+        assert resource.read_namespaced_resource_claim(pod, NAMESPACE).status.allocation is None

@@ -1,6 +1,6 @@
 """The DRA kubelet plugin over real unix sockets, a gRPC client standing in for the kubelet's DRA
 manager: registration GetInfo, prepare/unprepare with CDI specs, restart keeps prepared claims,
-bad input."""
+bad input, the IMEX channel of a GB200 tray."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from dradriver.health_stream import HealthStream
 from dradriver.plugin import DraPluginServer, RegistrationService
 from dradriver.prepare import CHECKPOINT_FILE, ClaimError, ClaimPreparer
 from hardware.device_nodes import CharDevice, HostDeviceNodes
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
 from proto.dra.health.v1 import api_pb2 as health_pb2
 from proto.dra.health.v1 import api_pb2_grpc as health_grpc
 from proto.dra.v1 import api_pb2 as dra_v1
@@ -167,6 +169,34 @@ def test_prepare_writes_a_cdi_spec_and_unprepare_removes_it(plugin: Plugin) -> N
     assert not (plugin.cdi / claim_file_name("uid-1")).exists()
     again = plugin.dra().NodeUnprepareResources(request, timeout=10)  # idempotent
     assert again.claims["uid-1"].error == ""
+
+
+def test_prepare_hands_the_imex_channel_of_a_gb200_tray() -> None:
+    backend = SimulatedBackend(load_profile("gb200-compute-tray"), node_name=NODE)
+    try:
+        inventory = backend.discover()
+    finally:
+        backend.close()
+    base = short_temp_dir()
+    tray = Plugin(base / "kubelet", base / "state", base / "cdi", ApiClaims(), inventory)
+    tray.state.mkdir()
+    tray.start()
+    try:
+        tray.source.add("uid-imex", "imex", [("gpus", "gpu-0"), ("imex", "imex-channel-0")])
+        answer = prepare(tray, claim("uid-imex", "imex")).claims["uid-imex"]
+        assert answer.error == ""
+        assert [(d.device_name, list(d.request_names), list(d.cdi_device_ids)) for d in answer.devices] == [
+            ("gpu-0", ["gpus"], [f"{CLAIM_KIND}=uid-imex-gpu-0"]),
+            ("imex-channel-0", ["imex"], [f"{CLAIM_KIND}=uid-imex-imex-channel-0"]),
+        ]
+        spec = json.loads((tray.cdi / claim_file_name("uid-imex")).read_text())
+        edits = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+        channel = edits["uid-imex-imex-channel-0"]
+        assert [n["path"] for n in channel["deviceNodes"]] == ["/dev/nvidia-caps-imex-channels/channel0"]
+        assert channel["env"] == ["NVIDIA_IMEX_CHANNELS=0"]
+    finally:
+        tray.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_prepare_is_idempotent_and_restart_keeps_prepared_claims(plugin: Plugin) -> None:
