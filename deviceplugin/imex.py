@@ -9,11 +9,11 @@ and for none otherwise.
 
 Trust: only the extender writes the annotation where the admission policy
 (``manifests/admission-assignment.yaml``) is installed; without it anyone who may create a pod
-could, so the agent counts only what the kubelet makes true. The domain is taken only from a live pod on this node whose spec asks for the channel (one
-such pod holds it, or none), only when its domain lists this node, and only with peers that carry
-this node's own ``nvidia.com/gpu.clique`` label (a pod cannot make the daemon reach out of its
-NVLink partition); a listed node outside the clique, or without an address, is left out and
-reported.
+could, so the agent counts only what the kubelet makes true. The domain is taken only from a
+live pod on this node whose spec asks for the channel (one such pod holds it, or none), only when
+its domain lists this node, and only with peers that carry this node's own
+``nvidia.com/gpu.clique`` label (a pod cannot make the daemon reach out of its NVLink
+partition); a listed node outside the clique, or without an address, is left out and reported.
 """
 
 from __future__ import annotations
