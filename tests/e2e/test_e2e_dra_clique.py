@@ -23,12 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from devicemodel.spec import NodeProfile
-from dradriver.slices import pool_slices
 from hardware.profiles import load_profile, load_rack
-from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,
@@ -38,6 +34,7 @@ from tests.e2e.cluster import (
     stopping,
     wait_for,
 )
+from tests.e2e.dra_nodes import DraCleanup, claim_pod, create_dra_node
 
 pytestmark = pytest.mark.e2e
 
@@ -57,24 +54,6 @@ def _cliques() -> dict[str, str]:
     rack, tray = load_rack("gb200-nvl72-degraded")
     trays = rack.nodes(tray)
     return {node: trays[slot].to_inventory().nvswitch.clique or "" for node, slot in NODES.items()}  # type: ignore[union-attr]
-
-
-def _create_node(plane: ControlPlane, name: str, profile: NodeProfile, label: str = NODE_LABEL) -> None:
-    labels = {"kubernetes.io/hostname": name, label: "true"}
-    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e DRA clique node"}
-    plane.core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
-    )
-    backend = SimulatedBackend(profile, node_name=name)
-    try:
-        inventory = backend.discover()  # the clique comes from the simulated NVML fabric answer
-    finally:
-        backend.close()
-    resource = client.ResourceV1Api(plane.api)
-    for body in pool_slices(inventory):
-        resource.create_resource_slice(body)
 
 
 def _claim(name: str, clique: str) -> dict[str, Any]:
@@ -115,55 +94,22 @@ def _channel_claim(name: str) -> dict[str, Any]:
 
 def _pod(name: str, claim: str, *, node: str | None = None) -> dict[str, Any]:
     selector = {"kubernetes.io/hostname": node} if node else {NODE_LABEL: "true"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "nodeSelector": selector,
-            "tolerations": [{**TAINT, "operator": "Equal"}],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-            "containers": [
-                {"name": "main", "image": "e2e/none", "resources": {"claims": [{"name": "gpus"}]}}
-            ],
-        },
-    }
-
-
-class _Cleanup:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-
-    def stop(self) -> None:
-        resource = client.ResourceV1Api(self.plane.api)
-        for call in (
-            lambda: self.plane.core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0),
-            lambda: resource.delete_collection_namespaced_resource_claim(NAMESPACE),
-            *(
-                (lambda n=n: resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={n}"))
-                for n in [*NODES, NO_CLIQUE_NODE]
-            ),
-            *((lambda n=n: self.plane.core.delete_node(n)) for n in [*NODES, NO_CLIQUE_NODE]),
-        ):
-            try:
-                call()
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+    pod: dict[str, Any] = claim_pod(name, claim, scheduler=SCHEDULER, selector=selector, taint=TAINT)
+    return pod
 
 
 @pytest.fixture(scope="module")
 def clique_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[ControlPlane]:
     plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
     plane.ensure_namespace(NAMESPACE)
-    cleanup = _Cleanup(plane)
+    cleanup = DraCleanup(plane, NAMESPACE, [*NODES, NO_CLIQUE_NODE])
     try:
         rack, tray = load_rack("gb200-nvl72-degraded")
         trays = rack.nodes(tray)
         for node, slot in NODES.items():
-            _create_node(plane, node, trays[slot])
-        _create_node(plane, NO_CLIQUE_NODE, load_profile(NO_CLIQUE_PROFILE), NO_CLIQUE_LABEL)
+            create_dra_node(plane, node, trays[slot], label=NODE_LABEL, taint=TAINT)
+        profile = load_profile(NO_CLIQUE_PROFILE)
+        create_dra_node(plane, NO_CLIQUE_NODE, profile, label=NO_CLIQUE_LABEL, taint=TAINT)
     except BaseException:
         cleanup.stop()
         raise

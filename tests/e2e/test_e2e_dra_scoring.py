@@ -23,11 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from dradriver.slices import pool_slices
 from hardware.profiles import load_profile
-from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,
@@ -37,6 +34,7 @@ from tests.e2e.cluster import (
     stopping,
     wait_for,
 )
+from tests.e2e.dra_nodes import DraCleanup, claim_pod, create_dra_node
 
 pytestmark = pytest.mark.e2e
 
@@ -59,24 +57,6 @@ def _two_gpus(name: str) -> dict[str, Any]:
     }
 
 
-def _create_node(plane: ControlPlane, name: str) -> None:
-    labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true"}
-    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e DRA scoring node"}
-    plane.core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
-    )
-    backend = SimulatedBackend(load_profile("a100-pcie-nvbridge-4"), node_name=name)
-    try:
-        inventory = backend.discover()
-    finally:
-        backend.close()
-    resource = client.ResourceV1Api(plane.api)
-    for body in pool_slices(inventory):
-        resource.create_resource_slice(body)
-
-
 def _hold(plane: ControlPlane, node: str, devices: list[str]) -> None:
     """A claim allocated by hand on ``node`` (as a running pod's would be): the allocator and the
     extender both count its devices as taken."""
@@ -93,29 +73,6 @@ def _hold(plane: ControlPlane, node: str, devices: list[str]) -> None:
     resource.patch_namespaced_resource_claim_status(name, NAMESPACE, {"status": status})
 
 
-class _Cleanup:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-
-    def stop(self) -> None:
-        resource = client.ResourceV1Api(self.plane.api)
-        for call in (
-            lambda: self.plane.core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0),
-            lambda: resource.delete_collection_namespaced_resource_claim(NAMESPACE),
-            lambda: resource.delete_collection_namespaced_resource_claim_template(NAMESPACE),
-            *(
-                (lambda n=n: resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={n}"))
-                for n in HELD
-            ),
-            *((lambda n=n: self.plane.core.delete_node(n)) for n in HELD),
-        ):
-            try:
-                call()
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-
 @pytest.fixture(scope="module")
 def scoring_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[tuple[ControlPlane, str]]:
     """The DeviceClasses, two DRA nodes with their pools and held claims and the claim the test's
@@ -123,10 +80,10 @@ def scoring_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator
     kube-scheduler with the shipped two-entry configuration."""
     plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
     plane.ensure_namespace(NAMESPACE)
-    cleanup = _Cleanup(plane)
+    cleanup = DraCleanup(plane, NAMESPACE, HELD)
     try:
         for node, devices in HELD.items():
-            _create_node(plane, node)
+            create_dra_node(plane, node, load_profile("a100-pcie-nvbridge-4"), label=NODE_LABEL, taint=TAINT)
             _hold(plane, node, devices)
         client.ResourceV1Api(plane.api).create_namespaced_resource_claim(NAMESPACE, _two_gpus("pair"))
     except BaseException:
@@ -142,41 +99,21 @@ def scoring_cluster(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator
 
 
 def _pod(name: str, claim: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "nodeSelector": {NODE_LABEL: "true"},
-            # the in-tree plugins prefer the other node (NodeAffinity, weight 2: 200 points), so
-            # only the extender's claim score (10 vs 2, x weight 12 x 10: 960 points) sends the
-            # pod to the node where its GPUs form an NVLink pair; without it the pod would go there
-            "affinity": {
-                "nodeAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution": [
-                        {
-                            "weight": 100,
-                            "preference": {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/hostname",
-                                        "operator": "In",
-                                        "values": [PAIRS_SPLIT],
-                                    }
-                                ]
-                            },
-                        }
-                    ]
-                }
-            },
-            "tolerations": [{**TAINT, "operator": "Equal"}],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-            "containers": [
-                {"name": "main", "image": "e2e/none", "resources": {"claims": [{"name": "gpus"}]}}
-            ],
-        },
+    pod: dict[str, Any] = claim_pod(
+        name, claim, scheduler=SCHEDULER, selector={NODE_LABEL: "true"}, taint=TAINT
+    )
+    # the in-tree plugins prefer the other node (NodeAffinity, weight 2: 200 points), so only the
+    # extender's claim score (10 vs 2, x weight 12 x 10: 960 points) sends the pod to the node
+    # where its GPUs form an NVLink pair; without it the pod would go there
+    prefer = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [PAIRS_SPLIT]}]
     }
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": prefer}]
+        }
+    }
+    return pod
 
 
 def _claim_scores_answered(url: str) -> float:
