@@ -34,14 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_IMEX_CHANNEL
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE, ANNOTATION_GANG_TIER
 from devicemodel.inventory import NodeInventory
-from deviceplugin.published import inventory_object, node_labels
+from deviceplugin.published import node_labels
 from gpuweave.simulate.cluster_objects import profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
@@ -51,6 +50,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
+from tests.e2e.gpu_nodes import create_gpu_node, held_devices, publish_inventory
 from tests.e2e.pods import GPU, scheduling_failure
 from topology.network import LABEL_GPU_CLIQUE
 
@@ -101,32 +101,12 @@ def _tray(name: str) -> NodeInventory:
     return replace(inventory, nvswitch=replace(fabric, clique_id=CLIQUE_IDS[TRAYS[name]]))
 
 
-def _publish(
-    plane: ControlPlane,
-    inventory: NodeInventory,
-    *,
-    faults: dict[str, str] | None = None,
-    create: bool = False,
-) -> None:
-    """The GpuNodeInventory as the node agent publishes it: created, and its status (device health)."""
-    body = inventory_object(inventory, faults=faults)
-    custom = client.CustomObjectsApi(plane.api)
-    args = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
-    if create:
-        custom.create_cluster_custom_object(*args, {k: v for k, v in body.items() if k != "status"})
-    custom.patch_cluster_custom_object_status(*args, inventory.name, {"status": body["status"]})
-
-
 def _create_tray(plane: ControlPlane, inventory: NodeInventory) -> None:
-    name = inventory.name
-    labels = {**node_labels(inventory), "kubernetes.io/hostname": name, NODE_LABEL: "true"}
-    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
+    labels = {**node_labels(inventory), "kubernetes.io/hostname": inventory.name, NODE_LABEL: "true"}
     resources = {"cpu": "144", "memory": "960Gi", "pods": "110", GPU: "4", RESOURCE_IMEX_CHANNEL: "1"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e GB200 tray"}
-    plane.core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    create_gpu_node(
+        plane, inventory, labels=labels, taint=TAINT, resources=resources, message="e2e GB200 tray"
     )
-    _publish(plane, inventory, create=True)
 
 
 def _pod(name: str, *, gpus: int = 4, gang: str | None = None) -> dict[str, Any]:
@@ -215,15 +195,7 @@ def _wait_all_bound(plane: ControlPlane, rack: Rack, names: list[str]) -> dict[s
 
 
 def _held_devices(plane: ControlPlane) -> dict[str, list[str]]:
-    """node/device -> the pods whose assignment annotation names it."""
-    held: dict[str, list[str]] = {}
-    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
-        raw = (pod.metadata.annotations or {}).get(ANNOTATION_ASSIGNMENT)
-        if raw:
-            assignment = PodAssignment.from_annotation(raw)
-            for device in assignment.all_device_ids():
-                held.setdefault(f"{assignment.node}/{device}", []).append(pod.metadata.name)
-    return held
+    return held_devices(plane, NAMESPACE)
 
 
 def _imex_domains(plane: ControlPlane, names: list[str]) -> set[tuple[str, tuple[str, ...]]]:
@@ -264,7 +236,7 @@ def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
     faulty = sorted(placed.values())[:2]
     for node in faulty:
         inventory = rack.inventories[node]
-        _publish(plane, inventory, faults=dict.fromkeys((g.uuid for g in inventory.gpus), XID_79))
+        publish_inventory(plane, inventory, faults=dict.fromkeys((g.uuid for g in inventory.gpus), XID_79))
     _delete_pods(plane, members)
     wait_for(
         "the extender to see the faulty trays and the gang gone",

@@ -29,7 +29,6 @@ from kubernetes.client.exceptions import ApiException
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
-from deviceplugin.published import inventory_object
 from gpuweave.simulate.cluster_objects import profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
@@ -39,6 +38,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
+from tests.e2e.gpu_nodes import create_gpu_node, held_devices
 from tests.e2e.pods import GPU, scheduling_failure
 from topology.network import LABEL_AWS_LAYER_3
 
@@ -100,18 +100,11 @@ class GangCluster:
 def _create_node(plane: ControlPlane, name: str) -> PodAssignment:
     """A Node with 8 GPUs in its block, and its GpuNodeInventory; returns its 8 GPUs as one set."""
     labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true", LABEL_AWS_LAYER_3: BLOCKS[name]}
-    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
-    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e gang node"}
-    plane.core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
-    )
     inventory = profile_inventory("dgx-h100", name)
-    body = inventory_object(inventory)
-    custom = client.CustomObjectsApi(plane.api)
-    args = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
-    custom.create_cluster_custom_object(*args, {k: v for k, v in body.items() if k != "status"})
-    custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
+    create_gpu_node(
+        plane, inventory, labels=labels, taint=TAINT, resources=resources, message="e2e gang node"
+    )
     gpus = [g.uuid for g in inventory.gpus]
     return PodAssignment(node=name, containers={"main": ContainerAssignment(devices={GPU: gpus})})
 
@@ -210,15 +203,7 @@ def _wait_unschedulable(plane: ControlPlane, name: str) -> str:
 
 
 def _held_devices(plane: ControlPlane) -> dict[str, list[str]]:
-    """node/device -> the pods whose assignment annotation names it."""
-    held: dict[str, list[str]] = {}
-    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
-        raw = (pod.metadata.annotations or {}).get(ANNOTATION_ASSIGNMENT)
-        if raw:
-            assignment = PodAssignment.from_annotation(raw)
-            for device in assignment.all_device_ids():
-                held.setdefault(f"{assignment.node}/{device}", []).append(pod.metadata.name)
-    return held
+    return held_devices(plane, NAMESPACE)
 
 
 def test_gang_lands_all_or_nothing_in_the_one_block_that_holds_it(
