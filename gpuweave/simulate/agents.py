@@ -12,7 +12,10 @@ directory; a ``SimKubelet`` registers them and watches their device lists. When 
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
 extender chose), so a device the agent refuses shows up as an admission failure. Faults are
 injected into the simulated NVML (``inject_xid``), and the time until the kubelet sees the GPU
-Unhealthy is measured: event, health policy, agent and ListAndWatch, end to end.
+Unhealthy is measured: event, health policy, agent and ListAndWatch, end to end. An NVLink tray
+fault sets the node's simulated fabric state (as ``gpuweave sim inject --fabric-state`` does) and
+runs the agent's NVSwitch fabric gate (``gpuweave node-agent``'s, checked here at simulated times
+rather than on its own timer), which withholds the tray's GPUs until the fabric completes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.published import inventory_object
 from gpuweave.node.builder import NodeAgentBuilder
+from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
@@ -42,6 +46,8 @@ from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
+from health.signals.fabric import DEFAULT_INTERVAL_S as FABRIC_INTERVAL_S
+from health.signals.fabric import FabricGate
 from mig.planner import TargetEntry
 from mig.service import MigService
 
@@ -65,6 +71,7 @@ class _Node:
     backend: SimulatedBackend
     health: HealthService | None
     mig: MigService | None = None
+    fabric: FabricGate | None = None  # built at the node's first fabric change (NVLink tray fault)
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
 
     def held_devices(self) -> frozenset[str]:
@@ -241,6 +248,24 @@ class NodeAgentPool:
         if present:
             return kubelet.wait_healthy(adapter, since=started)
         return kubelet.wait_unhealthy(adapter, since=started, timeout=5.0)
+
+    def set_fabric_state(self, node: int, state: str) -> float | None:
+        """The node's NVSwitch fabric goes to ``state`` in its simulated NVML (``failed``: a tray
+        fault; ``completed``: back); the agent's fabric gate checks it once. Seconds until the
+        kubelet sees every GPU of the node Unhealthy (``failed``) or Healthy again, None if not in 5 s."""
+        started = time.monotonic()
+        held = self._nodes[node]
+        held.backend.node.health.set_fabric_state(state)
+        if held.fabric is None:
+            held.fabric = fabric_gate(held.agent, held.backend, interval_s=FABRIC_INTERVAL_S)
+        held.fabric.check(held.agent.inventory)
+        seen: list[float | None] = []
+        for gpu in self._fleet[node].inventory.gpus:
+            if state == "completed":
+                seen.append(held.kubelet.wait_healthy(gpu.uuid, since=started))
+            else:
+                seen.append(held.kubelet.wait_unhealthy(gpu.uuid, since=started, timeout=5.0))
+        return None if any(s is None for s in seen) else max(s for s in seen if s is not None)
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""

@@ -28,9 +28,10 @@ from gpuweave.simulate.faults import (
     detection_s,
     inject_efa_loss,
     inject_gpu_fault,
+    inject_tray_fault,
     restore,
 )
-from gpuweave.simulate.fleet import FleetNode, share_pool
+from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
@@ -47,6 +48,7 @@ from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.timeline import Sample, take_sample
 from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel
+from topology.network import LABEL_GPU_CLIQUE
 from topology.scoring import score_set
 from topology.search import best_set
 
@@ -91,6 +93,7 @@ class RunResult:
     pods_preempted: int = 0  # pods evicted by the scheduler's preemption (their jobs queued again)
     drained_s: float = 0.0  # simulated time run on after the arrival window until every job ended
     jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
+    cliques: tuple[str, ...] = ()  # the fleet's NVLink cliques (``clique_name``); () without any
 
 
 @dataclass
@@ -147,7 +150,12 @@ class Simulation:
         nodes = len(self.state.fleet)
         pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
         self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
-        self._efa = np.asarray([n.has_efa for n in self.state.fleet], dtype=bool)
+        # Nodes a multi-node gang may use: EFA nodes, and nodes of an NVLink clique (their members
+        # talk over NVLink inside it, and over the trays' InfiniBand NICs across cliques)
+        self._gang_nodes = np.asarray(
+            [n.has_efa or LABEL_GPU_CLIQUE in n.labels for n in self.state.fleet], dtype=bool
+        )
+        self.result.cliques = tuple(sorted({c for n in self.state.fleet if (c := clique_name(n))}))
 
     def run(self, *, on_tick: TickHook | None = None) -> RunResult:
         """The arrival window (sampled every tick), then the drain: the loop runs on without
@@ -233,6 +241,9 @@ class Simulation:
             restore(self.state, healed, now=now)
             if healed.gpu is not None and self._watcher is None:
                 self._placer.gpu_restored(self._node_index(healed.node), healed.gpu)
+            if healed.kind == FaultKind.NVLINK_TRAY.value and self._watcher is None:
+                for gpu in range(self.state.fleet[self._node_index(healed.node)].gpus):
+                    self._placer.gpu_restored(self._node_index(healed.node), gpu)
             self._deliver_published(self._node_index(healed.node))
         while self._fault_plan and self._fault_plan[0].at_fraction * self._duration <= now:
             spec = self._fault_plan.pop(0)
@@ -261,6 +272,8 @@ class Simulation:
                         node, record.efa_adapter, present=False
                     )
             return record
+        if spec.kind is FaultKind.NVLINK_TRAY:
+            return self._inject_tray_fault(now)
         record = inject_gpu_fault(self.state, spec, now=now, evict=self._evict_job, used=self._fault_nodes)
         if record is not None and record.gpu is not None and record.gpus_withheld:
             node = self._node_index(record.node)
@@ -271,10 +284,29 @@ class Simulation:
                 record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
         return record
 
+    def _inject_tray_fault(self, now: float) -> FaultRecord | None:
+        """The tray's fabric fails in its simulated NVML and the agent's fabric gate withholds its
+        GPUs (the extender learns it from the published inventory); without agents the loop tells
+        the scheduler itself, as for a failed GPU."""
+        record = inject_tray_fault(self.state, now=now, evict=self._evict_job)
+        if record is None:
+            return None
+        node = self._node_index(record.node)
+        if self._agents is not None:
+            record.agent_to_kubelet_s = self._agents.set_fabric_state(node, "failed")
+        if self._watcher is None:
+            for gpu in range(self.state.fleet[node].gpus):
+                self._placer.gpu_failed(node, gpu, record.kind)
+        return record
+
     def _back_on_node(self, record: FaultRecord) -> bool:
         """One simulated health round on the node: whether the agent serves the device again."""
         assert self._agents is not None
         node = self._node_index(record.node)
+        if record.kind == FaultKind.NVLINK_TRAY.value:  # the fabric completes; the gate releases
+            record.agent_back_s = self._agents.set_fabric_state(node, "completed")
+            record.health_rounds += 1
+            return True
         if record.gpu is None:
             if record.efa_adapter is not None:  # the link returns: the adapter is back in sysfs
                 record.agent_back_s = self._agents.set_efa_present(node, record.efa_adapter, present=True)
@@ -358,7 +390,9 @@ class Simulation:
                 allowed[sorted(nodes)] = False
         if job.pods > 1:
             down = np.asarray([i in self.state.efa_down for i in range(len(allowed))], dtype=bool)
-            allowed &= self._efa & ~down
+            allowed &= self._gang_nodes & ~down
+        if self.state.fabric_down:  # a tray whose NVLink fabric failed takes no new pods
+            allowed[sorted(self.state.fabric_down)] = False
         return allowed
 
     def _start(self, job: Job, now: float, *, delay_s: float = 0.0) -> bool:
@@ -369,7 +403,7 @@ class Simulation:
         allowed = self._allowed(job)
         started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
-        gang = Gang(job.job_id, job.pods, job.priority) if job.pods > 1 else None
+        gang = Gang(job.job_id, job.pods, job.priority, job.gang_tier) if job.pods > 1 else None
         for index in range(job.pods):
             pod_id = f"{job.job_id}-{index}"
             placement = self._placer.place(
@@ -386,7 +420,14 @@ class Simulation:
         run_s = job.duration_s * timing.stretch
         for pod in started:
             self._ends[pod.pod_id] = now + delay_s + run_s
-        self.result.ledger.started(job, now=now + delay_s, timing=timing, run_s=run_s, grace_s=delay_s)
+        cliques = (
+            tuple(sorted({clique_name(self.state.fleet[p.node]) for p in started}))
+            if self.result.cliques
+            else ()
+        )
+        self.result.ledger.started(
+            job, now=now + delay_s, timing=timing, run_s=run_s, grace_s=delay_s, cliques=cliques
+        )
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         return True

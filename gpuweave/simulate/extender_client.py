@@ -34,6 +34,7 @@ import numpy as np
 from devicemodel.assignment import PodAssignment, parent_gpu_of_share
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from devicemodel.errors import GpuweaveError
+from devicemodel.gangs import ANNOTATION_GANG_TIER
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
@@ -192,19 +193,24 @@ class ExtenderPlacer:
         cluster = state.cluster
         fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
         names = [self._fleet[i].name for i in np.flatnonzero(fits)]
-        if not names:
-            return None
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
         annotations = (
             {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
             if gang is not None and gang.size > 1
             else None
         )
+        if annotations is not None and gang is not None and gang.tier:
+            annotations[ANNOTATION_GANG_TIER] = gang.tier  # e.g. every member inside one NVLink clique
         priority = gang.priority if gang is not None else 0
         pod = pod_object(
             uid, uid=uid, limits=self._limits(request), annotations=annotations, priority=priority
         )
         self._pod_ids[uid] = pod_id
+        if not names:
+            # kube-scheduler's own filters (CPU, memory) passed no node, so the extender's filter is
+            # not called; its preemption may still free room on the allowed nodes, for this pod
+            self._unplaced = (pod, [self._fleet[i].name for i in np.flatnonzero(allowed)])
+            return None
         return self._schedule(pod, uid, names, rng, requests=self._requests(request))
 
     def place_mig(

@@ -70,13 +70,63 @@ def share_pool(fleet: Sequence[FleetNode]) -> frozenset[int]:
     """Nodes whose GPUs are shared (fractional inference); the rest serve whole GPUs.
 
     Sharing is configured per GPU in gpuweave and a shared GPU serves no whole-GPU request, so the
-    simulated cluster keeps an inference pool: the l40s-pcie-8 nodes when there are any, else
-    every fourth node.
+    simulated cluster keeps an inference pool: the l40s-pcie-8 nodes when there are any; on a fleet
+    of NVLink cliques (NVL72 racks), whole cliques, the smallest first, as long as they add up to at
+    most a quarter of the nodes (so the cliques gangs need stay whole: a degraded rack's partition
+    serves inference); else every fourth node.
     """
     pool = frozenset(i for i, n in enumerate(fleet) if n.profile == "l40s-pcie-8")
     if pool and len(pool) < len(fleet):
         return pool
+    pool = _clique_share_pool(fleet)
+    if pool and len(pool) < len(fleet):
+        return pool
     return frozenset(i for i in range(len(fleet)) if i % 4 == 3) if len(fleet) > 1 else frozenset()
+
+
+def _clique_share_pool(fleet: Sequence[FleetNode]) -> frozenset[int]:
+    """Whole cliques, smallest first (of equal size, the later one), up to a quarter of the nodes;
+    empty unless every node is in a clique."""
+    cliques = clique_members(fleet)
+    if not cliques or sum(len(m) for m in cliques.values()) < len(fleet):
+        return frozenset()
+    quota = len(fleet) // 4
+    pool: set[int] = set()
+    for members in sorted(cliques.values(), key=lambda m: (len(m), -m[0])):
+        if len(pool) + len(members) <= quota:
+            pool.update(members)
+    return frozenset(pool)
+
+
+def clique_members(fleet: Sequence[FleetNode]) -> dict[str, list[int]]:
+    """NVLink clique (the ``nvidia.com/gpu.clique`` label's value) -> its nodes, in fleet order."""
+    cliques: dict[str, list[int]] = {}
+    for index, node in enumerate(fleet):
+        clique = node.labels.get(LABEL_GPU_CLIQUE)
+        if clique is not None:
+            cliques.setdefault(clique, []).append(index)
+    return cliques
+
+
+def clique_name(node: FleetNode) -> str:
+    """A readable name of the node's clique: ``<rack> clique <ID>`` ("" outside any clique)."""
+    clique = node.labels.get(LABEL_GPU_CLIQUE)
+    if clique is None:
+        return ""
+    return f"{node.rack or clique.rsplit('.', 1)[0]} clique {clique.rsplit('.', 1)[-1]}"
+
+
+def nvlink_pool_gpus(fleet: Sequence[FleetNode], share_nodes: frozenset[int]) -> int:
+    """On a fleet whose whole-GPU nodes are all in NVLink cliques, the GPUs of the whole-GPU nodes
+    of its largest clique (the most one clique-bound gang can get); 0 on any other fleet."""
+    whole = [i for i in range(len(fleet)) if i not in share_nodes]
+    if not whole or any(LABEL_GPU_CLIQUE not in fleet[i].labels for i in whole):
+        return 0
+    per_clique: dict[str, int] = {}
+    for i in whole:
+        clique = fleet[i].labels[LABEL_GPU_CLIQUE]
+        per_clique[clique] = per_clique.get(clique, 0) + fleet[i].gpus
+    return max(per_clique.values())
 
 
 def parse_profiles(text: str | None) -> tuple[str, ...]:

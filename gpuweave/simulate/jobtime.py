@@ -5,7 +5,10 @@ gradients are all-reduced in a ring over every GPU of the job. A ring runs at it
 the job's step time is set by the worst link its placement gives it: inside a node the worst GPU
 pair of its set (the topology graph's pair classes and bandwidths, ``topology.links``); between
 nodes the network bandwidth of the slower node, reduced by how far up the network hierarchy the
-nodes must go to reach each other (their lowest common tier, ``topology.network``).
+nodes must go to reach each other (their lowest common tier, ``topology.network``), unless every
+node is in one NVLink clique (one multi-node NVLink partition of an NVL72 rack, the
+``nvidia.com/gpu.clique`` label): then the nodes reach each other over the rack's NVLink switch
+trays, not the network, and the class is ``NVLINK_DOMAIN``.
 
 ``TrainingStep`` fixes the simulated workload (docs/simulate.md, "Job time", gives the sources and
 why this split). A job's drawn duration is its run time on the best placement of its size (one
@@ -30,6 +33,7 @@ from topology.network import (
     LABEL_AWS_LAYER_1,
     LABEL_AWS_LAYER_2,
     LABEL_GKE_BLOCK,
+    LABEL_GPU_CLIQUE,
     lowest_common_tier,
 )
 
@@ -39,10 +43,11 @@ class SlowestLink(StrEnum):
 
     LOCAL = "single-gpu"  # no communication
     NVLINK = "nvlink"  # NVLink or NVSwitch inside a node
+    NVLINK_DOMAIN = "nvlink-domain"  # between nodes of one NVLink clique (NVL72 switch trays)
     PCIE_SWITCH = "pcie-switch"  # PIX/PXB: peer-to-peer under PCIe switches
     HOST_BRIDGE = "pcie-host-bridge"  # PHB/NODE: through a CPU's root complex
     CROSS_NUMA = "cross-numa"  # SYS: across the CPU sockets' interconnect
-    NET_BLOCK = "network-block"  # between nodes of one network block (layer 3 / sub-block / clique)
+    NET_BLOCK = "network-block"  # between nodes of one network block (layer 3 / GKE sub-block)
     NET_LAYER2 = "network-layer-2"  # between blocks under one layer-2 switch group (GKE: one block)
     NET_SPINE = "network-spine"  # up to the top layer (layer 1) or beyond every labelled tier
 
@@ -64,7 +69,7 @@ _TIER_CLASS = MappingProxyType(
         LABEL_GKE_BLOCK: SlowestLink.NET_LAYER2,
         LABEL_AWS_LAYER_1: SlowestLink.NET_SPINE,
     }
-)  # every other tier label (clique, layer 3, GKE sub-block) is one block
+)  # every other tier label (layer 3, GKE sub-block) is one block; one clique is NVLINK_DOMAIN
 
 # Per-hop latency of a ring step, microseconds: NCCL's tuning model (src/graph/tuning.cc, hwLat,
 # Ring algorithm, Simple protocol: NVLink 3.4, PCI 5.7, NET 14.0; baseLat 8.4 per call). The extra
@@ -74,6 +79,7 @@ RING_HOP_LATENCY_US = MappingProxyType(
     {
         SlowestLink.LOCAL: 0.0,
         SlowestLink.NVLINK: 3.4,
+        SlowestLink.NVLINK_DOMAIN: 3.4,  # NCCL prices a multi-node NVLink hop as an NVLink one
         SlowestLink.PCIE_SWITCH: 5.7,
         SlowestLink.HOST_BRIDGE: 5.7,
         SlowestLink.CROSS_NUMA: 5.7,
@@ -100,6 +106,12 @@ NIC_GBPS = MappingProxyType({NicType.EFA: 12.5, NicType.INFINIBAND: 25.0, NicTyp
 RING_BASE_LATENCY_US = 8.4
 REFERENCE_NVLINK_GBPS = 450.0  # H100 NVLink 4 through NVSwitch, one way (900 GB/s both ways)
 REFERENCE_NETWORK_GBPS = 400.0  # p5.48xlarge, 3200 Gbps EFA
+# Between the nodes of one NVLink clique, per GPU, one way: fifth-generation NVLink, 1.8 TB/s per
+# GPU both ways = 900 GB/s one way, every GPU of the rack reaching every other through the NVLink
+# switch trays (NVIDIA GB200 NVL72 specifications, nvidia.com/en-us/data-center/gb200-nvl72/:
+# "NVLink Bandwidth 130 TB/s" for 72 GPUs, "fifth-generation NVLink ... 1.8 TB/s"; the GB300 NVL72
+# the same). A ring over the domain runs at this or its worst pair inside a node, whichever is less.
+NVLINK_DOMAIN_GBPS = 900.0
 
 
 @dataclass(frozen=True)
@@ -176,8 +188,17 @@ def _intra_node(node: FleetNode, gpus: Sequence[int]) -> tuple[SlowestLink, floa
     return worst
 
 
+def one_clique(labels: Sequence[Mapping[str, str]]) -> bool:
+    """Whether every node carries the same NVLink clique label (one multi-node NVLink partition)."""
+    cliques = {node.get(LABEL_GPU_CLIQUE) for node in labels}
+    return len(cliques) == 1 and None not in cliques
+
+
 def network_class(labels: Sequence[Mapping[str, str]], *, tier_labels: Sequence[str]) -> SlowestLink:
-    """Which network level the nodes meet at, from their lowest common tier label."""
+    """Which network level the nodes meet at, from their lowest common tier label (nodes of one
+    NVLink clique meet over NVLink, not the network: ``NVLINK_DOMAIN``)."""
+    if one_clique(labels):
+        return SlowestLink.NVLINK_DOMAIN
     tier = lowest_common_tier(labels, tier_labels=tier_labels)
     if tier >= len(tier_labels):
         return SlowestLink.NET_SPINE
@@ -202,7 +223,10 @@ def job_timing(
     best = Ring(gpus, REFERENCE_NVLINK_GBPS, nvlink_us)
     if len(members) > 1:
         level = network_class([node.labels for node, _ in members], tier_labels=tier_labels)
-        net = min(node_network_gbps(node) for node, _ in members) * TIER_BANDWIDTH_FACTOR[level]
+        if level is SlowestLink.NVLINK_DOMAIN:
+            net = NVLINK_DOMAIN_GBPS
+        else:
+            net = min(node_network_gbps(node) for node, _ in members) * TIER_BANDWIDTH_FACTOR[level]
         if net <= gbps:
             slowest, gbps = level, net
         nodes, block_us = len(members), RING_HOP_LATENCY_US[SlowestLink.NET_BLOCK]

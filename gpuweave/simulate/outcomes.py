@@ -12,6 +12,10 @@ The scheduling loop reports starts, evictions and ends here; the report reads th
   (the ticks until every member had a place: 0 when spare room took the gang at the fault's own
   tick) and **preemption grace** (``PREEMPTION_GRACE_S`` when the gang got its room by evicting
   lower-priority pods, which it waits out).
+
+On a fleet of NVLink cliques each training start and each recovery also names the cliques its
+nodes are in (``clique_name``; "" for a node outside any), so the report can count gangs inside one
+clique and across cliques, and say where an evicted gang ran before and after.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class GangRecovery:
     detection_s: float
     running_again_s: float | None = None  # None: not all members running again by the end
     grace_s: float = 0.0  # preemption grace waited before running again (0: no preemption)
+    cliques_before: tuple[str, ...] = ()  # the NVLink cliques of its nodes when the fault hit
+    cliques: tuple[str, ...] = ()  # ... and once running again (one: re-placed inside one clique)
 
     @property
     def seconds(self) -> float | None:
@@ -75,6 +81,7 @@ class PlacedTraining:
     stretch: float
     run_s: float
     waited_s: float = 0.0  # from the job's arrival to this start (a restart: again from its arrival)
+    cliques: tuple[str, ...] = ()  # the NVLink cliques of its nodes, sorted ("": a node outside any)
 
 
 @dataclass
@@ -93,12 +100,23 @@ class JobLedger:
     _restarts: dict[str, int] = field(default_factory=dict)
     _open: dict[str, GangRecovery] = field(default_factory=dict)
 
-    def started(self, job: Job, *, now: float, timing: JobTiming, run_s: float, grace_s: float = 0.0) -> None:
-        """``now``: when the job runs; ``grace_s`` of it was waiting for preempted pods to leave."""
+    def started(
+        self,
+        job: Job,
+        *,
+        now: float,
+        timing: JobTiming,
+        run_s: float,
+        grace_s: float = 0.0,
+        cliques: tuple[str, ...] = (),
+    ) -> None:
+        """``now``: when the job runs; ``grace_s`` of it was waiting for preempted pods to leave;
+        ``cliques``: the NVLink cliques of its nodes (empty on a fleet without cliques)."""
         recovery = self._open.pop(job.job_id, None)
         if recovery is not None:
             recovery.running_again_s = now
             recovery.grace_s = grace_s
+            recovery.cliques = cliques
         if job.kind is JobKind.GANG:
             self.training.append(
                 PlacedTraining(
@@ -111,6 +129,7 @@ class JobLedger:
                     timing.stretch,
                     run_s,
                     now - job.arrival_s,
+                    cliques,
                 )
             )
 
@@ -125,6 +144,8 @@ class JobLedger:
         if fault is None or job.kind is not JobKind.GANG:
             return
         recovery = GangRecovery(job.job_id, job.pods, fault.kind, fault.at_s, fault.detection_s)
+        last = next((p for p in reversed(self.training) if p.job_id == job.job_id), None)
+        recovery.cliques_before = last.cliques if last is not None else ()
         self._open[job.job_id] = recovery
         self.recoveries.append(recovery)
 

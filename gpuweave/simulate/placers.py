@@ -43,6 +43,7 @@ class Gang:
     name: str
     size: int
     priority: int = 0  # the members' PriorityClass value
+    tier: str = ""  # the tier label one domain of which must hold every member (gpuweave.io/gang-tier)
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from gpuweave.simulate.engine import RunResult
+from gpuweave.simulate.faults import FaultKind
 from gpuweave.simulate.timeline import Sample
 from gpuweave.simulate.workload import JobKind
 
@@ -84,34 +85,68 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
     }
 
 
+def clique_figures(result: RunResult) -> dict[str, Any]:
+    """On a fleet of NVLink cliques: multi-node gang starts inside one clique and across cliques,
+    starts per clique (every clique of the fleet, 0 included), the mean wait per gang size, and
+    how many gangs a fault evicted were placed again inside one clique. {} without cliques."""
+    if not result.cliques:
+        return {}
+    multi = [p for p in result.ledger.training if p.pods > 1]
+    inside = [p for p in multi if len(p.cliques) == 1 and p.cliques[0]]
+    per_clique = dict.fromkeys(result.cliques, 0)
+    for placed in inside:
+        per_clique[placed.cliques[0]] = per_clique.get(placed.cliques[0], 0) + 1
+    by_size: dict[int, list[float]] = {}
+    for placed in multi:
+        by_size.setdefault(placed.gpus, []).append(placed.waited_s / 60.0)
+    back = [r for r in result.ledger.recoveries if r.seconds is not None and r.pods > 1]
+    return {
+        "multi_node_gangs_in_one_clique": len(inside),
+        "multi_node_gangs_across_cliques": len(multi) - len(inside),
+        "multi_node_gangs_per_clique": per_clique,
+        "multi_node_gang_wait_by_gpus_mean_min": {str(g): _mean(w) for g, w in sorted(by_size.items())},
+        "multi_node_gang_starts_by_gpus": {str(g): len(w) for g, w in sorted(by_size.items())},
+        "gangs_recovered_in_one_clique": sum(1 for r in back if len(r.cliques) == 1 and r.cliques[0]),
+        "gangs_recovered": len(back),
+    }
+
+
 def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, Any]:
     """Headline numbers of one run; time averages skip the first ``warmup_fraction``."""
     end = result.samples[-1].t_s if result.samples else 0.0
     steady = [s for s in result.samples if s.t_s >= warmup_fraction * end] or result.samples
     multi = result.topology
     waits = [t / 60.0 for t in result.pending_times_s]
-    return {
-        "policy": result.policy,
-        "scheduler": result.transport,
-        "node_agents": result.agents or "-",
-        "placement_mismatches": result.placement_mismatches,
-        "admission_failures": result.admission_failures,
-        "kubelet_admissions": f"{result.admissions} / {result.admission_failures}" if result.agents else "-",
-        "gpu_allocation_pct": _mean([s.allocation for s in steady]),
-        "fragmentation_pct": _mean([s.fragmentation for s in steady]),
-        "multi_gpu_placements": len(multi),
-        "topology_best_set_pct": 100.0 * sum(o.got_best for o in multi) / len(multi) if multi else 0.0,
-        "topology_value_vs_best": _mean([o.chosen_value / o.best_value for o in multi if o.best_value > 0]),
-        "pending_mean_min": _mean(waits),
-        "pending_p95_min": _percentile(waits, 0.95),
-        "jobs_started": result.jobs_started,
-        "jobs_pending_at_end": result.jobs_pending_at_end,
-        "faults": [{k: v for k, v in asdict(f).items() if k != "evicted_pods"} for f in result.faults],
-        "pods_evicted_by_faults": sum(f.pods_evicted for f in result.faults),
-        "mig_reshapes": len(result.reshapes),
-        "mig_pods_started": result.mig_pods_started,
-        "allocation_lowest_30min_pct": _lowest_window_mean(steady, window_s=1800.0),
-    } | _job_figures(result)
+    return (
+        {
+            "policy": result.policy,
+            "scheduler": result.transport,
+            "node_agents": result.agents or "-",
+            "placement_mismatches": result.placement_mismatches,
+            "admission_failures": result.admission_failures,
+            "kubelet_admissions": f"{result.admissions} / {result.admission_failures}"
+            if result.agents
+            else "-",
+            "gpu_allocation_pct": _mean([s.allocation for s in steady]),
+            "fragmentation_pct": _mean([s.fragmentation for s in steady]),
+            "multi_gpu_placements": len(multi),
+            "topology_best_set_pct": 100.0 * sum(o.got_best for o in multi) / len(multi) if multi else 0.0,
+            "topology_value_vs_best": _mean(
+                [o.chosen_value / o.best_value for o in multi if o.best_value > 0]
+            ),
+            "pending_mean_min": _mean(waits),
+            "pending_p95_min": _percentile(waits, 0.95),
+            "jobs_started": result.jobs_started,
+            "jobs_pending_at_end": result.jobs_pending_at_end,
+            "faults": [{k: v for k, v in asdict(f).items() if k != "evicted_pods"} for f in result.faults],
+            "pods_evicted_by_faults": sum(f.pods_evicted for f in result.faults),
+            "mig_reshapes": len(result.reshapes),
+            "mig_pods_started": result.mig_pods_started,
+            "allocation_lowest_30min_pct": _lowest_window_mean(steady, window_s=1800.0),
+        }
+        | _job_figures(result)
+        | clique_figures(result)
+    )
 
 
 def _median_parts(parts: list[dict[str, float]]) -> dict[str, float] | None:
@@ -184,10 +219,40 @@ ROWS = (
 )
 
 
+def _clique_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The NVLink-clique rows, on a fleet of cliques only: gangs inside one / across, per clique,
+    recoveries re-placed inside one clique."""
+    if not all("multi_node_gangs_per_clique" in s for s in summaries):
+        return []
+    rows = [
+        (
+            "multi-node gangs inside one clique / across",
+            [
+                f"{s['multi_node_gangs_in_one_clique']} / {s['multi_node_gangs_across_cliques']}"
+                for s in summaries
+            ],
+        )
+    ]
+    for clique in summaries[0]["multi_node_gangs_per_clique"]:
+        rows.append(
+            (f"  in {clique}", [str(s["multi_node_gangs_per_clique"].get(clique, 0)) for s in summaries])
+        )
+    rows.append(
+        (
+            "  gangs re-placed inside one clique",
+            [f"{s['gangs_recovered_in_one_clique']} / {s['gangs_recovered']}" for s in summaries],
+        )
+    )
+    return rows
+
+
 def summary_table(summaries: list[dict[str, Any]]) -> str:
     width = 42
     lines = [f"{'':<{width}}" + "".join(f"{s['policy']:>22}" for s in summaries)]
     for label, key, fmt in ROWS:
+        if key == "pods_evicted_by_faults":
+            for clique_label, clique_cells in _clique_rows(summaries):
+                lines.append(f"{clique_label:<{width}}" + "".join(f"{c:>22}" for c in clique_cells))
         if key is None:
             cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
         elif not key:
@@ -204,6 +269,11 @@ def _measured(fault: dict[str, Any]) -> str:
     seen = fault["agent_to_kubelet_s"]
     if seen is None:
         return ""
+    if fault["kind"] == FaultKind.NVLINK_TRAY.value:
+        return (
+            f" measured: fabric failed in NVML -> kubelet sees the tray's {fault['gpus_withheld']} GPUs"
+            f" Unhealthy {seen * 1000:.0f} ms later (the agent's fabric gate);"
+        )
     if fault.get("efa_adapter"):
         return (
             f" measured: EFA adapter {fault['efa_adapter']} gone from sysfs -> kubelet sees it Unhealthy"
@@ -217,6 +287,10 @@ def _restored(fault: dict[str, Any]) -> str:
         return "stays out"
     back = f"back at t={fault['restored_at_s'] / 60:.0f} min"
     rounds, seen = fault.get("health_rounds", 0), fault.get("agent_back_s")
+    if fault["kind"] == FaultKind.NVLINK_TRAY.value:
+        return back + (
+            f" (fabric completed: kubelet sees the GPUs Healthy {seen * 1000:.0f} ms later)" if seen else ""
+        )
     if fault["gpu"] is not None and rounds:
         return f"{back} (agent: GPU reset + probation over {rounds} health rounds, one per simulated minute)"
     if seen is not None:
@@ -231,6 +305,8 @@ def fault_table(summary: dict[str, Any]) -> str:
         withheld = f"{f['gpus_withheld']} GPU withheld" + (
             ", 1 EFA adapter withheld" if f.get("efa_adapter") else ""
         )
+        if f["kind"] == FaultKind.NVLINK_TRAY.value:
+            withheld = f"{f['gpus_withheld']} GPUs withheld until the fabric completes"
         lines.append(
             f"  t={f['at_s'] / 60:5.0f} min  {f['kind']:<26} {where:<24} "
             f"nominal detection ~{f['detection_s']:.0f} s; {f['pods_evicted']} pods of "
@@ -288,9 +364,13 @@ def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path
             ha="right",
         )
     axes[0].legend(loc="lower right", fontsize=8)
+    example = (
+        "a 64-GPU gang needs 16 whole trays of one NVLink clique free at once"
+        if main.cliques
+        else "a 2x8-GPU gang needs two whole EFA nodes free at once"
+    )
     axes[3].set_title(
-        "a dip in allocation with demand here is work that waits (e.g. a 2x8-GPU gang needs two whole"
-        " EFA nodes free at once), not idle capacity",
+        f"a dip in allocation with demand here is work that waits (e.g. {example}), not idle capacity",
         fontsize=8,
     )
     axes[-1].set_xlabel("simulated time (hours)")
@@ -302,10 +382,15 @@ def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path
 
 
 def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
+    """The headline numbers as bars; on a fleet of NVLink cliques the third panel counts the
+    multi-node gangs placed across cliques instead of the multi-GPU pods on their best set."""
+    cliques = all("multi_node_gangs_across_cliques" in s for s in summaries)
     metrics = (
         ("gpu_allocation_pct", "GPU allocation %"),
         ("fragmentation_pct", "fragmentation %"),
-        ("topology_best_set_pct", "multi-GPU pods on best set %"),
+        ("multi_node_gangs_across_cliques", "multi-node gangs across NVLink cliques")
+        if cliques
+        else ("topology_best_set_pct", "multi-GPU pods on best set %"),
         ("pending_mean_min", "mean pending (min)"),
         ("job_completion_mean_min", "mean job completion (min)"),
         ("job_completion_p95_min", "p95 job completion (min)"),

@@ -10,12 +10,17 @@ from typing import Any
 from tqdm import tqdm
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import ANNOTATION_GANG_TIER
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
+from gpuweave.simulate.faults import faults_for
 from gpuweave.simulate.fleet import (
     DEFAULT_NODES_PER_BLOCK,
     FleetNode,
     build_fleet,
+    clique_members,
+    clique_name,
+    nvlink_pool_gpus,
     parse_profiles,
     share_pool,
 )
@@ -30,10 +35,18 @@ from gpuweave.simulate.report import (
     summary_table,
     write_json,
 )
-from gpuweave.simulate.workload import Job, JobKind, WorkloadSettings, synthetic_jobs, trace_jobs
+from gpuweave.simulate.workload import (
+    GANG_TIER_CLIQUE,
+    Job,
+    JobKind,
+    WorkloadSettings,
+    synthetic_jobs,
+    trace_jobs,
+)
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0
+GANG_TIER_ANNOTATION = f"{ANNOTATION_GANG_TIER}: {GANG_TIER_CLIQUE}"
 
 
 @dataclass(frozen=True)
@@ -66,8 +79,21 @@ def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentMode
     )
 
 
-def _jobs(options: SimulateOptions, capacity: int) -> list[Job]:
-    settings = WorkloadSettings(duration_s=options.duration_s, capacity_gpus=capacity, load=options.load)
+def workload_settings(fleet: tuple[FleetNode, ...], *, duration_s: float, load: float) -> WorkloadSettings:
+    """The workload shaped to the fleet (``workload`` module doc): gang pods as large as its largest
+    node, MIG requests only where a node is MIG-managed, NVL72 gang sizes on an NVLink pool."""
+    return WorkloadSettings(
+        duration_s=duration_s,
+        capacity_gpus=sum(n.gpus for n in fleet),
+        load=load,
+        node_gpus=max(n.gpus for n in fleet),
+        mig=any(n.mig_managed for n in fleet),
+        clique_gpus=nvlink_pool_gpus(fleet, share_pool(fleet)),
+    )
+
+
+def _jobs(options: SimulateOptions, fleet: tuple[FleetNode, ...]) -> list[Job]:
+    settings = workload_settings(fleet, duration_s=options.duration_s, load=options.load)
     if options.trace is not None:
         return trace_jobs(options.trace, settings, seed=options.seed)
     return synthetic_jobs(settings, seed=options.seed)
@@ -104,6 +130,7 @@ def _run_one(
             tick_s=TICK_S,
             seed=options.seed,
             agents=agents,
+            faults=faults_for(fleet),
         )
         ticks = int(options.duration_s // TICK_S) + 1
         label = f"{policy} ({placer.transport})"
@@ -135,8 +162,7 @@ def run_simulation(options: SimulateOptions) -> int:
     fleet = build_fleet(
         parse_profiles(options.profiles), nodes=options.nodes, nodes_per_block=options.nodes_per_block
     )
-    capacity = sum(n.gpus for n in fleet)
-    jobs = _jobs(options, capacity)
+    jobs = _jobs(options, fleet)
     models = _models(fleet, jobs)
     _print_setup(fleet, jobs, options)
     policies = [options.policy] + (
@@ -151,6 +177,8 @@ def run_simulation(options: SimulateOptions) -> int:
     print(fault_table(summaries[0]))
     print(f"MIG reshapes ({options.policy} run): {_reshape_line(results[0])}")
     print(f"gang recovery ({options.policy} run): {_recovery_line(results[0])}")
+    if results[0].cliques:
+        print(f"NVLink cliques ({options.policy} run): {_clique_line(summaries[0])}")
     _write_outputs(options, results, summaries, fleet, elapsed=time.perf_counter() - started)
     return 0
 
@@ -178,10 +206,33 @@ def _recovery_line(result: RunResult) -> str:
 
 
 def _recovery_parts(recovery: GangRecovery) -> str:
-    """``35 s = detection 5 s + waiting 0 s + preemption grace 30 s``."""
+    """``35 s = detection 5 s + waiting 0 s + preemption grace 30 s``; on a fleet of cliques, and
+    where it ran before and after (``in A, again in B``)."""
     parts = recovery.parts or {}
     named = " + ".join(f"{name.replace('_', ' ')} {seconds:.0f} s" for name, seconds in parts.items())
-    return f"{recovery.seconds:.0f} s = {named}"
+    where = ""
+    if recovery.cliques:
+        before = " + ".join(recovery.cliques_before) or "?"
+        where = f"; ran in {before}, again in {' + '.join(recovery.cliques)}"
+    return f"{recovery.seconds:.0f} s = {named}{where}"
+
+
+def _clique_line(summary: dict[str, Any]) -> str:
+    """Multi-node gang starts inside one clique / across, per clique, and their wait by size."""
+    per = ", ".join(f"{name} {count}" for name, count in summary["multi_node_gangs_per_clique"].items())
+    starts = summary["multi_node_gang_starts_by_gpus"]
+    waits = ", ".join(
+        f"{gpus} GPUs {minutes:.1f} over {starts[gpus]}"
+        for gpus, minutes in summary["multi_node_gang_wait_by_gpus_mean_min"].items()
+    )
+    wait = summary["multi_node_gang_wait_mean_min"]
+    recovered = f"{summary['gangs_recovered_in_one_clique']} of {summary['gangs_recovered']}"
+    return (
+        f"multi-node gang starts inside one clique {summary['multi_node_gangs_in_one_clique']}, "
+        f"across cliques {summary['multi_node_gangs_across_cliques']} ({per}); their wait, mean "
+        f"{'-' if wait is None else f'{wait:.1f}'} min ({waits or '-'}); gangs evicted by a fault and "
+        f"re-placed inside one clique: {recovered}"
+    )
 
 
 def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: SimulateOptions) -> None:
@@ -191,14 +242,34 @@ def _print_setup(fleet: tuple[FleetNode, ...], jobs: list[Job], options: Simulat
     mix: dict[str, int] = {}
     for job in jobs:
         mix[job.kind.value] = mix.get(job.kind.value, 0) + 1
+    cliques = clique_members(fleet)
+    shift = "MIG demand shift at half time" if any(n.mig_managed for n in fleet) else "no MIG-managed node"
     print(
         f"cluster: {len(fleet)} nodes, {sum(n.gpus for n in fleet)} GPUs "
         f"({', '.join(f'{c}x {k}' for k, c in kinds.items())})\n"
         f"workload: {len(jobs)} jobs over {options.duration_s / 3600:.1f} h simulated "
         f"({', '.join(f'{c} {k}' for k, c in mix.items())}); "
-        f"{'pods from ' + options.trace.name if options.trace else 'MIG demand shift at half time'}; "
-        f"faults: Xid 79, ECC double-bit, EFA link loss"
+        f"{'pods from ' + options.trace.name if options.trace else shift}; "
+        f"faults: Xid 79, ECC double-bit, EFA link loss" + (", NVLink tray fault" if cliques else "")
     )
+    if cliques:
+        pool = share_pool(fleet)
+        named = ", ".join(
+            f"{clique_name(fleet[m[0]])} ({len(m)} nodes{', inference pool' if set(m) <= pool else ''})"
+            for m in cliques.values()
+        )
+        sizes = sorted({j.pods * j.gpus_per_pod for j in jobs if j.kind is JobKind.GANG and j.pods > 1})
+        print(
+            f"NVLink cliques: {named}; multi-node gangs of {', '.join(map(str, sizes)) or '-'} GPUs"
+            + (f" ask for one clique ({GANG_TIER_ANNOTATION})" if any(j.gang_tier for j in jobs) else "")
+        )
+
+
+def _without_cliques(record: dict[str, Any], result: RunResult) -> dict[str, Any]:
+    """A placement's or recovery's record; its clique fields only on a fleet of cliques."""
+    if result.cliques:
+        return record
+    return {k: v for k, v in record.items() if k not in ("cliques", "cliques_before")}
 
 
 def _write_outputs(
@@ -227,9 +298,14 @@ def _write_outputs(
         "timelines": {r.policy: [asdict(s) for s in r.samples] for r in results},
         "mig_reshapes": [asdict(r) for r in results[0].reshapes],
         "topology_outcomes": [asdict(o) for o in results[0].topology],
-        "training_placements": {r.policy: [asdict(p) for p in r.ledger.training] for r in results},
+        "training_placements": {
+            r.policy: [_without_cliques(asdict(p), r) for p in r.ledger.training] for r in results
+        },
         "gang_recoveries": {
-            r.policy: [{**asdict(g), "seconds": g.seconds, "parts": g.parts} for g in r.ledger.recoveries]
+            r.policy: [
+                _without_cliques({**asdict(g), "seconds": g.seconds, "parts": g.parts}, r)
+                for g in r.ledger.recoveries
+            ]
             for r in results
         },
         "elapsed_s": elapsed,

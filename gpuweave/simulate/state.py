@@ -54,6 +54,7 @@ class SimState:
     mig_slots: dict[tuple[int, int], list[MigSlot]] = field(default_factory=dict)
     pods: dict[str, RunningPod] = field(default_factory=dict)
     efa_down: set[int] = field(default_factory=set)  # nodes whose EFA link is down
+    fabric_down: set[int] = field(default_factory=set)  # trays whose NVLink fabric failed (no new pods)
 
     @classmethod
     def create(cls, fleet: Sequence[FleetNode], metric_model: FragmentModel) -> SimState:
