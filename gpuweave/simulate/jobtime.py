@@ -103,6 +103,10 @@ TIER_BANDWIDTH_FACTOR = MappingProxyType(
 # = 3200 Gbps, AWS instance type pages); InfiniBand HDR 200 Gbps, NDR 400 Gbps (NVIDIA DGX A100 /
 # H100 user guides), taken as HDR for an unknown part.
 NIC_GBPS = MappingProxyType({NicType.EFA: 12.5, NicType.INFINIBAND: 25.0, NicType.ETHERNET: 3.125})
+# Where the adapter type alone misprices a node (the inventory carries no link rate): a GB200 NVL72
+# compute tray's four ConnectX-7 adapters run NDR InfiniBand, 400 Gbps = 50 GB/s each (its profile,
+# hardware/builtin_profiles/gb200-compute-tray.yaml; NVIDIA GB200 NVL72 specifications).
+NODE_NETWORK_GBPS = MappingProxyType({"gb200-compute-tray": 4 * 50.0})
 RING_BASE_LATENCY_US = 8.4
 REFERENCE_NVLINK_GBPS = 450.0  # H100 NVLink 4 through NVSwitch, one way (900 GB/s both ways)
 REFERENCE_NETWORK_GBPS = 400.0  # p5.48xlarge, 3200 Gbps EFA
@@ -170,6 +174,8 @@ class JobTiming:
 
 def node_network_gbps(node: FleetNode) -> float:
     """A node's network line rate for gang traffic (its EFA adapters, else its InfiniBand ones)."""
+    if node.profile in NODE_NETWORK_GBPS:
+        return NODE_NETWORK_GBPS[node.profile]
     for kind in (NicType.EFA, NicType.INFINIBAND):
         count = sum(1 for nic in node.inventory.nics if nic.type is kind)
         if count:

@@ -405,6 +405,8 @@ def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
         for position, summary in enumerate(summaries):
             if summary[key] is None:  # e.g. no training job evicted by a fault: nothing to measure
                 axis.text(position, 0, "n/a", ha="center", va="bottom", fontsize=8)
+            elif summary[key] == 0:  # a bar of no height: say it is a measured 0
+                axis.text(position, 0, "0", ha="center", va="bottom", fontsize=8)
         axis.set_title(label)
         axis.tick_params(axis="x", rotation=25, labelsize=8)
         axis.grid(axis="y", alpha=0.3)
