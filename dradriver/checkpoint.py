@@ -1,9 +1,10 @@
 """The DRA claim checkpoint's shape, checked when the agent starts.
 
 ``STATE_DIR/dra-claims.json`` says which claims this node prepared (and which MIG instances it
-made for them); the agent cannot serve without knowing. A file that is not JSON, not this
-version, or JSON of another shape (a key missing, a list where an object goes) stops the start
-with one line naming the file and the first field at fault, never a ``KeyError`` later.
+made, and which GpuImexDomain it joined, for them); the agent cannot serve without knowing. A file
+that is not JSON, not this version, or JSON of another shape (a key missing, a list where an
+object goes) stops the start with one line naming the file and the first field at fault, never a
+``KeyError`` later.
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ class _Device(_Wire):
     cdi_device_ids: list[str] = Field(alias="cdiDeviceIDs")
 
 
+class _DomainRef(_Wire):
+    namespace: str
+    name: str
+
+
 class _Claim(_Wire):
     namespace: str
     name: str
     pending: bool = False
     mig: list[tuple[int, str, int]] = Field(default_factory=list)
+    imex: _DomainRef | None = None  # the GpuImexDomain this node joined for the claim
     devices: list[_Device] | None = None
     spec: dict[str, Any] | None = None
 

@@ -1,6 +1,8 @@
-"""The DRA driver's API-server side: reading claims at prepare, and publishing the node's pool.
+"""The DRA driver's API-server side: reading claims at prepare, publishing the node's pool, IMEX domains.
 
 ``KubeClaimSource`` reads a ResourceClaim as JSON (camelCase, as the API server sends it).
+``KubeImexDomains`` writes this node's entry of a GpuImexDomain's status and follows the object
+(``dradriver.imex_domains``).
 ``SlicePublisher`` keeps this node's ResourceSlices of driver ``gpuweave.io`` equal to what the
 builder gives: it lists the slices it finds for the node and driver, and when the devices, counters
 or taints differ it writes the whole pool again under the next generation (create or replace by
@@ -28,15 +30,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dradriver.devices import DRIVER
+from dradriver.imex_domain import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    DomainNode,
+    DomainRef,
+    ImexDomainError,
+    domain_status,
+    joined,
+    left,
+    only_own_entry_changed,
+    status_patch,
+)
+from dradriver.imex_domains import StopWatch
 from dradriver.prepare import ClaimError
 from kubeio.client import finish
-from kubeio.errors import NOT_FOUND, describe, status_of
+from kubeio.errors import CONFLICT, NOT_FOUND, describe, status_of
+from kubeio.listwatch import ListWatch
 
 log = logging.getLogger(__name__)
 
@@ -238,3 +256,112 @@ class SlicePublisher:
             except ApiException as exc:
                 if status_of(exc) != NOT_FOUND:
                     raise
+
+
+MERGE_PATCH = "application/merge-patch+json"
+WRITE_ATTEMPTS = 8  # of one status write that keeps losing to other nodes' writes (409 Conflict)
+IMEX_RBAC_HINT = "the node agent needs gpuimexdomains get/list/watch and gpuimexdomains/status patch"
+
+
+class KubeImexDomains:
+    """``dradriver.imex_domains.DomainApi`` over the API server: this node's entry in a
+    GpuImexDomain's ``status.nodes``, written as a merge patch preconditioned on the version it was
+    read at (a 409 Conflict, another node's write in between, reads again), and nothing else: the
+    entries of other nodes are checked unchanged before every write."""
+
+    def __init__(self, api: client.ApiClient, *, attempts: int = WRITE_ATTEMPTS) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._attempts = attempts
+
+    def address(self, node: str) -> str:
+        try:
+            found = self._core.read_node(node)
+        except ApiException as exc:
+            raise ImexDomainError(f"cannot read Node {node}: {describe(exc)}") from None
+        addresses = (found.status.addresses or []) if found.status else []
+        return next((a.address for a in addresses if a.type == "InternalIP"), "")
+
+    def _read(self, ref: DomainRef) -> dict[str, Any] | None:
+        try:
+            raw = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, ref.namespace, PLURAL, ref.name, _preload_content=False
+            )
+        except ApiException as exc:
+            if status_of(exc) == NOT_FOUND:
+                return None
+            problem = f"cannot read {ref.describe()}: {describe(exc)}; {IMEX_RBAC_HINT}"
+            raise ImexDomainError(problem) from None
+        found: dict[str, Any] = json.loads(finish(raw))
+        return found
+
+    def _edit(
+        self,
+        ref: DomainRef,
+        node: str,
+        change: Callable[[int, tuple[DomainNode, ...]], tuple[DomainNode, ...]],
+        *,
+        missing_ok: bool,
+    ) -> None:
+        for _ in range(self._attempts):
+            found = self._read(ref)
+            if found is None:
+                if missing_ok:
+                    return
+                raise ImexDomainError(
+                    f"{ref.describe()} not found: create it in the claim's namespace with the job's "
+                    "spec.numNodes (docs/dra.md, The IMEX channel)"
+                )
+            num_nodes, entries = domain_status(found, ref=ref)
+            wanted = change(num_nodes, entries)
+            if wanted == entries:
+                return
+            if not only_own_entry_changed(entries, wanted, node=node):  # a bug here, never input
+                raise ImexDomainError(f"{ref.describe()}: refusing a write that changes another node's entry")
+            body = status_patch(wanted, resource_version=str(found["metadata"]["resourceVersion"]))
+            try:
+                self._custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ref.namespace, PLURAL, ref.name, body, _content_type=MERGE_PATCH
+                )
+                return
+            except ApiException as exc:
+                if status_of(exc) == CONFLICT:
+                    continue  # another node wrote in between: read again
+                if status_of(exc) == NOT_FOUND and missing_ok:
+                    return
+                raise ImexDomainError(
+                    f"cannot write {ref.describe()}'s status: {describe(exc)}; {IMEX_RBAC_HINT}"
+                ) from None
+        raise ImexDomainError(
+            f"{ref.describe()}: the status write lost to other nodes' writes {self._attempts} times in a row"
+        )
+
+    def join(self, ref: DomainRef, entry: DomainNode) -> None:
+        self._edit(
+            ref, entry.name, lambda num, entries: joined(entries, entry, num_nodes=num), missing_ok=False
+        )
+
+    def leave(self, ref: DomainRef, node: str) -> None:
+        self._edit(ref, node, lambda _num, entries: left(entries, node), missing_ok=True)
+
+    def watch(self, ref: DomainRef, on_object: Callable[[Mapping[str, Any] | None], None]) -> StopWatch:
+        """A list-watch of the one object (field selector ``metadata.name``) in a thread."""
+        seen = threading.Event()
+
+        def on_event(kind: str, obj: dict[str, Any]) -> None:
+            seen.set()
+            on_object(None if kind == "DELETED" else obj)
+
+        def on_synced() -> None:
+            if not seen.is_set():  # the first list found nothing: the domain is gone
+                on_object(None)
+
+        watch = ListWatch(
+            partial(self._custom.list_namespaced_custom_object, GROUP, VERSION, ref.namespace, PLURAL),
+            on_event=on_event,
+            on_synced=on_synced,
+            what=f"{PLURAL} {ref.namespace}/{ref.name}",
+            field_selector=f"metadata.name={ref.name}",
+        )
+        watch.start()
+        return watch.stop

@@ -18,6 +18,12 @@ With ``--dra-mig dynamic`` (``mig``), an allocated MIG placement with no instanc
 spec is written (``mig_demand``), recorded as pending first; a pending claim found at start (the agent
 stopped mid-prepare) has its instances removed, and unprepare removes the instances its claim made.
 
+With ``imex`` (``dradriver.imex_domains``), a claim that holds the node's IMEX channel and names a
+GpuImexDomain in its opaque config (``dradriver.imex_domain.channel_domain``; bad parameters are the
+claim's error) joins that domain before its spec is written: recorded as pending first, this node's
+entry is added to the domain's status; unprepare removes it, and so does the start after a crash
+mid-prepare. The checkpoint keeps the domain, so a restarted agent follows it again.
+
 A claim that cannot be prepared raises ``ClaimError`` with the reason, which becomes that claim's
 error in the response (the kubelet retries); other claims of the same call are unaffected.
 """
@@ -36,7 +42,9 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import write_json_atomically
 from dradriver.checkpoint import CHECKPOINT_VERSION, load_checkpoint
 from dradriver.claim_cdi import ClaimSpecWriter, cdi_id, claim_spec
-from dradriver.devices import DRIVER, DraDevice
+from dradriver.devices import DRIVER, DraDevice, DraKind
+from dradriver.imex_domain import DomainRef, ImexDomainError, channel_domain
+from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
 from hardware.device_nodes import HostDeviceNodes
 
@@ -167,7 +175,8 @@ def _resolve(
 
 class ClaimPreparer:
     """Prepares and unprepares claims, checkpointed in ``state_dir``; with ``mig``, makes the MIG
-    instances of allocated placements at prepare and removes them at unprepare."""
+    instances of allocated placements at prepare and removes them at unprepare; with ``imex``, joins
+    the GpuImexDomain a claim names for the node's IMEX channel and leaves it at unprepare."""
 
     def __init__(
         self,
@@ -179,6 +188,7 @@ class ClaimPreparer:
         specs: ClaimSpecWriter,
         host: Callable[[], HostDeviceNodes],
         mig: MigOnDemand | None = None,
+        imex: NodeImexDomains | None = None,
     ) -> None:
         self.pool = pool
         self._path = Path(state_dir) / CHECKPOINT_FILE
@@ -187,6 +197,7 @@ class ClaimPreparer:
         self._specs = specs
         self._host = host
         self._mig = mig
+        self._imex = imex
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = self._load()
         self._restore()
@@ -195,15 +206,21 @@ class ClaimPreparer:
         return load_checkpoint(self._path)  # one line naming the file when it is not right
 
     def _restore(self) -> None:
-        """Specs of prepared claims written again; a claim whose MIG instances were being made when
-        the agent stopped (never answered to the kubelet) has them removed; stray specs removed."""
+        """Specs of prepared claims written again; a claim whose MIG instances were being made, or
+        whose IMEX domain was being joined, when the agent stopped (never answered to the kubelet)
+        has them removed; stray specs removed; the IMEX domain of a prepared claim followed again."""
         for uid, entry in list(self._claims.items()):
             if entry.get("pending"):
                 self._undo_mig(uid, entry.get("mig") or [])
+                self._leave_pending(uid, entry)
                 del self._claims[uid]
             elif not self._specs.exists(uid):
                 self._specs.write(uid, entry["spec"])
         self._save()
+        for uid, entry in self._claims.items():
+            if entry.get("imex") and self._imex is not None:
+                holder = f"{entry['namespace']}/{entry['name']}"
+                self._imex.hold(uid=uid, holder=holder, ref=DomainRef.from_wire(entry["imex"]))
         for uid in self._specs.remove_all_but(self._claims):
             log.warning("removed the CDI spec of claim %s: written but never checkpointed", uid)
 
@@ -221,6 +238,29 @@ class ClaimPreparer:
                     uid,
                     exc,
                 )
+
+    def _leave_pending(self, uid: str, entry: Mapping[str, Any]) -> None:
+        """Leave the domain a claim was joining when the agent stopped, unless a prepared claim
+        holds the same domain here (then the node's entry is that claim's)."""
+        if not entry.get("imex") or self._imex is None:
+            return
+        ref = DomainRef.from_wire(entry["imex"])
+        if any(e.get("imex") == entry["imex"] and not e.get("pending") for e in self._claims.values()):
+            return
+        try:
+            self._imex.leave(uid=uid, ref=ref)
+        except Exception as exc:  # reported; the entry stays until someone removes it
+            log.error("cannot remove this node's entry from %s (claim %s): %s", ref.describe(), uid, exc)
+
+    def _undo_imex(self, uid: str) -> None:
+        """Leave the domain claim ``uid`` joined in a prepare that then failed."""
+        held = self._imex.held if self._imex is not None else None
+        if held is None or held.uid != uid or self._imex is None:
+            return
+        try:
+            self._imex.leave(uid=uid, ref=held.ref)
+        except Exception as exc:  # reported; the next prepare of the claim joins again anyway
+            log.error("cannot remove this node's entry from %s (claim %s): %s", held.ref.describe(), uid, exc)
 
     def _save(self) -> None:
         write_json_atomically(self._path, {"version": CHECKPOINT_VERSION, "claims": self._claims})
@@ -244,17 +284,54 @@ class ClaimPreparer:
         done = self._done(ref.uid)
         if done is not None:
             return done
-        wanted = allocated_here(self._source.get_claim(ref.namespace, ref.name), ref=ref, pool=self.pool)
+        claim = self._source.get_claim(ref.namespace, ref.name)
+        wanted = allocated_here(claim, ref=ref, pool=self.pool)
+        domain = self._domain_of(ref, claim, wanted)
         made = self._make_mig(ref, wanted)
         try:
-            return self._finish(ref, wanted, made)
+            if domain is not None:
+                self._join(ref, domain, made)
+            return self._finish(ref, wanted, made, domain)
         except Exception:
+            self._undo_imex(ref.uid)
             if made:
                 self._undo_mig(ref.uid, made)
-                with self._lock:
-                    self._claims.pop(ref.uid, None)
+            with self._lock:
+                if (self._claims.get(ref.uid) or {}).get("pending"):
+                    del self._claims[ref.uid]
                     self._save()
             raise
+
+    def _domain_of(
+        self, ref: ClaimRef, claim: Mapping[str, Any], wanted: Sequence[tuple[str, str]]
+    ) -> DomainRef | None:
+        """The GpuImexDomain the claim's config names for the node's IMEX channel, if any."""
+        channels = {d.name for d in self._devices()[1] if d.kind is DraKind.IMEX_CHANNEL}
+        try:
+            name = channel_domain(claim, wanted=wanted, channels=channels)
+        except ImexDomainError as exc:
+            raise ClaimError(f"{ref.describe()}: {exc}") from None
+        if name is None:
+            return None
+        if self._imex is None:
+            raise ClaimError(
+                f"{ref.describe()} names IMEX domain {name}, but this agent joins no IMEX domains "
+                "(it runs without the API server's GpuImexDomain objects)"
+            )
+        return DomainRef(ref.namespace, name)  # a claim joins a domain of its own namespace only
+
+    def _join(self, ref: ClaimRef, domain: DomainRef, made: list[Placement]) -> None:
+        """Recorded as pending first (a crash before the answer leaves the domain at the next
+        start), then this node's entry written to the domain's status."""
+        assert self._imex is not None  # _domain_of refused the claim otherwise
+        with self._lock:
+            entry = {"namespace": ref.namespace, "name": ref.name, "pending": True, "mig": made}
+            self._claims[ref.uid] = {**entry, "imex": domain.to_wire()}
+            self._save()
+        try:
+            self._imex.join(uid=ref.uid, holder=f"{ref.namespace}/{ref.name}", ref=domain)
+        except Exception as exc:  # the domain missing or full, the API unreachable: the kubelet retries
+            raise ClaimError(f"{ref.describe()}: cannot join {domain.describe()}: {exc}") from None
 
     def _make_mig(self, ref: ClaimRef, wanted: Sequence[tuple[str, str]]) -> list[Placement]:
         """Make the MIG instances the claim's placements need, recorded as pending first so a crash
@@ -285,7 +362,11 @@ class ClaimPreparer:
         return made
 
     def _finish(
-        self, ref: ClaimRef, wanted: Sequence[tuple[str, str]], made: list[Placement]
+        self,
+        ref: ClaimRef,
+        wanted: Sequence[tuple[str, str]],
+        made: list[Placement],
+        domain: DomainRef | None = None,
     ) -> list[PreparedDevice]:
         inventory, devices = self._devices()
         chosen = _resolve(ref, wanted, devices)
@@ -307,6 +388,8 @@ class ClaimPreparer:
             self._specs.write(ref.uid, spec)
             entry = {"namespace": ref.namespace, "name": ref.name, "devices": [p.to_wire() for p in prepared]}
             self._claims[ref.uid] = {**entry, "spec": spec, "mig": made}
+            if domain is not None:
+                self._claims[ref.uid]["imex"] = domain.to_wire()
             try:
                 self._save()
             except OSError as exc:
@@ -322,6 +405,14 @@ class ClaimPreparer:
         if entry is None:
             self._specs.remove(ref.uid)  # never prepared, or already unprepared
             return
+        if entry.get("imex") and self._imex is not None:
+            domain = DomainRef.from_wire(entry["imex"])
+            try:
+                self._imex.leave(uid=ref.uid, ref=domain)
+            except Exception as exc:  # the kubelet retries the unprepare
+                raise ClaimError(
+                    f"{ref.describe()}: cannot remove this node from {domain.describe()}: {exc}"
+                ) from None
         for index, profile, start in entry.get("mig") or []:
             if self._mig is None:
                 break

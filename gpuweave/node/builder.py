@@ -42,7 +42,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.dra import start_node_dra
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
-from gpuweave.node.imex import ImexConfigWriter, ImexReconciler
+from gpuweave.node.imex import ImexConfigWriter, ImexReconciler, ImexSource
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
 from hardware.backend import GpuBackend
@@ -238,7 +238,8 @@ class NodeAgentBuilder:
                 kubelet_devices=pod_resources.list_devices if pod_resources is not None else None,
                 correct_assignments=args.correct_assignments,
             )
-            started.stoppers.append(self.imex(kube, agent, config_dir=args.imex_config_dir))
+            if not args.dra:  # DRA mode: the IMEX domain follows claims (``_start_dra``)
+                started.stoppers.append(self.imex(kube, agent, config_dir=args.imex_config_dir))
         started.stoppers.append(
             self._start_dra(args, agent=agent, kube=kube, health=health, mig=mig, pod_resources=pod_resources)
         )
@@ -246,17 +247,24 @@ class NodeAgentBuilder:
             started.stoppers.append(_serve_metrics(args.metrics_address, self.metrics))
         return started
 
-    def imex(self, kube: KubeParts, agent: NodeAgent, *, config_dir: Path | None) -> Callable[[], None]:
-        """Start the IMEX reconciler (docs/nvlink-domains.md): it serves only while the node is in a
-        multi-node NVLink domain, so on every other node it writes nothing."""
-
-        def clique() -> str | None:
-            fabric = agent.inventory.nvswitch
-            return fabric.clique if fabric is not None else None
-
+    def imex(
+        self,
+        kube: KubeParts,
+        agent: NodeAgent,
+        *,
+        config_dir: Path | None,
+        source: ImexSource | None = None,
+    ) -> Callable[[], None]:
+        """Start the node's one IMEX reconciler (docs/nvlink-domains.md) over ``source``: the pod
+        view by default (device-plugin mode), the claims' GpuImexDomain in DRA mode. It serves only
+        while the node is in a multi-node NVLink domain, so on every other node it writes nothing."""
         writer = ImexConfigWriter(config_dir or self.state_dir / "imex", simulated=self.simulated)
         reconciler = ImexReconciler(
-            kube.view, node=self.node_name, clique=clique, peers=kube.clique_peers(), writer=writer
+            source or kube.view,
+            node=self.node_name,
+            clique=lambda: node_clique(agent),
+            peers=kube.clique_peers(),
+            writer=writer,
         )
         reconciler.start()
         return reconciler.stop
@@ -271,8 +279,8 @@ class NodeAgentBuilder:
         mig: MigService,
         pod_resources: PodResourcesClient | None,
     ) -> Callable[[], None]:
-        """DRA mode's plugin and slice publisher (``--dra``; needs the API server, checked at start);
-        returns what stops them."""
+        """DRA mode's plugin, slice publisher and IMEX reconciler (``--dra``; needs the API server,
+        checked at start); returns what stops them."""
         if not args.dra or kube is None:
             log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
             return lambda: None
@@ -286,7 +294,19 @@ class NodeAgentBuilder:
             mig_service=mig,
             pod_resources=pod_resources,
         )
-        return dra.stop
+        stop_imex = self.imex(kube, agent, config_dir=args.imex_config_dir, source=dra.imex)
+
+        def stop() -> None:
+            stop_imex()
+            dra.stop()
+
+        return stop
+
+
+def node_clique(agent: NodeAgent) -> str | None:
+    """The node's NVLink clique (``<cluster UUID>.<clique ID>``), None off a multi-node domain."""
+    fabric = agent.inventory.nvswitch
+    return fabric.clique if fabric is not None else None
 
 
 def _open_mig_kube(kube: KubeParts, node: str, mig: MigService, *, demand: bool) -> MigKube:

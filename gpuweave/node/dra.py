@@ -10,7 +10,9 @@ DRA mode reads claims from the API server, so it needs ``--kubeconfig`` or ``--i
 hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec-dir``). With
 ``--dra-mig dynamic`` the MIG manager makes the instance of an allocated MIG placement at prepare
 and removes it at unprepare (``dradriver.mig_demand``); MIG demand mode, which reshapes for
-device-plugin pod requests, is refused beside it.
+device-plugin pod requests, is refused beside it. A claim that holds the node's IMEX channel and
+names a GpuImexDomain joins it at prepare (``dradriver.imex_domains``); the builder runs the node's
+IMEX reconciler over that (``NodeDra.imex``) instead of the pod view.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from deviceplugin.podresources import PodResourcesClient
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DRIVER, DraDevice, MigPublishing, dra_devices
 from dradriver.health_stream import HealthStream
+from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
 from dradriver.plugin import DraPluginServer
 from dradriver.prepare import ClaimPreparer
@@ -96,10 +99,12 @@ def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
 class NodeDra:
     server: DraPluginServer
     publisher: SlicePublisher
+    imex: NodeImexDomains  # the GpuImexDomain the node's IMEX channel joined: the IMEX reconciler's source
 
     def stop(self) -> None:
         self.publisher.stop()
         self.server.stop()
+        self.imex.stop()
 
 
 def _node_owner(api: client.ApiClient, node: str) -> dict[str, Any] | None:
@@ -126,7 +131,11 @@ def start_node_dra(
     pod_resources: PodResourcesClient | None = None,
 ) -> NodeDra:
     """Start the DRA plugin and the slice publisher for a started agent."""
-    from dradriver.kube import KubeClaimSource, SlicePublisher  # noqa: PLC0415 (deferred: DRA mode only)
+    from dradriver.kube import (  # noqa: PLC0415 (deferred: DRA mode only)
+        KubeClaimSource,
+        KubeImexDomains,
+        SlicePublisher,
+    )
 
     mig = MigPublishing(args.dra_mig)
     directory = spec_dir(args)
@@ -136,6 +145,12 @@ def start_node_dra(
     def devices() -> tuple[NodeInventory, tuple[DraDevice, ...]]:
         inventory = agent.inventory
         return inventory, dra_devices(inventory, mig=mig)
+
+    def clique() -> str | None:
+        fabric = agent.inventory.nvswitch
+        return fabric.clique if fabric is not None else None
+
+    imex = NodeImexDomains(node=node, api=KubeImexDomains(api), clique=clique)
 
     preparer = ClaimPreparer(
         pool=node,
@@ -149,6 +164,7 @@ def start_node_dra(
             if mig is MigPublishing.DYNAMIC and mig_service is not None
             else None
         ),
+        imex=imex,
     )
     owner = _node_owner(api, node)
 
@@ -199,4 +215,4 @@ def start_node_dra(
             health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
     publisher.start()
     log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
-    return NodeDra(server, publisher)
+    return NodeDra(server, publisher, imex)

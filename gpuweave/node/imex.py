@@ -1,10 +1,13 @@
 """IMEX for the node agent: the node's IMEX daemon configured for the job that holds its channel.
 
-``ImexReconciler`` follows the agent's pod view (``deviceplugin.kube.PodWatcher``): whenever it
-changes, and every ``interval_s`` while a domain is incomplete, it asks ``deviceplugin.imex`` which
+``ImexReconciler`` follows one source of the node's domain (``ImexSource``): in device-plugin mode
+the agent's pod view (``deviceplugin.kube.PodWatcher``; ``PodImexSource``: the pod that asks for the
+channel, ``deviceplugin.imex``), in DRA mode the GpuImexDomain the channel's claim joined
+(``dradriver.imex_domains.NodeImexDomains``: its status entries of this node's clique). Whenever
+the source changes, and every ``interval_s`` while a domain is incomplete, it asks the source which
 domain the node should serve, looks up the InternalIPs of the nodes in this node's clique (one
 ``list nodes`` by the clique label, ``deviceplugin.kube.clique_peers``), and hands the result to
-``ImexConfigWriter``:
+``ImexConfigWriter`` (one per node, whichever the mode):
 
 - ``nodes_config.cfg``: one peer address per line, what ``nvidia-imex`` reads
   (``/etc/nvidia-imex/nodes_config.cfg`` on a host; ``--imex-config-dir`` points the agent there);
@@ -12,8 +15,8 @@ domain the node should serve, looks up the InternalIPs of the nodes in this node
   and whether a daemon serves it (``simulated: true`` when the agent runs on simulated hardware,
   where this file is the simulated daemon's state).
 
-Both are replaced atomically and removed when no pod holds the channel any more (the domain is
-torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is left to the
+Both are replaced atomically and removed when no pod (or claim) holds the channel any more (the
+domain is torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is left to the
 host (docs/nvlink-domains.md, IMEX).
 """
 
@@ -24,11 +27,11 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devicemodel.state_file import replace_file_atomically
 from deviceplugin.handoff import PodView
-from deviceplugin.imex import ImexConfig, imex_config, wanted_domain
+from deviceplugin.imex import ImexConfig, ImexDecision, imex_config, wanted_domain
 
 log = logging.getLogger(__name__)
 NODES_CONFIG = "nodes_config.cfg"
@@ -68,12 +71,38 @@ class ImexConfigWriter:
         return loaded if isinstance(loaded, dict) else None
 
 
+class ImexSource(Protocol):
+    """Where the node's domain comes from: a version that moves on every change, and the decision."""
+
+    def version(self) -> int: ...
+
+    def wait_for_change(self, version: int, *, timeout: float) -> bool: ...
+
+    def decide(self, *, node: str, clique: str | None) -> ImexDecision: ...
+
+
+class PodImexSource:
+    """Device-plugin mode: the pod on the node that asks for the channel names the domain."""
+
+    def __init__(self, view: PodView) -> None:
+        self._view = view
+
+    def version(self) -> int:
+        return self._view.version()
+
+    def wait_for_change(self, version: int, *, timeout: float) -> bool:
+        return self._view.wait_for_change(version, timeout=timeout)
+
+    def decide(self, *, node: str, clique: str | None) -> ImexDecision:
+        return wanted_domain(self._view.assigned(), node=node)
+
+
 class ImexReconciler:
     """Keeps the writer's files equal to the domain the node's channel holder asks for."""
 
     def __init__(
         self,
-        view: PodView,
+        source: PodView | ImexSource,
         *,
         node: str,
         clique: Callable[[], str | None],
@@ -81,7 +110,7 @@ class ImexReconciler:
         writer: ImexConfigWriter,
         interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
-        self._view = view
+        self._source: ImexSource = PodImexSource(source) if isinstance(source, PodView) else source
         self._node = node
         self._clique = clique
         self._peers = peers
@@ -95,19 +124,19 @@ class ImexReconciler:
 
     def reconcile(self) -> ImexConfig | None:
         """One round: decide, look up peers, write when it differs from what was written."""
-        decision = wanted_domain(self._view.assigned(), node=self._node)
+        clique = self._clique()
+        decision = self._source.decide(node=self._node, clique=clique)
         config, problem = None, decision.problem
         if decision.domain is not None:
-            clique = self._clique()
             peers = self._peers(clique) if clique is not None else {}
-            config, problem = imex_config(decision.domain, node=self._node, clique=clique, peers=peers)
+            config, left_out = imex_config(decision.domain, node=self._node, clique=clique, peers=peers)
+            problem = "; ".join(p for p in (decision.problem, left_out) if p)
         if (config, decision.holder) != self._applied:
             self._writer.apply(config, holder=decision.holder)
             self._applied = (config, decision.holder)
             if config is not None:
-                log.info(
-                    "IMEX domain %s for pod %s: %d node(s)", config.domain, decision.holder, len(config.nodes)
-                )
+                holder, count = decision.holder, len(config.nodes)
+                log.info("IMEX domain %s for %s: %d node(s)", config.domain, holder, count)
             else:
                 log.info("IMEX: no domain on node %s", self._node)
         if problem and problem != self._reported:
@@ -125,11 +154,11 @@ class ImexReconciler:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        """Reconcile on every change of the pod view, and every ``interval_s`` while a domain is
+        """Reconcile on every change of the source, and every ``interval_s`` while a domain is
         incomplete (a peer's address may appear later); waits in short steps so ``stop`` is quick."""
         version, waited = -1, 0.0
         while not self._stop.is_set():
-            current = self._view.version()
+            current = self._source.version()
             if current != version or (self.problem and waited >= self._interval_s):
                 version, waited = current, 0.0
                 try:
@@ -137,5 +166,5 @@ class ImexReconciler:
                 except Exception as exc:  # an API or disk error: keep what was written, retry later
                     log.exception("IMEX reconcile failed; retrying in %.0f s", self._interval_s)
                     self.problem = f"IMEX reconcile failed: {exc}"
-            if not self._view.wait_for_change(current, timeout=_STEP_S):
+            if not self._source.wait_for_change(current, timeout=_STEP_S):
                 waited += _STEP_S
