@@ -325,9 +325,11 @@ class ClaimPreparer:
         start), then this node's entry written to the domain's status."""
         assert self._imex is not None  # _domain_of refused the claim otherwise
         with self._lock:
-            entry = {"namespace": ref.namespace, "name": ref.name, "pending": True, "mig": made}
-            self._claims[ref.uid] = {**entry, "imex": domain.to_wire()}
-            self._save()
+            known = self._claims.get(ref.uid)
+            if known is None or known.get("pending"):  # not a concurrent call's finished entry
+                entry = {"namespace": ref.namespace, "name": ref.name, "pending": True, "mig": made}
+                self._claims[ref.uid] = {**entry, "imex": domain.to_wire()}
+                self._save()
         try:
             self._imex.join(uid=ref.uid, holder=f"{ref.namespace}/{ref.name}", ref=domain)
         except Exception as exc:  # the domain missing or full, the API unreachable: the kubelet retries

@@ -11,13 +11,13 @@ domain the node should serve, looks up the InternalIPs of the nodes in this node
 
 - ``nodes_config.cfg``: one peer address per line, what ``nvidia-imex`` reads
   (``/etc/nvidia-imex/nodes_config.cfg`` on a host; ``--imex-config-dir`` points the agent there);
-- ``gpuweave-domain.json``: the domain, its nodes and addresses, the pod that holds the channel,
-  and whether a daemon serves it (``simulated: true`` when the agent runs on simulated hardware,
-  where this file is the simulated daemon's state).
+- ``gpuweave-domain.json``: the domain, its nodes and addresses, the pod (or claim) that holds the
+  channel, and whether a daemon serves it (``simulated: true`` when the agent runs on simulated
+  hardware, where this file is the simulated daemon's state).
 
 Both are replaced atomically and removed when no pod (or claim) holds the channel any more (the
-domain is torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is left to the
-host (docs/nvlink-domains.md, IMEX).
+domain is torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is
+left to the host (docs/nvlink-domains.md, IMEX).
 """
 
 from __future__ import annotations
