@@ -13,6 +13,10 @@ package main
 // (pkg/controller/daemon: creates the chart's node-agent pod on each matching Node) and the
 // root CA publisher (pkg/controller/certificates/rootcacertpublisher: the kube-root-ca.crt
 // ConfigMap every namespace needs for a pod's projected service-account token).
+//
+// With --jobs (the Kueue and JobSet tests) it also runs the Job controller (pkg/controller/job:
+// creates the pods of the batch/v1 Jobs a JobSet creates, once Kueue has admitted it and JobSet
+// resumed them).
 
 import (
 	"context"
@@ -32,6 +36,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/daemon"
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
+	"k8s.io/kubernetes/pkg/controller/job"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 )
 
@@ -39,6 +44,7 @@ import (
 // --concurrent-device-taint-eviction-syncs 10).
 const (
 	resourceClaimWorkers      = 50
+	jobWorkers                = 5 // --concurrent-job-syncs
 	deviceTaintEvictWorkers   = 10
 	deviceTaintControllerName = "device-taint-eviction-controller"
 )
@@ -47,6 +53,7 @@ func runControllers(args []string) error {
 	fs := flag.NewFlagSet("controllers", flag.ContinueOnError)
 	dir := fs.String("control-plane-dir", "", "the --dir of `harness control-plane` (required)")
 	daemonsets := fs.Bool("daemonsets", false, "also run the DaemonSet controller and the root CA publisher")
+	jobs := fs.Bool("jobs", false, "also run the Job controller")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -82,6 +89,13 @@ func runControllers(args []string) error {
 	var extra []func()
 	if *daemonsets {
 		run, err := daemonSetControllers(ctx, client, factory, filepath.Join(*dir, "pki", "ca.crt"))
+		if err != nil {
+			return err
+		}
+		extra = append(extra, run)
+	}
+	if *jobs {
+		run, err := jobController(ctx, client, factory)
 		if err != nil {
 			return err
 		}
@@ -129,4 +143,15 @@ func daemonSetControllers(ctx context.Context, client kubernetes.Interface, fact
 		go publisher.Run(ctx, 1)
 		dsc.Run(ctx, 2)
 	}, nil
+}
+
+// jobController builds the Job controller on the shared factory as kube-controller-manager does
+// (pkg/controller/job; the Workload and PodGroup informers only with the WorkloadWithJob gate,
+// which is off here); the returned function runs it with kube-controller-manager's worker count.
+func jobController(ctx context.Context, client kubernetes.Interface, factory informers.SharedInformerFactory) (func(), error) {
+	jc, err := job.NewController(ctx, client, factory.Core().V1().Pods(), factory.Batch().V1().Jobs(), nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return func() { jc.Run(ctx, jobWorkers) }, nil
 }

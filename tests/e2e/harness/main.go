@@ -34,6 +34,8 @@ commands:
   controllers --control-plane-dir DIR
                                the DRA controllers of kube-controller-manager: ResourceClaim
                                controller and device taint eviction
+                               (--daemonsets: DaemonSet controller and root CA publisher;
+                               --jobs: Job controller)
 `
 
 func main() {
