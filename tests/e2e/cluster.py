@@ -7,12 +7,16 @@ device manager and admission) next to ``gpuweave node-agent --simulate`` on the 
 directory. ``start_controllers`` runs the kube-controller-manager controllers DRA needs.
 ``start_scheduler`` runs the upstream kube-scheduler with the gpuweave-scheduler
 profile from manifests/scheduler/, pointed at a ``gpuweave extender`` process.
+``start_kueue`` and ``start_jobset`` run the Kueue and JobSet controller managers
+(tests/e2e/queueing) after ``queueing_crds`` were applied.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
 import sys
 import urllib.error
@@ -21,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.support.agent_node import run_sim_inject
@@ -32,9 +37,13 @@ from tests.support.control_plane import (
     SA_AUDIENCE,
     ControlPlane,
     Process,
+    built_binary,
     harness_binary,
     wait_for,
 )
+
+QUEUEING_DIR = REPO / "tests" / "e2e" / "queueing"
+KUEUE_NAMESPACE = "kueue-system"
 
 __all__ = [
     "ALLOCATED_CONDITION",
@@ -48,9 +57,12 @@ __all__ = [
     "free_port",
     "gpuweave_command",
     "harness_binary",
+    "queueing_crds",
     "render_scheduler_config",
     "start_controllers",
     "start_extender",
+    "start_jobset",
+    "start_kueue",
     "start_scheduler",
     "stopping",
     "wait_for",
@@ -225,12 +237,138 @@ def start_scheduler(
     )
 
 
-def start_controllers(plane: ControlPlane, *, daemonsets: bool = False) -> Process:
+def start_controllers(plane: ControlPlane, *, daemonsets: bool = False, jobs: bool = False) -> Process:
     """``harness controllers``: the ResourceClaim and device taint eviction controllers; with
-    ``daemonsets`` also the DaemonSet controller and the root CA publisher."""
+    ``daemonsets`` also the DaemonSet controller and the root CA publisher, with ``jobs`` the Job
+    controller."""
     argv = [str(harness_binary()), "controllers", "--control-plane-dir", str(plane.dir)]
     argv += ["--daemonsets"] if daemonsets else []
-    return Process("controllers-daemonsets" if daemonsets else "controllers", argv, log_dir=plane.work)
+    argv += ["--jobs"] if jobs else []
+    name = "controllers" + ("-daemonsets" if daemonsets else "") + ("-jobs" if jobs else "")
+    return Process(name, argv, log_dir=plane.work)
+
+
+def _queueing_binary(name: str) -> Path:
+    return built_binary(
+        QUEUEING_DIR / "bin" / name,
+        env=f"GPUWEAVE_E2E_{name.upper()}",
+        what=f"{name} controller manager",
+        build="tests/e2e/queueing/build.sh (run by tests/e2e/harness/build.sh)",
+    )
+
+
+def queueing_crds() -> list[dict[str, Any]]:
+    """Kueue's and JobSet's CRDs, read from their Go modules in the module cache (the directories
+    tests/e2e/queueing/build.sh recorded in bin/modules.json): Kueue's
+    ``config/components/crd/bases`` as its kustomization lists them, without the conversion-webhook
+    patches (nothing here serves conversion; every object is written and read at one version), and
+    JobSet's ``jobset.x-k8s.io_jobsets.yaml``."""
+    record = QUEUEING_DIR / "bin" / "modules.json"
+    if not record.is_file():
+        pytest.fail(f"{record} is missing: run tests/e2e/queueing/build.sh", pytrace=False)
+    modules = json.loads(record.read_text())
+    kueue_crds = Path(modules["sigs.k8s.io/kueue"]) / "config" / "components" / "crd"
+    listed = yaml.safe_load((kueue_crds / "kustomization.yaml").read_text())["resources"]
+    paths = [kueue_crds / name for name in listed]
+    paths.append(
+        Path(modules["sigs.k8s.io/jobset"]) / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
+    )
+    docs = []
+    for path in paths:
+        docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return docs
+
+
+def _serving_cert_dir(plane: ControlPlane, name: str) -> Path:
+    """tls.crt/tls.key for a manager's webhook (and Kueue's metrics) server: the API server's own
+    serving pair (127.0.0.1, signed by the cluster CA). No webhook is registered with the API
+    server, so nothing calls them; the managers only refuse to start without a pair."""
+    certs = plane.work / f"{name}-certs"
+    certs.mkdir(exist_ok=True)
+    shutil.copyfile(plane.dir / "pki" / "apiserver.crt", certs / "tls.crt")
+    shutil.copyfile(plane.dir / "pki" / "apiserver.key", certs / "tls.key")
+    return certs
+
+
+def _start_manager(
+    plane: ControlPlane, *, name: str, argv: list[str], probe: str, timeout: float = 90
+) -> Process:
+    process = Process(name, argv, log_dir=plane.work, env={"KUBECONFIG": str(plane.admin_kubeconfig)})
+    wait_for(
+        f"{name} /readyz",
+        lambda: process.alive_and(lambda: _http_ok(f"http://{probe}/readyz")),
+        timeout=timeout,
+    )
+    return process
+
+
+def start_kueue(plane: ControlPlane, *, name: str = "kueue") -> Process:
+    """The Kueue controller manager (``sigs.k8s.io/kueue/cmd/kueue``) with the admin kubeconfig.
+
+    Its configuration turns off what needs an in-cluster Deployment: internal cert management
+    (no Secret, no webhook configurations, no CA injection into CRDs), leader election, the
+    metrics listener and the visibility API server (VisibilityOnDemand: an aggregated API). Its
+    webhook server listens on a loopback port with the API server's serving pair, but no webhook
+    is registered, so objects must arrive as Kueue's webhooks would have left them (a JobSet
+    already ``suspend: true``). With internal cert management off Kueue reads its metrics
+    certificate from the fixed path /etc/kueue/metrics/certs even when metrics are off, so the
+    manager runs in its own mount namespace (``unshare``) with /etc an overlay (host /etc below, a
+    tmpfs above) holding that directory: the host's /etc is untouched. Integrations: batch/v1 Job
+    and JobSet. Returns once /readyz answers.
+    """
+    plane.ensure_namespace(KUEUE_NAMESPACE)
+    certs = _serving_cert_dir(plane, name)
+    probe = f"127.0.0.1:{free_port()}"
+    config = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "health": {"healthProbeBindAddress": probe},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": str(certs)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+        "featureGates": {"VisibilityOnDemand": False},
+    }
+    path = plane.dir / f"{name}-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    overlay = plane.work / f"{name}-etc"
+    overlay.mkdir(exist_ok=True)
+    script = (
+        'set -e; mount -t tmpfs tmpfs "$1"; mkdir "$1/upper" "$1/work"; '
+        'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/upper,workdir=$1/work" /etc; '
+        "mkdir -p /etc/kueue/metrics/certs; "
+        'cp "$2/tls.crt" "$2/tls.key" /etc/kueue/metrics/certs/; shift 2; exec "$@"'
+    )
+    binary = str(_queueing_binary("kueue"))
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
+    argv += [str(overlay), str(certs), binary, f"--config={path}", "--zap-log-level=2"]
+    return _start_manager(plane, name=name, argv=argv, probe=probe)
+
+
+def start_jobset(plane: ControlPlane, *, name: str = "jobset") -> Process:
+    """The JobSet controller manager (``sigs.k8s.io/jobset``) with the admin kubeconfig: internal
+    cert management, leader election and metrics off; its webhook server on a loopback port with
+    the API server's serving pair and no webhook registered (a JobSet must be created with the
+    fields JobSet's defaulting webhook would set). Returns once /readyz answers."""
+    certs = _serving_cert_dir(plane, name)
+    probe = f"127.0.0.1:{free_port()}"
+    config = {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "health": {"healthProbeBindAddress": probe},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": free_port(), "certDir": str(certs)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "clientConnection": {"qps": 50, "burst": 100},
+    }
+    path = plane.dir / f"{name}-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [str(_queueing_binary("jobset")), f"--config={path}"]
+    return _start_manager(plane, name=name, argv=argv, probe=probe)
 
 
 def start_extender(
