@@ -14,4 +14,4 @@ echo "built $(pwd)/bin/harness (k8s.io/kubernetes $K8S_VERSION)"
 ../cdicheck/build.sh  # the CDI check binary (tests/e2e/cdicheck), seconds on a cold cache
 ../opscheck/build.sh  # Helm chart rendering + PromQL parsing (tests/e2e/opscheck), ~2-4 min on a cold cache
 ../realnode/build.sh  # containerd, runc, CNI plugins, the workload program (tests/e2e/realnode)
-../queueing/build.sh  # the Kueue and JobSet controller managers (tests/e2e/queueing), ~8 min on a cold cache
+../queueing/build.sh  # the Kueue and JobSet controller managers (tests/e2e/queueing), ~5 min on a cold cache
