@@ -267,6 +267,13 @@ def queueing_crds() -> list[dict[str, Any]]:
     if not record.is_file():
         pytest.fail(f"{record} is missing: run tests/e2e/queueing/build.sh", pytrace=False)
     modules = json.loads(record.read_text())
+    for module, directory in modules.items():
+        if not Path(directory).is_dir():
+            pytest.fail(
+                f"{module} is no longer at {directory} (Go's module cache changed): "
+                "run tests/e2e/queueing/build.sh again",
+                pytrace=False,
+            )
     kueue_crds = Path(modules["sigs.k8s.io/kueue"]) / "config" / "components" / "crd"
     listed = yaml.safe_load((kueue_crds / "kustomization.yaml").read_text())["resources"]
     paths = [kueue_crds / name for name in listed]
