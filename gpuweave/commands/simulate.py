@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import InvalidInputError
+from gpuweave.simulate import FULL_AGENTS_UP_TO, SAMPLED_AGENTS
 
 DEFAULT_OUT = Path("out/simulate")
 
@@ -65,6 +66,14 @@ def register(subparsers: Any) -> None:
         "--no-agents", action="store_true", help="do not start the node agents (device plugins over gRPC)"
     )
     parser.add_argument(
+        "--agents",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"run node agents on N nodes spread over the cluster, the rest without (default: every "
+        f"node up to {FULL_AGENTS_UP_TO} nodes, else {SAMPLED_AGENTS}); --no-agents: none",
+    )
+    parser.add_argument(
         "--nodes-per-block",
         type=int,
         default=2,
@@ -76,6 +85,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpuweave.simulate.runner import SimulateOptions, run_simulation  # noqa: PLC0415 (numpy/matplotlib on demand)
 
+    if args.agents is not None and args.agents < 1:
+        raise InvalidInputError(f"--agents {args.agents}: give at least 1 node (or --no-agents for none)")
     if args.load <= 0 or args.load > 3:
         raise InvalidInputError(f"--load {args.load}: give a fraction of capacity between 0 and 3")
     options = SimulateOptions(
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         in_process=args.in_process,
         agents=not args.no_agents,
+        agent_nodes=args.agents,
         nodes_per_block=args.nodes_per_block,
     )
     return run_simulation(options)

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,19 +91,23 @@ class NodeAgentPool:
         *,
         share_nodes: frozenset[int],
         health: HealthSettings | None = None,
+        only: Collection[int] | None = None,
     ) -> None:
+        """An agent per node of ``fleet``, or only on the nodes ``only`` names (a sample)."""
         self._fleet = tuple(fleet)
         self._health = health or HealthSettings(round_interval_s=DRIVEN_ROUND_INTERVAL_S)
         self._root = Path(tempfile.mkdtemp(prefix="gws", dir="/tmp"))
-        self._nodes: list[_Node] = []
+        self._nodes: dict[int, _Node] = {}
+        wanted = range(len(self._fleet)) if only is None else sorted(set(only))
+        self.sampled = len(wanted) < len(self._fleet)
         self.admitted = 0
         self.admission_failures: list[str] = []
         self.reshape_refusals: list[str] = []
         self._changed_lock = threading.Lock()
         self._changed: set[int] = set()  # nodes whose agent changed what it publishes
         try:
-            for index, node in enumerate(fleet):
-                self._nodes.append(self._start(index, node, shared=index in share_nodes))
+            for index in wanted:
+                self._nodes[index] = self._start(index, self._fleet[index], shared=index in share_nodes)
         except BaseException:
             self.close()
             raise
@@ -272,12 +276,19 @@ class NodeAgentPool:
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
         return self._nodes[node].kubelet.healthy(uuid)
 
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def has(self, node: int) -> bool:
+        """Whether the node runs an agent (every node, unless the pool is a sample)."""
+        return node in self._nodes
+
     def close(self) -> None:
-        for node in self._nodes:
+        for node in self._nodes.values():
             if node.health is not None:
                 node.health.stop()
             node.agent.stop()
             node.kubelet.stop()
             node.backend.close()
-        self._nodes = []
+        self._nodes = {}
         shutil.rmtree(self._root, ignore_errors=True)

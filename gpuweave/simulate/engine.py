@@ -130,11 +130,14 @@ class Simulation:
         self._rng = np.random.default_rng(seed)
         self._fault_plan = sorted(faults, key=lambda f: f.at_fraction)
         self._agents = agents
-        # With node agents the extender places MIG pods on the MIG devices the agents publish
-        self._mig_placer = placer if agents is not None and isinstance(placer, MigPlacer) else None
-        # With node agents the extender learns faults, recoveries and MIG devices only from the
-        # GpuNodeInventory objects the agents publish, as its watch would deliver them
-        self._watcher = placer if agents is not None and isinstance(placer, InventoryWatcher) else None
+        # With an agent on every node the extender places MIG pods on the MIG devices the agents
+        # publish, and learns faults, recoveries and MIG devices only from the GpuNodeInventory
+        # objects they publish, as its watch would deliver them. With agents on a sample of the
+        # nodes (a large cluster), the agents admit what lands on their nodes and take the faults
+        # that hit them, while MIG layouts and fault notices go through the simulation for all.
+        every = agents is not None and not agents.sampled
+        self._mig_placer = placer if every and isinstance(placer, MigPlacer) else None
+        self._watcher = placer if every and isinstance(placer, InventoryWatcher) else None
         self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
         self._queue: list[_Queued] = []
         self._preempted: list[_Queued] = []  # victims' jobs of this tick's preemptions, queued again
@@ -145,7 +148,9 @@ class Simulation:
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
         self.result = RunResult(policy=placer.name, transport=placer.transport)
-        if agents is not None:
+        if agents is not None and agents.sampled:
+            self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
+        elif agents is not None:
             self.result.agents = f"{len(self.state.fleet)} agents (gRPC)"
         nodes = len(self.state.fleet)
         pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
@@ -235,7 +240,7 @@ class Simulation:
         for due in [r for r in self._restores if r[0] <= now]:
             self._restores.remove(due)
             healed = due[1]
-            if self._agents is not None and not self._back_on_node(healed):
+            if self._agent_on(self._node_index(healed.node)) and not self._back_on_node(healed):
                 self._restores.append((now + self._tick, healed))  # next simulated health round
                 continue
             restore(self.state, healed, now=now)
@@ -257,15 +262,15 @@ class Simulation:
             if spec.restore_after_s <= 0:
                 continue
             # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
-            gpu_by_agent = self._agents is not None and record.gpu is not None
+            gpu_by_agent = self._agent_on(self._node_index(record.node)) and record.gpu is not None
             self._restores.append((now + (self._tick if gpu_by_agent else spec.restore_after_s), record))
 
     def _inject(self, spec: FaultSpec, now: float) -> FaultRecord | None:
         """The fault in the simulated state and, with agents, in the node's simulated hardware."""
         if spec.kind is FaultKind.EFA_LINK:
             record = inject_efa_loss(self.state, now=now, evict=self._evict_job)
-            if record is not None and self._agents is not None:
-                node = self._node_index(record.node)
+            if record is not None and self._agent_on(node := self._node_index(record.node)):
+                assert self._agents is not None
                 record.efa_adapter = self._agents.efa_adapter(node)
                 if record.efa_adapter is not None:
                     record.agent_to_kubelet_s = self._agents.set_efa_present(
@@ -279,7 +284,7 @@ class Simulation:
             node = self._node_index(record.node)
             if self._watcher is None:  # no agent to publish it: the simulation tells the scheduler
                 self._placer.gpu_failed(node, record.gpu, record.kind)
-            if self._agents is not None:
+            if self._agents is not None and self._agents.has(node):
                 xid = 79 if spec.kind is FaultKind.XID_79 else 48
                 record.agent_to_kubelet_s = self._agents.inject_xid(node, record.gpu, xid)
         return record
@@ -292,12 +297,16 @@ class Simulation:
         if record is None:
             return None
         node = self._node_index(record.node)
-        if self._agents is not None:
+        if self._agents is not None and self._agents.has(node):
             record.agent_to_kubelet_s = self._agents.set_fabric_state(node, "failed")
         if self._watcher is None:
             for gpu in range(self.state.fleet[node].gpus):
                 self._placer.gpu_failed(node, gpu, record.kind)
         return record
+
+    def _agent_on(self, node: int) -> bool:
+        """Whether an agent runs on the node (all nodes, or the sampled ones)."""
+        return self._agents is not None and self._agents.has(node)
 
     def _back_on_node(self, record: FaultRecord) -> bool:
         """One simulated health round on the node: whether the agent serves the device again."""
@@ -374,7 +383,7 @@ class Simulation:
     def _stop(self, pod_id: str) -> RunningPod:
         pod = self.state.stop_pod(pod_id)
         self._placer.forget(pod_id)
-        if self._agents is not None:
+        if self._agents is not None and self._agents.has(pod.node):
             self._agents.release(pod.node, pod_id)
         return pod
 
@@ -445,15 +454,12 @@ class Simulation:
             self.result.placement_mismatches += 1
             self._placer.forget(pod.pod_id)
             return False
-        if (
-            self._agents is not None
-            and placement.devices
-            and not self._agents.admit(placement.node, placement.devices, pod_id=pod.pod_id)
-        ):
+        agents = self._agents if self._agent_on(placement.node) and placement.devices else None
+        if agents is not None and not agents.admit(placement.node, placement.devices, pod_id=pod.pod_id):
             self.result.admission_failures += 1
             self._stop(pod.pod_id)
             return False
-        if self._agents is not None and placement.devices:
+        if agents is not None:
             self.result.admissions += 1
         if outcome is not None:
             outcomes.append(outcome)
@@ -470,7 +476,7 @@ class Simulation:
             return False
         node, gpu = where
         self.result.mig_pods_started += 1
-        self.state.pods[pod_id] = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
+        self.state.start_pod(RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu))
         self._ends[pod_id] = now + job.duration_s
         return True
 

@@ -24,12 +24,12 @@ among nodes tied on that total.
 from __future__ import annotations
 
 import http.client
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from devicemodel.assignment import PodAssignment, parent_gpu_of_share
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
@@ -101,6 +101,7 @@ class ExtenderPlacer:
             {"cpu": n.cpu_milli, "memory": n.memory_mib, RESOURCE_GPU: n.gpus} for n in self._fleet
         ]
         self._node_of = {n.name: i for i, n in enumerate(self._fleet)}
+        self._names = np.array([n.name for n in self._fleet], dtype=object)  # a mask picks names at C speed
         # What kube-scheduler's NodeInfo.Requested holds: the requests of the pods bound per node
         self._bound: dict[str, tuple[int, dict[str, int]]] = {}
         self._requested: list[dict[str, int]] = [{} for _ in self._fleet]
@@ -157,7 +158,7 @@ class ExtenderPlacer:
         self.calls += 1
         if self._connection is None:
             return self._call(verb, body)
-        payload = json.dumps(body).encode()
+        payload = orjson.dumps(body)
         self._connection.request(
             "POST", f"/{verb}", body=payload, headers={"Content-Type": "application/json"}
         )
@@ -165,7 +166,7 @@ class ExtenderPlacer:
         data = response.read()
         if response.status != 200:
             raise ExtenderCallError(f"extender /{verb} answered HTTP {response.status}: {data[:200]!r}")
-        return json.loads(data)
+        return orjson.loads(data)
 
     def _call(self, verb: str, body: Mapping[str, Any]) -> Any:
         """The verb on the service objects, with the JSON shapes the HTTP adapter would return."""
@@ -192,7 +193,7 @@ class ExtenderPlacer:
     ) -> PodPlacement | None:
         cluster = state.cluster
         fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
-        names = [self._fleet[i].name for i in np.flatnonzero(fits)]
+        names: list[str] = self._names[fits].tolist()
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
         annotations = (
             {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
@@ -209,7 +210,7 @@ class ExtenderPlacer:
         if not names:
             # kube-scheduler's own filters (CPU, memory) passed no node, so the extender's filter is
             # not called; its preemption may still free room on the allowed nodes, for this pod
-            self._unplaced = (pod, [self._fleet[i].name for i in np.flatnonzero(allowed)])
+            self._unplaced = (pod, self._names[allowed].tolist())
             return None
         return self._schedule(pod, uid, names, rng, requests=self._requests(request))
 
@@ -217,7 +218,7 @@ class ExtenderPlacer:
         self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str
     ) -> PodPlacement | None:
         """A pod asking for one ``nvidia.com/mig-<profile>`` device, among the allowed nodes."""
-        names = [self._fleet[i].name for i in np.flatnonzero(allowed)]
+        names: list[str] = self._names[allowed].tolist()
         if not names:
             return None
         uid = _NAME.sub("-", pod_id.lower())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from tqdm import tqdm
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import ANNOTATION_GANG_TIER
+from gpuweave.simulate import FULL_AGENTS_UP_TO, SAMPLED_AGENTS
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.faults import faults_for
@@ -63,6 +65,7 @@ class SimulateOptions:
     progress: bool = True
     in_process: bool = False  # gpuweave's extender called in-process instead of over HTTP
     agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
+    agent_nodes: int | None = None  # how many nodes run one (None: ``agent_sample``'s default)
     nodes_per_block: int = DEFAULT_NODES_PER_BLOCK  # nodes of one profile per layer-3 network block
 
 
@@ -144,12 +147,26 @@ def _run_one(
             agents.close()
 
 
+def agent_sample(nodes: int, wanted: int | None) -> list[int] | None:
+    """The nodes that run an agent: every node (None) up to ``FULL_AGENTS_UP_TO`` nodes, else
+    ``SAMPLED_AGENTS``, or ``wanted``; a sample is spread evenly over the fleet (whose profiles are
+    interleaved round-robin, so every profile is in it). Each agent holds a simulated kubelet, a
+    health monitor and gRPC servers (about 20 threads), which is what a 1,000-node run cannot
+    afford for every node on 2 cores."""
+    count = wanted if wanted is not None else nodes if nodes <= FULL_AGENTS_UP_TO else SAMPLED_AGENTS
+    if count >= nodes:
+        return None
+    return sorted({round(i * nodes / count) for i in range(count)})
+
+
 def _agents(fleet: tuple[FleetNode, ...], options: SimulateOptions) -> NodeAgentPool:
     started = time.perf_counter()
-    pool = NodeAgentPool(fleet, share_nodes=share_pool(fleet))
+    only = agent_sample(len(fleet), options.agent_nodes)
+    pool = NodeAgentPool(fleet, share_nodes=share_pool(fleet), only=only)
     if options.progress:
         elapsed = time.perf_counter() - started
-        print(f"started {len(fleet)} node agents (device plugins over gRPC) in {elapsed:.1f} s")
+        sample = f" (a sample of the {len(fleet)} nodes)" if only is not None else ""
+        print(f"started {len(pool)} node agents (device plugins over gRPC){sample} in {elapsed:.1f} s")
     return pool
 
 
@@ -309,8 +326,20 @@ def _write_outputs(
             for r in results
         },
         "elapsed_s": elapsed,
+        "peak_rss_mib": peak_rss_mib(),
     }
     write_json(out / "report.json", payload)
     timeline = plot_timeline(results, results[0], out / "timeline.png")
     summary = plot_summary(summaries, out / "policies.png")
-    print(f"\nwrote {out / 'report.json'}, {timeline}, {summary}  ({elapsed:.0f} s)")
+    print(
+        f"\nwrote {out / 'report.json'}, {timeline}, {summary}  "
+        f"({elapsed:.0f} s, peak memory {payload['peak_rss_mib']:.0f} MiB)"
+    )
+
+
+def peak_rss_mib() -> float:
+    """The largest resident set this process has had (the extender, the agents and the loop all
+    run in it), or that of its largest finished child process if larger, in MiB (Linux: KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
@@ -55,6 +56,9 @@ class SimState:
     pods: dict[str, RunningPod] = field(default_factory=dict)
     efa_down: set[int] = field(default_factory=set)  # nodes whose EFA link is down
     fabric_down: set[int] = field(default_factory=set)  # trays whose NVLink fabric failed (no new pods)
+    # pod IDs by job and by node, in start order (as ``pods`` holds them): lookups without a scan
+    _by_job: dict[str, dict[str, None]] = field(default_factory=dict, repr=False)
+    _by_node: dict[int, dict[str, None]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, fleet: Sequence[FleetNode], metric_model: FragmentModel) -> SimState:
@@ -72,18 +76,24 @@ class SimState:
         )
 
     def pods_on_gpu(self, node: int, gpu: int) -> list[RunningPod]:
-        return [p for p in self.pods.values() if p.node == node and (gpu in p.gpus or p.mig_gpu == gpu)]
+        on_node = (self.pods[i] for i in self._by_node.get(node, ()))
+        return [p for p in on_node if gpu in p.gpus or p.mig_gpu == gpu]
 
     def pods_of_job(self, job_id: str) -> list[RunningPod]:
-        return [p for p in self.pods.values() if p.job.job_id == job_id]
+        return [self.pods[i] for i in self._by_job.get(job_id, ())]
 
     def start_pod(self, pod: RunningPod) -> None:
+        """Every pod starts here (whole-GPU, share and MIG pods alike) and ends in ``stop_pod``."""
         if pod.request is not None:
             self.cluster.place(pod.node, pod.gpus, pod.request)
         self.pods[pod.pod_id] = pod
+        self._by_job.setdefault(pod.job.job_id, {})[pod.pod_id] = None
+        self._by_node.setdefault(pod.node, {})[pod.pod_id] = None
 
     def stop_pod(self, pod_id: str) -> RunningPod:
         pod = self.pods.pop(pod_id)
+        _forget(self._by_job, pod.job.job_id, pod_id)
+        _forget(self._by_node, pod.node, pod_id)
         if pod.request is not None:
             self.cluster.release(pod.node, pod.gpus, pod.request)
         else:
@@ -112,3 +122,11 @@ class SimState:
                     slots = self.mig_slots.get((node, gpu), [])
                     used += sum(s.compute_slices for s in slots if s.pod) * MILLI_PER_GPU / 7
         return used
+
+
+def _forget(index: dict[Any, dict[str, None]], key: object, pod_id: str) -> None:
+    ids = index.get(key)
+    if ids is not None:
+        ids.pop(pod_id, None)
+        if not ids:
+            del index[key]

@@ -79,6 +79,7 @@ class ClusterCache:
         self._conflicts: dict[str, set[str]] = {}  # pod UID -> its devices reported as conflicts
         self.on_conflict: ConflictHook | None = None
         self._by_node: dict[str, set[str]] = {}  # node -> UIDs holding devices there
+        self._by_gang: dict[str, dict[str, None]] = {}  # gang key -> UIDs of its members holding devices
         self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # UID -> last seen pod object
         self._pod_uids: dict[str, str] = {}  # namespace/name -> UID
         self._allocatable: dict[str, tuple[int, int]] = {}  # node -> host (CPU milli, memory MiB)
@@ -127,8 +128,9 @@ class ClusterCache:
         return self._holdings.get(uid)
 
     def gang_members(self, key: str) -> list[PodRecord]:
-        """Pods of gang ``key`` that hold devices (bound, or assumed at bind)."""
-        return [h.record for h in list(self._holdings.values()) if h.record.gang == key]
+        """Pods of gang ``key`` that hold devices (bound, or assumed at bind), in holding order."""
+        holdings = (self._holdings.get(uid) for uid in list(self._by_gang.get(key, ())))
+        return [h.record for h in holdings if h is not None and h.record.gang == key]
 
     def node_labels(self) -> Mapping[str, Mapping[str, str]]:
         """The live node -> tier labels map (only nodes carrying one; do not mutate)."""
@@ -314,9 +316,17 @@ class ClusterCache:
         previous = self._holdings.pop(uid, None)
         if previous is not None and previous.record.node:
             self._by_node.get(previous.record.node, set()).discard(uid)
+        if previous is not None and previous.record.gang:
+            members = self._by_gang.get(previous.record.gang)
+            if members is not None:
+                members.pop(uid, None)
+                if not members:
+                    self._by_gang.pop(previous.record.gang, None)
         if holding is not None and holding.record.node:
             self._holdings[uid] = holding
             self._by_node.setdefault(holding.record.node, set()).add(uid)
+            if holding.record.gang:
+                self._by_gang.setdefault(holding.record.gang, {})[uid] = None
             with self._meta_lock:
                 self._since.setdefault(uid, next(self._sequence))
         else:
