@@ -7,7 +7,8 @@ GPUs (Node objects and GpuNodeInventory objects, no kubelet: bound pods stay Pen
 admission and scheduling need) in three ``topology.k8s.aws/network-node-layer-3`` blocks: block A
 holds ``kq-a1`` and ``kq-a2``, block B ``kq-b1``, block C ``kq-c1`` (half its CPUs taken, so
 kube-scheduler's MostAllocated would send a lone 8-GPU pod there). Only block A can hold two
-8-GPU pods.
+8-GPU pods. A fifth Node, ``kq-s1`` (8 H100 GPUs published in fractional sharing mode), has its own
+ResourceFlavor, ClusterQueue (100 ``gpuweave.io/gpu-compute``) and LocalQueue for the GPU-share test.
 
 Kueue: a ResourceFlavor whose node labels and toleration are the only way onto these Nodes (they
 carry a taint no pod template here tolerates: Kueue injects it at admission), a ClusterQueue with
@@ -29,9 +30,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from devicemodel.assignment import PodAssignment
-from devicemodel.contracts import ANNOTATION_ASSIGNMENT
+from devicemodel.assignment import PodAssignment, fits_resource, parent_gpu_of_share
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_JOBSET_REPLICAS, LABEL_REPLICATED_JOB
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
+from deviceplugin.devices import build_catalogue
+from deviceplugin.published import inventory_object as published_inventory
 from gpuweave.simulate.cluster_objects import inventory_object, profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
@@ -65,6 +69,9 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")
 INVENTORIES = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
+SHARE_NODE, SHARE_NODE_LABEL = "kq-s1", "e2e.gpuweave.io/kueue-share-node"
+SHARE_FLAVOR, SHARE_CLUSTER_QUEUE, SHARE_LOCAL_QUEUE = "e2e-h100-shares", "e2e-gpu-shares", "e2e-share-queue"
+FRACTIONAL = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
 
 
 def _create_node(plane: ControlPlane, name: str) -> None:
@@ -241,10 +248,8 @@ def _cleanup(plane: ControlPlane) -> None:
     wait_for("kueue test pods to be deleted", lambda: not plane.core.list_namespaced_pod(NAMESPACE).items)
 
 
-def _cluster_queue(plane: ControlPlane) -> dict[str, Any]:
-    return dict(
-        client.CustomObjectsApi(plane.api).get_cluster_custom_object(*KUEUE, "clusterqueues", CLUSTER_QUEUE)
-    )
+def _cluster_queue(plane: ControlPlane, name: str = CLUSTER_QUEUE) -> dict[str, Any]:
+    return dict(client.CustomObjectsApi(plane.api).get_cluster_custom_object(*KUEUE, "clusterqueues", name))
 
 
 def _condition(obj: dict[str, Any], kind: str) -> str | None:
@@ -378,3 +383,189 @@ def test_jobset_waits_for_quota_then_kueue_admits_it_and_gpuweave_places_it_in_o
     assert kueue.metric("gpuweave_extender_gang_reserved_devices") == 0
     usage = _cluster_queue(plane)["status"]["flavorsUsage"][0]["resources"]
     assert {r["name"]: r["total"] for r in usage} == {GPU: "16"}
+
+
+def _create_share_node(plane: ControlPlane) -> dict[str, str]:
+    """``kq-s1``: 8 H100 GPUs all in fractional mode. Its allocatable lists gpu-compute and
+    gpu-memory as the node agent's device plugin advertises them (100 units and the GPU's whole GiB
+    per GPU, no ``nvidia.com/gpu``), and its inventory's status says each GPU is fractional."""
+    inventory = profile_inventory("dgx-h100", SHARE_NODE)
+    catalogue = build_catalogue(inventory, FRACTIONAL)
+    shares = {r: str(len(catalogue[r])) for r in (RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY)}
+    labels = {"kubernetes.io/hostname": SHARE_NODE, SHARE_NODE_LABEL: "true"}
+    plane.core.create_node({"metadata": {"name": SHARE_NODE, "labels": labels}, "spec": {"taints": [TAINT]}})
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", **shares}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e kueue share node"}
+    plane.core.patch_node_status(
+        SHARE_NODE, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    )
+    body = published_inventory(inventory, sharing=FRACTIONAL)
+    custom = client.CustomObjectsApi(plane.api)
+    custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})
+    custom.patch_cluster_custom_object_status(*INVENTORIES, SHARE_NODE, {"status": body["status"]})
+    return shares
+
+
+def _share_kueue_objects() -> list[dict[str, Any]]:
+    """Flavor, ClusterQueue (100 gpu-compute, nothing else covered) and LocalQueue of the share test."""
+    flavor = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": SHARE_FLAVOR},
+        "spec": {"nodeLabels": {SHARE_NODE_LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
+    }
+    quota = {"name": RESOURCE_GPU_COMPUTE, "nominalQuota": 100}
+    cluster_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": SHARE_CLUSTER_QUEUE},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": [RESOURCE_GPU_COMPUTE],
+                    "flavors": [{"name": SHARE_FLAVOR, "resources": [quota]}],
+                }
+            ],
+        },
+    }
+    local_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": SHARE_LOCAL_QUEUE, "namespace": NAMESPACE},
+        "spec": {"clusterQueue": SHARE_CLUSTER_QUEUE},
+    }
+    return [flavor, cluster_queue, local_queue]
+
+
+def _share_job(name: str, compute: int) -> dict[str, Any]:
+    """A batch/v1 Job of one pod asking for ``compute`` gpu-compute units, queued in the share queue."""
+    limits = {RESOURCE_GPU_COMPUTE: str(compute)}
+    container = {"name": "main", "image": "e2e/none", "resources": {"limits": limits, "requests": limits}}
+    spec = {
+        "schedulerName": SCHEDULER,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [container],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: SHARE_LOCAL_QUEUE}},
+        "spec": {
+            "suspend": True,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "template": {"spec": spec},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def share_node(plane: ControlPlane, kueue: KueueCluster) -> Iterator[dict[str, str]]:
+    shares = _create_share_node(plane)
+    try:
+        plane.apply(_share_kueue_objects())
+        wait_for(
+            "share ClusterQueue active",
+            lambda: _condition(_cluster_queue(plane, SHARE_CLUSTER_QUEUE), "Active") == "True",
+        )
+        yield shares
+    finally:
+        _cleanup(plane)
+        plane.core.delete_node(SHARE_NODE)
+        client.CustomObjectsApi(plane.api).delete_cluster_custom_object(*INVENTORIES, SHARE_NODE)
+
+
+def _bound_pod_of(plane: ControlPlane, job: str) -> Any:
+    def bound() -> Any:
+        pods = plane.core.list_namespaced_pod(NAMESPACE, label_selector=f"job-name={job}").items
+        return next((p for p in pods if p.spec.node_name), None)
+
+    return wait_for(f"{job}'s pod to be bound", bound, timeout=60)
+
+
+def _job_suspended(batch: client.BatchV1Api, name: str) -> bool | None:
+    spec = batch.read_namespaced_job(name, NAMESPACE).spec
+    return None if spec is None else spec.suspend
+
+
+def _one_gpu_share(pod: Any, units: int) -> str:
+    """The GPU whose ``units`` compute shares the pod's assignment annotation names (one GPU)."""
+    assignment = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    assert assignment.node == pod.spec.node_name == SHARE_NODE
+    devices = assignment.all_device_ids()
+    assert len(devices) == units
+    assert all(fits_resource(RESOURCE_GPU_COMPUTE, d) for d in devices)
+    [gpu] = {parent_gpu_of_share(d) for d in devices}
+    assert gpu is not None
+    return gpu
+
+
+def test_kueue_quota_on_gpu_compute_admits_gpu_shares_and_gpuweave_places_them_on_one_gpu(
+    plane: ControlPlane, kueue: KueueCluster, share_node: dict[str, str]
+) -> None:
+    batch = client.BatchV1Api(plane.api)
+    node = plane.core.read_node(SHARE_NODE)
+    assert node.status.allocatable[RESOURCE_GPU_COMPUTE] == share_node[RESOURCE_GPU_COMPUTE] == "800"
+    assert node.status.allocatable[RESOURCE_GPU_MEMORY] == share_node[RESOURCE_GPU_MEMORY]
+    gpus = {g.uuid for g in profile_inventory("dgx-h100", SHARE_NODE).gpus}
+
+    # 1. The first Job's 60 units fit the ClusterQueue's 100: admitted on the share flavor, its pod
+    # bound to kq-s1 by kube-scheduler with the extender, 60 compute shares of one GPU.
+    started = time.monotonic()
+    batch.create_namespaced_job(NAMESPACE, _share_job("shares-first", 60))
+    first = _wait_workload(
+        plane, "Job", "shares-first", lambda w: _condition(w, "Admitted") == "True", "admitted"
+    )
+    [podset] = first["status"]["admission"]["podSetAssignments"]
+    assert first["status"]["admission"]["clusterQueue"] == SHARE_CLUSTER_QUEUE
+    assert podset["flavors"] == {RESOURCE_GPU_COMPUTE: SHARE_FLAVOR}
+    assert podset["resourceUsage"] == {RESOURCE_GPU_COMPUTE: "60"}
+    first_pod = _bound_pod_of(plane, "shares-first")
+    assert first_pod.spec.node_selector[SHARE_NODE_LABEL] == "true"  # the share flavor, through Kueue
+    first_gpu = _one_gpu_share(first_pod, 60)
+    assert first_gpu in gpus
+
+    # 2. The second Job's 60 more would make 120 of 100: it waits, suspended, without quota.
+    batch.create_namespaced_job(NAMESPACE, _share_job("shares-second", 60))
+    pending = _wait_workload(
+        plane,
+        "Job",
+        "shares-second",
+        lambda w: _condition(w, "QuotaReserved") == "False",
+        "pending for quota",
+    )
+    reserved = next(c for c in pending["status"]["conditions"] if c["type"] == "QuotaReserved")
+    print(f"Job shares-second waits: {reserved['reason']}: {reserved['message']}")
+    assert RESOURCE_GPU_COMPUTE in reserved["message"]
+    assert _condition(pending, "Admitted") != "True"
+    time.sleep(2)  # give Kueue and the Job controller time to do anything they would
+    assert _job_suspended(batch, "shares-second") is True
+    assert plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=shares-second").items == []
+    usage = _cluster_queue(plane, SHARE_CLUSTER_QUEUE)["status"]["flavorsUsage"][0]["resources"]
+    assert {r["name"]: r["total"] for r in usage} == {RESOURCE_GPU_COMPUTE: "60"}
+    kueue.check_alive()
+
+    # 3. The first pod finishes: Kueue releases its 60 units and admits the second, whose pod is
+    # placed on one GPU of kq-s1 in turn.
+    freed = time.monotonic()
+    _succeed(plane, first_pod)
+    second = _wait_workload(
+        plane, "Job", "shares-second", lambda w: _condition(w, "Admitted") == "True", "admitted"
+    )
+    [podset] = second["status"]["admission"]["podSetAssignments"]
+    assert podset["flavors"] == {RESOURCE_GPU_COMPUTE: SHARE_FLAVOR}
+    assert podset["resourceUsage"] == {RESOURCE_GPU_COMPUTE: "60"}
+    second_pod = _bound_pod_of(plane, "shares-second")
+    placed_s = time.monotonic() - freed
+    second_gpu = _one_gpu_share(second_pod, 60)
+    assert second_gpu in gpus
+    assert _job_suspended(batch, "shares-second") is False
+    usage = _cluster_queue(plane, SHARE_CLUSTER_QUEUE)["status"]["flavorsUsage"][0]["resources"]
+    assert {r["name"]: r["total"] for r in usage} == {RESOURCE_GPU_COMPUTE: "60"}
+    print(
+        f"Job shares-second admitted and bound {placed_s:.1f} s after the first pod finished"
+        f" ({time.monotonic() - started:.1f} s for the test); GPUs {first_gpu}, then {second_gpu}"
+    )
