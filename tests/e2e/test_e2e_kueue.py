@@ -9,6 +9,7 @@ holds ``kq-a1`` and ``kq-a2``, block B ``kq-b1``, block C ``kq-c1`` (half its CP
 kube-scheduler's MostAllocated would send a lone 8-GPU pod there). Only block A can hold two
 8-GPU pods. A fifth Node, ``kq-s1`` (8 H100 GPUs published in fractional sharing mode), has its own
 ResourceFlavor, ClusterQueue (100 ``gpuweave.io/gpu-compute``) and LocalQueue for the GPU-share test.
+A sixth, ``kq-p1`` (8 H100 GPUs), has the preemption test's flavor and two ClusterQueues in one cohort.
 
 Kueue: a ResourceFlavor whose node labels and toleration are the only way onto these Nodes (they
 carry a taint no pod template here tolerates: Kueue injects it at admission), a ClusterQueue with
@@ -568,4 +569,189 @@ def test_kueue_quota_on_gpu_compute_admits_gpu_shares_and_gpuweave_places_them_o
     print(
         f"Job shares-second admitted and bound {placed_s:.1f} s after the first pod finished"
         f" ({time.monotonic() - started:.1f} s for the test); GPUs {first_gpu}, then {second_gpu}"
+    )
+
+
+PREEMPT_NODE, PREEMPT_NODE_LABEL = "kq-p1", "e2e.gpuweave.io/kueue-preempt-node"
+PREEMPT_FLAVOR, PREEMPT_COHORT = "e2e-h100-preempt", "e2e-preempt-cohort"
+LOW_QUEUES, HIGH_QUEUES = ("e2e-low", "e2e-low-queue"), ("e2e-high", "e2e-high-queue")
+
+
+def _create_preempt_node(plane: ControlPlane) -> None:
+    """``kq-p1``: 8 H100 GPUs, tainted like the others, labelled only for the preemption flavor."""
+    labels = {"kubernetes.io/hostname": PREEMPT_NODE, PREEMPT_NODE_LABEL: "true"}
+    plane.core.create_node(
+        {"metadata": {"name": PREEMPT_NODE, "labels": labels}, "spec": {"taints": [TAINT]}}
+    )
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e kueue preempt node"}
+    plane.core.patch_node_status(
+        PREEMPT_NODE, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    )
+    body = inventory_object(profile_inventory("dgx-h100", PREEMPT_NODE))
+    custom = client.CustomObjectsApi(plane.api)
+    custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})
+    custom.patch_cluster_custom_object_status(*INVENTORIES, PREEMPT_NODE, {"status": body["status"]})
+
+
+def _preempt_kueue_objects() -> list[dict[str, Any]]:
+    """One flavor on kq-p1 and two ClusterQueues in one cohort: ``e2e-low`` has no quota of its own
+    (everything it runs is borrowed), ``e2e-high`` has the node's 8 GPUs and reclaims them from any
+    borrower (``preemption.reclaimWithinCohort: Any``); a LocalQueue for each."""
+    flavor = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": PREEMPT_FLAVOR},
+        "spec": {"nodeLabels": {PREEMPT_NODE_LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
+    }
+    objects: list[dict[str, Any]] = [flavor]
+    for (cluster_queue, local_queue), nominal in ((LOW_QUEUES, 0), (HIGH_QUEUES, 8)):
+        quota = {"name": GPU, "nominalQuota": nominal}
+        spec: dict[str, Any] = {
+            "cohortName": PREEMPT_COHORT,
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {"coveredResources": [GPU], "flavors": [{"name": PREEMPT_FLAVOR, "resources": [quota]}]}
+            ],
+        }
+        if nominal:
+            spec["preemption"] = {"reclaimWithinCohort": "Any"}
+        objects.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": cluster_queue},
+                "spec": spec,
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": local_queue, "namespace": NAMESPACE},
+                "spec": {"clusterQueue": cluster_queue},
+            }
+        )
+    return objects
+
+
+def _queued_job(name: str, local_queue: str) -> dict[str, Any]:
+    """A batch/v1 Job of one 8-GPU pod, suspended and labelled for ``local_queue``."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: local_queue}},
+        "spec": {
+            "suspend": True,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "template": {"spec": _pod_spec(8)},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def preempt_node(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
+    _create_preempt_node(plane)
+    try:
+        plane.apply(_preempt_kueue_objects())
+        for cluster_queue in (LOW_QUEUES[0], HIGH_QUEUES[0]):
+            wait_for(
+                f"ClusterQueue {cluster_queue} active",
+                lambda name=cluster_queue: _condition(_cluster_queue(plane, name), "Active") == "True",
+            )
+        yield None
+    finally:
+        _cleanup(plane)
+        plane.core.delete_node(PREEMPT_NODE)
+        client.CustomObjectsApi(plane.api).delete_cluster_custom_object(*INVENTORIES, PREEMPT_NODE)
+
+
+def _gpu_usage(plane: ControlPlane, cluster_queue: str, field: str = "total") -> dict[str, str]:
+    """The ClusterQueue's ``status.flavorsUsage`` per resource (``total`` or ``borrowed``)."""
+    flavors = _cluster_queue(plane, cluster_queue)["status"].get("flavorsUsage") or []
+    return {r["name"]: r.get(field, "0") for f in flavors for r in f["resources"]}
+
+
+def test_second_cluster_queue_reclaims_borrowed_quota_through_kueue_and_gets_the_same_gpus(
+    plane: ControlPlane, kueue: KueueCluster, preempt_node: None
+) -> None:
+    batch = client.BatchV1Api(plane.api)
+    gpus = {g.uuid for g in profile_inventory("dgx-h100", PREEMPT_NODE).gpus}
+
+    # 1. e2e-low has no quota of its own: its 8-GPU Job borrows e2e-high's 8 through the cohort, is
+    # admitted on the preemption flavor, and its pod is bound to kq-p1 with all 8 GPUs.
+    started = time.monotonic()
+    batch.create_namespaced_job(NAMESPACE, _queued_job("borrower", LOW_QUEUES[1]))
+    low = _wait_workload(plane, "Job", "borrower", lambda w: _condition(w, "Admitted") == "True", "admitted")
+    assert low["status"]["admission"]["clusterQueue"] == LOW_QUEUES[0]
+    [podset] = low["status"]["admission"]["podSetAssignments"]
+    assert podset["flavors"] == {GPU: PREEMPT_FLAVOR} and podset["resourceUsage"] == {GPU: "8"}
+    low_pod = _bound_pod_of(plane, "borrower")
+    assert low_pod.spec.node_name == PREEMPT_NODE
+    assert low_pod.spec.node_selector[PREEMPT_NODE_LABEL] == "true"  # the flavor, through Kueue
+    low_assignment = PodAssignment.from_annotation(low_pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    assert low_assignment.node == PREEMPT_NODE
+    held = sorted(low_assignment.all_device_ids())
+    assert len(held) == 8 and set(held) == gpus
+    # The ClusterQueue's status follows the admission: 8 in use, all 8 borrowed.
+    wait_for(
+        "e2e-low to show 8 GPUs borrowed", lambda: _gpu_usage(plane, LOW_QUEUES[0], "borrowed") == {GPU: "8"}
+    )
+    assert _gpu_usage(plane, LOW_QUEUES[0]) == {GPU: "8"}
+
+    # 2. e2e-high's Job needs its nominal 8, all borrowed: Kueue preempts the borrower (its Workload
+    # Evicted by Preempted, the Job suspended), the Job controller deletes its pod, Kueue releases
+    # the quota and admits the high Job, and kube-scheduler with the extender binds its pod to the
+    # GPUs the evicted pod held.
+    arrived = time.monotonic()
+    batch.create_namespaced_job(NAMESPACE, _queued_job("reclaimer", HIGH_QUEUES[1]))
+    high = _wait_workload(
+        plane, "Job", "reclaimer", lambda w: _condition(w, "Admitted") == "True", "admitted"
+    )
+    admitted_s = time.monotonic() - arrived
+    assert high["status"]["admission"]["clusterQueue"] == HIGH_QUEUES[0]
+    [podset] = high["status"]["admission"]["podSetAssignments"]
+    assert podset["flavors"] == {GPU: PREEMPT_FLAVOR} and podset["resourceUsage"] == {GPU: "8"}
+    evicted = _wait_workload(
+        plane, "Job", "borrower", lambda w: _condition(w, "QuotaReserved") == "False", "without quota"
+    )
+    conditions = {c["type"]: c for c in evicted["status"]["conditions"]}
+    print(
+        "borrower's Workload: "
+        + "; ".join(f"{t}={c['status']} {c['reason']}: {c['message']}" for t, c in sorted(conditions.items()))
+    )
+    assert conditions["Evicted"]["status"] == "True" and conditions["Evicted"]["reason"] == "Preempted"
+    assert conditions["Preempted"]["status"] == "True"
+    assert conditions["Admitted"]["status"] == "False"
+    assert _job_suspended(batch, "borrower") is True
+    wait_for(
+        "the borrower's pod to be deleted",
+        lambda: not plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=borrower").items,
+    )
+    high_pod = _bound_pod_of(plane, "reclaimer")
+    placed_s = time.monotonic() - arrived
+    assert high_pod.spec.node_name == PREEMPT_NODE
+    assert high_pod.spec.node_selector[PREEMPT_NODE_LABEL] == "true"
+    high_assignment = PodAssignment.from_annotation(high_pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    assert high_assignment.node == PREEMPT_NODE
+    assert sorted(high_assignment.all_device_ids()) == held  # the devices the evicted pod held
+    assert _job_suspended(batch, "reclaimer") is False
+    wait_for(
+        "the cohort's usage to follow",
+        lambda: (
+            _gpu_usage(plane, HIGH_QUEUES[0]) == {GPU: "8"} and _gpu_usage(plane, LOW_QUEUES[0]) == {GPU: "0"}
+        ),
+    )
+    assert _gpu_usage(plane, HIGH_QUEUES[0], "borrowed") == {GPU: "0"}
+
+    # 3. The borrower stays queued: the cohort's 8 GPUs are e2e-high's and in use.
+    time.sleep(2)
+    assert _condition(_workload_of(plane, "Job", "borrower") or {}, "QuotaReserved") == "False"
+    assert plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=borrower").items == []
+    kueue.check_alive()
+    print(
+        f"Job reclaimer admitted {admitted_s:.1f} s and bound {placed_s:.1f} s after it was created"
+        f" ({time.monotonic() - started:.1f} s for the test), on the {len(held)} GPUs the evicted pod held"
     )
