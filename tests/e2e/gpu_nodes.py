@@ -12,6 +12,7 @@ from kubernetes import client
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan
 from deviceplugin.published import inventory_object
 from tests.e2e.cluster import ControlPlane
 
@@ -26,6 +27,7 @@ def create_gpu_node(
     taint: Mapping[str, str],
     resources: Mapping[str, str],
     message: str = "e2e GPU node",
+    sharing: SharingPlan | None = None,
 ) -> None:
     """The Node ``inventory.name`` and its GpuNodeInventory (spec, then status as the agent writes it)."""
     name = inventory.name
@@ -37,7 +39,7 @@ def create_gpu_node(
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": message}
     status = {"capacity": dict(resources), "allocatable": dict(resources), "conditions": [ready]}
     plane.core.patch_node_status(name, {"status": status})
-    publish_inventory(plane, inventory, create=True)
+    publish_inventory(plane, inventory, create=True, sharing=sharing)
 
 
 def publish_inventory(
@@ -46,9 +48,11 @@ def publish_inventory(
     *,
     faults: dict[str, str] | None = None,
     create: bool = False,
+    sharing: SharingPlan | None = None,
 ) -> None:
-    """The GpuNodeInventory as the node agent publishes it: created, and its status (device health)."""
-    body = inventory_object(inventory, faults=faults)
+    """The GpuNodeInventory as the node agent publishes it: created, and its status (device health,
+    per-GPU sharing)."""
+    body = inventory_object(inventory, faults=faults, sharing=sharing)
     custom = client.CustomObjectsApi(plane.api)
     if create:
         custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})

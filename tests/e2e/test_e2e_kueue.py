@@ -36,8 +36,7 @@ from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU_COMPUTE, R
 from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_JOBSET_REPLICAS, LABEL_REPLICATED_JOB
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.devices import build_catalogue
-from deviceplugin.published import inventory_object as published_inventory
-from gpuweave.simulate.cluster_objects import inventory_object, profile_inventory
+from gpuweave.simulate.cluster_objects import profile_inventory
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
@@ -50,6 +49,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
+from tests.e2e.gpu_nodes import INVENTORIES, create_gpu_node
 from tests.e2e.pods import GPU
 from topology.network import LABEL_AWS_LAYER_3
 
@@ -69,7 +69,6 @@ FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "e2e-h100", "e2e-gpus", "e2e-queue"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")
-INVENTORIES = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
 SHARE_NODE, SHARE_NODE_LABEL = "kq-s1", "e2e.gpuweave.io/kueue-share-node"
 SHARE_FLAVOR, SHARE_CLUSTER_QUEUE, SHARE_LOCAL_QUEUE = "e2e-h100-shares", "e2e-gpu-shares", "e2e-share-queue"
 FRACTIONAL = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
@@ -78,16 +77,11 @@ FRACTIONAL = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
 def _create_node(plane: ControlPlane, name: str) -> None:
     """A Node with 8 GPUs in its block, tainted, and its GpuNodeInventory (spec and status)."""
     labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true", LABEL_AWS_LAYER_3: BLOCKS[name]}
-    plane.core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": [TAINT]}})
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e kueue node"}
-    plane.core.patch_node_status(
-        name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    inventory = profile_inventory("dgx-h100", name)
+    create_gpu_node(
+        plane, inventory, labels=labels, taint=TAINT, resources=resources, message="e2e kueue node"
     )
-    body = inventory_object(profile_inventory("dgx-h100", name))
-    custom = client.CustomObjectsApi(plane.api)
-    custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})
-    custom.patch_cluster_custom_object_status(*INVENTORIES, name, {"status": body["status"]})
 
 
 def _kueue_objects() -> list[dict[str, Any]]:
@@ -394,16 +388,11 @@ def _create_share_node(plane: ControlPlane) -> dict[str, str]:
     catalogue = build_catalogue(inventory, FRACTIONAL)
     shares = {r: str(len(catalogue[r])) for r in (RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY)}
     labels = {"kubernetes.io/hostname": SHARE_NODE, SHARE_NODE_LABEL: "true"}
-    plane.core.create_node({"metadata": {"name": SHARE_NODE, "labels": labels}, "spec": {"taints": [TAINT]}})
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", **shares}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e kueue share node"}
-    plane.core.patch_node_status(
-        SHARE_NODE, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+    message = "e2e kueue share node"
+    create_gpu_node(
+        plane, inventory, labels=labels, taint=TAINT, resources=resources, message=message, sharing=FRACTIONAL
     )
-    body = published_inventory(inventory, sharing=FRACTIONAL)
-    custom = client.CustomObjectsApi(plane.api)
-    custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})
-    custom.patch_cluster_custom_object_status(*INVENTORIES, SHARE_NODE, {"status": body["status"]})
     return shares
 
 
@@ -580,18 +569,10 @@ LOW_QUEUES, HIGH_QUEUES = ("e2e-low", "e2e-low-queue"), ("e2e-high", "e2e-high-q
 def _create_preempt_node(plane: ControlPlane) -> None:
     """``kq-p1``: 8 H100 GPUs, tainted like the others, labelled only for the preemption flavor."""
     labels = {"kubernetes.io/hostname": PREEMPT_NODE, PREEMPT_NODE_LABEL: "true"}
-    plane.core.create_node(
-        {"metadata": {"name": PREEMPT_NODE, "labels": labels}, "spec": {"taints": [TAINT]}}
-    )
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e kueue preempt node"}
-    plane.core.patch_node_status(
-        PREEMPT_NODE, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
-    )
-    body = inventory_object(profile_inventory("dgx-h100", PREEMPT_NODE))
-    custom = client.CustomObjectsApi(plane.api)
-    custom.create_cluster_custom_object(*INVENTORIES, {k: v for k, v in body.items() if k != "status"})
-    custom.patch_cluster_custom_object_status(*INVENTORIES, PREEMPT_NODE, {"status": body["status"]})
+    inventory = profile_inventory("dgx-h100", PREEMPT_NODE)
+    message = "e2e kueue preempt node"
+    create_gpu_node(plane, inventory, labels=labels, taint=TAINT, resources=resources, message=message)
 
 
 def _preempt_kueue_objects() -> list[dict[str, Any]]:
