@@ -412,7 +412,13 @@ class Simulation:
         allowed = self._allowed(job)
         started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
-        gang = Gang(job.job_id, job.pods, job.priority, job.gang_tier) if job.pods > 1 else None
+        # a training job of one pod is a gang of one: no gang annotation (an ordinary pod to the
+        # extender), but its pod carries the job's PriorityClass as every member's does
+        gang = (
+            Gang(job.job_id, job.pods, job.priority, job.gang_tier)
+            if job.pods > 1 or job.priority > 0
+            else None
+        )
         for index in range(job.pods):
             pod_id = f"{job.job_id}-{index}"
             placement = self._placer.place(

@@ -9,7 +9,8 @@ plays the API server's watch: pod deletions and inventory changes (a failed GPU)
 extender's cache the way its informers would deliver them.
 
 After a cycle in which the filter passed no node, ``preempt`` plays kube-scheduler's
-DefaultPreemption: on each node the filter called resolvable, its dry run takes the pods of lower
+DefaultPreemption: on each allowed node the filter called resolvable or this side's CPU/memory fit
+refused (NodeResourcesFit's shortfall is resolvable), its dry run takes the pods of lower
 priority away and gives back (highest priority and longest-running first) every one the pod does
 not need gone for its CPU, memory and GPU count; the extender's ``/preempt`` narrows or extends
 those victims by device topology; the node whose victims have the lowest highest priority, then
@@ -212,7 +213,13 @@ class ExtenderPlacer:
             # not called; its preemption may still free room on the allowed nodes, for this pod
             self._unplaced = (pod, self._names[allowed].tolist())
             return None
-        return self._schedule(pod, uid, names, rng, requests=self._requests(request))
+        placed = self._schedule(pod, uid, names, rng, requests=self._requests(request))
+        if placed is None and self._unplaced is not None:
+            # kube-scheduler's preemption also considers the allowed nodes its own CPU/memory fit
+            # refused (NodeResourcesFit's Insufficient cpu/memory is resolvable by evicting pods)
+            unfit: list[str] = self._names[allowed & ~fits].tolist()
+            self._unplaced = (pod, sorted({*self._unplaced[1], *unfit}))
+        return placed
 
     def place_mig(
         self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str

@@ -1,0 +1,96 @@
+"""The simulation's kube-scheduler preemption: which nodes are candidates, which priority a pod carries."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.engine import Simulation
+from gpuweave.simulate.extender_client import ExtenderPlacer
+from gpuweave.simulate.fleet import build_fleet
+from gpuweave.simulate.placers import Gang, PodPlacement
+from gpuweave.simulate.state import SimState
+from gpuweave.simulate.workload import Job, JobKind
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+
+
+def _model() -> FragmentModel:
+    return FragmentModel(typical_workload([TaskShape(12_000, 1000, 1)]), models=["p5.48xlarge"], max_gpus=8)
+
+
+def test_a_node_short_of_cpu_is_a_preemption_candidate_beside_the_nodes_the_extender_refused() -> None:
+    """Two p5 nodes: a priority-1000 job holds all 8 GPUs of one (it passes the CPU fit, the
+    extender refuses it for GPUs, and nothing on it may be evicted); a priority-0 job holds 150
+    of the other's 192 vCPUs. A priority-1000 pod of 2 GPUs and 100 vCPUs fits only once that job
+    is gone: kube-scheduler counts the node its own CPU fit refused as resolvable by preemption."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=2)
+    blocker = Job("train-0", JobKind.GANG, 0.0, 7200.0, 1, 8, 1000, 1000, 65_536, priority=1000)
+    filler = Job("single-1", JobKind.SINGLE, 0.0, 7200.0, 1, 1, 1000, 150_000, 65_536)
+    wanted = Job("train-2", JobKind.GANG, 60.0, 600.0, 1, 2, 1000, 100_000, 65_536, priority=1000)
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+    sim = Simulation(
+        fleet=fleet,
+        jobs=[blocker, filler, wanted],
+        placer=placer,
+        metric_model=_model(),
+        duration_s=3600.0,
+        faults=(),
+        share_nodes=frozenset(),
+    )
+    try:
+        result = sim.run()
+    finally:
+        placer.close()
+    assert result.pods_preempted == 1
+    restarts = {c.job_id: c.restarts for c in result.ledger.completions}
+    assert restarts == {"train-0": 0, "single-1": 1, "train-2": 0}  # the priority-0 job was the victim
+    (started,) = [t for t in result.ledger.training if t.job_id == "train-2"]
+    assert started.at_s == 60.0 + 30.0  # in its arrival's tick, once the victim's grace is over
+
+
+class _Recorder:
+    """A placer that places nothing and records the gang each pod was sent with."""
+
+    name = "recorder"
+    transport = "in-process"
+
+    def __init__(self) -> None:
+        self.gangs: dict[str, Gang | None] = {}
+
+    def place(
+        self,
+        state: SimState,
+        request: Request,
+        *,
+        allowed: np.ndarray,
+        rng: np.random.Generator,
+        pod_id: str = "",
+        gang: Gang | None = None,
+    ) -> PodPlacement | None:
+        self.gangs[pod_id] = gang
+        return None
+
+    def forget(self, pod_id: str) -> None: ...
+
+    def gpu_failed(self, node: int, gpu: int, reason: str) -> None: ...
+
+    def gpu_restored(self, node: int, gpu: int) -> None: ...
+
+    def gpu_mode_changed(self, node: int, gpu: int, *, mig: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_one_pod_job_with_a_priority_sends_it_on_its_pod_as_a_gang_of_one() -> None:
+    fleet = build_fleet(["p5.48xlarge"], nodes=1)
+    jobs = [
+        Job("train-0", JobKind.GANG, 0.0, 600.0, 1, 16, 1000, 1000, 1024, priority=1000),
+        Job("single-1", JobKind.SINGLE, 0.0, 600.0, 1, 16, 1000, 1000, 1024),
+    ]
+    recorder = _Recorder()
+    sim = Simulation(
+        fleet=fleet, jobs=jobs, placer=recorder, metric_model=_model(), duration_s=60.0, faults=()
+    )
+    sim.run()
+    assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "")
+    assert recorder.gangs["single-1-0"] is None  # priority 0, one pod: no gang, no priority
