@@ -12,7 +12,10 @@ them all or none (``gang_plan``). Three sources name one, checked in this order:
    (one gang per replicated job and restart attempt); its size is ``gpuweave.io/gang-size``,
    else ``jobset.sigs.k8s.io/replicatedjob-replicas`` (the number of Jobs: right when each Job
    runs one pod, the usual layout of multi-node training; set ``gpuweave.io/gang-size`` on the
-   pod template when Jobs run several).
+   pod template when Jobs run several);
+4. Kueue's plain-pod groups: label ``kueue.x-k8s.io/pod-group-name: NAME``; its size is
+   ``gpuweave.io/gang-size``, else Kueue's ``kueue.x-k8s.io/pod-group-total-count`` annotation
+   (which Kueue requires on every pod of a group).
 
 A gang may require a network tier: ``gpuweave.io/gang-tier: LABEL`` (e.g. ``nvidia.com/gpu.clique``)
 on its pods means every member goes inside one domain of that tier (or of a closer one), else the
@@ -40,6 +43,8 @@ LABEL_JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_JOBSET_REPLICAS: Final = "jobset.sigs.k8s.io/replicatedjob-replicas"
 LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_GROUP_COUNT: Final = "kueue.x-k8s.io/pod-group-total-count"
 # What a fatal device fault under one member does to the rest of its gang (docs/health.md):
 # "gang" (default) evicts every member, "pod" only the pods on the failed device.
 ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
@@ -68,7 +73,7 @@ class Gang:
 
     key: str
     size: int
-    source: str  # annotation | pod-group | jobset (for messages and docs)
+    source: str  # annotation | pod-group | jobset | kueue-pod-group (for messages and docs)
     tier: str = ""
 
 
@@ -127,6 +132,9 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         job = _name(labels[LABEL_REPLICATED_JOB], what=LABEL_REPLICATED_JOB)
         attempt = str(labels.get(LABEL_JOBSET_RESTART) or "0")
         return f"{namespace}/jobset:{jobset}/{job}/{attempt}", "jobset"
+    if LABEL_KUEUE_POD_GROUP in labels:
+        group = _name(labels[LABEL_KUEUE_POD_GROUP], what=LABEL_KUEUE_POD_GROUP)
+        return f"{namespace}/kueue-pod-group:{group}", "kueue-pod-group"
     return None
 
 
@@ -193,6 +201,11 @@ def gang_of(
             size = parse_size(explicit)
         else:
             return None  # a PodGroup we cannot see: size unknown, so placed one pod at a time
+    elif source == "kueue-pod-group":
+        size = parse_size(
+            explicit if explicit is not None else annotations.get(ANNOTATION_KUEUE_GROUP_COUNT, "1"),
+            what=ANNOTATION_GANG_SIZE if explicit is not None else ANNOTATION_KUEUE_GROUP_COUNT,
+        )
     else:
         size = parse_size(
             explicit if explicit is not None else labels.get(LABEL_JOBSET_REPLICAS, "1"),

@@ -40,6 +40,7 @@ from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
+from scheduler_ext.kueue.controller import KueueChecks
 from scheduler_ext.serving.events import PodEvent
 from scheduler_ext.serving.service import BindError
 from topology.fragmentation import TargetWorkload
@@ -289,11 +290,13 @@ def build_kube_extender(
     cache, core = build_core(share_workload=workload, gangs=settings)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s, pod_groups=settings.pod_groups)
     feed.start()
+    checks = KueueChecks(cache, api)  # Kueue's AdmissionChecks gpuweave.io/gpu-health, once served
+    checks.start()
     extender = assemble(
         cache,
         core,
         KubeBinder(api),
-        stoppers=(feed,),
+        stoppers=(checks, feed),
         event_sink=KubeEventSink(api),
         keep=keep,
         gangs=settings,

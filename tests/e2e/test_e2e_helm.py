@@ -91,6 +91,20 @@ def test_helm_mig_demand_mode_shows_in_the_daemonset() -> None:
     assert all(demand[key] == base[key] for key in base if key != agent)
 
 
+def test_helm_kueue_admission_check_is_the_one_the_extender_serves() -> None:
+    from scheduler_ext.kueue.checks import CONTROLLER_NAME  # noqa: PLC0415
+
+    base = _by_key(render_chart())
+    kueue = _by_key(render_chart(sets=["kueue.admissionCheck.create=true", "kueue.admissionCheck.name=gpus"]))
+    added = set(kueue) - set(base)
+    assert added == {("kueue.x-k8s.io/v1beta2", "AdmissionCheck", None, "gpus")}
+    [check] = [kueue[key] for key in added]
+    assert check["spec"] == {"controllerName": CONTROLLER_NAME}
+    assert all(kueue[key] == base[key] for key in base)
+    with pytest.raises(RenderError):
+        render_chart(sets=["kueue.admissionCheck.name=Not_A_Name"])
+
+
 def test_helm_mig_off_mode_shows_in_the_daemonset_and_the_agent_reads_it() -> None:
     from gpuweave.cli import build_parser  # noqa: PLC0415
     from gpuweave.commands.node_agent import mig_mode  # noqa: PLC0415

@@ -37,6 +37,7 @@ from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_JOBSET_REPLICAS, LABEL_RE
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.devices import build_catalogue
 from gpuweave.simulate.cluster_objects import profile_inventory
+from scheduler_ext.kueue.checks import CONTROLLER_NAME
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
@@ -49,7 +50,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
-from tests.e2e.gpu_nodes import INVENTORIES, create_gpu_node
+from tests.e2e.gpu_nodes import INVENTORIES, create_gpu_node, publish_inventory
 from tests.e2e.pods import GPU
 from topology.network import LABEL_AWS_LAYER_3
 
@@ -74,9 +75,9 @@ SHARE_FLAVOR, SHARE_CLUSTER_QUEUE, SHARE_LOCAL_QUEUE = "e2e-h100-shares", "e2e-g
 FRACTIONAL = SharingPlan(default=GpuSharing(SharingMode.FRACTIONAL))
 
 
-def _create_node(plane: ControlPlane, name: str) -> None:
+def _create_node(plane: ControlPlane, name: str, *, block: str, node_label: str = NODE_LABEL) -> None:
     """A Node with 8 GPUs in its block, tainted, and its GpuNodeInventory (spec and status)."""
-    labels = {"kubernetes.io/hostname": name, NODE_LABEL: "true", LABEL_AWS_LAYER_3: BLOCKS[name]}
+    labels = {"kubernetes.io/hostname": name, node_label: "true", LABEL_AWS_LAYER_3: block}
     resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
     inventory = profile_inventory("dgx-h100", name)
     create_gpu_node(
@@ -84,32 +85,44 @@ def _create_node(plane: ControlPlane, name: str) -> None:
     )
 
 
-def _kueue_objects() -> list[dict[str, Any]]:
-    flavor = {
+def _flavor(name: str, node_label: str) -> dict[str, Any]:
+    """A ResourceFlavor whose node label and toleration are the only way onto its Nodes."""
+    return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ResourceFlavor",
-        "metadata": {"name": FLAVOR},
-        "spec": {"nodeLabels": {NODE_LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {node_label: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
     }
-    quota = {"name": GPU, "nominalQuota": 16}
-    cluster_queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ClusterQueue",
-        "metadata": {"name": CLUSTER_QUEUE},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {"coveredResources": [GPU], "flavors": [{"name": FLAVOR, "resources": [quota]}]}
-            ],
+
+
+def _queues(
+    cluster_queue: str, local_queue: str, *, flavor: str, resource: str, nominal: int, **spec: Any
+) -> list[dict[str, Any]]:
+    """A ClusterQueue with ``nominal`` of ``resource`` on ``flavor`` (``spec``: more of its spec,
+    e.g. a cohort), and a LocalQueue of the test namespace pointing at it."""
+    quota = {"name": resource, "nominalQuota": nominal}
+    groups = [{"coveredResources": [resource], "flavors": [{"name": flavor, "resources": [quota]}]}]
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {"namespaceSelector": {}, "resourceGroups": groups, **spec},
         },
-    }
-    local_queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "LocalQueue",
-        "metadata": {"name": LOCAL_QUEUE, "namespace": NAMESPACE},
-        "spec": {"clusterQueue": CLUSTER_QUEUE},
-    }
-    return [flavor, cluster_queue, local_queue]
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": local_queue, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]
+
+
+def _kueue_objects() -> list[dict[str, Any]]:
+    return [
+        _flavor(FLAVOR, NODE_LABEL),
+        *_queues(CLUSTER_QUEUE, LOCAL_QUEUE, flavor=FLAVOR, resource=GPU, nominal=16),
+    ]
 
 
 def _container(gpus: int) -> dict[str, Any]:
@@ -143,7 +156,7 @@ def _blocker_job() -> dict[str, Any]:
     }
 
 
-def _jobset(name: str) -> dict[str, Any]:
+def _jobset(name: str, local_queue: str = LOCAL_QUEUE) -> dict[str, Any]:
     """One replicated job of 2 Jobs x 1 pod x 8 GPUs, with what JobSet's defaulting webhook sets."""
     job = {
         "parallelism": 1,
@@ -155,7 +168,7 @@ def _jobset(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: LOCAL_QUEUE}},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: local_queue}},
         "spec": {
             "suspend": True,
             "successPolicy": {"operator": "All"},
@@ -199,8 +212,8 @@ class KueueCluster:
 @pytest.fixture(scope="module")
 def kueue(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[KueueCluster]:
     plane.ensure_namespace(NAMESPACE)
-    for name in BLOCKS:
-        _create_node(plane, name)
+    for name, block in BLOCKS.items():
+        _create_node(plane, name, block=block)
     filler = {
         "metadata": {"name": "filler-c1-cpu"},
         "spec": {
@@ -398,34 +411,16 @@ def _create_share_node(plane: ControlPlane) -> dict[str, str]:
 
 def _share_kueue_objects() -> list[dict[str, Any]]:
     """Flavor, ClusterQueue (100 gpu-compute, nothing else covered) and LocalQueue of the share test."""
-    flavor = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ResourceFlavor",
-        "metadata": {"name": SHARE_FLAVOR},
-        "spec": {"nodeLabels": {SHARE_NODE_LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
-    }
-    quota = {"name": RESOURCE_GPU_COMPUTE, "nominalQuota": 100}
-    cluster_queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ClusterQueue",
-        "metadata": {"name": SHARE_CLUSTER_QUEUE},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": [RESOURCE_GPU_COMPUTE],
-                    "flavors": [{"name": SHARE_FLAVOR, "resources": [quota]}],
-                }
-            ],
-        },
-    }
-    local_queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "LocalQueue",
-        "metadata": {"name": SHARE_LOCAL_QUEUE, "namespace": NAMESPACE},
-        "spec": {"clusterQueue": SHARE_CLUSTER_QUEUE},
-    }
-    return [flavor, cluster_queue, local_queue]
+    return [
+        _flavor(SHARE_FLAVOR, SHARE_NODE_LABEL),
+        *_queues(
+            SHARE_CLUSTER_QUEUE,
+            SHARE_LOCAL_QUEUE,
+            flavor=SHARE_FLAVOR,
+            resource=RESOURCE_GPU_COMPUTE,
+            nominal=100,
+        ),
+    ]
 
 
 def _share_job(name: str, compute: int) -> dict[str, Any]:
@@ -579,41 +574,16 @@ def _preempt_kueue_objects() -> list[dict[str, Any]]:
     """One flavor on kq-p1 and two ClusterQueues in one cohort: ``e2e-low`` has no quota of its own
     (everything it runs is borrowed), ``e2e-high`` has the node's 8 GPUs and reclaims them from any
     borrower (``preemption.reclaimWithinCohort: Any``); a LocalQueue for each."""
-    flavor = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ResourceFlavor",
-        "metadata": {"name": PREEMPT_FLAVOR},
-        "spec": {"nodeLabels": {PREEMPT_NODE_LABEL: "true"}, "tolerations": [{**TAINT, "operator": "Equal"}]},
-    }
-    objects: list[dict[str, Any]] = [flavor]
-    for (cluster_queue, local_queue), nominal in ((LOW_QUEUES, 0), (HIGH_QUEUES, 8)):
-        quota = {"name": GPU, "nominalQuota": nominal}
-        spec: dict[str, Any] = {
-            "cohortName": PREEMPT_COHORT,
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {"coveredResources": [GPU], "flavors": [{"name": PREEMPT_FLAVOR, "resources": [quota]}]}
-            ],
-        }
-        if nominal:
-            spec["preemption"] = {"reclaimWithinCohort": "Any"}
-        objects.append(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": cluster_queue},
-                "spec": spec,
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": local_queue, "namespace": NAMESPACE},
-                "spec": {"clusterQueue": cluster_queue},
-            }
-        )
-    return objects
+    low = _queues(*LOW_QUEUES, flavor=PREEMPT_FLAVOR, resource=GPU, nominal=0, cohortName=PREEMPT_COHORT)
+    high = _queues(
+        *HIGH_QUEUES,
+        flavor=PREEMPT_FLAVOR,
+        resource=GPU,
+        nominal=8,
+        cohortName=PREEMPT_COHORT,
+        preemption={"reclaimWithinCohort": "Any"},
+    )
+    return [_flavor(PREEMPT_FLAVOR, PREEMPT_NODE_LABEL), *low, *high]
 
 
 def _queued_job(name: str, local_queue: str) -> dict[str, Any]:
@@ -735,4 +705,133 @@ def test_second_cluster_queue_reclaims_borrowed_quota_through_kueue_and_gets_the
     print(
         f"Job reclaimer admitted {admitted_s:.1f} s and bound {placed_s:.1f} s after it was created"
         f" ({time.monotonic() - started:.1f} s for the test), on the {len(held)} GPUs the evicted pod held"
+    )
+
+
+FAULT_NODES, FAULT_BLOCK = ("kq-f1", "kq-f2", "kq-f3"), "e2e-kq-block-f"
+FAULT_NODE_LABEL, FAULT_FLAVOR = "e2e.gpuweave.io/kueue-fault-node", "e2e-h100-checked"
+CHECKED_QUEUES, CHECK = ("e2e-checked", "e2e-checked-queue"), "e2e-gpu-health"
+XID_79 = "Xid 79: GPU has fallen off the bus"
+
+
+def _checked_kueue_objects() -> list[dict[str, Any]]:
+    """gpuweave's AdmissionCheck (controllerName ``gpuweave.io/gpu-health``), a flavor on the three
+    fault-test nodes, and a ClusterQueue of 24 GPUs that asks for the check."""
+    check = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": CHECK},
+        "spec": {"controllerName": CONTROLLER_NAME},
+    }
+    strategy = {"admissionChecks": [{"name": CHECK}]}
+    queues = _queues(
+        *CHECKED_QUEUES, flavor=FAULT_FLAVOR, resource=GPU, nominal=24, admissionChecksStrategy=strategy
+    )
+    return [check, _flavor(FAULT_FLAVOR, FAULT_NODE_LABEL), *queues]
+
+
+@pytest.fixture(scope="module")
+def checked_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
+    for name in FAULT_NODES:
+        _create_node(plane, name, block=FAULT_BLOCK, node_label=FAULT_NODE_LABEL)
+    try:
+        plane.apply(_checked_kueue_objects())
+        custom = client.CustomObjectsApi(plane.api)
+        wait_for(  # the extender marks its check Active; the ClusterQueue is active only then
+            f"AdmissionCheck {CHECK} active",
+            lambda: (
+                _condition(custom.get_cluster_custom_object(*KUEUE, "admissionchecks", CHECK), "Active")
+                == "True"
+            ),
+        )
+        wait_for(
+            "checked ClusterQueue active",
+            lambda: _condition(_cluster_queue(plane, CHECKED_QUEUES[0]), "Active") == "True",
+        )
+        yield None
+    finally:
+        _cleanup(plane)
+        custom = client.CustomObjectsApi(plane.api)
+        for name in FAULT_NODES:
+            plane.core.delete_node(name)
+            custom.delete_cluster_custom_object(*INVENTORIES, name)
+
+
+def _check_state(workload: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in workload["status"].get("admissionChecks") or [] if c["name"] == CHECK)
+
+
+def test_gpu_fault_under_one_member_requeues_the_whole_jobset_through_kueue_and_it_runs_again(
+    plane: ControlPlane, kueue: KueueCluster, checked_queue: None
+) -> None:
+    custom = client.CustomObjectsApi(plane.api)
+
+    # 1. Quota reserved, the check Pending: gpuweave finds 2 x 8 healthy free GPUs on the flavor's
+    # nodes and sets it Ready; Kueue admits the JobSet and gpuweave places it as one gang.
+    started = time.monotonic()
+    custom.create_namespaced_custom_object(*JOBSET, _jobset("healthy", CHECKED_QUEUES[1]))
+    admitted = _wait_workload(
+        plane, "JobSet", "healthy", lambda w: _condition(w, "Admitted") == "True", "admitted"
+    )
+    first_check = _check_state(admitted)
+    assert first_check["state"] == "Ready"
+    assert "16 GPUs fit on healthy free devices" in first_check["message"]
+    assert admitted["status"]["admission"]["clusterQueue"] == CHECKED_QUEUES[0]
+
+    def bound() -> list[Any] | None:
+        kueue.check_alive()
+        pods = _jobset_pods(plane, "healthy")
+        return pods if len(pods) == 2 and all(p.spec.node_name for p in pods) else None
+
+    pods = wait_for("the JobSet's 2 pods to be bound", bound, timeout=90)
+    first_uids = {p.metadata.uid for p in pods}
+    first_nodes = sorted(p.spec.node_name for p in pods)
+    assert set(first_nodes) < set(FAULT_NODES)
+    member = pods[0]
+    assignment = PodAssignment.from_annotation(member.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    failed_gpu = sorted(assignment.all_device_ids())[0]
+
+    # 2. One GPU under one member fails (its node agent publishes it unhealthy): gpuweave sets the
+    # check Retry, Kueue evicts the Workload (the JobSet is suspended, both pods go) and requeues it
+    # whole; quota is reserved again, the check is Pending, gpuweave finds room on healthy GPUs
+    # (the failed node has 7) and sets it Ready; Kueue admits it and both pods are placed again.
+    faulted = time.monotonic()
+    inventory = profile_inventory("dgx-h100", member.spec.node_name)
+    publish_inventory(plane, inventory, faults={failed_gpu: XID_79})
+
+    def running_again() -> list[Any] | None:
+        kueue.check_alive()
+        pods = _jobset_pods(plane, "healthy")
+        fresh = [p for p in pods if p.metadata.uid not in first_uids and p.spec.node_name]
+        return fresh if len(fresh) == 2 and len(pods) == 2 else None
+
+    again = wait_for("the requeued JobSet's 2 new pods to be bound", running_again, timeout=120)
+    back_s = time.monotonic() - faulted
+    workload = _wait_workload(
+        plane, "JobSet", "healthy", lambda w: _condition(w, "Admitted") == "True", "admitted again"
+    )
+    evictions = (workload["status"].get("schedulingStats") or {}).get("evictions") or []
+    print(f"Workload after the fault: check {_check_state(workload)}; evictions {evictions}")
+    assert {e["reason"]: e["count"] for e in evictions} == {"AdmissionCheck": 1}  # evicted once, by the check
+    check = _check_state(workload)
+    assert check["state"] == "Ready" and check.get("retryCount") == 1
+    new_nodes = sorted(p.spec.node_name for p in again)
+    assert member.spec.node_name not in new_nodes  # 7 healthy GPUs there: no room for an 8-GPU pod
+    assert set(new_nodes) < set(FAULT_NODES)
+    for pod in again:
+        assignment = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+        assert failed_gpu not in assignment.all_device_ids()
+    jobset = custom.get_namespaced_custom_object(*JOBSET, "healthy")
+    assert jobset["spec"]["suspend"] is False
+    assert not any(
+        c["type"] in ("Failed", "Completed") and c["status"] == "True"
+        for c in (jobset.get("status") or {}).get("conditions") or []
+    )
+    usage = _gpu_usage(plane, CHECKED_QUEUES[0])
+    assert usage == {GPU: "16"}
+    kueue.check_alive()
+    print(
+        f"JobSet healthy ran on {first_nodes}; GPU {failed_gpu} on {member.spec.node_name} failed;"
+        f" requeued through Kueue and both pods bound again on {new_nodes} {back_s:.1f} s later"
+        f" ({time.monotonic() - started:.1f} s for the test)"
     )

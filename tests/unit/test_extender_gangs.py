@@ -15,9 +15,11 @@ from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from devicemodel.gangs import (
     ANNOTATION_GANG,
     ANNOTATION_GANG_SIZE,
+    ANNOTATION_KUEUE_GROUP_COUNT,
     LABEL_JOBSET_NAME,
     LABEL_JOBSET_REPLICAS,
     LABEL_JOBSET_RESTART,
+    LABEL_KUEUE_POD_GROUP,
     LABEL_POD_GROUP,
     LABEL_REPLICATED_JOB,
     BadGangError,
@@ -78,6 +80,19 @@ def _pod(*, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {},
             Gang("ml/jobset:js/w/3", 16, "jobset"),
         ),
         ({LABEL_JOBSET_NAME: "js"}, {}, {}, None),  # no replicated job: no gang
+        (
+            {LABEL_KUEUE_POD_GROUP: "kg"},
+            {ANNOTATION_KUEUE_GROUP_COUNT: "4"},
+            {},
+            Gang("ml/kueue-pod-group:kg", 4, "kueue-pod-group"),
+        ),
+        (
+            {LABEL_KUEUE_POD_GROUP: "kg"},
+            {ANNOTATION_KUEUE_GROUP_COUNT: "4", ANNOTATION_GANG_SIZE: "2"},
+            {},
+            Gang("ml/kueue-pod-group:kg", 2, "kueue-pod-group"),
+        ),
+        ({LABEL_KUEUE_POD_GROUP: "kg"}, {}, {}, None),  # no count: a group of one
         ({}, {ANNOTATION_GANG: "solo", ANNOTATION_GANG_SIZE: "1"}, {}, None),  # a gang of one
         ({}, {}, {}, None),
     ],

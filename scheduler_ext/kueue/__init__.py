@@ -1,0 +1,1 @@
+"""Kueue integration: the ``gpuweave.io/gpu-health`` admission check (docs/extender.md, Kueue)."""
