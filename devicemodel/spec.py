@@ -56,7 +56,7 @@ API_VERSION = "gpuweave.io/v1alpha1"
 KIND = "NodeProfile"
 _PCI_BUS_ID = r"^([0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}):[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 
 class ProfileError(InvalidInputError):
@@ -116,7 +116,7 @@ class NvSwitchSpec(_Model):
     fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
     # The multi-node NVLink domain (GB200/GB300 NVL72): the cluster UUID and clique ID each GPU's
     # fabric reports (``nvmlDeviceGetGpuFabricInfoV``). Omitted: a single-node NVSwitch board.
-    cluster_uuid: str | None = Field(default=None, pattern=_UUID)
+    cluster_uuid: str | None = Field(default=None, pattern=UUID_PATTERN)
     clique_id: int | None = Field(default=None, ge=0, le=0xFFFFFFFF)
 
 

@@ -28,12 +28,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from devicemodel.spec import NodeProfile, ProfileError, ProfileMetadata
+from devicemodel.spec import UUID_PATTERN, NodeProfile, ProfileError, ProfileMetadata
 
 RACK_KIND = "RackProfile"
 MAX_RACK_NODES = 576  # NVLink 5 domains reach 576 GPUs; no rack holds more nodes than that
 DEFAULT_CLIQUE_ID = 32766  # the ID NVIDIA's Fabric Manager gives the default partition (0x7ffe)
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _RACK_NAMESPACE = uuid.UUID("5f0c4d1e-9a3b-4c2d-8e7f-112233445566")  # gpuweave's, for derived domains
 
 
@@ -50,7 +49,7 @@ class RackProfileSpec(_Model):
     node: str = Field(min_length=1, max_length=4096)
     nodes: int | None = Field(default=None, ge=1, le=MAX_RACK_NODES)
     cliques: tuple[CliqueSpec, ...] = Field(default=(), max_length=MAX_RACK_NODES)
-    cluster_uuid: str | None = Field(default=None, pattern=_UUID)
+    cluster_uuid: str | None = Field(default=None, pattern=UUID_PATTERN)
 
     @model_validator(mode="after")
     def _cliques_cover_the_rack(self) -> RackProfileSpec:
