@@ -19,8 +19,10 @@ spent from the phase's start to its last bind, divided by the pods bound: kube-s
 control plane (kube-apiserver + etcd, one process) and, in the extender phase, the extender,
 whose resident memory (now and peak) is read at the end of the phase; and, from kube-apiserver's
 /metrics, the requests it served, the heap it allocated per pod and its GC cycles in the phase.
-``--profile FILE`` records the extender's phase with py-spy (speedscope JSON) when py-spy is
-installed.
+``--profile FILE`` records the first extender phase's scheduling with py-spy (speedscope JSON;
+collapsed stacks for a ``.txt`` file) when py-spy is installed: from kube-scheduler's start to the
+last bind, the window the CPU figures cover (not the pods' creation or deletion), at
+``PROFILE_RATE_HZ``.
 
 Writes ``benchmarks/results/e2e_throughput.json`` (``e2e_throughput_<nodes>.json`` for another
 node count) and prints a table.
@@ -75,6 +77,7 @@ SCHEDULER_NAME = "gpuweave-scheduler"
 WORKERS = 16
 ROUNDS = 3  # baseline/extender pairs: the machine's speed drifted by up to 20% within one run
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROFILE_RATE_HZ = 250  # py-spy samples per second: a 10 s phase gives a few thousand stacks
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ def run_phase(
     pods: int,
     config_path: Path,
     extender: Process | None = None,
+    profiler: Profiler | None = None,
 ) -> PhaseResult:
     create_pods(plane, pods)
     with BindWatch(plane) as binds:
@@ -323,10 +327,16 @@ def run_phase(
         processes = {"kube-scheduler": scheduler, "control-plane": plane.process}
         if extender is not None:
             processes["extender"] = extender
+        if profiler is not None and extender is not None:
+            profiler.start(extender.popen.pid)  # the scheduling only: not the pods' creation or deletion
         before = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
         counters_before = api_counters(plane)
         try:
-            bound, seconds = binds.wait(pods)
+            try:
+                bound, seconds = binds.wait(pods)
+            finally:
+                if profiler is not None:
+                    profiler.stop()
             spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
             counters = api_counters(plane) - counters_before
             memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
@@ -374,12 +384,13 @@ class Profiler:
         argv = [spy, "record", "--pid", str(pid), "--format", form, "--output", str(self.out)]
         # --gil: only the thread holding the GIL is sampled, so the profile shows where the CPU
         # goes, not threads blocked in a socket read (which py-spy would count as running)
-        self._recorder = subprocess.Popen([*argv, "--rate", "100", "--nonblocking", "--gil"])
+        self._recorder = subprocess.Popen([*argv, "--rate", str(PROFILE_RATE_HZ), "--nonblocking", "--gil"])
 
     def stop(self) -> None:
         if self._recorder is not None:
             self._recorder.send_signal(2)  # SIGINT: py-spy writes its file and exits
             self._recorder.wait(60)
+            self._recorder = None
             print(f"extender profile: {self.out}")
 
 
@@ -426,22 +437,17 @@ def run(
             extender, url = start_extender(plane, kubeconfig=kubeconfig, name=f"extender-{round_}")
             print(f"extender ready (first sync of {nodes} Nodes) in {time.monotonic() - started:.1f} s")
             with_extender = render_scheduler_config(plane, extender_url=url, kubeconfig=kubeconfig)
-            if round_ == 0:
-                profiler.start(extender.popen.pid)
-            try:
-                results.append(
-                    run_phase(
-                        plane,
-                        phase="extender",
-                        round_=round_,
-                        pods=pods,
-                        config_path=with_extender,
-                        extender=extender,
-                    )
+            results.append(
+                run_phase(
+                    plane,
+                    phase="extender",
+                    round_=round_,
+                    pods=pods,
+                    config_path=with_extender,
+                    extender=extender,
+                    profiler=profiler if round_ == 0 else None,
                 )
-            finally:
-                if round_ == 0:
-                    profiler.stop()
+            )
             verbs.append(extender_verbs(url))
             extender.stop()
             extender = None

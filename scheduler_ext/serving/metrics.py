@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -84,6 +85,8 @@ class ExtenderMetrics:
             "Devices a pod's assignment names while another counted pod holds them (not counted for it)",
             registry=self.registry,
         )
+        self._latency_of: dict[str, Any] = {}  # verb -> its ``latency`` child
+        self._binds_of: dict[str, Any] = {}  # outcome -> its ``binds`` child
         self.cached_nodes = Gauge(
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )
@@ -93,6 +96,21 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+
+    def verb_latency(self, verb: str) -> Any:
+        """The latency histogram's child for ``verb``, looked up once (``labels`` per request cost
+        a lock and a tuple of the label values each time)."""
+        child = self._latency_of.get(verb)
+        if child is None:
+            child = self._latency_of.setdefault(verb, self.latency.labels(verb))
+        return child
+
+    def bind_outcome(self, outcome: str) -> Any:
+        """The binds counter's child for ``outcome`` (bound, error), looked up once."""
+        child = self._binds_of.get(outcome)
+        if child is None:
+            child = self._binds_of.setdefault(outcome, self.binds.labels(outcome))
+        return child
 
     def gang_outcome(self, outcome: str) -> None:
         self.gangs.labels(outcome).inc()

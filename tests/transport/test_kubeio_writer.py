@@ -96,3 +96,85 @@ def test_an_api_server_behind_a_path_gets_the_path_and_a_closed_pool_is_opened_a
         ("/k8s/clusters/c-1/api/v1/namespaces/a/events", 1),
         ("/k8s/clusters/c-1/api/v1/namespaces/a/events", 2),
     ]
+
+
+class KeepAlive(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive; the answer's framing is chosen per request path."""
+
+    protocol_version = "HTTP/1.1"
+    peers: ClassVar[list[tuple[str, int]]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        KeepAlive.peers.append(self.client_address)
+        answer = b'{"kind":"Status","path":"' + self.path.encode() + b'"}'
+        status = 409 if "conflict" in self.path else 201
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if "chunked" in self.path:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = len(answer) // 2
+            for part in (answer[:half], answer[half:]):
+                self.wfile.write(b"%x;ext=1\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\nX-Trailer: t\r\n\r\n")
+        elif "unframed" in self.path:
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(answer)
+            self.close_connection = True
+        else:
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_posts_in_a_row_share_one_kept_alive_connection_whatever_the_answers_framing() -> None:
+    KeepAlive.peers.clear()
+    with loopback_api(KeepAlive) as api:
+        writer = Writer(api)
+        answers = [
+            json.loads(writer.post(f"/{kind}", {"i": i})) for i, kind in enumerate(["a", "chunked"] * 3)
+        ]
+        with pytest.raises(ApiException) as raised:
+            writer.post("/conflict", {})
+        writer.post("/after", {})
+    assert [a["path"] for a in answers] == ["/a", "/chunked"] * 3
+    assert raised.value.status == 409 and '"path":"/conflict"' in raised.value.body
+    assert len(set(KeepAlive.peers)) == 1, KeepAlive.peers
+
+
+def test_an_answer_framed_by_the_connections_end_is_read_whole_and_the_next_post_reconnects() -> None:
+    KeepAlive.peers.clear()
+    with loopback_api(KeepAlive) as api:
+        writer = Writer(api)
+        first = json.loads(writer.post("/unframed", {}))
+        second = json.loads(writer.post("/a", {}))
+    assert (first["path"], second["path"]) == ("/unframed", "/a")
+    assert len(set(KeepAlive.peers)) == 2
+
+
+def test_a_connection_the_server_dropped_is_replaced() -> None:
+    KeepAlive.peers.clear()
+    with loopback_api(KeepAlive) as api:
+        writer = Writer(api)
+        writer.post("/a", {})
+        pool = api.rest_client.pool_manager.connection_from_url(api.configuration.host)
+        conn = pool.pool.get()  # the kept-alive connection, shut as an idle timeout would
+        conn.sock.shutdown(2)
+        pool.pool.put(conn)
+        writer.post("/b", {})
+    assert len(KeepAlive.peers) == 2
+
+
+def test_a_path_or_header_that_could_split_the_request_is_refused() -> None:
+    with loopback_api(KeepAlive) as api:
+        writer = Writer(api)
+        with pytest.raises(ValueError):
+            writer.post("/a b", {})
+        api.default_headers["X-Bad"] = "v\r\nX-Injected: 1"
+        with pytest.raises(ValueError):
+            Writer(api).post("/a", {})
