@@ -139,6 +139,7 @@ class Simulation:
         self._mig_placer = placer if every and isinstance(placer, MigPlacer) else None
         self._watcher = placer if every and isinstance(placer, InventoryWatcher) else None
         self._mig = MigManager(applier=self._apply_layout if self._mig_placer is not None else None)
+        self._mig_nodes = [i for i, n in enumerate(self.state.fleet) if n.mig_managed]
         self._queue: list[_Queued] = []
         self._preempted: list[_Queued] = []  # victims' jobs of this tick's preemptions, queued again
         # job -> (its priority, nodes it preempted on): kube-scheduler's nominated nodes, kept from
@@ -219,14 +220,16 @@ class Simulation:
         return True
 
     def _reconcile_mig(self, demand: Counter[str], now: float) -> None:
-        before = [[m == GpuMode.MIG for m in node] for node in self.state.modes]
+        if self._mig_placer is not None:  # the agents publish the MIG devices themselves
+            self._mig.reconcile(self.state, demand, now=now)
+            return
+        # only MIG-managed nodes are reshaped
+        before = {node: [m is GpuMode.MIG for m in self.state.modes[node]] for node in self._mig_nodes}
         self._mig.reconcile(self.state, demand, now=now)
-        if self._mig_placer is not None:
-            return  # the agents published the MIG devices themselves
-        for node, modes in enumerate(self.state.modes):
-            for gpu, mode in enumerate(modes):
-                if (mode == GpuMode.MIG) != before[node][gpu]:
-                    self._placer.gpu_mode_changed(node, gpu, mig=mode == GpuMode.MIG)
+        for node, was in before.items():
+            for gpu, mode in enumerate(self.state.modes[node]):
+                if (mode is GpuMode.MIG) != was[gpu]:
+                    self._placer.gpu_mode_changed(node, gpu, mig=mode is GpuMode.MIG)
 
     def _depart(self, now: float) -> None:
         for pod_id in [p for p, end in self._ends.items() if end <= now]:

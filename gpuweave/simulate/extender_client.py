@@ -416,11 +416,7 @@ def _dry_run(state: SimState, node: int, request: Request, priority: int) -> lis
     """kube-scheduler's victims on ``node``: every pod of lower priority taken away, then given back,
     most important first (higher priority, then earlier start), while the pod still fits its CPU,
     memory and GPU count; None when it does not fit even with them all gone."""
-    lower = [
-        p
-        for p in state.pods.values()
-        if p.node == node and p.request is not None and p.job.priority < priority
-    ]
+    lower = [p for p in state.pods_on(node) if p.request is not None and p.job.priority < priority]
     cluster = state.cluster
     free = [
         int(cluster.cpu_free[node]) + sum(p.request.cpu_milli for p in lower if p.request),

@@ -75,6 +75,10 @@ class SimState:
             if mode is GpuMode.NORMAL and free[g] == MILLI_PER_GPU
         )
 
+    def pods_on(self, node: int) -> list[RunningPod]:
+        """The pods running on ``node``, in start order."""
+        return [self.pods[i] for i in self._by_node.get(node, ())]
+
     def pods_on_gpu(self, node: int, gpu: int) -> list[RunningPod]:
         on_node = (self.pods[i] for i in self._by_node.get(node, ()))
         return [p for p in on_node if gpu in p.gpus or p.mig_gpu == gpu]

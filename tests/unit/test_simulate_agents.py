@@ -10,6 +10,7 @@ from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from gpuweave.cli import main
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.fleet import build_fleet
+from hardware.simulated.backend import scratch_parent
 
 
 def test_agents_register_admit_and_report_a_failed_gpu() -> None:
@@ -54,3 +55,18 @@ def test_simulate_runs_the_agents_and_the_extender(tmp_path: Path) -> None:
     assert summary["scheduler"] == "extender over HTTP"
     assert summary["node_agents"] == "4 agents (gRPC)"
     assert summary["admission_failures"] == 0 and summary["placement_mismatches"] == 0
+
+
+def test_closing_the_pool_stops_every_agent_and_removes_its_files() -> None:
+    fleet = build_fleet(["p4d.24xlarge", "l40s-pcie-8", "p4d.24xlarge"], nodes=3)
+    pool = NodeAgentPool(fleet, share_nodes=frozenset({1}))
+    root = pool._root
+    nodes = list(pool._nodes.values())
+    try:
+        assert str(root.parent) == (scratch_parent() or "/tmp")  # memory-backed where there is one
+        assert {p.name for p in root.iterdir()} == {"n0", "n1", "n2"}
+    finally:
+        pool.close()
+    assert not root.exists()
+    assert not any(pool.has(i) for i in range(3))
+    assert all(n.health is not None and n.health.monitor._stop.is_set() for n in nodes)
