@@ -17,6 +17,13 @@ them all or none (``gang_plan``). Three sources name one, checked in this order:
    ``gpuweave.io/gang-size``, else Kueue's ``kueue.x-k8s.io/pod-group-total-count`` annotation
    (which Kueue requires on every pod of a group).
 
+A gang whose nodes Kueue's Topology Aware Scheduling assigned (its pods carry Kueue's
+``kueue.x-k8s.io/workload`` annotation and one of its ``kueue.x-k8s.io/podset-*-topology``
+annotations, from the admitted pod template) is not planned again here: Kueue admitted every
+member's capacity in its topology assignment at once and its ungater pins each pod to its domain,
+so ``gang_of`` treats the pods as ordinary pods (the extender still picks each pod's devices);
+planning the gang among one pinned member's nodes could never hold the others.
+
 A gang may require a network tier: ``gpuweave.io/gang-tier: LABEL`` (e.g. ``nvidia.com/gpu.clique``)
 on its pods means every member goes inside one domain of that tier (or of a closer one), else the
 gang waits; without it the gang takes the tightest domain that holds it, at any tier or none.
@@ -45,6 +52,13 @@ LABEL_JOBSET_REPLICAS: Final = "jobset.sigs.k8s.io/replicatedjob-replicas"
 LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
 LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
 ANNOTATION_KUEUE_GROUP_COUNT: Final = "kueue.x-k8s.io/pod-group-total-count"
+ANNOTATION_KUEUE_WORKLOAD: Final = "kueue.x-k8s.io/workload"  # on the pods of an admitted Workload
+KUEUE_TOPOLOGY_ANNOTATIONS: Final = (
+    "kueue.x-k8s.io/podset-required-topology",
+    "kueue.x-k8s.io/podset-preferred-topology",
+    "kueue.x-k8s.io/podset-unconstrained-topology",
+    "kueue.x-k8s.io/podset-slice-required-topology",
+)
 # What a fatal device fault under one member does to the rest of its gang (docs/health.md):
 # "gang" (default) evicts every member, "pod" only the pods on the failed device.
 ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
@@ -138,6 +152,14 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def placed_by_kueue_topology(pod: Mapping[str, Any]) -> bool:
+    """Whether Kueue's Topology Aware Scheduling assigned the pod's domain (module doc)."""
+    _, _, annotations = _meta(pod)
+    if ANNOTATION_KUEUE_WORKLOAD not in annotations:
+        return False
+    return any(a in annotations for a in KUEUE_TOPOLOGY_ANNOTATIONS)
+
+
 def evicts_whole_gang(pod: Mapping[str, Any]) -> bool:
     """Whether a fatal device fault under this gang member evicts the whole gang: yes unless the
     pod says ``gpuweave.io/gang-eviction: pod`` (an unknown value keeps the default)."""
@@ -177,7 +199,7 @@ def gang_of(
     values ``gpuweave.io/gang-tier`` may take. Raises ``BadGangError`` for a size or tier it cannot
     accept (the tier is checked on every pod that names a gang)."""
     found = _identity(pod)
-    if found is None:
+    if found is None or placed_by_kueue_topology(pod):
         return None
     key, source = found
     namespace, labels, annotations = _meta(pod)

@@ -835,3 +835,101 @@ def test_gpu_fault_under_one_member_requeues_the_whole_jobset_through_kueue_and_
         f" requeued through Kueue and both pods bound again on {new_nodes} {back_s:.1f} s later"
         f" ({time.monotonic() - started:.1f} s for the test)"
     )
+
+
+TAS_NODES = {
+    "kq-t1": "e2e-kq-block-t1",
+    "kq-t2": "e2e-kq-block-t1",
+    "kq-t3": "e2e-kq-block-t2",
+    "kq-t4": "e2e-kq-block-t2",
+}
+TAS_NODE_LABEL, TAS_FLAVOR, TAS_TOPOLOGY = "e2e.gpuweave.io/kueue-tas-node", "e2e-h100-tas", "e2e-blocks"
+TAS_QUEUES = ("e2e-tas", "e2e-tas-queue")
+HOSTNAME = "kubernetes.io/hostname"
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+
+
+def _tas_kueue_objects() -> list[dict[str, Any]]:
+    """A Topology of layer-3 blocks over hosts, a TAS flavor on the four TAS nodes, and a ClusterQueue
+    of 32 GPUs on it."""
+    topology = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": TAS_TOPOLOGY},
+        "spec": {"levels": [{"nodeLabel": LABEL_AWS_LAYER_3}, {"nodeLabel": HOSTNAME}]},
+    }
+    flavor = _flavor(TAS_FLAVOR, TAS_NODE_LABEL)
+    flavor["spec"]["topologyName"] = TAS_TOPOLOGY
+    return [topology, flavor, *_queues(*TAS_QUEUES, flavor=TAS_FLAVOR, resource=GPU, nominal=32)]
+
+
+@pytest.fixture(scope="module")
+def tas_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
+    for name, block in TAS_NODES.items():
+        _create_node(plane, name, block=block, node_label=TAS_NODE_LABEL)
+    try:
+        plane.apply(_tas_kueue_objects())
+        wait_for(
+            "TAS ClusterQueue active",
+            lambda: _condition(_cluster_queue(plane, TAS_QUEUES[0]), "Active") == "True",
+        )
+        yield None
+    finally:
+        _cleanup(plane)
+        custom = client.CustomObjectsApi(plane.api)
+        for name in TAS_NODES:
+            plane.core.delete_node(name)
+            custom.delete_cluster_custom_object(*INVENTORIES, name)
+
+
+def test_kueue_topology_aware_scheduling_assigns_the_block_and_gpuweave_places_the_devices_there(
+    plane: ControlPlane, kueue: KueueCluster, tas_queue: None
+) -> None:
+    custom = client.CustomObjectsApi(plane.api)
+    # 1. Half of kq-t1's GPUs are taken by a pod outside Kueue (placed by the extender): block t1
+    # cannot hold two 8-GPU pods any more, block t2 can.
+    filler = {
+        "metadata": {"name": "tas-filler"},
+        "spec": _pod_spec(4, nodeSelector={HOSTNAME: "kq-t1"}, tolerations=[{**TAINT, "operator": "Equal"}]),
+    }
+    plane.core.create_namespaced_pod(NAMESPACE, filler)
+    wait_for(
+        "the filler pod to be bound",
+        lambda: plane.core.read_namespaced_pod("tas-filler", NAMESPACE).spec.node_name == "kq-t1",
+    )
+
+    # 2. A JobSet of 2 x 8 GPUs asks Kueue for one layer-3 block: Kueue's TAS admits it into block t2
+    # with one pod per host, its topology ungater gives each pod its host's node selector and lifts
+    # the scheduling gate, and gpuweave picks each pod's 8 GPUs there (no gang planning of its own:
+    # Kueue placed the gang).
+    started = time.monotonic()
+    jobset = _jobset("tas", TAS_QUEUES[1])
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"] = {"annotations": {REQUIRED_TOPOLOGY: LABEL_AWS_LAYER_3}}
+    custom.create_namespaced_custom_object(*JOBSET, jobset)
+    admitted = _wait_workload(
+        plane, "JobSet", "tas", lambda w: _condition(w, "Admitted") == "True", "admitted"
+    )
+    [podset] = admitted["status"]["admission"]["podSetAssignments"]
+    assert podset["topologyAssignment"], podset  # Kueue's TAS assigned the pods' domains
+
+    def bound() -> list[Any] | None:
+        kueue.check_alive()
+        pods = _jobset_pods(plane, "tas")
+        return pods if len(pods) == 2 and all(p.spec.node_name for p in pods) else None
+
+    pods = wait_for("the TAS JobSet's 2 pods to be bound", bound, timeout=90)
+    placed_s = time.monotonic() - started
+    nodes = sorted(p.spec.node_name for p in pods)
+    assert nodes == ["kq-t3", "kq-t4"]
+    devices: set[str] = set()
+    for pod in pods:
+        assert pod.spec.node_selector[HOSTNAME] == pod.spec.node_name  # Kueue's ungater pinned its host
+        assert not pod.spec.scheduling_gates
+        assignment = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+        assert assignment.node == pod.spec.node_name and len(assignment.all_device_ids()) == 8
+        devices |= {f"{assignment.node}/{d}" for d in assignment.all_device_ids()}
+    assert len(devices) == 16
+    print(
+        f"TAS JobSet admitted into block e2e-kq-block-t2 and bound to {nodes} {placed_s:.1f} s after creation"
+    )

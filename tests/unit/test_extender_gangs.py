@@ -16,6 +16,8 @@ from devicemodel.gangs import (
     ANNOTATION_GANG,
     ANNOTATION_GANG_SIZE,
     ANNOTATION_KUEUE_GROUP_COUNT,
+    ANNOTATION_KUEUE_WORKLOAD,
+    KUEUE_TOPOLOGY_ANNOTATIONS,
     LABEL_JOBSET_NAME,
     LABEL_JOBSET_REPLICAS,
     LABEL_JOBSET_RESTART,
@@ -103,6 +105,18 @@ def test_gang_identity(
     pod = _pod(labels=labels, annotations=annotations)
     assert gang_of(pod, min_members=groups, tier_labels=TIERS) == expected
     assert gang_key(pod) == (expected.key if expected else gang_key(pod))
+
+
+@pytest.mark.parametrize("topology", KUEUE_TOPOLOGY_ANNOTATIONS)
+def test_a_gang_kueues_topology_aware_scheduling_placed_is_not_planned_again(topology: str) -> None:
+    labels = {LABEL_JOBSET_NAME: "js", LABEL_REPLICATED_JOB: "workers", LABEL_JOBSET_REPLICAS: "2"}
+    admitted = _pod(labels=labels, annotations={ANNOTATION_KUEUE_WORKLOAD: "jobset-js-1"})
+    assert gang_of(admitted, min_members={}, tier_labels=TIERS) == Gang("ml/jobset:js/workers/0", 2, "jobset")
+    placed = _pod(labels=labels, annotations={ANNOTATION_KUEUE_WORKLOAD: "jobset-js-1", topology: "block"})
+    assert gang_of(placed, min_members={}, tier_labels=TIERS) is None  # Kueue placed the gang
+    assert gang_key(placed) == "ml/jobset:js/workers/0"  # still one gang for a fault's whole-gang eviction
+    asked = _pod(labels=labels, annotations={topology: "block"})  # not admitted by Kueue: a gang
+    assert gang_of(asked, min_members={}, tier_labels=TIERS) is not None
 
 
 @pytest.mark.parametrize("size", ["0", "4097", "1.5", "-2", "two", "", "٣", "99999999999999999999"])
