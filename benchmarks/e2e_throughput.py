@@ -49,7 +49,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ class PhaseResult:
     seconds: float
     pods_per_s: float
     cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # process -> CPU ms per bound pod
+    system_cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # of which in the kernel
     extender_rss_mib: float | None = None
     extender_peak_rss_mib: float | None = None
     # kube-apiserver requests served in the phase per bound pod, "VERB resource[/subresource]"
@@ -102,6 +103,8 @@ class PhaseResult:
     # kube-scheduler's own scheduling_algorithm_duration histogram over the phase (the scheduling
     # cycle's filter and score, extender calls included; binding is not in it): p50 and p99 in ms
     scheduler_algorithm_ms: dict[str, float] = field(default_factory=dict)
+    # the extender's own time per call (read to written) for filter, prioritize and bind: p50, p99 in ms
+    extender_verb_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -154,15 +157,18 @@ def parse_api_counters(text: str) -> ApiServerCounters:
 ALGORITHM_HISTOGRAM = "scheduler_scheduling_algorithm_duration_seconds"
 
 
-def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
+def histogram_buckets(text: str, name: str, *, label: str = "") -> list[tuple[float, float]]:
     """Cumulative (upper bound, count) pairs of one Prometheus histogram, summed over its label
-    sets other than ``le``, in bound order."""
+    sets other than ``le`` (only those with ``label``, ``verb="filter"`` say, when given), in
+    bound order."""
     counts: dict[float, float] = {}
     prefix = f"{name}_bucket{{"
     for line in text.splitlines():
         if not line.startswith(prefix):
             continue
         labels, _, value = line[len(prefix) :].rpartition("} ")
+        if label and label not in labels.split(","):
+            continue
         bound = next(part.split("=", 1)[1].strip('"') for part in labels.split(",") if part.startswith("le="))
         le = float("inf") if bound == "+Inf" else float(bound)
         counts[le] = counts.get(le, 0.0) + float(value)
@@ -190,7 +196,11 @@ def scheduler_algorithm_ms(port: int) -> dict[str, float]:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate, on loopback
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10, context=context) as answer:
-        buckets = histogram_buckets(answer.read().decode(), ALGORITHM_HISTOGRAM)
+        return quantiles_ms(histogram_buckets(answer.read().decode(), ALGORITHM_HISTOGRAM))
+
+
+def quantiles_ms(buckets: list[tuple[float, float]]) -> dict[str, float]:
+    """p50 and p99 in milliseconds of a histogram in seconds (none when it is empty)."""
     out = {}
     for label, q in (("p50", 0.5), ("p99", 0.99)):
         value = bucket_quantile(buckets, q)
@@ -199,10 +209,28 @@ def scheduler_algorithm_ms(port: int) -> dict[str, float]:
     return out
 
 
+EXTENDER_HISTOGRAM = "gpuweave_extender_request_seconds"
+LATENCY_VERBS = ("filter", "prioritize", "bind")
+
+
+def extender_verb_ms(text: str) -> dict[str, dict[str, float]]:
+    """Per verb, p50/p99 of the extender's own request time (read to written, its histogram:
+    buckets 0.5, 1, 2, 5, 10 ms ..., so the quantiles are interpolated within a bucket)."""
+    return {
+        verb: quantiles_ms(histogram_buckets(text, EXTENDER_HISTOGRAM, label=f'verb="{verb}"'))
+        for verb in LATENCY_VERBS
+    }
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process so far (/proc/PID/stat fields 14 and 15)."""
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of one process so far (/proc/PID/stat fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
 def rss_mib(pid: int) -> tuple[float, float]:
@@ -329,7 +357,7 @@ def run_phase(
             processes["extender"] = extender
         if profiler is not None and extender is not None:
             profiler.start(extender.popen.pid)  # the scheduling only: not the pods' creation or deletion
-        before = {name: cpu_seconds(p.popen.pid) for name, p in processes.items()}
+        before = {name: cpu_times(p.popen.pid) for name, p in processes.items()}
         counters_before = api_counters(plane)
         try:
             try:
@@ -337,7 +365,9 @@ def run_phase(
             finally:
                 if profiler is not None:
                     profiler.stop()
-            spent = {name: cpu_seconds(p.popen.pid) - before[name] for name, p in processes.items()}
+            after = {name: cpu_times(p.popen.pid) for name, p in processes.items()}
+            spent = {name: sum(after[name]) - sum(before[name]) for name in processes}
+            system = {name: after[name][1] - before[name][1] for name in processes}
             counters = api_counters(plane) - counters_before
             memory = rss_mib(extender.popen.pid) if extender is not None else (None, None)
             algorithm = scheduler_algorithm_ms(metrics_port)
@@ -353,6 +383,7 @@ def run_phase(
         seconds=round(seconds, 2),
         pods_per_s=round(rate, 1),
         cpu_ms_per_pod={name: round(1000 * cpu / max(bound, 1), 2) for name, cpu in spent.items()},
+        system_cpu_ms_per_pod={name: round(1000 * cpu / max(bound, 1), 2) for name, cpu in system.items()},
         extender_rss_mib=memory[0],
         extender_peak_rss_mib=memory[1],
         api_requests_per_pod={
@@ -394,11 +425,15 @@ class Profiler:
             print(f"extender profile: {self.out}")
 
 
-def extender_verbs(url: str) -> dict[str, dict[str, float]]:
+def extender_metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def extender_verbs(text: str) -> dict[str, dict[str, float]]:
     """Per extender verb over the phase, from the extender's own /metrics: mean milliseconds per
     call and calls (more calls than pods means kube-scheduler retried pods)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for line in text.splitlines():
@@ -448,7 +483,9 @@ def run(
                     profiler=profiler if round_ == 0 else None,
                 )
             )
-            verbs.append(extender_verbs(url))
+            text = extender_metrics(url)
+            verbs.append(extender_verbs(text))
+            results[-1] = replace(results[-1], extender_verb_ms=extender_verb_ms(text))
             extender.stop()
             extender = None
         return results, merged_verbs(verbs)
@@ -504,6 +541,16 @@ def cost_per_pod(results: list[PhaseResult]) -> dict[str, Any]:
             added[label] = round(statistics.median(with_ext) - statistics.median(without), 2)
     if added:
         cost["extender_added_cycle_ms"] = added
+    latency: dict[str, dict[str, float]] = {}
+    for verb in LATENCY_VERBS:
+        for label in ("p50", "p99"):
+            values = [
+                r.extender_verb_ms[verb][label] for r in ours if label in r.extender_verb_ms.get(verb, {})
+            ]
+            if values:
+                latency.setdefault(verb, {})[label] = round(statistics.median(values), 2)
+    if latency:
+        cost["extender_verb_ms"] = latency
     return cost
 
 
@@ -517,9 +564,12 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
     print(
         f"\nend-to-end scheduling throughput, {nodes} Nodes x 8 GPUs (real kube-scheduler + kube-apiserver)"
     )
-    print(f"{'phase':<9} round  pods bound seconds  pods/s  CPU ms per bound pod")
+    print(f"{'phase':<9} round  pods bound seconds  pods/s  CPU ms per bound pod (of which system)")
     for r in results:
-        cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in r.cpu_ms_per_pod.items())
+        cpu = ", ".join(
+            f"{name} {ms:.2f} ({r.system_cpu_ms_per_pod.get(name, 0.0):.2f})"
+            for name, ms in r.cpu_ms_per_pod.items()
+        )
         rate = f"{r.seconds:>7.2f} {r.pods_per_s:>7.1f}"
         print(f"{r.phase:<9} {r.round:>5} {r.pods:>5} {r.bound:>5} {rate}  {cpu}")
     verdict = "meets" if ratio >= 0.8 else "misses"
@@ -570,6 +620,14 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
         f"{verb} {int(verbs['calls'][verb])} ({ms:.1f})" for verb, ms in sorted(verbs["mean_ms"].items())
     )
     print("extender calls (mean ms): " + ", ".join(calls))
+    for r in ours:
+        print(
+            f"extender {r.round}: its own time per call p50 / p99 (ms): "
+            + ", ".join(
+                f"{verb} {q.get('p50', 0):.2f} / {q.get('p99', 0):.2f}"
+                for verb, q in r.extender_verb_ms.items()
+            )
+        )
     path = results_path(nodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {

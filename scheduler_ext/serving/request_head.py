@@ -69,6 +69,8 @@ class RequestHeaders:
 
 def request_version(version: str) -> tuple[int, int]:
     """``HTTP/x.y`` as (x, y); raises ``HeadError`` (400) for anything else."""
+    if version == "HTTP/1.1":  # every request kube-scheduler sends
+        return 1, 1
     major, dot, minor = version.removeprefix("HTTP/").partition(".")
     if (
         not version.startswith("HTTP/")

@@ -8,6 +8,7 @@ the decision core reads only a few fields and must not choke on fields a newer K
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -113,11 +114,19 @@ class ExtenderPreemptionResult(_Message):
 
 
 def canonical_keys(body: object, model: type[BaseModel]) -> object:
-    """Map top-level keys to the model's field names case-insensitively, as Go's decoder does."""
+    """Map top-level keys to the model's field names case-insensitively, as Go's decoder does.
+    A body whose keys are all field names already (kube-scheduler's, every call) is returned as is."""
     if not isinstance(body, Mapping):
         return body
-    names = {name.lower(): name for name in model.model_fields}
+    if model.model_fields.keys() >= body.keys():
+        return body
+    names = _lowered(model)
     return {names.get(str(key).lower(), key): value for key, value in body.items()}
+
+
+@functools.cache
+def _lowered(model: type[BaseModel]) -> dict[str, str]:
+    return {name.lower(): name for name in model.model_fields}
 
 
 def parse(model: type[M], body: object) -> M:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from benchmarks.e2e_throughput import (
     ALGORITHM_HISTOGRAM,
     bucket_quantile,
+    extender_verb_ms,
     histogram_buckets,
     parse_api_counters,
 )
@@ -65,3 +66,28 @@ def test_scheduler_algorithm_quantiles_interpolate_within_the_bucket_as_promethe
     assert bucket_quantile(buckets, 0.05) == 0.001 * 5 / 10
     assert bucket_quantile(buckets, 0.99) == 0.004  # in +Inf: the last finite bound
     assert bucket_quantile([(0.001, 0), (float("inf"), 0)], 0.5) is None
+
+
+EXTENDER_METRICS = """\
+gpuweave_extender_request_seconds_bucket{le="0.001",verb="filter"} 10.0
+gpuweave_extender_request_seconds_bucket{le="0.002",verb="filter"} 90.0
+gpuweave_extender_request_seconds_bucket{le="0.005",verb="filter"} 100.0
+gpuweave_extender_request_seconds_bucket{le="+Inf",verb="filter"} 100.0
+gpuweave_extender_request_seconds_bucket{le="0.001",verb="prioritize"} 100.0
+gpuweave_extender_request_seconds_bucket{le="+Inf",verb="prioritize"} 100.0
+"""
+
+
+def test_the_extenders_own_time_per_verb_is_read_per_verb() -> None:
+    assert histogram_buckets(
+        EXTENDER_METRICS, "gpuweave_extender_request_seconds", label='verb="filter"'
+    ) == [
+        (0.001, 10.0),
+        (0.002, 90.0),
+        (0.005, 100.0),
+        (float("inf"), 100.0),
+    ]
+    latency = extender_verb_ms(EXTENDER_METRICS)
+    assert latency["filter"] == {"p50": 1.5, "p99": 4.7}
+    assert latency["prioritize"] == {"p50": 0.5, "p99": 0.99}
+    assert latency["bind"] == {}
