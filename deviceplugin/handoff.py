@@ -36,6 +36,7 @@ from devicemodel.errors import InvalidInputError
 from deviceplugin.devices import PluginDevice
 from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
+from deviceplugin.versioned import VersionedState
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,14 @@ def _fit(ids: tuple[str, ...], *, offered: tuple[str, ...], must: set[str]) -> t
     return tuple(chosen) if len(chosen) == len(ids) else None
 
 
-class PodView:
+class PodView(VersionedState):
     """Thread-safe set of this node's live pods that carry an assignment, with their bound order."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        super().__init__()
         self._pods: dict[str, PendingPod] = {}
         self._bound: dict[str, str] = {}  # every pod seen on the node: uid -> first resourceVersion
         self._arrivals = 0
-        self._version = 0
 
     def upsert(
         self,
@@ -148,10 +147,6 @@ class PodView:
             self._bound.pop(uid, None)
             self._touch()
 
-    def _touch(self) -> None:
-        self._version += 1
-        self._changed.notify_all()
-
     def pending(self) -> list[PendingPod]:
         """Pods not admitted yet (phase Pending) with an assignment."""
         with self._lock:
@@ -161,15 +156,6 @@ class PodView:
         """Every live pod with an assignment, admitted or not (the backstop compares these)."""
         with self._lock:
             return list(self._pods.values())
-
-    def version(self) -> int:
-        with self._lock:
-            return self._version
-
-    def wait_for_change(self, version: int, *, timeout: float) -> bool:
-        """Block until the view moves past ``version`` or ``timeout`` seconds pass; True if it moved."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._version != version, timeout=timeout)
 
 
 class HandoffMatcher:

@@ -20,13 +20,13 @@ checkpoint says which claim joined which domain (``hold``, no API write).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
 from deviceplugin.imex import ImexDecision
+from deviceplugin.versioned import VersionedState
 from dradriver.imex_domain import DomainNode, DomainRef, ImexDomainError, domain_decision
 
 log = logging.getLogger(__name__)
@@ -59,16 +59,14 @@ class Holding:
     ref: DomainRef
 
 
-class NodeImexDomains:
+class NodeImexDomains(VersionedState):
     """The one domain this node joined (see the module docstring)."""
 
     def __init__(self, *, node: str, api: DomainApi, clique: Callable[[], str | None]) -> None:
+        super().__init__()
         self._node = node
         self._api = api
         self._clique = clique
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._version = 0
         self._held: Holding | None = None
         self._object: Mapping[str, Any] | None = None
         self._seen = False  # the watch delivered the object (or said it is gone) since the hold
@@ -147,19 +145,8 @@ class NodeImexDomains:
             self._object, self._seen = obj, True
             self._touch()
 
-    def _touch(self) -> None:
-        self._version += 1
-        self._changed.notify_all()
-
-    # the IMEX reconciler's source (gpuweave.node.imex.ImexSource)
-
-    def version(self) -> int:
-        with self._lock:
-            return self._version
-
-    def wait_for_change(self, version: int, *, timeout: float) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: self._version != version, timeout=timeout)
+    # the IMEX reconciler's source (gpuweave.node.imex.ImexSource): version and wait_for_change
+    # (VersionedState), and
 
     def decide(self, *, node: str, clique: str | None) -> ImexDecision:
         with self._lock:

@@ -78,7 +78,8 @@ def test_the_channel_holders_domain_is_written_with_its_cliques_addresses_and_re
         assert not nodes_config.exists()  # an annotation alone configures nothing
 
         plane.core.create_namespaced_pod("default", _pod("holder", channel=True))
-        wait_for("the node list", lambda: nodes_config.exists() or None, timeout=15)
+        # the writer replaces the node list, then its record of the domain: wait for both
+        wait_for("the node list", lambda: (nodes_config.exists() and writer.current()) or None, timeout=15)
         assert nodes_config.read_text() == "10.0.0.10\n10.0.0.11\n"  # imex-b0 is in another clique
         record = writer.current()
         assert record is not None and record["holder"] == "default/holder"
@@ -86,8 +87,11 @@ def test_the_channel_holders_domain_is_written_with_its_cliques_addresses_and_re
         assert "left out imex-b0" in reconciler.problem
 
         plane.core.delete_namespaced_pod("holder", "default", grace_period_seconds=0)
-        wait_for("the domain torn down", lambda: not nodes_config.exists() or None, timeout=15)
-        assert writer.current() is None
+        wait_for(
+            "the domain torn down",
+            lambda: (not nodes_config.exists() and writer.current() is None) or None,
+            timeout=15,
+        )
     finally:
         reconciler.stop()
         parts.stop()
