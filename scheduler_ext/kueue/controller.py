@@ -13,9 +13,10 @@ One thread looks at the Workloads whenever one changes and at least every ``inte
 health and free GPUs come from the extender's cache, which changes without a Workload event).
 Per pass it reads only what it needs: a pending Workload's flavors (one GET per flavor, one node
 list per flavor's labels) and, for a pod that holds a failed device, which Workload it belongs to
-(from its JobSet gang key, else one GET of the pod: its JobSet, Job or Kueue pod group label, or the
-pod itself). Pods are matched to Workloads of their own namespace only: a pod's labels are written
-by whoever creates it, and a namespace is the boundary of that trust.
+(from its JobSet gang key, else one GET of the pod: Kueue's ``kueue.x-k8s.io/workload``
+annotation, else its JobSet, Job or Kueue pod group label, or the pod itself). Pods are matched to
+Workloads of their own namespace only: a pod's labels and annotations are written by whoever
+creates it, and a namespace is the boundary of that trust.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import ANNOTATION_KUEUE_WORKLOAD
 from kubeio.client import finish
 from kubeio.errors import describe
 from kubeio.listwatch import ListWatch
@@ -275,8 +277,10 @@ class KueueChecks:
             except (ApiException, HTTPError) as exc:
                 LOG.info("cannot read pod %s/%s to find its Workload: %s", namespace, name, describe(exc))
                 return None  # not remembered: asked again next pass
-            labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
-            owner = owner_of_pod(namespace, name, labels)
+            metadata = pod.metadata
+            labels = (metadata.labels if metadata is not None else None) or {}
+            annotations = (metadata.annotations if metadata is not None else None) or {}
+            owner = owner_of_pod(namespace, name, labels, annotations)
         self._owners[uid] = owner
         while len(self._owners) > MAX_REMEMBERED_PODS:
             self._owners.popitem(last=False)
@@ -284,14 +288,16 @@ class KueueChecks:
 
     @staticmethod
     def owner_keys(workload: Workload) -> list[Owner]:
-        """What a pod of this Workload names: its JobSet or Job; for a Workload of pods, its pod
-        group (the Workload bears the group's name) or the one pod it was made for."""
+        """What a pod of this Workload names: the Workload itself, its JobSet or Job; for a
+        Workload of pods, its pod group (the Workload bears the group's name) or the one pod it
+        was made for."""
         namespace, owner = workload.metadata.namespace, workload.owner()
+        named: Owner = (namespace, "Workload", workload.metadata.name)
         if owner is None:
-            return [(namespace, "group", workload.metadata.name)]
+            return [named, (namespace, "group", workload.metadata.name)]
         if owner[0] == "Pod":
-            return [(namespace, "group", workload.metadata.name), (namespace, "Pod", owner[1])]
-        return [(namespace, owner[0], owner[1])]
+            return [named, (namespace, "group", workload.metadata.name), (namespace, "Pod", owner[1])]
+        return [named, (namespace, owner[0], owner[1])]
 
     # ---- writes -----------------------------------------------------------------------------
     def _write(self, workload: Workload, names: set[str], verdict: Verdict) -> None:
@@ -370,8 +376,15 @@ def _state(workload: Workload, names: set[str]) -> str:
     return check.state if check is not None else ""
 
 
-def owner_of_pod(namespace: str, name: str, labels: Mapping[str, str]) -> Owner:
-    """The owner of the Workload a pod belongs to, from the labels its controller set."""
+def owner_of_pod(
+    namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> Owner:
+    """The Workload a pod belongs to: named by Kueue's ``kueue.x-k8s.io/workload`` annotation
+    (on the pods of every admitted Workload while Topology Aware Scheduling is on, Kueue's
+    default), else by the owner the labels its controller set name."""
+    workload = (annotations or {}).get(ANNOTATION_KUEUE_WORKLOAD)
+    if workload:
+        return (namespace, "Workload", workload)
     if labels.get(LABEL_JOBSET):
         return (namespace, "JobSet", labels[LABEL_JOBSET])
     if labels.get(LABEL_POD_GROUP):

@@ -181,14 +181,17 @@ def test_a_pod_names_its_workload_by_the_labels_its_controller_set(
     labels: dict[str, str], owner: tuple[str, str, str]
 ) -> None:
     assert owner_of_pod("ml", "p-0", labels) == owner
+    named = owner_of_pod("ml", "p-0", labels, {"kueue.x-k8s.io/workload": "jobset-train-1"})
+    assert named == ("ml", "Workload", "jobset-train-1")  # Kueue's annotation names it outright
 
 
 def test_a_workload_of_pods_is_found_by_its_group_or_its_one_pod() -> None:
     jobset = parse_workload(_workload([("w", 1, 1)]))
-    assert KueueChecks.owner_keys(jobset) == [("ml", "JobSet", "train")]
+    assert KueueChecks.owner_keys(jobset) == [("ml", "Workload", "jobset-train-1"), ("ml", "JobSet", "train")]
     raw = _workload([("w", 1, 1)])
     raw["metadata"]["ownerReferences"] = [{"kind": "Pod", "name": "p-0", "controller": True}]
     assert KueueChecks.owner_keys(parse_workload(raw)) == [
+        ("ml", "Workload", "jobset-train-1"),
         ("ml", "group", "jobset-train-1"),
         ("ml", "Pod", "p-0"),
     ]
