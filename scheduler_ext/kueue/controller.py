@@ -1,7 +1,7 @@
 """The Kueue admission check controller of the extender (``checks`` decides, this reads and writes).
 
 When the API serves Kueue's ``kueue.x-k8s.io/v1beta2`` AdmissionChecks and lets the extender list
-them (checked once at start), the extender watches AdmissionChecks and Workloads and serves every
+them, the extender watches AdmissionChecks and Workloads and serves every
 AdmissionCheck whose ``spec.controllerName`` is ``gpuweave.io/gpu-health``: it marks them
 ``Active`` and keeps each Workload's state of them (``status.admissionChecks``, written with
 server-side apply under the field manager ``gpuweave-kueue-check``, only that one entry).
@@ -13,10 +13,12 @@ One thread looks at the Workloads whenever one changes and at least every ``inte
 health and free GPUs come from the extender's cache, which changes without a Workload event).
 Per pass it reads only what it needs: a pending Workload's flavors (one GET per flavor, one node
 list per flavor's labels) and, for a pod that holds a failed device, which Workload it belongs to
-(from its JobSet gang key, else one GET of the pod: Kueue's ``kueue.x-k8s.io/workload``
-annotation, else its JobSet, Job or Kueue pod group label, or the pod itself). Pods are matched to
-Workloads of their own namespace only: a pod's labels and annotations are written by whoever
-creates it, and a namespace is the boundary of that trust.
+(one GET of the pod, remembered: its JobSet gang key, else Kueue's ``kueue.x-k8s.io/workload``
+annotation, else its JobSet, Job or Kueue pod group label, or the pod itself). A pod that opts out
+of health eviction (``gpuweave.io/no-health-eviction=true``) or asks to be moved alone
+(``gpuweave.io/gang-eviction: pod``) requeues nothing, as the node agent does not move its gang.
+Pods are matched to Workloads of their own namespace only: a pod's labels and annotations are
+written by whoever creates it, and a namespace is the boundary of that trust.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from devicemodel.contracts import ANNOTATION_OPT_OUT_EVICTION
 from devicemodel.errors import InvalidInputError
-from devicemodel.gangs import ANNOTATION_KUEUE_WORKLOAD
+from devicemodel.gangs import ANNOTATION_KUEUE_WORKLOAD, evicts_whole_gang
 from kubeio.client import finish
 from kubeio.errors import describe
 from kubeio.listwatch import ListWatch
@@ -266,21 +269,20 @@ class KueueChecks:
         return found
 
     def _pod_owner(self, uid: str, namespace: str, name: str, gang: str) -> Owner | None:
+        """The Workload owner a fault under this pod requeues; None when the pod is not read yet,
+        or when it asks not to be moved for a fault (``gpuweave.io/no-health-eviction=true``) or
+        to move alone (``gpuweave.io/gang-eviction: pod``), as the node agent honours them."""
         if uid in self._owners:
             return self._owners[uid]
-        prefix = f"{namespace}/jobset:"
-        if gang.startswith(prefix):  # the cache's gang key already names the JobSet
-            owner: Owner | None = (namespace, "JobSet", gang[len(prefix) :].partition("/")[0])
-        else:
-            try:
-                pod = self._core.read_namespaced_pod(name, namespace)
-            except (ApiException, HTTPError) as exc:
-                LOG.info("cannot read pod %s/%s to find its Workload: %s", namespace, name, describe(exc))
-                return None  # not remembered: asked again next pass
-            metadata = pod.metadata
-            labels = (metadata.labels if metadata is not None else None) or {}
-            annotations = (metadata.annotations if metadata is not None else None) or {}
-            owner = owner_of_pod(namespace, name, labels, annotations)
+        try:
+            pod = self._core.read_namespaced_pod(name, namespace)
+        except (ApiException, HTTPError) as exc:
+            LOG.info("cannot read pod %s/%s to find its Workload: %s", namespace, name, describe(exc))
+            return None  # not remembered: asked again next pass
+        metadata = pod.metadata
+        labels = (metadata.labels if metadata is not None else None) or {}
+        annotations = (metadata.annotations if metadata is not None else None) or {}
+        owner = requeue_owner(namespace, name, labels, annotations, gang=gang)
         self._owners[uid] = owner
         while len(self._owners) > MAX_REMEMBERED_PODS:
             self._owners.popitem(last=False)
@@ -374,6 +376,20 @@ class KueueChecks:
 def _state(workload: Workload, names: set[str]) -> str:
     check = workload.check(names)
     return check.state if check is not None else ""
+
+
+def requeue_owner(
+    namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str], *, gang: str
+) -> Owner | None:
+    """The Workload owner a fault under this pod requeues (``gang``: the cache's gang key, which
+    names a JobSet outright); None when the pod opts out of health eviction or moves alone."""
+    view = {"metadata": {"namespace": namespace, "labels": labels, "annotations": annotations}}
+    if labels.get(ANNOTATION_OPT_OUT_EVICTION) == "true" or not evicts_whole_gang(view):
+        return None
+    prefix = f"{namespace}/jobset:"
+    if gang.startswith(prefix):
+        return (namespace, "JobSet", gang[len(prefix) :].partition("/")[0])
+    return owner_of_pod(namespace, name, labels, annotations)
 
 
 def owner_of_pod(

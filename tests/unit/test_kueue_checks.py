@@ -21,7 +21,14 @@ from scheduler_ext.kueue.checks import (
     verdict_for_admission,
     verdict_for_faults,
 )
-from scheduler_ext.kueue.controller import LABEL_JOB, LABEL_JOBSET, LABEL_POD_GROUP, KueueChecks, owner_of_pod
+from scheduler_ext.kueue.controller import (
+    LABEL_JOB,
+    LABEL_JOBSET,
+    LABEL_POD_GROUP,
+    KueueChecks,
+    owner_of_pod,
+    requeue_owner,
+)
 
 
 def _cache(nodes: dict[str, tuple[str, ...]]) -> ClusterCache:
@@ -195,3 +202,13 @@ def test_a_workload_of_pods_is_found_by_its_group_or_its_one_pod() -> None:
         ("ml", "group", "jobset-train-1"),
         ("ml", "Pod", "p-0"),
     ]
+
+
+def test_a_pod_that_opts_out_of_health_eviction_or_moves_alone_requeues_nothing() -> None:
+    labels = {LABEL_JOBSET: "train"}
+    gang = "ml/jobset:train/workers/0"
+    assert requeue_owner("ml", "p-0", labels, {}, gang=gang) == ("ml", "JobSet", "train")
+    opted_out = {**labels, "gpuweave.io/no-health-eviction": "true"}
+    assert requeue_owner("ml", "p-0", opted_out, {}, gang=gang) is None
+    assert requeue_owner("ml", "p-0", labels, {"gpuweave.io/gang-eviction": "pod"}, gang=gang) is None
+    assert requeue_owner("ml", "p-0", {LABEL_JOB: "solo"}, {}, gang="") == ("ml", "Job", "solo")
