@@ -20,10 +20,11 @@ registered with the API server, so workloads are created as their webhooks would
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,36 @@ def _cleanup(plane: ControlPlane) -> None:
             if exc.status != 404:
                 raise
     wait_for("kueue test pods to be deleted", lambda: not plane.core.list_namespaced_pod(NAMESPACE).items)
+
+
+@contextlib.contextmanager
+def _queued_nodes(
+    plane: ControlPlane,
+    nodes: Mapping[str, str],
+    *,
+    node_label: str,
+    objects: list[dict[str, Any]],
+    cluster_queues: tuple[str, ...],
+) -> Iterator[None]:
+    """8-GPU Nodes (name -> layer-3 block) labelled for one flavor, and the Kueue objects over
+    them, until every ClusterQueue named is active; afterwards the test namespace's workloads and
+    pods, the Nodes and their inventories are deleted."""
+    for name, block in nodes.items():
+        _create_node(plane, name, block=block, node_label=node_label)
+    try:
+        plane.apply(objects)
+        for cluster_queue in cluster_queues:
+            wait_for(
+                f"ClusterQueue {cluster_queue} active",
+                lambda name=cluster_queue: _condition(_cluster_queue(plane, name), "Active") == "True",
+            )
+        yield None
+    finally:
+        _cleanup(plane)
+        custom = client.CustomObjectsApi(plane.api)
+        for name in nodes:
+            plane.core.delete_node(name)
+            custom.delete_cluster_custom_object(*INVENTORIES, name)
 
 
 def _cluster_queue(plane: ControlPlane, name: str = CLUSTER_QUEUE) -> dict[str, Any]:
@@ -561,15 +592,6 @@ PREEMPT_FLAVOR, PREEMPT_COHORT = "e2e-h100-preempt", "e2e-preempt-cohort"
 LOW_QUEUES, HIGH_QUEUES = ("e2e-low", "e2e-low-queue"), ("e2e-high", "e2e-high-queue")
 
 
-def _create_preempt_node(plane: ControlPlane) -> None:
-    """``kq-p1``: 8 H100 GPUs, tainted like the others, labelled only for the preemption flavor."""
-    labels = {"kubernetes.io/hostname": PREEMPT_NODE, PREEMPT_NODE_LABEL: "true"}
-    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU: "8"}
-    inventory = profile_inventory("dgx-h100", PREEMPT_NODE)
-    message = "e2e kueue preempt node"
-    create_gpu_node(plane, inventory, labels=labels, taint=TAINT, resources=resources, message=message)
-
-
 def _preempt_kueue_objects() -> list[dict[str, Any]]:
     """One flavor on kq-p1 and two ClusterQueues in one cohort: ``e2e-low`` has no quota of its own
     (everything it runs is borrowed), ``e2e-high`` has the node's 8 GPUs and reclaims them from any
@@ -604,19 +626,15 @@ def _queued_job(name: str, local_queue: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def preempt_node(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
-    _create_preempt_node(plane)
-    try:
-        plane.apply(_preempt_kueue_objects())
-        for cluster_queue in (LOW_QUEUES[0], HIGH_QUEUES[0]):
-            wait_for(
-                f"ClusterQueue {cluster_queue} active",
-                lambda name=cluster_queue: _condition(_cluster_queue(plane, name), "Active") == "True",
-            )
+    """``kq-p1``: 8 H100 GPUs, tainted like the others, labelled only for the preemption flavor."""
+    with _queued_nodes(
+        plane,
+        {PREEMPT_NODE: "e2e-kq-block-p"},
+        node_label=PREEMPT_NODE_LABEL,
+        objects=_preempt_kueue_objects(),
+        cluster_queues=(LOW_QUEUES[0], HIGH_QUEUES[0]),
+    ):
         yield None
-    finally:
-        _cleanup(plane)
-        plane.core.delete_node(PREEMPT_NODE)
-        client.CustomObjectsApi(plane.api).delete_cluster_custom_object(*INVENTORIES, PREEMPT_NODE)
 
 
 def _gpu_usage(plane: ControlPlane, cluster_queue: str, field: str = "total") -> dict[str, str]:
@@ -732,29 +750,15 @@ def _checked_kueue_objects() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def checked_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
-    for name in FAULT_NODES:
-        _create_node(plane, name, block=FAULT_BLOCK, node_label=FAULT_NODE_LABEL)
-    try:
-        plane.apply(_checked_kueue_objects())
-        custom = client.CustomObjectsApi(plane.api)
-        wait_for(  # the extender marks its check Active; the ClusterQueue is active only then
-            f"AdmissionCheck {CHECK} active",
-            lambda: (
-                _condition(custom.get_cluster_custom_object(*KUEUE, "admissionchecks", CHECK), "Active")
-                == "True"
-            ),
-        )
-        wait_for(
-            "checked ClusterQueue active",
-            lambda: _condition(_cluster_queue(plane, CHECKED_QUEUES[0]), "Active") == "True",
-        )
+    nodes = dict.fromkeys(FAULT_NODES, FAULT_BLOCK)
+    objects = _checked_kueue_objects()
+    with _queued_nodes(
+        plane, nodes, node_label=FAULT_NODE_LABEL, objects=objects, cluster_queues=(CHECKED_QUEUES[0],)
+    ):
+        # the ClusterQueue is active only once the extender has marked its AdmissionCheck Active
+        check = client.CustomObjectsApi(plane.api).get_cluster_custom_object(*KUEUE, "admissionchecks", CHECK)
+        assert _condition(check, "Active") == "True"
         yield None
-    finally:
-        _cleanup(plane)
-        custom = client.CustomObjectsApi(plane.api)
-        for name in FAULT_NODES:
-            plane.core.delete_node(name)
-            custom.delete_cluster_custom_object(*INVENTORIES, name)
 
 
 def _check_state(workload: dict[str, Any]) -> dict[str, Any]:
@@ -865,21 +869,14 @@ def _tas_kueue_objects() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def tas_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
-    for name, block in TAS_NODES.items():
-        _create_node(plane, name, block=block, node_label=TAS_NODE_LABEL)
-    try:
-        plane.apply(_tas_kueue_objects())
-        wait_for(
-            "TAS ClusterQueue active",
-            lambda: _condition(_cluster_queue(plane, TAS_QUEUES[0]), "Active") == "True",
-        )
+    with _queued_nodes(
+        plane,
+        TAS_NODES,
+        node_label=TAS_NODE_LABEL,
+        objects=_tas_kueue_objects(),
+        cluster_queues=(TAS_QUEUES[0],),
+    ):
         yield None
-    finally:
-        _cleanup(plane)
-        custom = client.CustomObjectsApi(plane.api)
-        for name in TAS_NODES:
-            plane.core.delete_node(name)
-            custom.delete_cluster_custom_object(*INVENTORIES, name)
 
 
 def test_kueue_topology_aware_scheduling_assigns_the_block_and_gpuweave_places_the_devices_there(
