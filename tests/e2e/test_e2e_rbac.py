@@ -91,6 +91,9 @@ def test_node_agent_is_refused(
     assert plane.core.read_namespaced_pod(name, workload_namespace).metadata.deletion_timestamp is None
 
 
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta2")
+
+
 @pytest.mark.parametrize(
     "action",
     [
@@ -100,6 +103,8 @@ def test_node_agent_is_refused(
         "read secrets",
         "create bad-hardware",
         "write pod annotation",
+        "deactivate a kueue workload",
+        "delete a kueue workload",
     ],
 )
 def test_scheduler_identity_is_refused(
@@ -126,6 +131,13 @@ def test_scheduler_identity_is_refused(
         ),
         "write pod annotation": lambda: core.patch_namespaced_pod(
             name, workload_namespace, {"metadata": {"annotations": {"gpuweave.io/assignment": "{}"}}}
+        ),
+        # the extender writes a Workload's status (its own check's entry), never its spec
+        "deactivate a kueue workload": lambda: custom.patch_namespaced_custom_object(
+            *KUEUE_WORKLOADS, workload_namespace, "workloads", "any", {"spec": {"active": False}}
+        ),
+        "delete a kueue workload": lambda: custom.delete_namespaced_custom_object(
+            *KUEUE_WORKLOADS, workload_namespace, "workloads", "any"
         ),
     }
     assert _status_of(calls[action]) == 403
