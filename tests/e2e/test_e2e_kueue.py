@@ -69,6 +69,7 @@ NODE_LABEL = "e2e.gpuweave.io/kueue-node"
 TAINT = {"key": "e2e.gpuweave.io/kueue-tests", "value": "only", "effect": "NoSchedule"}
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "e2e-h100", "e2e-gpus", "e2e-queue"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")
 SHARE_NODE, SHARE_NODE_LABEL = "kq-s1", "e2e.gpuweave.io/kueue-share-node"
@@ -608,12 +609,16 @@ def _preempt_kueue_objects() -> list[dict[str, Any]]:
     return [_flavor(PREEMPT_FLAVOR, PREEMPT_NODE_LABEL), *low, *high]
 
 
-def _queued_job(name: str, local_queue: str) -> dict[str, Any]:
-    """A batch/v1 Job of one 8-GPU pod, suspended and labelled for ``local_queue``."""
+def _queued_job(name: str, local_queue: str, *, priority_class: str = "") -> dict[str, Any]:
+    """A batch/v1 Job of one 8-GPU pod, suspended and labelled for ``local_queue`` (and a Kueue
+    WorkloadPriorityClass)."""
+    labels = {QUEUE_LABEL: local_queue}
+    if priority_class:
+        labels[PRIORITY_CLASS_LABEL] = priority_class
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: local_queue}},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
         "spec": {
             "suspend": True,
             "parallelism": 1,
@@ -930,3 +935,79 @@ def test_kueue_topology_aware_scheduling_assigns_the_block_and_gpuweave_places_t
     print(
         f"TAS JobSet admitted into block e2e-kq-block-t2 and bound to {nodes} {placed_s:.1f} s after creation"
     )
+
+
+PRIORITY_NODE, PRIORITY_NODE_LABEL = "kq-q1", "e2e.gpuweave.io/kueue-priority-node"
+PRIORITY_FLAVOR, PRIORITY_QUEUES = "e2e-h100-priority", ("e2e-prio", "e2e-prio-queue")
+
+
+def _priority_kueue_objects() -> list[dict[str, Any]]:
+    """Two WorkloadPriorityClasses and one ClusterQueue of 8 GPUs that preempts lower-priority
+    Workloads of its own (``preemption.withinClusterQueue: LowerPriority``)."""
+    classes = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        for name, value in (("e2e-batch", 10), ("e2e-urgent", 1000))
+    ]
+    queues = _queues(
+        *PRIORITY_QUEUES,
+        flavor=PRIORITY_FLAVOR,
+        resource=GPU,
+        nominal=8,
+        preemption={"withinClusterQueue": "LowerPriority"},
+    )
+    return [*classes, _flavor(PRIORITY_FLAVOR, PRIORITY_NODE_LABEL), *queues]
+
+
+@pytest.fixture(scope="module")
+def priority_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[None]:
+    with _queued_nodes(
+        plane,
+        {PRIORITY_NODE: "e2e-kq-block-q"},
+        node_label=PRIORITY_NODE_LABEL,
+        objects=_priority_kueue_objects(),
+        cluster_queues=(PRIORITY_QUEUES[0],),
+    ):
+        yield None
+
+
+def test_a_higher_priority_job_preempts_through_kueue_within_its_cluster_queue_and_gets_the_gpus(
+    plane: ControlPlane, kueue: KueueCluster, priority_queue: None
+) -> None:
+    batch = client.BatchV1Api(plane.api)
+    gpus = {g.uuid for g in profile_inventory("dgx-h100", PRIORITY_NODE).gpus}
+    batch.create_namespaced_job(
+        NAMESPACE, _queued_job("batch", PRIORITY_QUEUES[1], priority_class="e2e-batch")
+    )
+    _wait_workload(plane, "Job", "batch", lambda w: _condition(w, "Admitted") == "True", "admitted")
+    low_pod = _bound_pod_of(plane, "batch")
+    low = PodAssignment.from_annotation(low_pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    assert low.node == PRIORITY_NODE and low.all_device_ids() == gpus
+
+    # The urgent Job needs the queue's 8 GPUs: Kueue preempts the batch Workload (same
+    # ClusterQueue, lower priority), its Job is suspended and its pod deleted, and the extender
+    # binds the urgent pod to the GPUs the batch pod held.
+    arrived = time.monotonic()
+    batch.create_namespaced_job(
+        NAMESPACE, _queued_job("urgent", PRIORITY_QUEUES[1], priority_class="e2e-urgent")
+    )
+    urgent = _wait_workload(plane, "Job", "urgent", lambda w: _condition(w, "Admitted") == "True", "admitted")
+    assert urgent["spec"]["priority"] == 1000
+    evicted = _wait_workload(
+        plane, "Job", "batch", lambda w: _condition(w, "QuotaReserved") == "False", "without quota"
+    )
+    conditions = {c["type"]: c for c in evicted["status"]["conditions"]}
+    assert conditions["Evicted"]["reason"] == "Preempted"
+    assert conditions["Preempted"]["reason"] == "InClusterQueue"
+    assert _job_suspended(batch, "batch") is True
+    high_pod = _bound_pod_of(plane, "urgent")
+    placed_s = time.monotonic() - arrived
+    high = PodAssignment.from_annotation(high_pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    assert high.node == PRIORITY_NODE and high.all_device_ids() == gpus  # the GPUs the batch pod held
+    assert not plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=batch").items
+    kueue.check_alive()
+    print(f"urgent Job preempted the batch Job through Kueue and was bound {placed_s:.1f} s after creation")
