@@ -51,6 +51,7 @@ class Meta(_Lenient):
     name: str = Field(min_length=1, max_length=253)
     namespace: str = Field(default="default", max_length=63)
     uid: str = ""
+    resource_version: str = Field(default="", alias="resourceVersion")
     owner_references: list[OwnerRef] = Field(default_factory=list, alias="ownerReferences", max_length=64)
 
 

@@ -38,7 +38,7 @@ from devicemodel.contracts import ANNOTATION_OPT_OUT_EVICTION
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import ANNOTATION_KUEUE_WORKLOAD, evicts_whole_gang
 from kubeio.client import finish
-from kubeio.errors import describe
+from kubeio.errors import CONFLICT, describe, status_of
 from kubeio.listwatch import ListWatch
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.kueue.checks import (
@@ -320,7 +320,13 @@ class KueueChecks:
         body = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
             "kind": "Workload",
-            "metadata": {"name": workload.metadata.name, "namespace": workload.metadata.namespace},
+            "metadata": {
+                "name": workload.metadata.name,
+                "namespace": workload.metadata.namespace,
+                # the verdict is about the Workload as read: a newer one (Kueue admitted it since,
+                # or reset the check) refuses the write with 409 and is decided again next pass
+                "resourceVersion": workload.metadata.resource_version,
+            },
             "status": {"admissionChecks": [entry]},
         }
         try:
@@ -336,6 +342,9 @@ class KueueChecks:
                 _content_type=APPLY_PATCH,
             )
         except (ApiException, HTTPError) as exc:
+            if status_of(exc) == CONFLICT:
+                LOG.info("Workload %s changed since it was read; deciding again", workload.key)
+                return
             LOG.warning("cannot set check %s of Workload %s: %s", current.name, workload.key, describe(exc))
             return
         self.writes += 1
