@@ -9,8 +9,10 @@ plays the API server's watch: pod deletions and inventory changes (a failed GPU)
 extender's cache the way its informers would deliver them.
 
 After a cycle in which the filter passed no node, ``preempt`` plays kube-scheduler's
-DefaultPreemption: on each allowed node the filter called resolvable or this side's CPU/memory fit
-refused (NodeResourcesFit's shortfall is resolvable), its dry run takes the pods of lower
+DefaultPreemption: on the allowed nodes the filter called resolvable or this side's CPU/memory fit
+refused (NodeResourcesFit's shortfall is resolvable), from a random one on and until it has
+``candidates_to_find`` of them (100 below 1,000 such nodes: all of them on a small cluster), its
+dry run takes the pods of lower
 priority away and gives back (highest priority and longest-running first) every one the pod does
 not need gone for its CPU, memory and GPU count; the extender's ``/preempt`` narrows or extends
 those victims by device topology; the node whose victims have the lowest highest priority, then
@@ -57,6 +59,10 @@ _NAME = re.compile(r"[^a-z0-9.-]+")
 # How a pod names its gang (docs/pod-api.md): the job's name and its number of pods.
 ANNOTATION_GANG = "gpuweave.io/gang"
 ANNOTATION_GANG_SIZE = "gpuweave.io/gang-size"
+# kube-scheduler's DefaultPreemptionArgs defaults (the gpuweave-scheduler profile keeps them)
+MIN_CANDIDATE_NODES_PERCENTAGE = 10
+MIN_CANDIDATE_NODES_ABSOLUTE = 100
+PREEMPT_OFFSET_SEED = 0
 
 
 class ExtenderCallError(GpuweaveError):
@@ -126,6 +132,9 @@ class ExtenderPlacer:
         self.calls = 0
         self._pod_ids: dict[str, str] = {}  # extender UID -> the simulation's pod ID
         self._unplaced: tuple[dict[str, Any], list[str]] | None = None  # last pod no node passed for
+        # DefaultPreemption's random offset into the potential nodes (drawn only where it matters:
+        # more potential nodes than candidates to find), apart from the placement draws
+        self._preempt_rng = np.random.default_rng(PREEMPT_OFFSET_SEED)
         if transport == "in-process":
             self.transport = "extender in-process"
             return
@@ -271,13 +280,18 @@ class ExtenderPlacer:
             return []
         pod, resolvable = self._unplaced
         self._unplaced = None
+        potential = [name for name in resolvable if allowed[self._node_of[name]]]
+        wanted = candidates_to_find(len(potential))
+        if len(potential) > wanted:  # kube-scheduler starts its dry runs at a random node
+            offset = int(self._preempt_rng.integers(len(potential)))
+            potential = potential[offset:] + potential[:offset]
         proposed: dict[str, list[str]] = {}
-        for name in resolvable:
-            node = self._node_of[name]
-            if allowed[node]:
-                victims = _dry_run(state, node, request, priority)
-                if victims is not None:
-                    proposed[name] = [_NAME.sub("-", v.lower()) for v in victims]
+        for name in potential:
+            victims = _dry_run(state, self._node_of[name], request, priority)
+            if victims is not None:
+                proposed[name] = [_NAME.sub("-", v.lower()) for v in victims]
+                if len(proposed) >= wanted:  # as many candidates as kube-scheduler looks for
+                    break
         if not proposed:
             return []
         body = {
@@ -410,6 +424,15 @@ class ExtenderPlacer:
         if self._connection is not None:
             self._connection.close()
         self._extender.close()
+
+
+def candidates_to_find(potential: int) -> int:
+    """How many preemption candidates kube-scheduler's DefaultPreemption collects before it stops
+    dry-running nodes: ``minCandidateNodesPercentage`` (10) of the potential nodes, at least
+    ``minCandidateNodesAbsolute`` (100), at most all of them (its defaults; the gpuweave-scheduler
+    profile does not change them)."""
+    wanted = potential * MIN_CANDIDATE_NODES_PERCENTAGE // 100
+    return min(max(wanted, MIN_CANDIDATE_NODES_ABSOLUTE), potential)
 
 
 def _dry_run(state: SimState, node: int, request: Request, priority: int) -> list[str] | None:

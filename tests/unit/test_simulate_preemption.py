@@ -6,7 +6,7 @@ import numpy as np
 
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.engine import Simulation
-from gpuweave.simulate.extender_client import ExtenderPlacer
+from gpuweave.simulate.extender_client import ExtenderPlacer, candidates_to_find
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.state import SimState
@@ -94,3 +94,8 @@ def test_a_one_pod_job_with_a_priority_sends_it_on_its_pod_as_a_gang_of_one() ->
     sim.run()
     assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "")
     assert recorder.gangs["single-1-0"] is None  # priority 0, one pod: no gang, no priority
+
+
+def test_preemption_collects_as_many_candidates_as_kube_schedulers_defaults_ask() -> None:
+    # 10% of the potential nodes, at least 100, at most all of them (DefaultPreemptionArgs)
+    assert [candidates_to_find(n) for n in (0, 16, 100, 500, 1000, 2500)] == [0, 16, 100, 100, 100, 250]
