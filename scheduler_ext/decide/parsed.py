@@ -15,11 +15,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from scheduler_ext.decide.shortlist import weighs_soft_preferences
+from scheduler_ext.decide.workload import request_shape
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
+from topology.fragmentation import TaskShape
 
 MAX_PODS = 4096
 
@@ -31,6 +34,12 @@ class ParsedPod:
     error: str
     host: HostRequest
     soft: bool  # carries a soft preference kube-scheduler weighs (``weighs_soft_preferences``)
+
+    @cached_property
+    def shape(self) -> tuple[TaskShape, int] | None:
+        """``workload.pod_shape`` of the pod (None without a request), once for filter's learning
+        and ranking and prioritize's reservation costs."""
+        return request_shape(self.request, self.host) if self.request is not None else None
 
     def checked(self) -> PodRequest:
         """The request; raises ``BadPodRequestError`` for a pod that has none."""

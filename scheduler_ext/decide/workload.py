@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import DEFAULT_REPLICAS, MILLI_PER_COMPUTE_UNIT, MILLI_PER_GPU
 from devicemodel.validation import first_problem
-from scheduler_ext.pods.host import host_requests
+from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import PodRequest
 from topology.fragmentation import TargetWorkload, TaskShape
 
@@ -137,11 +137,16 @@ def _normalised(weights: Mapping[TaskShape, float], memory: Mapping[TaskShape, i
 
 def pod_shape(request: PodRequest, pod: Mapping[str, Any]) -> tuple[TaskShape, int] | None:
     """A pod's (shape, host memory MiB) in the scorer's units; None for MIG-only pods."""
+    return request_shape(request, host_requests(pod))
+
+
+def request_shape(request: PodRequest, host: HostRequest) -> tuple[TaskShape, int] | None:
+    """``pod_shape`` from the pod's parsed requests and its ``host_requests`` (``parsed``)."""
     app = [c for c in request.containers if not c.init]
     if any(c.mig for c in app):
         return None
     types = _gpu_types(request.selector)
-    cpu, memory = host_requests(pod)
+    cpu, memory = host
     whole = sum(c.gpus for c in app)
     sharing = [c for c in app if c.wants_share]
     if whole:

@@ -24,11 +24,10 @@ from scheduler_ext.cluster.preempt import choose_victims
 from scheduler_ext.decide.by_state import Filtered, StateGroups, held_per_state
 from scheduler_ext.decide.cliques import best_fit_cliques, whole_free_counts
 from scheduler_ext.decide.core import DecisionCore
-from scheduler_ext.decide.parsed import ParsedPods
+from scheduler_ext.decide.parsed import ParsedPod, ParsedPods
 from scheduler_ext.decide.ranking import ranked_scores, ranks
 from scheduler_ext.decide.shortlist import shortlist
 from scheduler_ext.decide.verdict import Verdict, materialize
-from scheduler_ext.decide.workload import pod_shape
 from scheduler_ext.gangs.book import Reservation, Slot
 from scheduler_ext.gangs.service import GangCoordinator
 from scheduler_ext.pods.host import NO_HOST, HostRequest
@@ -43,6 +42,7 @@ from scheduler_ext.serving.wire import (
     MetaPod,
     MetaVictims,
 )
+from topology.fragmentation import TaskShape
 from topology.network import LABEL_GPU_CLIQUE
 
 LOG = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class ExtenderService:
             reason = clip(str(exc))  # one reason per node: bounded whatever the pod carries
             self._observe("filter", 0, {reason: len(names)})
             return self._filter_result(args, [], {}, dict.fromkeys(names, reason))
-        self._learn(request, pod)
+        self._learn(request, parsed)
         if self.gangs is not None:
             self.gangs.sweep()
             if gang is not None:
@@ -112,13 +112,15 @@ class ExtenderService:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
         if 0 < self.keep < len(passed) and not parsed.soft:
-            passed = self._best(request, pod, passed, states=(groups, representatives, verdicts), fits=fits)
+            passed = self._best(
+                request, parsed.shape, passed, states=(groups, representatives, verdicts), fits=fits
+            )
         return self._filter_result(args, passed, spread.failed, spread.hopeless)
 
     def _best(
         self,
         request: PodRequest,
-        pod: Mapping[str, Any],
+        shaped: tuple[TaskShape, int] | None,
         passed: list[str],
         *,
         states: tuple[StateGroups, list[str], list[Verdict]],
@@ -132,7 +134,7 @@ class ExtenderService:
         groups, representatives, verdicts = states
         ranked_states, local = groups.present(fits)
         chosen = [verdicts[i] for i in ranked_states]
-        per_kind = self._per_kind_costs(request, pod)
+        per_kind = self._per_kind_costs(shaped)
         costs = None
         if per_kind is not None:
             number_of = self.cache.kinds.number_of
@@ -170,7 +172,7 @@ class ExtenderService:
         if request is None:
             return names, [0] * len(names)
         verdicts = self._verdicts(request, names, parsed.host)
-        scores = ranked_scores(verdicts, self._reservation_costs(request, pod, names))
+        scores = ranked_scores(verdicts, self._reservation_costs(parsed.shape, names))
         if not gang_key(pod):  # a gang's nodes come from its plan; any other pod fits one node
             scores = self._best_fit_cliques(names, scores)
         return names, scores
@@ -206,18 +208,18 @@ class ExtenderService:
         return names, self.cache.claims.scores(pod, names)
 
     def _reservation_costs(
-        self, request: PodRequest, pod: Mapping[str, Any], names: list[str]
+        self, shaped: tuple[TaskShape, int] | None, names: list[str]
     ) -> list[float] | None:
         """Per node, what the pod's GPUs cost the tasks only that node's kind can serve (milli-GPU)."""
-        per_kind = self._per_kind_costs(request, pod)
+        per_kind = self._per_kind_costs(shaped)
         if per_kind is None:
             return None
         kinds = self.cache.kinds
         return list(map(per_kind.get, map(kinds.number_of.get, names), repeat(0.0)))  # C-level passes
 
-    def _per_kind_costs(self, request: PodRequest, pod: Mapping[str, Any]) -> dict[int | None, float] | None:
-        """Kind number -> the reservation cost of the pod's GPUs on that kind; None: no cost anywhere."""
-        shaped = pod_shape(request, pod)
+    def _per_kind_costs(self, shaped: tuple[TaskShape, int] | None) -> dict[int | None, float] | None:
+        """Kind number -> the reservation cost of the pod's GPUs on that kind (``shaped``: the pod's
+        ``ParsedPod.shape``); None: no cost anywhere."""
         if shaped is None or shaped[0].total_gpu_milli == 0:
             return None
         kinds = self.cache.kinds
@@ -237,12 +239,10 @@ class ExtenderService:
             return [0] * len(names)
         return ranked_scores(self.core.decide_host_only(names, self.cache.states(), host=host))
 
-    def _learn(self, request: PodRequest, pod: Mapping[str, Any]) -> None:
+    def _learn(self, request: PodRequest, parsed: ParsedPod) -> None:
         """Count the pod's shape in the workload the scorer places against (once per pod)."""
-        if request.interested:
-            shaped = pod_shape(request, pod)
-            if shaped is not None:
-                self.core.workload.observe(request.uid or request.key, *shaped)
+        if request.interested and (shaped := parsed.shape) is not None:
+            self.core.workload.observe(request.uid or request.key, *shaped)
 
     def _names(self, args: ExtenderArgs) -> list[str]:
         if args.NodeNames is not None:

@@ -10,6 +10,7 @@ import pytest
 from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_GPU
 from gpuweave.simulate.cluster_objects import pod_object
 from scheduler_ext.decide.parsed import ParsedPods, parse_pod
+from scheduler_ext.decide.workload import pod_shape
 from scheduler_ext.pods.requests import BadPodRequestError
 
 
@@ -58,3 +59,17 @@ def test_the_memo_is_bounded() -> None:
     pods.of(_pod(1, "1", uid="u2"))
     pods.of(_pod(1, "1", uid="u3"))
     assert pods.of(_pod(1, "1")) is not oldest
+
+
+def test_the_parse_gives_the_pods_shape_as_pod_shape_does() -> None:
+    for limits in (
+        {"nvidia.com/gpu": 2, "cpu": "4", "memory": "8Gi"},
+        {"gpuweave.io/gpu-compute": 25},
+        {"nvidia.com/mig-1g.10gb": 1},
+        {"cpu": "1"},
+    ):
+        pod = pod_object("shaped", limits=limits)
+        parsed = parse_pod(pod)
+        assert parsed.request is not None
+        assert parsed.shape == pod_shape(parsed.request, pod)
+    assert parse_pod({"spec": {"containers": "nonsense"}}).shape is None
