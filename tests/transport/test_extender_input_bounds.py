@@ -222,3 +222,24 @@ def test_nodes_nested_1000_deep_get_a_400(tmp_path: Path, verb: str) -> None:
     finally:
         built.close()
     assert status == 400 and b"deeper than" in text
+
+
+def test_a_pod_checked_once_is_not_trusted_for_another_pod_with_its_uid(address: tuple[str, int]) -> None:
+    """prioritize's pod equal to filter's skips the checks filter made; any other pod under the
+    same UID (deeper, or not a pod message at all) is checked again."""
+    pod = pod_object("same-uid", limits={RESOURCE_GPU: 1})
+    first = _post(address, "filter", _filter_body(pod))
+    assert first[0] == 200
+    assert _post(address, "prioritize", _filter_body(pod)) == _post(address, "prioritize", _filter_body(pod))
+    deeper = json.loads(json.dumps(pod))
+    deeper["spec"]["affinity"] = "@DEEP@"
+    body = json.dumps({"Pod": deeper, "NodeNames": NAMES[:2]}).replace('"@DEEP@"', DEEP).encode()
+    for verb in ("filter", "prioritize"):
+        status, text = _post(address, verb, body)
+        assert status == 400 and b"deeper than" in text
+    renamed = json.loads(json.dumps(pod))
+    renamed["metadata"]["name"] = 7
+    status, text = _post(address, "prioritize", json.dumps({"Pod": renamed, "NodeNames": NAMES[:2]}).encode())
+    assert status == 400 and b"Pod.metadata.name" in text
+    assert _post(address, "prioritize", json.dumps({"Pod": pod, "NodeNames": [1]}).encode())[0] == 400
+    assert _post(address, "filter", _filter_body(pod)) == first
