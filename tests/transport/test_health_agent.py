@@ -183,8 +183,15 @@ def shared_node() -> Iterator[Node]:
 
 
 def ready_shared(node: Node) -> bool:
+    """Every resource listed healthy: 4 replicas of GPU 5, GPU 6's two MIG devices and the six
+    other GPUs whole (the kubelet's lists fill one resource at a time)."""
     try:
-        return not node.status()["startupPending"] and len(node.kubelet.healthy(RESOURCE_GPU_SHARED)) == 4
+        return (
+            not node.status()["startupPending"]
+            and len(node.kubelet.healthy(RESOURCE_GPU_SHARED)) == 4
+            and len(node.kubelet.healthy(mig_resource_name("3g.40gb"))) == 2
+            and len(node.kubelet.healthy(RESOURCE_GPU)) == 6
+        )
     except Exception:
         return False
 
