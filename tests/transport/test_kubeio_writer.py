@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from kubeio import client as kubeio_client
@@ -178,3 +179,41 @@ def test_a_path_or_header_that_could_split_the_request_is_refused() -> None:
         api.default_headers["X-Bad"] = "v\r\nX-Injected: 1"
         with pytest.raises(ValueError):
             Writer(api).post("/a", {})
+
+
+def _recv(*parts: bytes) -> Any:
+    """A socket's ``recv`` handing out ``parts`` one per call, then the connection's end."""
+    pending = list(parts)
+    return lambda _size: pending.pop(0) if pending else b""
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected"),
+    [
+        (  # an interim answer, then the real one split mid-field
+            (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Crea", b"ted\r\nContent-Length: 2\r\n\r\n{}"),
+            (201, "Created", b"{}", True),
+        ),
+        ((b"HTTP/1.1 204 No Content\r\n\r\n",), (204, "No Content", b"", True)),
+        ((b"HTTP/1.1 200 OK\r\nContent-Le", b"ngth: 1\r\n\r\nx"), (200, "OK", b"x", True)),
+        ((b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx",), (200, "OK", b"x", False)),
+        ((b"HTTP/1.0 200 OK\r\n\r\nto the ", b"end"), (200, "OK", b"to the end", False)),
+    ],
+)
+def test_answers_are_read_by_their_framing(parts: tuple[bytes, ...], expected: tuple[Any, ...]) -> None:
+    assert kubeio_client.read_answer(_recv(*parts)) == expected
+
+
+@pytest.mark.parametrize(
+    ("parts", "problem"),
+    [
+        ((b"SSH-2.0-OpenSSH_9.6\r\n",), "not HTTP"),
+        ((b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",), "mid-answer"),
+        ((b"HTTP/1.1 200 OK\r\n", b"X-Long: " + b"a" * 70_000), "header fields"),
+    ],
+)
+def test_an_answer_cut_short_not_http_or_with_too_long_a_head_is_a_protocol_error(
+    parts: tuple[bytes, ...], problem: str
+) -> None:
+    with pytest.raises(urllib3.exceptions.ProtocolError, match=problem):
+        kubeio_client.read_answer(_recv(*parts))
