@@ -90,6 +90,12 @@ class _Node:
 
 # Agents stopped at once at the end of a run: each stop mostly waits for its threads' loops
 STOP_WORKERS = 16
+# How often each agent's kubelet watcher looks for a restarted kubelet and for resources to
+# register: the agent's default (0.1 s) where agents reshape MIG (new resources are registered at
+# its next look), once a second on a sample, whose agents never reshape and whose kubelets never
+# restart (64 watchers looking ten times a second cost the run's main thread time for nothing)
+DEFAULT_POLL_INTERVAL_S = AgentConfig.poll_interval
+SAMPLED_POLL_INTERVAL_S = 1.0
 
 
 # The agents' own round timer is set past any run: the simulation runs each health round itself
@@ -142,7 +148,10 @@ class NodeAgentPool:
         )
         mode = SharingMode.FRACTIONAL if shared else SharingMode.EXCLUSIVE
         config = AgentConfig(
-            kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=SharingPlan(default=GpuSharing(mode))
+            kubelet_dir=kubelet_dir,
+            state_dir=state_dir,
+            sharing=SharingPlan(default=GpuSharing(mode)),
+            poll_interval=SAMPLED_POLL_INTERVAL_S if self.sampled else DEFAULT_POLL_INTERVAL_S,
         )
         # the builder's own metrics registry: the agent's, MIG's and health's counters, as a process has
         builder = NodeAgentBuilder(backend, state_dir=state_dir, node_name=node.name)

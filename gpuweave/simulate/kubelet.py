@@ -18,11 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import grpc.experimental
 
 from devicemodel.errors import GpuweaveError
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 HEALTHY = "Healthy"
+# Each plugin's ListAndWatch stream is read on a thread of its own. gRPC's default stream iterator
+# waits in 0.1 s slices (plus a channel thread of its own), so every idle stream woke the process
+# ten times a second; on this option the read waits inside gRPC's core for the next message. A
+# sampled 1,000-node run has ~200 such streams in one process.
+CHANNEL_OPTIONS = ((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
 
 
 class KubeletCallError(GpuweaveError):
@@ -75,7 +81,7 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
     def Register(  # noqa: N802 (gRPC method name)
         self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> api_pb2.Empty:
-        channel = grpc.insecure_channel(f"unix:{self.plugin_dir / request.endpoint}")
+        channel = grpc.insecure_channel(f"unix:{self.plugin_dir / request.endpoint}", options=CHANNEL_OPTIONS)
         try:
             grpc.channel_ready_future(channel).result(timeout=10)
             stub = api_pb2_grpc.DevicePluginStub(channel)
