@@ -214,21 +214,41 @@ def pod_set_needs(workload: Workload, flavor_nodes: Mapping[str, frozenset[str]]
     return needs
 
 
-def verdict_for_admission(needs: Sequence[PodSetNeed], states: Mapping[str, NodeState]) -> Verdict:
-    """``Ready`` when every pod fits on healthy free whole GPUs (best fit: each pod on the node
-    with the fewest free GPUs that still holds it; larger pods first), else ``Pending`` naming
-    the first pod set that does not fit and what the nodes have."""
-    free = {name: len(state.free.free_gpus) for name, state in states.items() if state.layout is not None}
+def free_gpus_by_node(states: Mapping[str, NodeState]) -> dict[str, int]:
+    """Healthy whole GPUs no pod holds, per node with an inventory (one pass over the cache)."""
+    return {name: len(state.free.free_gpus) for name, state in states.items() if state.layout is not None}
+
+
+def _histogram(free: Mapping[str, int], nodes: frozenset[str] | None) -> dict[int, int]:
+    """free GPUs -> how many of ``nodes`` (None: every node) have that many."""
+    counts: dict[int, int] = {}
+    for name in free if nodes is None else (n for n in nodes if n in free):
+        counts[free[name]] = counts.get(free[name], 0) + 1
+    return counts
+
+
+def verdict_for_admission(needs: Sequence[PodSetNeed], free: Mapping[str, int]) -> Verdict:
+    """``Ready`` when every pod fits on healthy free whole GPUs (``free``: per node, from
+    ``free_gpus_by_node``; best fit: each pod on a node with the fewest free GPUs that still holds
+    it, larger pods first), else ``Pending`` naming the first pod set that does not fit and what
+    its nodes have left. Works on counts of nodes per free-GPU value, so a pod costs a few steps
+    whatever the cluster's size; pod sets on one flavor share those counts (pod sets on two
+    flavors whose nodes overlap are each counted against all of their nodes)."""
+    by_nodes: dict[frozenset[str] | None, dict[int, int]] = {}
     total = sum(n.count * n.gpus for n in needs)
     for need in sorted(needs, key=lambda n: -n.gpus):
         if need.gpus == 0 or need.count == 0:
             continue
-        eligible = [n for n in free if need.nodes is None or n in need.nodes]
+        if need.nodes not in by_nodes:
+            by_nodes[need.nodes] = _histogram(free, need.nodes)
+        counts = by_nodes[need.nodes]
         for placed in range(need.count):
-            fits = [n for n in eligible if free[n] >= need.gpus]
-            if not fits:
-                best = sorted((free[n] for n in eligible), reverse=True)[:MAX_NODES_NAMED]
-                have = ", ".join(str(b) for b in best) if best else "no node"
+            fit = min((v for v, c in counts.items() if c and v >= need.gpus), default=None)
+            if fit is None:
+                left = sorted(
+                    (v for v, c in counts.items() for _ in range(min(c, MAX_NODES_NAMED))), reverse=True
+                )
+                have = ", ".join(str(v) for v in left[:MAX_NODES_NAMED]) if left else "no node"
                 return Verdict(
                     "Pending",
                     _clip(
@@ -237,8 +257,8 @@ def verdict_for_admission(needs: Sequence[PodSetNeed], states: Mapping[str, Node
                         f"nodes: {have}"
                     ),
                 )
-            node = min(fits, key=lambda n: (free[n], n))
-            free[node] -= need.gpus
+            counts[fit] -= 1
+            counts[fit - need.gpus] = counts.get(fit - need.gpus, 0) + 1
     return Verdict("Ready", _clip(f"{total} GPUs fit on healthy free devices"))
 
 

@@ -48,6 +48,7 @@ from scheduler_ext.kueue.checks import (
     HeldFault,
     Verdict,
     Workload,
+    free_gpus_by_node,
     held_faults,
     parse_workload,
     pod_set_needs,
@@ -89,7 +90,7 @@ class KueueChecks:
         self._prober: threading.Thread | None = None
         self._lock = threading.Lock()
         self._checks: dict[str, bool] = {}  # our AdmissionChecks' names -> marked Active
-        self._workloads: dict[str, dict[str, Any]] = {}  # namespace/name -> raw Workload
+        self._workloads: dict[str, Workload] = {}  # namespace/name -> the Workload, parsed
         self._owners: OrderedDict[str, Owner | None] = OrderedDict()  # pod UID -> its workload's owner
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -170,13 +171,21 @@ class KueueChecks:
         self._wake.set()
 
     def _on_workload(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """Parsed once per event (a pass then reads the parsed Workloads); one that does not parse
+        is skipped with its reason until it changes."""
         metadata = obj.get("metadata") or {}
         key = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+        workload: Workload | None = None
+        if kind != "DELETED":
+            try:
+                workload = parse_workload(obj)
+            except InvalidInputError as exc:
+                LOG.warning("skipping Workload %s: %s", key, exc)
         with self._lock:
-            if kind == "DELETED":
+            if workload is None:
                 self._workloads.pop(key, None)
             else:
-                self._workloads[key] = dict(obj)
+                self._workloads[key] = workload
         self._wake.set()
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -199,25 +208,18 @@ class KueueChecks:
         with self._lock:
             inactive = [name for name, active in self._checks.items() if not active]
             names = set(self._checks)
-            raw = list(self._workloads.values())
+            known = list(self._workloads.values())
         for name in inactive:
             self._activate(name)
         if not names:
             return
-        workloads: list[Workload] = []
-        for obj in raw:
-            try:
-                workload = parse_workload(obj)
-            except InvalidInputError as exc:
-                LOG.warning("skipping Workload %s: %s", _name(obj), exc)
-                continue
-            if workload.check(names) is not None:
-                workloads.append(workload)
+        workloads = [w for w in known if w.check(names) is not None]
         if not workloads:
             return
         admitted = [w for w in workloads if w.condition("Admitted") and _state(w, names) == "Ready"]
         faults = self._faults_by_owner() if admitted else {}
         flavors: dict[str, frozenset[str] | None] = {}
+        free: dict[str, int] | None = None  # per node, read once per pass when a Workload needs it
         for workload in workloads:
             state = _state(workload, names)
             verdict: Verdict | None = None
@@ -225,11 +227,15 @@ class KueueChecks:
                 held = [f for key in self.owner_keys(workload) for f in faults.get(key, [])]
                 verdict = verdict_for_faults(workload, held)
             elif state == "Pending" and workload.condition("QuotaReserved"):
-                verdict = self._admission_verdict(workload, flavors)
+                if free is None:
+                    free = free_gpus_by_node(self._cache.states())
+                verdict = self._admission_verdict(workload, flavors, free)
             if verdict is not None:
                 self._write(workload, names, verdict)
 
-    def _admission_verdict(self, workload: Workload, flavors: dict[str, frozenset[str] | None]) -> Verdict:
+    def _admission_verdict(
+        self, workload: Workload, flavors: dict[str, frozenset[str] | None], free: dict[str, int]
+    ) -> Verdict:
         wanted = {f for a in workload.assignments for f in a.flavors.values()}
         for flavor in wanted - set(flavors):
             try:
@@ -241,7 +247,7 @@ class KueueChecks:
             needs = pod_set_needs(workload, selected)
         except InvalidInputError as exc:
             return Verdict("Pending", f"cannot read the workload's pods: {exc}")
-        return verdict_for_admission(needs, self._cache.states())
+        return verdict_for_admission(needs, free)
 
     def _flavor_nodes(self, flavor: str) -> frozenset[str] | None:
         """The nodes a ResourceFlavor's ``nodeLabels`` select; None when it has none (any node)."""

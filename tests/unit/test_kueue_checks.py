@@ -15,6 +15,7 @@ from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.kueue.checks import (
     HeldFault,
     PodSetNeed,
+    free_gpus_by_node,
     held_faults,
     parse_workload,
     pod_set_needs,
@@ -89,11 +90,11 @@ def test_two_eight_gpu_pods_are_ready_on_two_free_nodes_and_pending_when_one_gpu
     cache = _cache({"a": (), "b": ()})
     needs = pod_set_needs(parse_workload(_workload([("workers", 2, 8)])), {})
     assert needs == [PodSetNeed("workers", 2, 8, None)]
-    ready = verdict_for_admission(needs, cache.states())
+    ready = verdict_for_admission(needs, free_gpus_by_node(cache.states()))
     assert ready.state == "Ready" and ready.message == "16 GPUs fit on healthy free devices"
 
     broken = _cache({"a": (_gpus("a")[3],), "b": ()})
-    pending = verdict_for_admission(needs, broken.states())
+    pending = verdict_for_admission(needs, free_gpus_by_node(broken.states()))
     assert pending.state == "Pending"
     assert "pod set workers needs 2 pods x 8 GPUs, 1 fit" in pending.message
     assert pending.message.endswith(": 7, 0")  # b's 8 went to the first pod; a has 7 healthy
@@ -103,8 +104,13 @@ def test_held_gpus_do_not_count_and_best_fit_leaves_the_big_hole() -> None:
     cache = _cache({"a": (), "b": ()})
     _hold(cache, "other", "a", _gpus("a")[:4])  # a: 4 free, b: 8 free
     small_first = [PodSetNeed("small", 1, 4, None), PodSetNeed("big", 1, 8, None)]
-    assert verdict_for_admission(small_first, cache.states()).state == "Ready"  # 4 on a, 8 on b
-    assert verdict_for_admission([PodSetNeed("big", 2, 8, None)], cache.states()).state == "Pending"
+    assert (
+        verdict_for_admission(small_first, free_gpus_by_node(cache.states())).state == "Ready"
+    )  # 4 on a, 8 on b
+    assert (
+        verdict_for_admission([PodSetNeed("big", 2, 8, None)], free_gpus_by_node(cache.states())).state
+        == "Pending"
+    )
 
 
 def test_a_flavor_limits_the_nodes_counted() -> None:
@@ -120,14 +126,16 @@ def test_a_flavor_limits_the_nodes_counted() -> None:
     )
     needs = pod_set_needs(workload, {"only-a": frozenset({"a"})})
     assert needs == [PodSetNeed("workers", 2, 8, frozenset({"a"}))]
-    assert verdict_for_admission(needs, cache.states()).state == "Pending"
-    assert verdict_for_admission(pod_set_needs(workload, {}), cache.states()).state == "Ready"
+    assert verdict_for_admission(needs, free_gpus_by_node(cache.states())).state == "Pending"
+    assert (
+        verdict_for_admission(pod_set_needs(workload, {}), free_gpus_by_node(cache.states())).state == "Ready"
+    )
 
 
 def test_pods_without_whole_gpus_are_always_ready() -> None:
     workload = _workload([("cpu", 3, 0)])
     needs = pod_set_needs(parse_workload(workload), {})
-    assert verdict_for_admission(needs, _cache({}).states()).state == "Ready"
+    assert verdict_for_admission(needs, free_gpus_by_node(_cache({}).states())).state == "Ready"
 
 
 def test_a_failed_gpu_under_a_pod_is_a_held_fault_and_retries_its_workload() -> None:
@@ -212,3 +220,14 @@ def test_a_pod_that_opts_out_of_health_eviction_or_moves_alone_requeues_nothing(
     assert requeue_owner("ml", "p-0", opted_out, {}, gang=gang) is None
     assert requeue_owner("ml", "p-0", labels, {"gpuweave.io/gang-eviction": "pod"}, gang=gang) is None
     assert requeue_owner("ml", "p-0", {LABEL_JOB: "solo"}, {}, gang="") == ("ml", "Job", "solo")
+
+
+def test_best_fit_keeps_whole_nodes_for_whole_node_pods_at_any_cluster_size() -> None:
+    free = {f"n{i}": 8 for i in range(2000)} | {f"h{i}": 4 for i in range(3)}
+    halves_listed_first = [PodSetNeed("half", 3, 4, None), PodSetNeed("whole", 2000, 8, None)]
+    assert verdict_for_admission(halves_listed_first, free).state == "Ready"  # halves on the h nodes
+    one_too_many = [PodSetNeed("half", 4, 4, None), PodSetNeed("whole", 2000, 8, None)]
+    pending = verdict_for_admission(one_too_many, free)  # wholes placed first: no node left for a 4th half
+    assert pending.state == "Pending"
+    assert "pod set half needs 4 pods x 4 GPUs, 3 fit" in pending.message
+    assert pending.message.endswith("nodes: 0, 0, 0, 0")  # the four fullest named
