@@ -135,6 +135,9 @@ class ExtenderPlacer:
         # DefaultPreemption's random offset into the potential nodes (drawn only where it matters:
         # more potential nodes than candidates to find), apart from the placement draws
         self._preempt_rng = np.random.default_rng(PREEMPT_OFFSET_SEED)
+        # node -> (its state's version, {(request, priority): dry run}): a node whose pods and GPU
+        # modes did not change gives the same victims, and waiting gangs ask every tick
+        self._dry_runs: dict[int, tuple[int, dict[tuple[Request, int], list[str] | None]]] = {}
         if transport == "in-process":
             self.transport = "extender in-process"
             return
@@ -287,7 +290,7 @@ class ExtenderPlacer:
             potential = potential[offset:] + potential[:offset]
         proposed: dict[str, list[str]] = {}
         for name in potential:
-            victims = _dry_run(state, self._node_of[name], request, priority)
+            victims = self._dry_run(state, self._node_of[name], request, priority)
             if victims is not None:
                 proposed[name] = [_NAME.sub("-", v.lower()) for v in victims]
                 if len(proposed) >= wanted:  # as many candidates as kube-scheduler looks for
@@ -310,6 +313,17 @@ class ExtenderPlacer:
         if not candidates:
             return []
         return min(candidates)[-1]
+
+    def _dry_run(self, state: SimState, node: int, request: Request, priority: int) -> list[str] | None:
+        """``_dry_run``, kept until the node's pods or GPU modes change."""
+        version = state.node_version(node)
+        cached = self._dry_runs.get(node)
+        if cached is None or cached[0] != version:
+            cached = self._dry_runs[node] = (version, {})
+        key = (request, priority)
+        if key not in cached[1]:
+            cached[1][key] = _dry_run(state, node, request, priority)
+        return cached[1][key]
 
     def _select_host(
         self, extender_scores: dict[str, int], requests: dict[str, int], rng: np.random.Generator

@@ -59,6 +59,8 @@ class SimState:
     # pod IDs by job and by node, in start order (as ``pods`` holds them): lookups without a scan
     _by_job: dict[str, dict[str, None]] = field(default_factory=dict, repr=False)
     _by_node: dict[int, dict[str, None]] = field(default_factory=dict, repr=False)
+    # per node, a count of changes to its pods and GPU modes (what a cached dry run depends on)
+    _node_changes: dict[int, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, fleet: Sequence[FleetNode], metric_model: FragmentModel) -> SimState:
@@ -74,6 +76,13 @@ class SimState:
             for g, mode in enumerate(self.modes[node])
             if mode is GpuMode.NORMAL and free[g] == MILLI_PER_GPU
         )
+
+    def node_version(self, node: int) -> int:
+        """Changes so far to ``node``'s pods and GPU modes: equal numbers, the same node state."""
+        return self._node_changes.get(node, 0)
+
+    def _changed(self, node: int) -> None:
+        self._node_changes[node] = self._node_changes.get(node, 0) + 1
 
     def pods_on(self, node: int) -> list[RunningPod]:
         """The pods running on ``node``, in start order."""
@@ -91,11 +100,13 @@ class SimState:
         if pod.request is not None:
             self.cluster.place(pod.node, pod.gpus, pod.request)
         self.pods[pod.pod_id] = pod
+        self._changed(pod.node)
         self._by_job.setdefault(pod.job.job_id, {})[pod.pod_id] = None
         self._by_node.setdefault(pod.node, {})[pod.pod_id] = None
 
     def stop_pod(self, pod_id: str) -> RunningPod:
         pod = self.pods.pop(pod_id)
+        self._changed(pod.node)
         _forget(self._by_job, pod.job.job_id, pod_id)
         _forget(self._by_node, pod.node, pod_id)
         if pod.request is not None:
@@ -109,6 +120,7 @@ class SimState:
     def set_mode(self, node: int, gpu: int, mode: GpuMode) -> None:
         """Switch a GPU's mode; the GPU must hold no whole-GPU or share pods."""
         self.modes[node][gpu] = mode
+        self._changed(node)
         visible = MILLI_PER_GPU if mode is GpuMode.NORMAL else 0
         self.cluster.set_gpu_free(node, gpu, visible)
 

@@ -9,7 +9,7 @@ from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer, candidates_to_find
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import Gang, PodPlacement
-from gpuweave.simulate.state import SimState
+from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
@@ -99,3 +99,16 @@ def test_a_one_pod_job_with_a_priority_sends_it_on_its_pod_as_a_gang_of_one() ->
 def test_preemption_collects_as_many_candidates_as_kube_schedulers_defaults_ask() -> None:
     # 10% of the potential nodes, at least 100, at most all of them (DefaultPreemptionArgs)
     assert [candidates_to_find(n) for n in (0, 16, 100, 500, 1000, 2500)] == [0, 16, 100, 100, 100, 250]
+
+
+def test_a_nodes_version_changes_with_its_pods_and_gpu_modes_only() -> None:
+    """What a cached dry run is keyed on: a pod started or stopped, or a GPU's mode, on that node."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=2)
+    state = SimState.create(fleet, _model())
+    job = Job("single-0", JobKind.SINGLE, 0.0, 600.0, 1, 1, 1000, 1000, 1024)
+    pod = RunningPod("single-0-0", job, 1, (0,), Request(1000, 1024, 1, 1000), 0.0)
+    state.start_pod(pod)
+    assert (state.node_version(0), state.node_version(1)) == (0, 1)
+    state.set_mode(1, 3, GpuMode.WITHHELD)
+    state.stop_pod(pod.pod_id)
+    assert (state.node_version(0), state.node_version(1)) == (0, 3)
