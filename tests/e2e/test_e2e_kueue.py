@@ -33,7 +33,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import PodAssignment, fits_resource, parent_gpu_of_share
-from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from devicemodel.contracts import (
+    ANNOTATION_ASSIGNMENT,
+    RESOURCE_GPU_COMPUTE,
+    RESOURCE_GPU_MEMORY,
+    mig_resource_name,
+)
 from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_JOBSET_REPLICAS, LABEL_REPLICATED_JOB
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.devices import build_catalogue
@@ -53,6 +58,7 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.gpu_nodes import INVENTORIES, create_gpu_node, publish_inventory
 from tests.e2e.pods import GPU
+from tests.support.small_inventory import small_inventory
 from topology.network import LABEL_AWS_LAYER_3
 
 pytestmark = pytest.mark.e2e
@@ -127,17 +133,15 @@ def _kueue_objects() -> list[dict[str, Any]]:
     ]
 
 
-def _container(gpus: int) -> dict[str, Any]:
-    limits = {GPU: str(gpus)}
-    return {"name": "main", "image": "e2e/none", "resources": {"limits": limits, "requests": limits}}
-
-
-def _pod_spec(gpus: int, **extra: Any) -> dict[str, Any]:
+def _pod_spec(count: int, *, resource: str = GPU, **extra: Any) -> dict[str, Any]:
+    """One container asking for ``count`` of ``resource``; ``extra``: more pod spec fields."""
+    limits = {resource: str(count)}
+    container = {"name": "main", "image": "e2e/none", "resources": {"limits": limits, "requests": limits}}
     return {
         "schedulerName": SCHEDULER,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
-        "containers": [_container(gpus)],
+        "containers": [container],
         **extra,
     }
 
@@ -456,27 +460,8 @@ def _share_kueue_objects() -> list[dict[str, Any]]:
 
 
 def _share_job(name: str, compute: int) -> dict[str, Any]:
-    """A batch/v1 Job of one pod asking for ``compute`` gpu-compute units, queued in the share queue."""
-    limits = {RESOURCE_GPU_COMPUTE: str(compute)}
-    container = {"name": "main", "image": "e2e/none", "resources": {"limits": limits, "requests": limits}}
-    spec = {
-        "schedulerName": SCHEDULER,
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 0,
-        "containers": [container],
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {QUEUE_LABEL: SHARE_LOCAL_QUEUE}},
-        "spec": {
-            "suspend": True,
-            "parallelism": 1,
-            "completions": 1,
-            "backoffLimit": 0,
-            "template": {"spec": spec},
-        },
-    }
+    """A Job of one pod asking for ``compute`` gpu-compute units, queued in the share queue."""
+    return _queued_job(name, SHARE_LOCAL_QUEUE, resource=RESOURCE_GPU_COMPUTE, count=compute)
 
 
 @pytest.fixture(scope="module")
@@ -609,9 +594,11 @@ def _preempt_kueue_objects() -> list[dict[str, Any]]:
     return [_flavor(PREEMPT_FLAVOR, PREEMPT_NODE_LABEL), *low, *high]
 
 
-def _queued_job(name: str, local_queue: str, *, priority_class: str = "") -> dict[str, Any]:
-    """A batch/v1 Job of one 8-GPU pod, suspended and labelled for ``local_queue`` (and a Kueue
-    WorkloadPriorityClass)."""
+def _queued_job(
+    name: str, local_queue: str, *, priority_class: str = "", resource: str = GPU, count: int = 8
+) -> dict[str, Any]:
+    """A batch/v1 Job of one pod asking for ``count`` of ``resource`` (8 GPUs), suspended and
+    labelled for ``local_queue`` (and a Kueue WorkloadPriorityClass)."""
     labels = {QUEUE_LABEL: local_queue}
     if priority_class:
         labels[PRIORITY_CLASS_LABEL] = priority_class
@@ -624,7 +611,7 @@ def _queued_job(name: str, local_queue: str, *, priority_class: str = "") -> dic
             "parallelism": 1,
             "completions": 1,
             "backoffLimit": 0,
-            "template": {"spec": _pod_spec(8)},
+            "template": {"spec": _pod_spec(count, resource=resource)},
         },
     }
 
@@ -1011,3 +998,70 @@ def test_a_higher_priority_job_preempts_through_kueue_within_its_cluster_queue_a
     assert not plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=batch").items
     kueue.check_alive()
     print(f"urgent Job preempted the batch Job through Kueue and was bound {placed_s:.1f} s after creation")
+
+
+MIG_NODE, MIG_NODE_LABEL = "kq-m1", "e2e.gpuweave.io/kueue-mig-node"
+MIG_FLAVOR, MIG_QUEUES = "e2e-a100-mig", ("e2e-mig", "e2e-mig-queue")
+MIG = mig_resource_name("3g.40gb")
+
+
+@pytest.fixture(scope="module")
+def mig_queue(plane: ControlPlane, kueue: KueueCluster) -> Iterator[set[str]]:
+    """``kq-m1``: two A100s in MIG mode, two 3g.40gb slices each (allocatable 4 of the MIG
+    resource, as the node agent advertises it), and a ClusterQueue of 2 such slices."""
+    inventory = small_inventory(gpus=2, mig_on=(0, 1), name=MIG_NODE)
+    labels = {"kubernetes.io/hostname": MIG_NODE, MIG_NODE_LABEL: "true"}
+    resources = {"cpu": "96", "memory": "1Ti", "pods": "110", MIG: str(len(inventory.mig_devices))}
+    create_gpu_node(
+        plane, inventory, labels=labels, taint=TAINT, resources=resources, message="e2e kueue mig node"
+    )
+    try:
+        objects = [
+            _flavor(MIG_FLAVOR, MIG_NODE_LABEL),
+            *_queues(*MIG_QUEUES, flavor=MIG_FLAVOR, resource=MIG, nominal=2),
+        ]
+        plane.apply(objects)
+        wait_for(
+            "MIG ClusterQueue active",
+            lambda: _condition(_cluster_queue(plane, MIG_QUEUES[0]), "Active") == "True",
+        )
+        yield {m.uuid for m in inventory.mig_devices}
+    finally:
+        _cleanup(plane)
+        plane.core.delete_node(MIG_NODE)
+        client.CustomObjectsApi(plane.api).delete_cluster_custom_object(*INVENTORIES, MIG_NODE)
+
+
+def test_kueue_quota_on_a_mig_profile_admits_slices_and_gpuweave_places_each_on_its_own_slice(
+    plane: ControlPlane, kueue: KueueCluster, mig_queue: set[str]
+) -> None:
+    batch = client.BatchV1Api(plane.api)
+    for name in ("slice-a", "slice-b", "slice-c"):
+        batch.create_namespaced_job(NAMESPACE, _queued_job(name, MIG_QUEUES[1], resource=MIG, count=1))
+    held: dict[str, str] = {}
+    for name in ("slice-a", "slice-b"):
+        admitted = _wait_workload(
+            plane, "Job", name, lambda w: _condition(w, "Admitted") == "True", "admitted"
+        )
+        [podset] = admitted["status"]["admission"]["podSetAssignments"]
+        assert podset["flavors"] == {MIG: MIG_FLAVOR} and podset["resourceUsage"] == {MIG: "1"}
+        pod = _bound_pod_of(plane, name)
+        assignment = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+        [device] = assignment.all_device_ids()
+        assert assignment.node == MIG_NODE and device in mig_queue
+        held[name] = device
+    assert len(set(held.values())) == 2  # two slices, not one twice
+    # The quota is 2 slices although the node has 4: the third Job waits for quota, not for devices.
+    third = _wait_workload(
+        plane, "Job", "slice-c", lambda w: _condition(w, "QuotaReserved") == "False", "pending"
+    )
+    reserved = next(c for c in third["status"]["conditions"] if c["type"] == "QuotaReserved")
+    assert MIG in reserved["message"]
+    assert plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=slice-c").items == []
+    _succeed(plane, _bound_pod_of(plane, "slice-a"))
+    _wait_workload(plane, "Job", "slice-c", lambda w: _condition(w, "Admitted") == "True", "admitted")
+    pod = _bound_pod_of(plane, "slice-c")
+    assignment = PodAssignment.from_annotation(pod.metadata.annotations[ANNOTATION_ASSIGNMENT])
+    [device] = assignment.all_device_ids()
+    assert device in mig_queue and device != held["slice-b"]  # never the slice a running pod holds
+    print(f"MIG quota: {reserved['message']}; slices {held}, then {device}")
