@@ -7,11 +7,11 @@ decision core works on, computed once per state and keyed for memoization.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, SharingMode
 from scheduler_ext.decide.layout import LayoutIndex, NodeLayout
 
@@ -119,24 +119,26 @@ def free_state(node: NodeState) -> FreeState:
 
 
 def _share_use(node: NodeState, bad_gpus: frozenset[int]) -> tuple[tuple[int, ShareUse], ...]:
+    """Units in use per healthy share-mode GPU, nothing on a node without share-mode GPUs. A
+    fractional node holds a device ID per unit in use (``<GPU UUID>::<kind>-<n>``): they are counted
+    by their ``<GPU UUID>::<kind>`` prefix in one pass, then each distinct prefix is read once."""
     assert node.layout is not None and node.index is not None
-    by_uuid = {uuid: i for i, uuid in node.index.gpu_uuids.items()}
+    gpus = node.layout.gpus
+    shared = [g.index for g in gpus if g.mode is not SharingMode.EXCLUSIVE and g.index not in bad_gpus]
+    if not shared:
+        return ()
+    by_uuid = {node.index.gpu_uuids[i]: i for i in shared}
     counts: dict[int, dict[str, int]] = {}
-    for device_id in node.holders:
-        parent = parent_gpu_of_share(device_id)
-        if parent is None or parent not in by_uuid:
-            continue
-        kind = device_id.rpartition("::")[2].partition("-")[0]
-        per_gpu = counts.setdefault(by_uuid[parent], {})
-        per_gpu[kind] = per_gpu.get(kind, 0) + 1
+    for prefix, used in Counter(d.rpartition("-")[0] for d in node.holders).items():
+        parent, sep, kind = prefix.partition("::")
+        index = by_uuid.get(parent) if sep else None
+        if index is not None:
+            per_gpu = counts.setdefault(index, {})
+            per_gpu[kind] = per_gpu.get(kind, 0) + used
     result = []
-    for gpu in node.layout.gpus:
-        if gpu.mode is SharingMode.EXCLUSIVE or gpu.index in bad_gpus:
-            continue
-        used = counts.get(gpu.index, {})
-        result.append(
-            (gpu.index, ShareUse(used.get("compute", 0), used.get("memory", 0), used.get("replica", 0)))
-        )
+    for index in shared:
+        got = counts.get(index, {})
+        result.append((index, ShareUse(got.get("compute", 0), got.get("memory", 0), got.get("replica", 0))))
     return tuple(result)
 
 
