@@ -425,8 +425,7 @@ def test_jobset_waits_for_quota_then_kueue_admits_it_and_gpuweave_places_it_in_o
     assert len(set(devices)) == 16
     assert kueue.metric('gpuweave_extender_gangs_total{outcome="completed"}') == 1
     assert kueue.metric("gpuweave_extender_gang_reserved_devices") == 0
-    usage = _cluster_queue(plane)["status"]["flavorsUsage"][0]["resources"]
-    assert {r["name"]: r["total"] for r in usage} == {GPU: "16"}
+    wait_for("the queue to count 16 GPUs", lambda: _gpu_usage(plane, CLUSTER_QUEUE) == {GPU: "16"})
 
 
 def _create_share_node(plane: ControlPlane) -> dict[str, str]:
@@ -546,8 +545,10 @@ def test_kueue_quota_on_gpu_compute_admits_gpu_shares_and_gpuweave_places_them_o
     time.sleep(2)  # give Kueue and the Job controller time to do anything they would
     assert _job_suspended(batch, "shares-second") is True
     assert plane.core.list_namespaced_pod(NAMESPACE, label_selector="job-name=shares-second").items == []
-    usage = _cluster_queue(plane, SHARE_CLUSTER_QUEUE)["status"]["flavorsUsage"][0]["resources"]
-    assert {r["name"]: r["total"] for r in usage} == {RESOURCE_GPU_COMPUTE: "60"}
+    wait_for(
+        "the share queue to count 60 units",
+        lambda: _gpu_usage(plane, SHARE_CLUSTER_QUEUE) == {RESOURCE_GPU_COMPUTE: "60"},
+    )
     kueue.check_alive()
 
     # 3. The first pod finishes: Kueue releases its 60 units and admits the second, whose pod is
@@ -565,8 +566,10 @@ def test_kueue_quota_on_gpu_compute_admits_gpu_shares_and_gpuweave_places_them_o
     second_gpu = _one_gpu_share(second_pod, 60)
     assert second_gpu in gpus
     assert _job_suspended(batch, "shares-second") is False
-    usage = _cluster_queue(plane, SHARE_CLUSTER_QUEUE)["status"]["flavorsUsage"][0]["resources"]
-    assert {r["name"]: r["total"] for r in usage} == {RESOURCE_GPU_COMPUTE: "60"}
+    wait_for(
+        "the share queue to count 60 units",
+        lambda: _gpu_usage(plane, SHARE_CLUSTER_QUEUE) == {RESOURCE_GPU_COMPUTE: "60"},
+    )
     print(
         f"Job shares-second admitted and bound {placed_s:.1f} s after the first pod finished"
         f" ({time.monotonic() - started:.1f} s for the test); GPUs {first_gpu}, then {second_gpu}"
@@ -823,8 +826,10 @@ def test_gpu_fault_under_one_member_requeues_the_whole_jobset_through_kueue_and_
         c["type"] in ("Failed", "Completed") and c["status"] == "True"
         for c in (jobset.get("status") or {}).get("conditions") or []
     )
-    usage = _gpu_usage(plane, CHECKED_QUEUES[0])
-    assert usage == {GPU: "16"}
+    # the ClusterQueue's status follows the readmission (Kueue writes it after the Workload's)
+    wait_for(
+        "the queue to count the 16 GPUs again", lambda: _gpu_usage(plane, CHECKED_QUEUES[0]) == {GPU: "16"}
+    )
     kueue.check_alive()
     print(
         f"JobSet healthy ran on {first_nodes}; GPU {failed_gpu} on {member.spec.node_name} failed;"
