@@ -13,8 +13,8 @@ One thread looks at the Workloads whenever one changes and at least every ``inte
 health and free GPUs come from the extender's cache, which changes without a Workload event).
 Per pass it reads only what it needs: a pending Workload's flavors (one GET per flavor, one node
 list per flavor's labels) and, for a pod that holds a failed device, which Workload it belongs to
-(one GET of the pod, remembered: its JobSet gang key, else Kueue's ``kueue.x-k8s.io/workload``
-annotation, else its JobSet, Job or Kueue pod group label, or the pod itself). A pod that opts out
+(one GET of the pod, remembered: Kueue's ``kueue.x-k8s.io/workload`` annotation, else its JobSet,
+Job or Kueue pod group label, or the pod itself). A pod that opts out
 of health eviction (``gpuweave.io/no-health-eviction=true``) or asks to be moved alone
 (``gpuweave.io/gang-eviction: pod``) requeues nothing, as the node agent does not move its gang.
 Pods are matched to Workloads of their own namespace only: a pod's labels and annotations are
@@ -36,7 +36,12 @@ from urllib3.exceptions import HTTPError
 
 from devicemodel.contracts import ANNOTATION_OPT_OUT_EVICTION
 from devicemodel.errors import InvalidInputError
-from devicemodel.gangs import ANNOTATION_KUEUE_WORKLOAD, evicts_whole_gang
+from devicemodel.gangs import (
+    ANNOTATION_KUEUE_WORKLOAD,
+    LABEL_JOBSET_NAME,
+    LABEL_KUEUE_POD_GROUP,
+    evicts_whole_gang,
+)
 from kubeio.client import finish
 from kubeio.errors import CONFLICT, describe, status_of
 from kubeio.listwatch import ListWatch
@@ -62,10 +67,8 @@ APPLY_PATCH = "application/apply-patch+yaml"
 INTERVAL_S = 1.0
 PROBE_MAX_S = 60.0
 MAX_REMEMBERED_PODS = 4096
-LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
 LABEL_JOB = "batch.kubernetes.io/job-name"
 LABEL_JOB_LEGACY = "job-name"
-LABEL_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
 
 Owner = tuple[str, str, str]  # (namespace, kind, name); kind "group" for a Kueue pod group
 
@@ -94,7 +97,6 @@ class KueueChecks:
         self._owners: OrderedDict[str, Owner | None] = OrderedDict()  # pod UID -> its workload's owner
         self._wake = threading.Event()
         self._halt = threading.Event()
-        self.writes = 0
         self.watchers = [
             ListWatch(self._list("admissionchecks"), on_event=self._on_check, what="kueue-admissionchecks"),
             ListWatch(self._list("workloads"), on_event=self._on_workload, what="kueue-workloads"),
@@ -269,12 +271,12 @@ class KueueChecks:
             if holding is None:
                 continue
             record = holding.record
-            owner = self._pod_owner(record.uid, record.namespace, record.name, record.gang)
+            owner = self._pod_owner(record.uid, record.namespace, record.name)
             if owner is not None:
                 found.setdefault(owner, []).append((fault, record.key))
         return found
 
-    def _pod_owner(self, uid: str, namespace: str, name: str, gang: str) -> Owner | None:
+    def _pod_owner(self, uid: str, namespace: str, name: str) -> Owner | None:
         """The Workload owner a fault under this pod requeues; None when the pod is not read yet,
         or when it asks not to be moved for a fault (``gpuweave.io/no-health-eviction=true``) or
         to move alone (``gpuweave.io/gang-eviction: pod``), as the node agent honours them."""
@@ -288,7 +290,7 @@ class KueueChecks:
         metadata = pod.metadata
         labels = (metadata.labels if metadata is not None else None) or {}
         annotations = (metadata.annotations if metadata is not None else None) or {}
-        owner = requeue_owner(namespace, name, labels, annotations, gang=gang)
+        owner = requeue_owner(namespace, name, labels, annotations)
         self._owners[uid] = owner
         while len(self._owners) > MAX_REMEMBERED_PODS:
             self._owners.popitem(last=False)
@@ -323,69 +325,64 @@ class KueueChecks:
                 else _now()
             ),
         }
-        body = {
-            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
-            "kind": "Workload",
-            "metadata": {
-                "name": workload.metadata.name,
-                "namespace": workload.metadata.namespace,
-                # the verdict is about the Workload as read: a newer one (Kueue admitted it since,
-                # or reset the check) refuses the write with 409 and is decided again next pass
-                "resourceVersion": workload.metadata.resource_version,
-            },
-            "status": {"admissionChecks": [entry]},
+        # the verdict is about the Workload as read: a newer one (Kueue admitted it since, or reset
+        # the check) refuses the write with 409 and is decided again next pass
+        metadata = {
+            "name": workload.metadata.name,
+            "namespace": workload.metadata.namespace,
+            "resourceVersion": workload.metadata.resource_version,
         }
         try:
-            self._custom.patch_namespaced_custom_object_status(
-                KUEUE_GROUP,
-                KUEUE_VERSION,
-                workload.metadata.namespace,
-                "workloads",
-                workload.metadata.name,
-                body,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
-            )
+            self._apply_status("Workload", metadata, {"admissionChecks": [entry]})
         except (ApiException, HTTPError) as exc:
             if status_of(exc) == CONFLICT:
                 LOG.info("Workload %s changed since it was read; deciding again", workload.key)
                 return
             LOG.warning("cannot set check %s of Workload %s: %s", current.name, workload.key, describe(exc))
             return
-        self.writes += 1
         LOG.info("Workload %s: check %s %s: %s", workload.key, current.name, verdict.state, verdict.message)
 
     def _activate(self, name: str) -> None:
-        body = {
-            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
-            "kind": "AdmissionCheck",
-            "metadata": {"name": name},
-            "status": {
-                "conditions": [
-                    {
-                        "type": "Active",
-                        "status": "True",
-                        "reason": "Active",
-                        "message": "the gpuweave extender serves this check",
-                        "lastTransitionTime": _now(),
-                    }
-                ]
-            },
+        condition = {
+            "type": "Active",
+            "status": "True",
+            "reason": "Active",
+            "message": "the gpuweave extender serves this check",
+            "lastTransitionTime": _now(),
         }
         try:
-            self._custom.patch_cluster_custom_object_status(
-                KUEUE_GROUP,
-                KUEUE_VERSION,
-                "admissionchecks",
-                name,
-                body,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
-            )
+            self._apply_status("AdmissionCheck", {"name": name}, {"conditions": [condition]})
         except (ApiException, HTTPError) as exc:
             LOG.warning("cannot mark AdmissionCheck %s Active: %s", name, describe(exc))
+
+    def _apply_status(self, kind: str, metadata: dict[str, str], status: dict[str, Any]) -> None:
+        """Server-side apply of ``status`` (only the fields given, as field manager
+        ``gpuweave-kueue-check``) to a Kueue object: a Workload (namespaced) or an AdmissionCheck."""
+        body = {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
+            "kind": kind,
+            "metadata": metadata,
+            "status": status,
+        }
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY_PATCH,
+        }
+        if kind == "Workload":
+            self._custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                metadata["namespace"],
+                "workloads",
+                metadata["name"],
+                body,
+                **options,
+            )
+        else:
+            self._custom.patch_cluster_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", metadata["name"], body, **options
+            )
 
 
 def _state(workload: Workload, names: set[str]) -> str:
@@ -394,16 +391,13 @@ def _state(workload: Workload, names: set[str]) -> str:
 
 
 def requeue_owner(
-    namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str], *, gang: str
+    namespace: str, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]
 ) -> Owner | None:
-    """The Workload owner a fault under this pod requeues (``gang``: the cache's gang key, which
-    names a JobSet outright); None when the pod opts out of health eviction or moves alone."""
+    """The Workload owner a fault under this pod requeues; None when the pod opts out of health
+    eviction or moves alone."""
     view = {"metadata": {"namespace": namespace, "labels": labels, "annotations": annotations}}
     if labels.get(ANNOTATION_OPT_OUT_EVICTION) == "true" or not evicts_whole_gang(view):
         return None
-    prefix = f"{namespace}/jobset:"
-    if gang.startswith(prefix):
-        return (namespace, "JobSet", gang[len(prefix) :].partition("/")[0])
     return owner_of_pod(namespace, name, labels, annotations)
 
 
@@ -416,10 +410,10 @@ def owner_of_pod(
     workload = (annotations or {}).get(ANNOTATION_KUEUE_WORKLOAD)
     if workload:
         return (namespace, "Workload", workload)
-    if labels.get(LABEL_JOBSET):
-        return (namespace, "JobSet", labels[LABEL_JOBSET])
-    if labels.get(LABEL_POD_GROUP):
-        return (namespace, "group", labels[LABEL_POD_GROUP])
+    if labels.get(LABEL_JOBSET_NAME):
+        return (namespace, "JobSet", labels[LABEL_JOBSET_NAME])
+    if labels.get(LABEL_KUEUE_POD_GROUP):
+        return (namespace, "group", labels[LABEL_KUEUE_POD_GROUP])
     job = labels.get(LABEL_JOB) or labels.get(LABEL_JOB_LEGACY)
     if job:
         return (namespace, "Job", job)

@@ -9,6 +9,7 @@ import pytest
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.errors import InvalidInputError
+from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_KUEUE_POD_GROUP
 from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.decide.registry import LayoutRegistry
@@ -22,14 +23,7 @@ from scheduler_ext.kueue.checks import (
     verdict_for_admission,
     verdict_for_faults,
 )
-from scheduler_ext.kueue.controller import (
-    LABEL_JOB,
-    LABEL_JOBSET,
-    LABEL_POD_GROUP,
-    KueueChecks,
-    owner_of_pod,
-    requeue_owner,
-)
+from scheduler_ext.kueue.controller import LABEL_JOB, KueueChecks, owner_of_pod, requeue_owner
 
 
 def _cache(nodes: dict[str, tuple[str, ...]]) -> ClusterCache:
@@ -185,10 +179,10 @@ def test_the_workload_names_its_owner_and_its_check_state() -> None:
 @pytest.mark.parametrize(
     ("labels", "owner"),
     [
-        ({LABEL_JOBSET: "train", LABEL_JOB: "train-workers-0"}, ("ml", "JobSet", "train")),
+        ({LABEL_JOBSET_NAME: "train", LABEL_JOB: "train-workers-0"}, ("ml", "JobSet", "train")),
         ({LABEL_JOB: "solo"}, ("ml", "Job", "solo")),
         ({"job-name": "old"}, ("ml", "Job", "old")),
-        ({LABEL_POD_GROUP: "group"}, ("ml", "group", "group")),
+        ({LABEL_KUEUE_POD_GROUP: "group"}, ("ml", "group", "group")),
         ({}, ("ml", "Pod", "p-0")),
     ],
 )
@@ -213,13 +207,12 @@ def test_a_workload_of_pods_is_found_by_its_group_or_its_one_pod() -> None:
 
 
 def test_a_pod_that_opts_out_of_health_eviction_or_moves_alone_requeues_nothing() -> None:
-    labels = {LABEL_JOBSET: "train"}
-    gang = "ml/jobset:train/workers/0"
-    assert requeue_owner("ml", "p-0", labels, {}, gang=gang) == ("ml", "JobSet", "train")
+    labels = {LABEL_JOBSET_NAME: "train"}
+    assert requeue_owner("ml", "p-0", labels, {}) == ("ml", "JobSet", "train")
     opted_out = {**labels, "gpuweave.io/no-health-eviction": "true"}
-    assert requeue_owner("ml", "p-0", opted_out, {}, gang=gang) is None
-    assert requeue_owner("ml", "p-0", labels, {"gpuweave.io/gang-eviction": "pod"}, gang=gang) is None
-    assert requeue_owner("ml", "p-0", {LABEL_JOB: "solo"}, {}, gang="") == ("ml", "Job", "solo")
+    assert requeue_owner("ml", "p-0", opted_out, {}) is None
+    assert requeue_owner("ml", "p-0", labels, {"gpuweave.io/gang-eviction": "pod"}) is None
+    assert requeue_owner("ml", "p-0", {LABEL_JOB: "solo"}, {}) == ("ml", "Job", "solo")
 
 
 def test_best_fit_keeps_whole_nodes_for_whole_node_pods_at_any_cluster_size() -> None:
