@@ -135,19 +135,19 @@ class Writer:
                 "POST",
                 self._host + path,
                 body=payload,
-                headers=self._current_headers(),
+                headers=self._credentials()[0],
                 timeout=WRITE_TIMEOUT,
                 retries=False,
             )
             status, reason, data = response.status, response.reason or "", response.data
         else:
-            self._current_headers()
+            fields = self._credentials()[1]
             head = b"".join(
                 (
                     b"POST ",
                     _request_target(self._prefix + path),
                     b" HTTP/1.1\r\n",
-                    self._head,
+                    fields,
                     b"Content-Length: %d\r\n\r\n" % len(payload),
                 )
             )
@@ -181,7 +181,9 @@ class Writer:
             return status, reason, data
         raise urllib3.exceptions.ClosedPoolError(None, "the API server's connection pool was closed")  # type: ignore[arg-type]
 
-    def _current_headers(self) -> dict[str, str]:
+    def _credentials(self) -> tuple[dict[str, str], bytes]:
+        """The request's header fields, as a dict and as the encoded head (``Host`` first, without
+        ``Content-Length``), read from the client again every ``AUTH_REFRESH_S``."""
         now = time.monotonic()
         with self._lock:
             if now - self._read_at >= AUTH_REFRESH_S:
@@ -195,7 +197,7 @@ class Writer:
                         headers[str(setting["key"])] = str(setting["value"])
                 self._head = _head_fields({"Host": self._authority, **headers, "Accept-Encoding": "identity"})
                 self._headers, self._read_at = headers, now
-            return self._headers
+            return self._headers, self._head
 
 
 MAX_ANSWER_HEAD = 65_536  # bytes an answer may take before its header fields end
