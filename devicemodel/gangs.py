@@ -17,6 +17,13 @@ them all or none (``gang_plan``). Three sources name one, checked in this order:
    ``gpuweave.io/gang-size``, else Kueue's ``kueue.x-k8s.io/pod-group-total-count`` annotation
    (which Kueue requires on every pod of a group).
 
+A gang of one (``alone``) is a pod that names its gang explicitly, ``gpuweave.io/gang: NAME`` with
+``gpuweave.io/gang-size: 1`` (a one-pod training job): it is placed like any pod, but the gang rules
+for preemption hold for it (it preempts nothing until an earlier attempt of its gang ran:
+``gangs.service``). A size of 1 that comes only from the other sources (JobSet replicas 1, Kueue's
+pod-group-total-count 1, a PodGroup's minMember 1, or ``gpuweave.io/gang-size: 1`` on a pod they
+name) gives no gang: ``gang_of`` answers None and the pod is an ordinary pod.
+
 A gang whose nodes Kueue's Topology Aware Scheduling assigned (its pods carry Kueue's
 ``kueue.x-k8s.io/workload`` annotation and one of its ``kueue.x-k8s.io/podset-*-topology``
 annotations, from the admitted pod template) is not planned again here: Kueue admitted every
@@ -89,6 +96,11 @@ class Gang:
     size: int
     source: str  # annotation | pod-group | jobset | kueue-pod-group (for messages and docs)
     tier: str = ""
+
+    @property
+    def alone(self) -> bool:
+        """A gang of one (module doc): placed like any pod, preempting by the gang rules."""
+        return self.size == 1
 
 
 def _mapping(value: object) -> Mapping[str, Any]:
@@ -191,7 +203,8 @@ def parse_tier(value: object, *, tier_labels: Sequence[str]) -> str:
 def gang_of(
     pod: Mapping[str, Any], *, min_members: Mapping[str, object], tier_labels: Sequence[str]
 ) -> Gang | None:
-    """The pod's gang, None when it is in none (or its PodGroup's size is unknown).
+    """The pod's gang, None when it is in none (or its PodGroup's size is unknown, or its size of 1
+    is not named by ``gpuweave.io/gang``: module doc).
 
     ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches, as
     the objects give it (validated here: a pod of a PodGroup with an unusable minMember is refused
@@ -233,8 +246,8 @@ def gang_of(
             explicit if explicit is not None else labels.get(LABEL_JOBSET_REPLICAS, "1"),
             what=ANNOTATION_GANG_SIZE if explicit is not None else LABEL_JOBSET_REPLICAS,
         )
-    if size == 1:
-        return None  # a gang of one is an ordinary pod
+    if size == 1 and source != "annotation":
+        return None  # a size of 1 from a JobSet, Kueue group or PodGroup: an ordinary pod
     return Gang(key=key, size=size, source=source, tier=tier)
 
 

@@ -17,6 +17,12 @@ Filter answers the offered nodes in the room as resolvable; the preempt verb
 its own filters rejected, e.g. for too few free GPUs, reach only the preempt call) and narrows
 the candidates to the room. Every other gang that does not fit is answered unresolvable, and its
 members' preemption is refused.
+
+A gang of one (``Gang.alone``: ``gpuweave.io/gang`` with size 1) has no plan and no reservation:
+filter, prioritize and bind treat it as any pod, and its bind remembers its node as its family's
+(``bound_alone``). Only when it fits no offered node do the gang rules apply (``unplaced_alone``):
+re-created after an attempt that ran, its room is found as a recovering gang's is, and the preempt
+verb narrows to it; otherwise every node is unresolvable and its preemption is refused.
 """
 
 from __future__ import annotations
@@ -100,7 +106,10 @@ class GangCoordinator:
     def filter(
         self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest
     ) -> GangAnswer | None:
-        """The member's nodes; None when the ordinary path applies (already placed, gang complete)."""
+        """The member's nodes; None when the ordinary path applies (a gang of one, already placed,
+        gang complete)."""
+        if gang.alone:
+            return None
         self.sweep()
         if self.cache.holding(request.uid) is not None:
             return None
@@ -169,6 +178,55 @@ class GangCoordinator:
         self.book.stop_waiting(gang.key)
         self.book.forget_offered(gang.key)
         return self._hold(gang, outcome, request, host)
+
+    def unplaced_alone(
+        self,
+        gang: Gang,
+        request: PodRequest,
+        names: list[str],
+        host: HostRequest,
+        *,
+        failed: Mapping[str, str],
+        hopeless: Mapping[str, str],
+    ) -> GangAnswer | None:
+        """Filter's answer for a gang of one that fits none of ``names`` (the ordinary path found
+        ``failed`` resolvable, ``hopeless`` not), under the gang rules for preemption: re-created
+        after an attempt that ran, the nodes of its room are resolvable and every other node is
+        not; any other gang of one gets every node unresolvable, as a gang that never ran. None:
+        the ordinary answer stands (not a gang of one, or every node is unresolvable anyway)."""
+        if not gang.alone:
+            return None
+        room: frozenset[str] = frozenset()
+        preferred = self.book.last_nodes(gang_family(gang.key))
+        if preferred:
+            needed, placed_nodes = self._placed(gang)
+            self.book.remember_offered(gang.key, names)
+            if needed > 0:
+                room = self._room_by_preemption(
+                    gang, request, names, host, needed=needed, placed_nodes=placed_nodes, preferred=preferred
+                )
+        if not failed and not room:
+            return None
+        reason = (
+            f"gang {gang.key} is recovering and fits once pods of lower priority than it on "
+            f"{len(room)} node(s) of its network domain are preempted"
+        )
+        return GangAnswer(
+            [],
+            failed={n: reason for n in names if n in room},
+            hopeless={n: r for part in (hopeless, failed) for n, r in part.items() if n not in room},
+        )
+
+    def bound_alone(self, pod: Mapping[str, Any], node: str) -> None:
+        """A pod of a gang bound without a planned slot: a gang of one remembers its node as its
+        family's, so its next attempt is a recovering gang's."""
+        try:
+            gang = self.gang_of(pod)
+        except BadGangError:
+            return
+        if gang is not None and gang.alone:
+            self.book.remember_nodes(gang_family(gang.key), (node,))
+            self.book.forget_offered(gang.key)
 
     def _room_by_preemption(
         self,
@@ -387,7 +445,7 @@ class GangCoordinator:
                 gang = self.gang_of(pod)
             except BadGangError:
                 continue
-            if gang is not None and gang.key not in pending:
+            if gang is not None and not gang.alone and gang.key not in pending:
                 pending[gang.key] = (gang, pod)
         return pending
 

@@ -108,6 +108,12 @@ class ExtenderService:
         spread = Filtered.spread(names, groups, verdicts)
         fits = spread.fits
         self._observe("filter", int(fits.sum()), spread.rejected)
+        if gang is not None and self.gangs is not None and not fits.any():
+            alone = self.gangs.unplaced_alone(
+                gang, request, names, parsed.host, failed=spread.failed, hopeless=spread.hopeless
+            )
+            if alone is not None:  # a gang of one preempts by the gang rules (recovering only)
+                return self._filter_result(args, [], alone.failed, alone.hopeless)
         if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
@@ -173,9 +179,19 @@ class ExtenderService:
             return names, [0] * len(names)
         verdicts = self._verdicts(request, names, parsed.host)
         scores = ranked_scores(verdicts, self._reservation_costs(parsed.shape, names))
-        if not gang_key(pod):  # a gang's nodes come from its plan; any other pod fits one node
+        if not self._planned_as_gang(pod):  # a gang's nodes come from its plan; any other pod fits one node
             scores = self._best_fit_cliques(names, scores)
         return names, scores
+
+    def _planned_as_gang(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod names a gang that is not a gang of one (``Gang.alone``, placed like any pod)."""
+        if not gang_key(pod):
+            return False
+        try:
+            gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+        except BadGangError:
+            return True
+        return gang is None or not gang.alone
 
     def _best_fit_cliques(self, names: list[str], scores: list[int]) -> list[int]:
         """Among the best nodes, those of the clique with the fewest entirely free nodes (``cliques``)."""
@@ -304,12 +320,13 @@ class ExtenderService:
             )
         if self.gangs is not None:
             self.gangs.sweep()
+        gang = gang_key(pod)
         try:
-            _, assignment, slot = self._assume(request, args.Node, parsed.host, gang=gang_key(pod))
+            _, assignment, slot = self._assume(request, args.Node, parsed.host, gang=gang)
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
         if request.imex:
-            assignment = with_imex_domain(assignment, request, slot, gang=gang_key(pod))
+            assignment = with_imex_domain(assignment, request, slot, gang=gang)
         try:
             self.binder.bind(pod, node=args.Node, assignment=assignment)
         except BindError as exc:
@@ -317,8 +334,11 @@ class ExtenderService:
             if slot is not None and self.gangs is not None:
                 self.gangs.give_back(slot, request)
             return str(exc)
-        if slot is not None and self.gangs is not None:
-            self.gangs.bound(slot)
+        if self.gangs is not None:
+            if slot is not None:
+                self.gangs.bound(slot)
+            elif gang:
+                self.gangs.bound_alone(pod, args.Node)  # a gang of one remembers where it ran
         return ""
 
     def _assume(

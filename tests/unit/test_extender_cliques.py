@@ -64,9 +64,20 @@ def test_a_whole_tray_pod_goes_to_the_clique_with_fewer_whole_free_trays(tmp_pat
 def test_gang_members_and_fleets_without_cliques_are_scored_as_before(tmp_path: Path) -> None:
     extender = _extender(tmp_path, dict(NODES))
     _hold_one_gpu(extender, "a0")
-    annotations = {ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: "1"}
+    annotations = {ANNOTATION_GANG: "job", ANNOTATION_GANG_SIZE: "2"}
     member = pod_object("member", limits={RESOURCE_GPU: 4}, annotations=annotations)
     assert set(_scores(extender, member, list(NODES)).values()) == {0, 10}
+    alone = {ANNOTATION_GANG: "solo", ANNOTATION_GANG_SIZE: "1"}  # a gang of one: scored as any pod
+    solo = pod_object("solo", limits={RESOURCE_GPU: 4}, annotations=alone)
+    assert _scores(extender, solo, list(NODES)) == {
+        "a0": 0,
+        "a1": 10,
+        "a2": 10,
+        "b0": 9,
+        "b1": 9,
+        "b2": 9,
+        "b3": 9,
+    }
     plain = _extender(tmp_path, dict.fromkeys(NODES))
     _hold_one_gpu(plain, "a0")
     assert set(_scores(plain, pod_object("tray", limits={RESOURCE_GPU: 4}), list(NODES)).values()) == {0, 10}

@@ -95,7 +95,13 @@ def _pod(*, labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {},
             Gang("ml/kueue-pod-group:kg", 2, "kueue-pod-group"),
         ),
         ({LABEL_KUEUE_POD_GROUP: "kg"}, {}, {}, None),  # no count: a group of one
-        ({}, {ANNOTATION_GANG: "solo", ANNOTATION_GANG_SIZE: "1"}, {}, None),  # a gang of one
+        (  # a gang of one: placed like any pod, preempting by the gang rules
+            {},
+            {ANNOTATION_GANG: "solo", ANNOTATION_GANG_SIZE: "1"},
+            {},
+            Gang("ml/gang:solo", 1, "annotation"),
+        ),
+        ({LABEL_POD_GROUP: "pg"}, {}, {"ml/pg": 1}, None),  # a size of 1 from a PodGroup: no gang
         ({}, {}, {}, None),
     ],
 )
