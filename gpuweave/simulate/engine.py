@@ -415,11 +415,13 @@ class Simulation:
         allowed = self._allowed(job)
         started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
-        # a training job of one pod is a gang of one: no gang annotation (an ordinary pod to the
-        # extender), but its pod carries the job's PriorityClass as every member's does
+        # a training job names its gang, a one-pod job too (a gang of one, ``gpuweave.io/gang-size:
+        # 1``: placed as any pod, preempting only when re-created after its attempt ran); any other
+        # job of a priority above 0 is an ordinary pod carrying the job's PriorityClass
+        training = job.kind is JobKind.GANG or job.pods > 1
         gang = (
-            Gang(job.job_id, job.pods, job.priority, job.gang_tier)
-            if job.pods > 1 or job.priority > 0
+            Gang(job.job_id, job.pods, job.priority, job.gang_tier, named=training)
+            if training or job.priority > 0
             else None
         )
         for index in range(job.pods):

@@ -208,9 +208,11 @@ class ExtenderPlacer:
         fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
         names: list[str] = self._names[fits].tolist()
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
+        # every training job names its gang, a one-pod job too (a gang of one: placed as any pod,
+        # it preempts only when re-created after a fault, under the same name)
         annotations = (
             {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
-            if gang is not None and gang.size > 1
+            if gang is not None and gang.named
             else None
         )
         if annotations is not None and gang is not None and gang.tier:

@@ -38,12 +38,15 @@ class PodPlacement:
 
 @dataclass(frozen=True)
 class Gang:
-    """The training job a pod belongs to, as its pod says it (``gpuweave.io/gang`` + size)."""
+    """The job a pod belongs to, as its pod says it: a training job names its gang
+    (``gpuweave.io/gang`` + size; a one-pod job is a gang of one), any other job of a priority
+    above 0 only carries that priority (``named`` False: an ordinary pod)."""
 
     name: str
     size: int
     priority: int = 0  # the members' PriorityClass value
     tier: str = ""  # the tier label one domain of which must hold every member (gpuweave.io/gang-tier)
+    named: bool = True  # the pods carry gpuweave.io/gang + gpuweave.io/gang-size
 
 
 @runtime_checkable

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
+from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer, candidates_to_find
@@ -21,12 +24,13 @@ def _model() -> FragmentModel:
 def test_a_node_short_of_cpu_is_a_preemption_candidate_beside_the_nodes_the_extender_refused() -> None:
     """Two p5 nodes: a priority-1000 job holds all 8 GPUs of one (it passes the CPU fit, the
     extender refuses it for GPUs, and nothing on it may be evicted); a priority-0 job holds 150
-    of the other's 192 vCPUs. A priority-1000 pod of 2 GPUs and 100 vCPUs fits only once that job
-    is gone: kube-scheduler counts the node its own CPU fit refused as resolvable by preemption."""
+    of the other's 192 vCPUs. A priority-1000 ordinary pod (no gang) of 2 GPUs and 100 vCPUs fits
+    only once that job is gone: kube-scheduler counts the node its own CPU fit refused as
+    resolvable by preemption."""
     fleet = build_fleet(["p5.48xlarge"], nodes=2)
     blocker = Job("train-0", JobKind.GANG, 0.0, 7200.0, 1, 8, 1000, 1000, 65_536, priority=1000)
     filler = Job("single-1", JobKind.SINGLE, 0.0, 7200.0, 1, 1, 1000, 150_000, 65_536)
-    wanted = Job("train-2", JobKind.GANG, 60.0, 600.0, 1, 2, 1000, 100_000, 65_536, priority=1000)
+    wanted = Job("single-2", JobKind.SINGLE, 60.0, 600.0, 1, 2, 1000, 100_000, 65_536, priority=1000)
     placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
     sim = Simulation(
         fleet=fleet,
@@ -43,9 +47,9 @@ def test_a_node_short_of_cpu_is_a_preemption_candidate_beside_the_nodes_the_exte
         placer.close()
     assert result.pods_preempted == 1
     restarts = {c.job_id: c.restarts for c in result.ledger.completions}
-    assert restarts == {"train-0": 0, "single-1": 1, "train-2": 0}  # the priority-0 job was the victim
-    (started,) = [t for t in result.ledger.training if t.job_id == "train-2"]
-    assert started.at_s == 60.0 + 30.0  # in its arrival's tick, once the victim's grace is over
+    assert restarts == {"train-0": 0, "single-1": 1, "single-2": 0}  # the priority-0 job was the victim
+    (done,) = [c for c in result.ledger.completions if c.job_id == "single-2"]
+    assert done.end_s == 60.0 + 30.0 + 600.0  # in its arrival's tick, once the victim's grace is over
 
 
 class _Recorder:
@@ -81,19 +85,56 @@ class _Recorder:
     def close(self) -> None: ...
 
 
-def test_a_one_pod_job_with_a_priority_sends_it_on_its_pod_as_a_gang_of_one() -> None:
+def test_a_one_pod_training_job_is_a_gang_of_one_and_any_other_job_carries_only_its_priority() -> None:
     fleet = build_fleet(["p5.48xlarge"], nodes=1)
     jobs = [
         Job("train-0", JobKind.GANG, 0.0, 600.0, 1, 16, 1000, 1000, 1024, priority=1000),
         Job("single-1", JobKind.SINGLE, 0.0, 600.0, 1, 16, 1000, 1000, 1024),
+        Job("single-2", JobKind.SINGLE, 0.0, 600.0, 1, 16, 1000, 1000, 1024, priority=500),
     ]
     recorder = _Recorder()
     sim = Simulation(
         fleet=fleet, jobs=jobs, placer=recorder, metric_model=_model(), duration_s=60.0, faults=()
     )
     sim.run()
-    assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "")
+    assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "", named=True)
     assert recorder.gangs["single-1-0"] is None  # priority 0, one pod: no gang, no priority
+    assert recorder.gangs["single-2-0"] == Gang("single-2", 1, 500, "", named=False)
+
+
+def test_the_extender_sees_a_one_pod_training_job_as_a_gang_of_one_under_its_job_name() -> None:
+    """Its pod names the gang (size 1) under the job's name on every attempt, and carries its
+    priority; a job that is not training names none."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=1)
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+    state = SimState.create(fleet, _model())
+    seen: list[dict[str, object]] = []
+    post = placer._post
+
+    def record(verb: str, body: dict[str, object]) -> object:
+        if verb == "filter":
+            seen.append(body["Pod"])  # type: ignore[arg-type]
+        return post(verb, body)
+
+    placer._post = record  # type: ignore[method-assign]
+    request = Request(1000, 1024, 8, 1000)
+    allowed = np.ones(1, dtype=bool)
+    rng = np.random.default_rng(0)
+    try:
+        for pod_id, gang in (
+            ("train-0-0", Gang("train-0", 1, 1000)),
+            ("single-1-0", Gang("single-1", 1, 500, named=False)),
+        ):
+            placement = placer.place(state, request, allowed=allowed, rng=rng, pod_id=pod_id, gang=gang)
+            assert placement is not None
+            placer.forget(pod_id)
+    finally:
+        placer.close()
+    trained, single = (cast(dict[str, Any], pod) for pod in seen)
+    assert trained["metadata"]["annotations"] == {ANNOTATION_GANG: "train-0", ANNOTATION_GANG_SIZE: "1"}
+    assert trained["spec"]["priority"] == 1000
+    assert not single["metadata"].get("annotations")
+    assert single["spec"]["priority"] == 500
 
 
 def test_preemption_collects_as_many_candidates_as_kube_schedulers_defaults_ask() -> None:
