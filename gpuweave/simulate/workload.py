@@ -45,10 +45,12 @@ MIG_COMPUTE_SLICES = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 3, "4g.40gb": 4, "7
 GPUS_PER_GANG_POD = 8  # the default fleet's node size; a fleet of smaller nodes: ``node_gpus``
 # What an NVLink-pool gang asks for (docs/pod-api.md): every member inside one clique, or it waits
 GANG_TIER_CLIQUE = LABEL_GPU_CLIQUE
-# The PriorityClass value of training jobs, one-pod ones (gangs of one) included (every other job:
-# 0): the one thing it does in the simulation is let a training job recovering from a fault preempt
-# other work in its network domain (the extender lets no gang preempt before its attempt ran)
+# The PriorityClass values of training jobs (every other job: 0): the one thing they do in the
+# simulation is let a training job recovering from a fault preempt lower-priority work in its
+# network domain (the extender lets no gang preempt before its attempt ran). A one-pod job (a gang
+# of one) is below a multi-node gang, which may so displace it, as it displaces other work.
 TRAINING_GANG_PRIORITY = 1000
+TRAINING_POD_PRIORITY = 500
 
 
 class JobKind(StrEnum):
@@ -159,7 +161,7 @@ def _make_job(
         MILLI_PER_GPU,
         11_000 * per_pod,
         98_304 * per_pod,
-        priority=TRAINING_GANG_PRIORITY,
+        priority=TRAINING_GANG_PRIORITY if pods > 1 else TRAINING_POD_PRIORITY,
         gang_tier=GANG_TIER_CLIQUE if pods > 1 and settings.clique_gpus > 0 else "",
     )
 
@@ -245,7 +247,7 @@ def trace_jobs(path: Path, settings: WorkloadSettings, *, seed: int) -> list[Job
                 pod.gpu_milli,
                 pod.cpu_milli // members,
                 pod.memory_mib // members,
-                priority=TRAINING_GANG_PRIORITY if whole else 0,
+                priority=(TRAINING_GANG_PRIORITY if members > 1 else TRAINING_POD_PRIORITY) if whole else 0,
                 gang_tier=GANG_TIER_CLIQUE if members > 1 and settings.clique_gpus > 0 else "",
             )
         )

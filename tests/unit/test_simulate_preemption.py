@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -13,7 +14,15 @@ from gpuweave.simulate.extender_client import ExtenderPlacer, candidates_to_find
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
-from gpuweave.simulate.workload import Job, JobKind
+from gpuweave.simulate.workload import (
+    TRAINING_GANG_PRIORITY,
+    TRAINING_POD_PRIORITY,
+    Job,
+    JobKind,
+    WorkloadSettings,
+    synthetic_jobs,
+    trace_jobs,
+)
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
 
@@ -153,3 +162,29 @@ def test_a_nodes_version_changes_with_its_pods_and_gpu_modes_only() -> None:
     state.set_mode(1, 3, GpuMode.WITHHELD)
     state.stop_pod(pod.pod_id)
     assert (state.node_version(0), state.node_version(1)) == (0, 3)
+
+
+def test_training_jobs_carry_the_training_priorities_and_every_other_job_zero(tmp_path: Path) -> None:
+    """Multi-node gangs at 1000, one-pod training jobs (gangs of one) at 500, below them: a
+    recovering multi-node gang may displace a one-pod job; every other job at 0."""
+    jobs = synthetic_jobs(WorkloadSettings(duration_s=3 * 3600.0, capacity_gpus=128), seed=42)
+    by_kind = {(j.kind, j.pods > 1): j.priority for j in jobs}
+    assert by_kind == {
+        (JobKind.GANG, True): TRAINING_GANG_PRIORITY,
+        (JobKind.GANG, False): TRAINING_POD_PRIORITY,
+        (JobKind.SINGLE, False): 0,
+        (JobKind.SHARE, False): 0,
+        (JobKind.MIG, False): 0,
+    }
+    assert 0 < TRAINING_POD_PRIORITY < TRAINING_GANG_PRIORITY
+    csv = tmp_path / "pods.csv"
+    csv.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\n"
+        "train,64000,262144,8,1000,0,3600\nbig,64000,262144,16,1000,0,3600\none,8000,65536,1,1000,0,3600\n"
+    )
+    traced = trace_jobs(csv, WorkloadSettings(duration_s=7200.0, capacity_gpus=128), seed=1)
+    assert {(j.pods, j.gpus_per_pod, j.priority) for j in traced} == {
+        (1, 8, TRAINING_POD_PRIORITY),
+        (2, 8, TRAINING_GANG_PRIORITY),
+        (1, 1, 0),
+    }
