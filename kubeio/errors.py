@@ -11,15 +11,19 @@ module reads the status by attribute, so importing it does not load the kubernet
 
 from __future__ import annotations
 
+import json
+
 from urllib3.exceptions import HTTPError
 
-from devicemodel.errors import GpuweaveError
+from devicemodel.errors import GpuweaveError, clip
 
 NOT_FOUND = 404
 CONFLICT = 409
 GONE = 410
 TOO_MANY_REQUESTS = 429
 LOST_RACE = frozenset({NOT_FOUND, CONFLICT})
+MAX_STATUS_BODY = 64 * 1024  # an answer's body read for its message, at most
+MAX_MESSAGE_CHARS = 400  # of the server's message, in a log line
 
 
 class KubeApiError(GpuweaveError):
@@ -41,11 +45,33 @@ def status_of(exc: BaseException) -> int | None:
 
 
 def describe(exc: BaseException) -> str:
-    """``HTTP 409 Conflict`` for an answer from the server, the exception's text otherwise."""
+    """``HTTP 409 Conflict`` for an answer from the server, with the message of the Status it
+    answered when there is one (``HTTP 422 Unprocessable Entity: ... denied request: ...``: an
+    admission policy's or a validation's reason); the exception's text otherwise."""
     status = status_of(exc)
     if status is not None and not isinstance(exc, KubeApiError):
-        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".rstrip()
+        head = f"HTTP {status} {getattr(exc, 'reason', '') or ''}".rstrip()
+        message = server_message(exc)
+        return f"{head}: {message}" if message else head
     return str(exc) or type(exc).__name__
+
+
+def server_message(exc: BaseException) -> str:
+    """The ``message`` of the Status object in an ``ApiException``'s body ('' when none), cut to
+    ``MAX_MESSAGE_CHARS`` with control characters replaced: it can repeat what a request carried."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body[:MAX_STATUS_BODY].decode("utf-8", "replace")
+    if not isinstance(body, str) or len(body) > MAX_STATUS_BODY or not body.lstrip().startswith("{"):
+        return ""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return ""
+    message = answer.get("message") if isinstance(answer, dict) else None
+    if not isinstance(message, str):
+        return ""
+    return clip("".join(c if c.isprintable() else " " for c in message), limit=MAX_MESSAGE_CHARS)
 
 
 def is_transport_failure(exc: BaseException) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from tests.e2e.cluster import NAMESPACE, ControlPlane
+from tests.support.api_outcome import outcome as _outcome
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -32,15 +32,6 @@ def _pod(name: str, *, node: str = "", annotations: dict[str, str] | None = None
     if node:
         spec["nodeName"] = node
     return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
-
-
-def _outcome(call: Callable[[], Any]) -> str:
-    """ "ok", or the API server's refusal: its status and message."""
-    try:
-        call()
-    except ApiException as exc:
-        return f"{exc.status} {exc.body}"
-    return "ok"
 
 
 def _refused(call: Callable[[], Any]) -> bool:

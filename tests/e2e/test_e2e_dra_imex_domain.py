@@ -18,7 +18,7 @@ change the objects themselves (RBAC).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import REPO, ControlPlane, SimNode, stopping, wait_for
 from tests.e2e.conftest import add_taint
+from tests.support.api_outcome import outcome as _outcome
 from topology.network import LABEL_GPU_CLIQUE
 
 pytestmark = pytest.mark.e2e
@@ -264,15 +265,6 @@ def test_the_tray_joins_the_domain_at_prepare_and_leaves_it_at_unprepare(tray: S
         timeout=30,
     )
     wait_for("the IMEX node list removed", lambda: not nodes_config.exists(), timeout=30)
-
-
-def _outcome(call: Callable[[], Any]) -> str:
-    """ "ok", or the API server's refusal: its status and message."""
-    try:
-        call()
-    except ApiException as exc:
-        return f"{exc.status} {exc.body}"
-    return "ok"
 
 
 def test_an_agent_identity_writes_only_the_entry_of_its_own_node(tray: SimNode, domain: str) -> None:

@@ -100,7 +100,15 @@ def test_helm_kueue_admission_check_is_the_one_the_extender_serves() -> None:
     assert added == {("kueue.x-k8s.io/v1beta2", "AdmissionCheck", None, "gpus")}
     [check] = [kueue[key] for key in added]
     assert check["spec"] == {"controllerName": CONTROLLER_NAME}
-    assert all(kueue[key] == base[key] for key in base)
+    policy = (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+        None,
+        "gpuweave-kueue-workload-status",
+    )
+    assert [key for key in base if kueue[key] != base[key]] == [policy]  # it lists the chart's check
+    [checks] = [v["expression"] for v in kueue[policy]["spec"]["variables"] if v["name"] == "checks"]
+    assert checks == "['gpus']"
     with pytest.raises(RenderError):
         render_chart(sets=["kueue.admissionCheck.name=Not_A_Name"])
 

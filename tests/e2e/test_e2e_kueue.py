@@ -723,7 +723,7 @@ def test_second_cluster_queue_reclaims_borrowed_quota_through_kueue_and_gets_the
 
 FAULT_NODES, FAULT_BLOCK = ("kq-f1", "kq-f2", "kq-f3"), "e2e-kq-block-f"
 FAULT_NODE_LABEL, FAULT_FLAVOR = "e2e.gpuweave.io/kueue-fault-node", "e2e-h100-checked"
-CHECKED_QUEUES, CHECK = ("e2e-checked", "e2e-checked-queue"), "e2e-gpu-health"
+CHECKED_QUEUES, CHECK = ("e2e-checked", "e2e-checked-queue"), "gpuweave-gpu-health"  # the policy lists it
 XID_79 = "Xid 79: GPU has fallen off the bus"
 
 
