@@ -338,3 +338,65 @@ def test_a_recovering_gang_preempts_a_lower_priority_pod_in_its_block(
     finally:
         _delete_pods(plane)
         scheduling.delete_priority_class(HIGH)
+
+
+def _preempted(plane: ControlPlane, names: set[str]) -> list[str]:
+    """The pods of ``names`` kube-scheduler's Preempted events name."""
+    return sorted(
+        e.involved_object.name
+        for e in plane.core.list_namespaced_event(NAMESPACE).items
+        if e.reason == "Preempted" and e.involved_object.name in names
+    )
+
+
+def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: GangCluster) -> None:
+    """A one-pod training job (``gpuweave.io/gang: solo``, size 1, PriorityClass value 1000) while
+    a priority-0 1-GPU pod sits on gang-a1, gang-b1 and gang-b2 (gang-a2 has 4 free): no node has
+    8 free GPUs. Before it ran it preempts nothing (the extender answers kube-scheduler's
+    preemption with no node). Once one squatter is gone it binds on gang-b1; deleted (a fault's
+    eviction) and created again while a squatter is back there, it is a recovering gang: the
+    extender lets kube-scheduler evict one priority-0 pod of its block (gang-b1 or gang-b2), and it
+    runs there."""
+    scheduling = client.SchedulingV1Api(plane.api)
+    scheduling.create_priority_class(
+        {"metadata": {"name": HIGH}, "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
+    )
+    squatters = {f"one-squat-{n.removeprefix('gang-')}": n for n in ("gang-a1", "gang-b1", "gang-b2")}
+
+    def solo() -> dict[str, Any]:
+        pod = _pod("solo", gang="solo", size=1)
+        pod["spec"]["priorityClassName"] = HIGH
+        return pod
+
+    def squat(name: str) -> None:
+        plane.core.create_namespaced_pod(NAMESPACE, _pod(name, gpus=1, only_on=squatters[name]))
+        assert _wait_bound(plane, name) == squatters[name]
+
+    try:
+        for name in squatters:
+            squat(name)
+        plane.core.create_namespaced_pod(NAMESPACE, solo())
+        print(f"solo before it ran: {_wait_unschedulable(plane, 'solo')}")
+        time.sleep(3)  # a preemption would have evicted a squatter by now
+        assert _bound_node(plane, "solo") is None and not _preempted(plane, set(squatters))
+        left = {p.metadata.name for p in plane.core.list_namespaced_pod(NAMESPACE).items}
+        assert set(squatters) <= left
+        plane.core.delete_namespaced_pod("one-squat-b1", NAMESPACE, grace_period_seconds=0)
+        assert _wait_bound(plane, "solo") == "gang-b1"
+        _delete_pods(plane, keep=(*FILLERS, "one-squat-a1", "one-squat-b2"))  # evicted by a fault
+        squat("one-squat-b1")
+        started = time.monotonic()
+        plane.core.create_namespaced_pod(NAMESPACE, solo())
+        node = _wait_bound(plane, "solo", timeout=90)
+        preempted = _preempted(plane, set(squatters))
+        print(
+            f"solo ran again on {node} {time.monotonic() - started:.1f} s after its re-creation; "
+            f"preempted {preempted}"
+        )
+        assert node in ("gang-b1", "gang-b2") and preempted == [f"one-squat-{node.removeprefix('gang-')}"]
+        left = {p.metadata.name for p in plane.core.list_namespaced_pod(NAMESPACE).items}
+        assert {"one-squat-a1", *FILLERS} <= left
+        assert all(len(pods) == 1 for pods in _held_devices(plane).values())
+    finally:
+        _delete_pods(plane)
+        scheduling.delete_priority_class(HIGH)
