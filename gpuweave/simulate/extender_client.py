@@ -10,11 +10,12 @@ extender's cache the way its informers would deliver them.
 
 After a cycle in which the filter passed no node, ``preempt`` plays kube-scheduler's
 DefaultPreemption: on the allowed nodes the filter called resolvable or this side's CPU/memory fit
-refused (NodeResourcesFit's shortfall is resolvable), from a random one on and until it has
-``candidates_to_find`` of them (100 below 1,000 such nodes: all of them on a small cluster), its
-dry run takes the pods of lower
-priority away and gives back (highest priority and longest-running first) every one the pod does
-not need gone for its CPU, memory and GPU count; the extender's ``/preempt`` narrows or extends
+refused (NodeResourcesFit's shortfall is resolvable where the node's allocatable holds the pod at
+all: kube-scheduler since 1.34 calls a node too small for it unresolvable), from a random one on
+and until it has ``candidates_to_find`` of them (100 below 1,000 such nodes: all of them on a
+small cluster), its dry run takes the pods of lower priority away and gives back (highest
+priority and longest-running first) every one the pod does not need gone for its CPU, memory and
+GPU count; the extender's ``/preempt`` narrows or extends
 those victims by device topology; the node whose victims have the lowest highest priority, then
 the lowest sum of priorities, then the fewest pods, then the name, is chosen.
 
@@ -42,7 +43,7 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
 from deviceplugin.published import inventory_object
-from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.cluster import ClusterState, Request
 from gpuweave.simulate.cluster_objects import pod_object
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.placers import Gang, PodPlacement
@@ -222,16 +223,19 @@ class ExtenderPlacer:
             uid, uid=uid, limits=self._limits(request), annotations=annotations, priority=priority
         )
         self._pod_ids[uid] = pod_id
+        # NodeResourcesFit's refusal is resolvable by eviction only where the node's allocatable
+        # holds the pod at all (kube-scheduler >= 1.34 calls a node too small unresolvable)
+        roomy = allowed & _large_enough(cluster, request)
         if not names:
             # kube-scheduler's own filters (CPU, memory) passed no node, so the extender's filter is
             # not called; its preemption may still free room on the allowed nodes, for this pod
-            self._unplaced = (pod, self._names[allowed].tolist())
+            self._unplaced = (pod, self._names[roomy].tolist())
             return None
         placed = self._schedule(pod, uid, names, rng, requests=self._requests(request))
         if placed is None and self._unplaced is not None:
             # kube-scheduler's preemption also considers the allowed nodes its own CPU/memory fit
             # refused (NodeResourcesFit's Insufficient cpu/memory is resolvable by evicting pods)
-            unfit: list[str] = self._names[allowed & ~fits].tolist()
+            unfit: list[str] = self._names[roomy & ~fits].tolist()
             self._unplaced = (pod, sorted({*self._unplaced[1], *unfit}))
         return placed
 
@@ -449,6 +453,15 @@ def candidates_to_find(potential: int) -> int:
     profile does not change them)."""
     wanted = potential * MIN_CANDIDATE_NODES_PERCENTAGE // 100
     return min(max(wanted, MIN_CANDIDATE_NODES_ABSOLUTE), potential)
+
+
+def _large_enough(cluster: ClusterState, request: Request) -> np.ndarray:
+    """Per node, whether its allocatable CPU, memory and (for whole GPUs) GPU count hold the
+    request when nothing else runs there."""
+    large = (cluster.cpu_capacity >= request.cpu_milli) & (cluster.memory_capacity >= request.memory_mib)
+    if request.gpu_count and not request.is_share:
+        large &= cluster.gpu_count >= request.gpu_count
+    return large
 
 
 def _dry_run(state: SimState, node: int, request: Request, priority: int) -> list[str] | None:

@@ -188,3 +188,24 @@ def test_training_jobs_carry_the_training_priorities_and_every_other_job_zero(tm
         (2, 8, TRAINING_GANG_PRIORITY),
         (1, 1, 0),
     }
+
+
+def test_a_node_too_small_for_the_pod_is_no_preemption_candidate() -> None:
+    """kube-scheduler (>= 1.34) calls NodeResourcesFit's refusal unresolvable where the node's
+    allocatable cannot hold the pod at all: with every CPU taken, a pod of 1.8 TiB is a candidate
+    for the p5 (2 TiB) only, not the l40s node (1.5 TiB)."""
+    fleet = build_fleet(["p5.48xlarge", "l40s-pcie-8"], nodes=2)
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+    model = FragmentModel(
+        typical_workload([TaskShape(12_000, 1000, 1)]), models=["p5.48xlarge", "l40s-pcie-8"], max_gpus=8
+    )
+    state = SimState.create(fleet, model)
+    state.cluster.cpu_free[:] = 0
+    request = Request(1000, 1_900_000, 8, 1000)
+    try:
+        allowed = np.ones(2, dtype=bool)
+        rng = np.random.default_rng(0)
+        assert placer.place(state, request, allowed=allowed, rng=rng, pod_id="train-0-0") is None
+        assert placer._unplaced is not None and placer._unplaced[1] == ["p5.48xlarge-00"]
+    finally:
+        placer.close()
