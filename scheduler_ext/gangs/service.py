@@ -164,15 +164,7 @@ class GangCoordinator:
                 self.book.remember_offered(gang.key, names)
             if room:
                 self.book.stop_waiting(gang.key)
-                reason = (
-                    f"gang {gang.key} is recovering and fits once pods of lower priority than its "
-                    f"members on {len(room)} node(s) of its network domain are preempted"
-                )
-                return GangAnswer(
-                    [],
-                    failed={n: reason for n in names if n in room},
-                    hopeless={n: outcome.reason for n in names if n not in room},
-                )
+                return _room_answer(gang, names, room, dict.fromkeys(names, outcome.reason))
             self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()))
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
         self.book.stop_waiting(gang.key)
@@ -207,15 +199,7 @@ class GangCoordinator:
                 )
         if not failed and not room:
             return None
-        reason = (
-            f"gang {gang.key} is recovering and fits once pods of lower priority than it on "
-            f"{len(room)} node(s) of its network domain are preempted"
-        )
-        return GangAnswer(
-            [],
-            failed={n: reason for n in names if n in room},
-            hopeless={n: r for part in (hopeless, failed) for n, r in part.items() if n not in room},
-        )
+        return _room_answer(gang, names, room, {**hopeless, **failed})
 
     def bound_alone(self, pod: Mapping[str, Any], node: str) -> None:
         """A pod of a gang bound without a planned slot: a gang of one remembers its node as its
@@ -543,3 +527,18 @@ def _without_holders(state: NodeState, gone: set[str], *, cpu_milli: int, memory
         cpu, memory = state.host_free
         freed = freed.with_host_free((cpu + cpu_milli, memory + memory_mib))
     return freed
+
+
+def _room_answer(gang: Gang, names: list[str], room: frozenset[str], others: Mapping[str, str]) -> GangAnswer:
+    """Filter's answer for a recovering gang (a gang of one too) that fits once lower-priority pods
+    are preempted: the nodes of ``room`` resolvable, every other offered node unresolvable with its
+    reason in ``others``."""
+    reason = (
+        f"gang {gang.key} is recovering and fits once pods of lower priority than its "
+        f"members on {len(room)} node(s) of its network domain are preempted"
+    )
+    return GangAnswer(
+        [],
+        failed={n: reason for n in names if n in room},
+        hopeless={n: r for n in names if n not in room and (r := others.get(n)) is not None},
+    )
