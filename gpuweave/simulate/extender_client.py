@@ -64,6 +64,7 @@ ANNOTATION_GANG_SIZE = "gpuweave.io/gang-size"
 MIN_CANDIDATE_NODES_PERCENTAGE = 10
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 PREEMPT_OFFSET_SEED = 0
+_UNKNOWN: Any = object()  # no dry run kept yet
 
 
 class ExtenderCallError(GpuweaveError):
@@ -136,9 +137,11 @@ class ExtenderPlacer:
         # DefaultPreemption's random offset into the potential nodes (drawn only where it matters:
         # more potential nodes than candidates to find), apart from the placement draws
         self._preempt_rng = np.random.default_rng(PREEMPT_OFFSET_SEED)
-        # node -> (its state's version, {(request, priority): dry run}): a node whose pods and GPU
-        # modes did not change gives the same victims, and waiting gangs ask every tick
-        self._dry_runs: dict[int, tuple[int, dict[tuple[Request, int], list[str] | None]]] = {}
+        # node -> (its state's version, {request key: dry run's MetaVictims}): a node whose pods
+        # and GPU modes did not change gives the same victims, and waiting gangs ask every tick;
+        # a (request, priority) is keyed by a number (hashing the pair per node cost more than the rest)
+        self._dry_runs: dict[int, tuple[int, dict[int, dict[str, Any] | None]]] = {}
+        self._dry_run_keys: dict[tuple[Request, int], int] = {}
         if transport == "in-process":
             self.transport = "extender in-process"
             return
@@ -294,21 +297,26 @@ class ExtenderPlacer:
         if len(potential) > wanted:  # kube-scheduler starts its dry runs at a random node
             offset = int(self._preempt_rng.integers(len(potential)))
             potential = potential[offset:] + potential[:offset]
-        proposed: dict[str, list[str]] = {}
+        proposed: dict[str, dict[str, Any]] = {}
+        key = self._dry_run_keys.setdefault((request, priority), len(self._dry_run_keys))
+        versions, runs, node_of = state.node_versions, self._dry_runs, self._node_of
         for name in potential:
-            victims = self._dry_run(state, self._node_of[name], request, priority)
-            if victims is not None:
-                proposed[name] = [_NAME.sub("-", v.lower()) for v in victims]
+            # the node's dry run for this request and priority, kept until its pods or GPU modes change
+            node = node_of[name]
+            version = versions.get(node, 0)
+            cached = runs.get(node)
+            if cached is None or cached[0] != version:
+                cached = runs[node] = (version, {})
+            meta = cached[1].get(key, _UNKNOWN)
+            if meta is _UNKNOWN:
+                meta = cached[1][key] = self._meta_victims(_dry_run(state, node, request, priority))
+            if meta is not None:
+                proposed[name] = meta
                 if len(proposed) >= wanted:  # as many candidates as kube-scheduler looks for
                     break
         if not proposed:
             return []
-        body = {
-            "Pod": pod,
-            "NodeNameToMetaVictims": {
-                n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in proposed.items()
-            },
-        }
+        body = {"Pod": pod, "NodeNameToMetaVictims": proposed}
         answer = self._post("preempt", body).get("NodeNameToMetaVictims") or {}
         candidates = []
         for name, meta in answer.items():
@@ -320,16 +328,12 @@ class ExtenderPlacer:
             return []
         return min(candidates)[-1]
 
-    def _dry_run(self, state: SimState, node: int, request: Request, priority: int) -> list[str] | None:
-        """``_dry_run``, kept until the node's pods or GPU modes change."""
-        version = state.node_version(node)
-        cached = self._dry_runs.get(node)
-        if cached is None or cached[0] != version:
-            cached = self._dry_runs[node] = (version, {})
-        key = (request, priority)
-        if key not in cached[1]:
-            cached[1][key] = _dry_run(state, node, request, priority)
-        return cached[1][key]
+    @staticmethod
+    def _meta_victims(victims: list[str] | None) -> dict[str, Any] | None:
+        """A dry run's victims as ``/preempt``'s ``MetaVictims`` (their pod UIDs), None for none."""
+        if victims is None:
+            return None
+        return {"Pods": [{"UID": _NAME.sub("-", v.lower())} for v in victims], "NumPDBViolations": 0}
 
     def _select_host(
         self, extender_scores: dict[str, int], requests: dict[str, int], rng: np.random.Generator

@@ -7,7 +7,7 @@ run where. Withheld and MIG-mode GPUs show 0 free milli-GPU to whole-GPU and sha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -80,6 +80,11 @@ class SimState:
     def node_version(self, node: int) -> int:
         """Changes so far to ``node``'s pods and GPU modes: equal numbers, the same node state."""
         return self._node_changes.get(node, 0)
+
+    @property
+    def node_versions(self) -> Mapping[int, int]:
+        """``node_version`` of every node changed so far (absent: 0), for a loop over many nodes."""
+        return self._node_changes
 
     def _changed(self, node: int) -> None:
         self._node_changes[node] = self._node_changes.get(node, 0) + 1

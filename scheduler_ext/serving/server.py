@@ -60,7 +60,9 @@ MAX_DRAIN_BYTES = 64 * 1024 * 1024  # read and discard up to this much of an ove
 JSON = "application/json"
 MAX_POD_DEPTH = 64  # objects and lists inside the pod; Kubernetes' own (managedFields) stay under 30
 _ENVELOPE_DEPTH = 4  # a node or victim pod sits this much deeper in its field (Nodes.items[i], ...)
-_FLAT_FIELDS = frozenset({"NodeNames"})  # strings only (pydantic checks): the long list is not walked
+# fields not walked: NodeNames holds strings only; preempt's meta victims keep nothing as sent
+# (pydantic reads UIDs and a count, ignoring every other key), and hundreds arrive per call
+_FLAT_FIELDS = frozenset({"NodeNames", "NodeNameToMetaVictims"})
 
 
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (capped by net.core.somaxconn)
@@ -183,12 +185,12 @@ class PriorityEncoder:
 
 
 class CheckedPods:
-    """The last ``MAX_PODS`` pods a filter or prioritize message carried that passed the depth
-    check and validation, per UID, with their validated model: kube-scheduler sends each pod to
-    filter, then the same pod to prioritize. A pod equal to the one kept for its UID (``==``:
-    bounded by the kept pod's checked depth) would pass both again with the same model, so its
-    message skips them for the pod (about a tenth of the extender's CPU per pod went to the two
-    checks of the same pod). Thread-safe."""
+    """The last ``MAX_PODS`` pods a filter, prioritize or preempt message carried that passed the
+    depth check and validation, per UID, with their validated model: kube-scheduler sends each pod
+    to filter, then the same pod to prioritize (or, when no node passed, to preempt). A pod equal
+    to the one kept for its UID (``==``: bounded by the kept pod's checked depth) would pass both
+    again with the same model, so its message skips them for the pod (about a tenth of the
+    extender's CPU per pod went to the two checks of the same pod). Thread-safe."""
 
     MAX_PODS = 1024
 
@@ -423,19 +425,17 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     ) -> tuple[ExtenderArgs | ExtenderPreemptionArgs, Mapping[str, Any]]:
         raw = canonical_keys(body, model)
         checked = self.server.checked_pods
-        if model is ExtenderArgs and isinstance(raw, Mapping):
+        if isinstance(raw, Mapping):
             pod = raw.get("Pod")
             kept = checked.match(pod)
             if kept is not None and isinstance(pod, dict):  # the pod filter checked: only the rest is new
                 rest = {key: value for key, value in raw.items() if key != "Pod"}
                 check_depth(rest)
                 return parse(model, {**rest, "Pod": kept}), pod
-        if isinstance(raw, Mapping):
             check_depth(raw)
         args = parse(model, body)
         assert isinstance(raw, Mapping)
-        if isinstance(args, ExtenderArgs):
-            checked.keep(raw["Pod"], args.Pod)
+        checked.keep(raw["Pod"], args.Pod)
         return args, raw["Pod"]
 
     # ---- plumbing ---------------------------------------------------------------------------------

@@ -388,16 +388,10 @@ class ExtenderService:
 
     # ---- preempt --------------------------------------------------------------------------------
     def preempt(self, args: ExtenderPreemptionArgs, pod: Mapping[str, Any]) -> ExtenderPreemptionResult:
-        proposed: dict[str, tuple[list[str], int]] = {}
-        if args.NodeNameToMetaVictims is not None:
-            for node, meta in args.NodeNameToMetaVictims.items():
-                proposed[node] = ([p.UID for p in meta.Pods or []], meta.NumPDBViolations)
-        elif args.NodeNameToVictims is not None:
-            for node, victims in args.NodeNameToVictims.items():
-                proposed[node] = ([p.metadata.uid for p in victims.Pods or []], victims.NumPDBViolations)
+        nodes = args.proposed()
         parsed = self.parsed.of(pod)
         if not parsed.ours:
-            chosen = proposed
+            chosen = {node: args.victims(node) for node in nodes}
         else:
             try:
                 request = parsed.checked()
@@ -405,9 +399,11 @@ class ExtenderService:
             except (BadPodRequestError, BadGangError):
                 return ExtenderPreemptionResult()
             if gang is not None and self.gangs is not None:
-                # a gang member evicts only where its recovering gang's plan needs room (else nowhere)
-                room = self.gangs.preemption_room(gang, request, list(proposed), parsed.host)
-                proposed = {n: v for n, v in proposed.items() if n in room}
+                # a gang member evicts only where its recovering gang's plan needs room (else
+                # nowhere): the victims of the other nodes are never read
+                room = self.gangs.preemption_room(gang, request, nodes, parsed.host)
+                nodes = [n for n in nodes if n in room]
+            proposed = {node: args.victims(node) for node in nodes}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
             if gang is not None:  # a node that needs no eviction brings the gang no closer
                 chosen = {n: v for n, v in chosen.items() if v[0]}

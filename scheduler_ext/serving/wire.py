@@ -104,9 +104,30 @@ class Victims(_Message):
 
 
 class ExtenderPreemptionArgs(_Message):
+    """preempt's message. Each node's victims stay as sent until ``victims`` reads them, validated
+    then: the extender reads only the nodes it may answer, so a pod it refuses (a gang that is not
+    recovering) or a node outside a gang's room costs no validation of its victim list (hundreds
+    of entries per call from kube-scheduler's dry runs). ``MetaVictims`` keeps no field as sent, so
+    its entries need no depth check; ``Victims`` keeps whole pods, which the HTTP adapter checks."""
+
     Pod: KubeObject
-    NodeNameToVictims: dict[str, Victims] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+    NodeNameToVictims: dict[str, Any] | None = None
+    NodeNameToMetaVictims: dict[str, Any] | None = None
+
+    def proposed(self) -> list[str]:
+        """The candidate nodes, in the order sent (the meta form when both are sent)."""
+        if self.NodeNameToMetaVictims is not None:
+            return list(self.NodeNameToMetaVictims)
+        return list(self.NodeNameToVictims or {})
+
+    def victims(self, node: str) -> tuple[list[str], int]:
+        """The UIDs of ``node``'s victims and its NumPDBViolations; ``WireError`` naming the bad field."""
+        if self.NodeNameToMetaVictims is not None:
+            raw = self.NodeNameToMetaVictims.get(node)
+            meta = _validated(MetaVictims, raw, f"NodeNameToMetaVictims.{node}")
+            return [p.UID for p in meta.Pods or []], meta.NumPDBViolations
+        full = _validated(Victims, (self.NodeNameToVictims or {}).get(node), f"NodeNameToVictims.{node}")
+        return [p.metadata.uid for p in full.Pods or []], full.NumPDBViolations
 
 
 class ExtenderPreemptionResult(_Message):
@@ -133,9 +154,15 @@ def parse(model: type[M], body: object) -> M:
     """Validate a decoded JSON body; raises ``WireError`` naming the first bad field."""
     if not isinstance(body, Mapping):
         raise WireError(f"{model.__name__} must be a JSON object, got {type(body).__name__}")
+    return _validated(model, canonical_keys(body, model), "")
+
+
+def _validated(model: type[M], value: object, field: str) -> M:
+    """``value`` validated as ``model``, the part of a message at ``field`` ("": the whole body)."""
     try:
-        return model.model_validate(canonical_keys(body, model))
+        return model.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = clip(".".join(str(p) for p in first["loc"]) or "body", limit=ECHO_CHARS)
+        path = ".".join([field, *(str(p) for p in first["loc"])] if field else [str(p) for p in first["loc"]])
+        where = clip(path or "body", limit=ECHO_CHARS)
         raise WireError(f"bad {model.__name__}: {where}: {clip(first['msg'], limit=ECHO_CHARS)}") from None

@@ -133,6 +133,24 @@ def test_a_victim_nested_1000_deep_gets_a_400_from_preempt(address: tuple[str, i
     assert status == 400 and b"deeper than" in text
 
 
+def test_meta_victims_are_not_walked_for_depth_but_validated_when_read(address: tuple[str, int]) -> None:
+    """The meta form keeps nothing as sent: a deep key pydantic ignores costs no walk and no 400,
+    a deep value where a UID belongs is refused naming the node and field, and the server serves on."""
+    pod = pod_object("p")  # asks for nothing of ours: kube-scheduler's victims are kept as proposed
+    ignored = {"node-000": {"Pods": [{"UID": "v1", "extra": "@DEEP@"}], "NumPDBViolations": 0}}
+    body = json.dumps({"Pod": pod, "NodeNameToMetaVictims": ignored}).replace('"@DEEP@"', DEEP)
+    status, text = _post(address, "preempt", body.encode())
+    assert status == 200, text
+    assert json.loads(text)["NodeNameToMetaVictims"] == {
+        "node-000": {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}
+    }
+    bad = {"node-000": {"Pods": [{"UID": "@DEEP@"}], "NumPDBViolations": 0}}
+    body = json.dumps({"Pod": pod, "NodeNameToMetaVictims": bad}).replace('"@DEEP@"', DEEP)
+    status, text = _post(address, "preempt", body.encode())
+    assert status == 400 and b"NodeNameToMetaVictims.node-000.Pods.0.UID" in text, text
+    assert _post(address, "filter", _filter_body(pod_object("plain")))[0] == 200
+
+
 @pytest.mark.parametrize(
     "head",
     [

@@ -30,6 +30,7 @@ from devicemodel.gangs import (
 from gpuweave.simulate.cluster_objects import inventory_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender
 from scheduler_ext.gangs.book import SLOT_PREFIX
+from scheduler_ext.serving.wire import ExtenderPreemptionArgs, WireError, parse
 from tests.unit.test_extender_gangs import (
     TIERS,
     Clock,
@@ -126,6 +127,12 @@ def test_a_gang_of_one_that_never_ran_preempts_nothing(tmp_path: Path) -> None:
     assert set(result.FailedAndUnresolvableNodes) == set(NAMES)
     assert result.FailedAndUnresolvableNodes["a0"] == result_reason(extender, ordinary, "a0")
     assert _preempt(extender.service, fresh, {n: [u] for n, u in fills.items()}) == {}
+    # its victim lists are never read: an entry that is not a victim list costs nothing and no
+    # error for the refused gang, while an ordinary pod's call reads it and names it
+    bad = {"Pod": fresh, "NodeNameToMetaVictims": {"a0": {"Pods": "not-a-list"}}}
+    assert not extender.service.preempt(parse(ExtenderPreemptionArgs, bad), fresh).NodeNameToMetaVictims
+    with pytest.raises(WireError, match=r"NodeNameToMetaVictims\.a0\.Pods"):
+        extender.service.preempt(parse(ExtenderPreemptionArgs, {**bad, "Pod": ordinary}), ordinary)
     extender.close()
 
 
