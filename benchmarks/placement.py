@@ -34,6 +34,7 @@ from typing import Any
 from benchmarks.placement_plots import plot_report
 from benchmarks.placement_published import PublishedCurves, load_published
 from devicemodel.errors import GpuweaveError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.fgd.artifact import artifact_run
 from gpuweave.simulate.fgd.experiment import (
     PAPER_VARIANTS,
@@ -77,7 +78,7 @@ def _any(values: Sequence[float]) -> bool:
 
 
 def run_variant(
-    experiment: TraceExperiment, *, policies: Sequence[str], seeds: Sequence[int]
+    experiment: TraceExperiment, *, policies: Sequence[str], seeds: Sequence[int], leftovers: bool = False
 ) -> dict[str, Any]:
     """Every (policy, seed) run of one variant, with per-policy median curves."""
     per_policy: dict[str, list[PackingCurves]] = {p: [] for p in policies}
@@ -105,17 +106,56 @@ def run_variant(
                 f"({time.perf_counter() - started:5.1f} s)",
                 flush=True,
             )
+            if leftovers:
+                print(leftover_lines(curves), flush=True)
     return {
         name: {
             "seeds": list(seeds),
             "median": {m: median_curve([getattr(c, m) for c in runs]) for m in METRICS},
             "runs": [
-                {"seed": s, "placed": c.placed, "failed": c.failed, **{m: getattr(c, m) for m in METRICS}}
+                {
+                    "seed": s,
+                    "placed": c.placed,
+                    "failed": c.failed,
+                    **{m: getattr(c, m) for m in METRICS},
+                    "left": left_at_end(c),
+                }
                 for s, c in zip(seeds, runs, strict=True)
             ],
         }
         for name, runs in per_policy.items()
     }
+
+
+def left_at_end(curves: PackingCurves) -> dict[str, Any]:
+    """What a run leaves at the end (130%): idle GPUs, the partly used GPUs' free milli-GPU per
+    50-milli bucket, the pods that fit nowhere per request, and how much of the leftover lies below
+    the smallest share that still failed (no share left in the stream fits it)."""
+    failed_shares = [int(k[:-1]) for k in curves.failed_by_request if k.endswith("m")]
+    smallest = min(failed_shares, default=MILLI_PER_GPU)
+    buckets: dict[int, int] = {}
+    for free in curves.leftovers:
+        buckets[free // 50 * 50] = buckets.get(free // 50 * 50, 0) + 1
+    return {
+        "idle_gpus": curves.idle_gpus,
+        "partly_used_gpus": len(curves.leftovers),
+        "leftover_gpus": sum(curves.leftovers) / MILLI_PER_GPU,
+        "smallest_failed_share_milli": smallest,
+        "leftover_gpus_below_it": sum(f for f in curves.leftovers if f < smallest) / MILLI_PER_GPU,
+        "leftover_histogram_milli": dict(sorted(buckets.items())),
+        "failed_by_request": dict(sorted(curves.failed_by_request.items())),
+    }
+
+
+def leftover_lines(curves: PackingCurves) -> str:
+    left = left_at_end(curves)
+    return (
+        f"    left at the end: {left['idle_gpus']} idle GPUs; {left['partly_used_gpus']} partly used GPUs "
+        f"with {left['leftover_gpus']:.1f} GPUs' worth free, {left['leftover_gpus_below_it']:.1f} of it "
+        f"in leftovers below the smallest share that failed ({left['smallest_failed_share_milli']}m)\n"
+        f"    free milli-GPU per partly used GPU (50-milli buckets): {left['leftover_histogram_milli']}\n"
+        f"    failed: {left['failed_by_request']}"
+    )
 
 
 def verdict(ours: dict[str, Any], published: PublishedCurves | None, variant: str) -> dict[str, Any]:
@@ -177,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="default trace, seeds 1000,1001")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (JSON + PNG)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    parser.add_argument(
+        "--leftovers",
+        action="store_true",
+        help="print what each run leaves at 130%% (idle GPUs, leftover milli-GPU, failed pods by request)",
+    )
     return parser
 
 
@@ -194,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{variant}: {len(seeds)} seed(s) x {len(policies)} policies", flush=True)
             experiment = build_experiment(args.data_dir, variant)
             _write_workload(experiment, args.out)
-            ours = run_variant(experiment, policies=policies, seeds=seeds)
+            ours = run_variant(experiment, policies=policies, seeds=seeds, leftovers=args.leftovers)
             report["variants"][variant] = {
                 "ours": ours,
                 "published": _published_of(published, variant),

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.placement import parse_seeds, verdict
+from benchmarks.placement import left_at_end, parse_seeds, verdict
 from benchmarks.placement_published import load_published
 from benchmarks.topology_quality import choose_first_fit, churn, itp_gang_sizes
 from devicemodel.errors import InvalidInputError
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fgd.experiment import experiment_for, make_policy
 from gpuweave.simulate.fgd.packing import run_packing
-from gpuweave.simulate.fgd.trace import TracePod, inflate, load_pods
+from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR, TracePod, inflate, load_pods
 from gpuweave.simulate.fleet import build_fleet
 
 NODES = (NodeSpec("a", 32000, 131072, 2, "T4"), NodeSpec("b", 32000, 131072, 2, "T4"))
@@ -87,6 +87,33 @@ def test_packing_places_until_full_and_never_overcommits(policy: str) -> None:
     assert 0 < final <= 100
 
 
+def test_a_run_says_what_it_left_idle_and_which_pods_fit_nowhere() -> None:
+    """One 2-GPU node: a 700m share, a 200m share beside it, a whole GPU; then a 1-GPU pod and a
+    500m share fit nowhere, and the 100m left is below the smallest share that failed."""
+    nodes = (NodeSpec("a", 32000, 131072, 2, "T4"),)
+    pods = [
+        TracePod("s700", 1000, 1024, 1, 700),
+        TracePod("s200", 1000, 1024, 1, 200),
+        TracePod("w1", 1000, 1024, 1, 1000),
+        TracePod("w2", 1000, 1024, 1, 1000),
+        TracePod("s500", 1000, 1024, 1, 500),
+        TracePod("cpu", 1000, 1024, 0, 0),
+    ]
+    experiment = experiment_for("t", nodes=nodes, pods=pods)
+    curves = run_packing(
+        nodes=nodes,
+        pods=pods,
+        fragment_model=experiment.metric_model,
+        policy=make_policy("fgd", experiment, node_rank=np.asarray([0])),
+        seed=1,
+    )
+    assert curves.failed_by_request == {"1 GPU": 1, "500m": 1}
+    assert (curves.leftovers, curves.idle_gpus) == ((100,), 0)
+    left = left_at_end(curves)
+    assert left["smallest_failed_share_milli"] == 500 and left["leftover_gpus_below_it"] == 0.1
+    assert left["leftover_histogram_milli"] == {100: 1}
+
+
 def test_experiment_baselines_are_the_artifacts_and_follow_the_node_rank() -> None:
     experiment = experiment_for("t", nodes=NODES, pods=PODS)
     empty = ClusterState(NODES, experiment.metric_model)
@@ -117,6 +144,11 @@ def test_published_medians_and_verdict(tmp_path: Path) -> None:
     result = verdict(ours, published, "default")
     assert result["target_met"] is True
     assert result["min_gap_vs_fgd_published"] == 0.0
+
+
+def test_the_default_trace_folder_is_the_shared_data_beside_the_repository() -> None:
+    repository = Path(__file__).resolve().parents[2]
+    assert repository.parent / "shared" / "data" / "alibaba-gpu-2023" / "csv" == DEFAULT_TRACE_DIR
 
 
 def test_parse_seeds() -> None:

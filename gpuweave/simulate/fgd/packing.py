@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fgd.policies import PlacementPolicy
 from gpuweave.simulate.fgd.trace import TracePod
@@ -31,6 +32,20 @@ class PackingCurves:
     placed: int
     failed: int
     failed_gpu_milli: int
+    # what is left at the end: pods that fit nowhere per request (``request_label``), the free
+    # milli-GPU of every GPU partly used, and the GPUs entirely free
+    failed_by_request: dict[str, int] = field(default_factory=dict)
+    leftovers: tuple[int, ...] = ()
+    idle_gpus: int = 0
+
+
+def request_label(request: Request) -> str:
+    """A pod's GPU request in a word: ``810m`` (a share of 810 milli-GPU), ``2 GPU``, ``CPU only``."""
+    if request.gpu_count == 0:
+        return "CPU only"
+    if request.is_share:
+        return f"{request.gpu_milli}m"
+    return f"{request.gpu_count} GPU"
 
 
 @dataclass
@@ -81,6 +96,7 @@ def run_packing(
     bins = _Bins(max_percent + 1)
     arrived = 0
     placed = failed = failed_milli = 0
+    failed_by: dict[str, int] = {}
     for step, pod in enumerate(pods):
         request = Request(pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli, pod.gpu_types)
         arrived += request.total_gpu_milli
@@ -92,10 +108,13 @@ def run_packing(
         else:
             failed += 1
             failed_milli += request.total_gpu_milli
+            label = request_label(request)
+            failed_by[label] = failed_by.get(label, 0) + 1
         bins.add(round(100.0 * arrived / cluster.total_gpu_milli), _snapshot(cluster))
         if progress is not None and step % 500 == 499:
             progress(500)
     means = bins.means()
+    free = cluster.gpu_free[np.arange(cluster.gpu_free.shape[1])[None, :] < cluster.gpu_count[:, None]]
     return PackingCurves(
         allocation=[float(v) for v in means[0]],
         fragment_total=[float(v) for v in means[1]],
@@ -103,4 +122,7 @@ def run_packing(
         placed=placed,
         failed=failed,
         failed_gpu_milli=failed_milli,
+        failed_by_request=failed_by,
+        leftovers=tuple(int(v) for v in free[(free > 0) & (free < MILLI_PER_GPU)]),
+        idle_gpus=int((free == MILLI_PER_GPU).sum()),
     )

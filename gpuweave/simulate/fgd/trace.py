@@ -18,8 +18,9 @@ from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import MILLI_PER_GPU
 from topology.fragmentation import TaskShape
 
+# ../shared/data/alibaba-gpu-2023/csv beside the repository (this file is gpuweave/simulate/fgd/trace.py)
 DEFAULT_TRACE_DIR = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "alibaba-gpu-2023" / "csv"
+    Path(__file__).resolve().parents[3].parent / "shared" / "data" / "alibaba-gpu-2023" / "csv"
 )
 GPU_NODE_LIST = "openb_node_list_gpu_node.csv"
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
