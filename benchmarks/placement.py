@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -78,36 +80,41 @@ def _any(values: Sequence[float]) -> bool:
 
 
 def run_variant(
-    experiment: TraceExperiment, *, policies: Sequence[str], seeds: Sequence[int], leftovers: bool = False
+    experiment: TraceExperiment,
+    *,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    leftovers: bool = False,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Every (policy, seed) run of one variant, with per-policy median curves."""
-    per_policy: dict[str, list[PackingCurves]] = {p: [] for p in policies}
-    metric = experiment.metric_model
-    for seed in seeds:
-        run = artifact_run(
-            experiment.pods,
-            capacity_gpus=experiment.capacity_gpus,
-            node_count=len(experiment.nodes),
-            seed=seed,
+    """Every (policy, seed) run of one variant, with per-policy median curves; ``jobs`` runs at
+    once in forked processes (the same curves: each run is its own stream, order and policy)."""
+    tasks = [(seed, name) for seed in seeds for name in policies]
+    done: dict[tuple[int, str], PackingCurves] = {}
+
+    def report(task: tuple[int, str], curves: PackingCurves, seconds: float) -> None:
+        done[task] = curves
+        print(
+            f"  {experiment.variant:<12} seed {task[0]} {task[1]:<12} "
+            f"allocated@130 {curves.allocation[130]:6.2f}% failed {curves.failed:5d} pods "
+            f"({seconds:5.1f} s)",
+            flush=True,
         )
-        for name in policies:
-            started = time.perf_counter()
-            policy = make_policy(name, experiment, node_rank=run.node_rank)
-            try:
-                curves = run_packing(
-                    nodes=experiment.nodes, pods=run.pods, fragment_model=metric, policy=policy, seed=seed
-                )
-            finally:
-                getattr(policy, "close", lambda: None)()  # gpuweave: the extender's service objects
-            per_policy[name].append(curves)
-            print(
-                f"  {experiment.variant:<12} seed {seed} {name:<12} "
-                f"allocated@130 {curves.allocation[130]:6.2f}% failed {curves.failed:5d} pods "
-                f"({time.perf_counter() - started:5.1f} s)",
-                flush=True,
-            )
-            if leftovers:
-                print(leftover_lines(curves), flush=True)
+        if leftovers:
+            print(leftover_lines(curves), flush=True)
+
+    if jobs <= 1:
+        for task in tasks:
+            report(task, *one_run(experiment, *task))
+    else:
+        context = multiprocessing.get_context("fork")  # the experiment reaches the workers unpickled
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_set_experiment, initargs=(experiment,)
+        ) as pool:
+            futures = {pool.submit(_run_in_worker, *task): task for task in tasks}
+            for future in as_completed(futures):
+                report(futures[future], *future.result())
+    per_policy = {name: [done[(seed, name)] for seed in seeds] for name in policies}
     return {
         name: {
             "seeds": list(seeds),
@@ -125,6 +132,37 @@ def run_variant(
         }
         for name, runs in per_policy.items()
     }
+
+
+def one_run(experiment: TraceExperiment, seed: int, name: str) -> tuple[PackingCurves, float]:
+    """One policy over one seed's stream and node order: its curves and the seconds it took."""
+    started = time.perf_counter()
+    run = artifact_run(
+        experiment.pods, capacity_gpus=experiment.capacity_gpus, node_count=len(experiment.nodes), seed=seed
+    )
+    policy = make_policy(name, experiment, node_rank=run.node_rank)
+    try:
+        curves = run_packing(
+            nodes=experiment.nodes,
+            pods=run.pods,
+            fragment_model=experiment.metric_model,
+            policy=policy,
+            seed=seed,
+        )
+    finally:
+        getattr(policy, "close", lambda: None)()  # gpuweave: the extender's service objects
+    return curves, time.perf_counter() - started
+
+
+_WORKER_EXPERIMENT: list[TraceExperiment] = []
+
+
+def _set_experiment(experiment: TraceExperiment) -> None:
+    _WORKER_EXPERIMENT[:] = [experiment]
+
+
+def _run_in_worker(seed: int, name: str) -> tuple[PackingCurves, float]:
+    return one_run(_WORKER_EXPERIMENT[0], seed, name)
 
 
 def left_at_end(curves: PackingCurves) -> dict[str, Any]:
@@ -218,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (JSON + PNG)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at once, in forked processes (the same results; default 1)"
+    )
+    parser.add_argument(
         "--leftovers",
         action="store_true",
         help="print what each run leaves at 130%% (idle GPUs, leftover milli-GPU, failed pods by request)",
@@ -239,7 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{variant}: {len(seeds)} seed(s) x {len(policies)} policies", flush=True)
             experiment = build_experiment(args.data_dir, variant)
             _write_workload(experiment, args.out)
-            ours = run_variant(experiment, policies=policies, seeds=seeds, leftovers=args.leftovers)
+            ours = run_variant(
+                experiment, policies=policies, seeds=seeds, leftovers=args.leftovers, jobs=args.jobs
+            )
             report["variants"][variant] = {
                 "ours": ours,
                 "published": _published_of(published, variant),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks.placement import left_at_end, parse_seeds, verdict
+from benchmarks.placement import left_at_end, parse_seeds, run_variant, verdict
 from benchmarks.placement_published import load_published
 from benchmarks.topology_quality import choose_first_fit, churn, itp_gang_sizes
 from devicemodel.errors import InvalidInputError
@@ -144,6 +145,15 @@ def test_published_medians_and_verdict(tmp_path: Path) -> None:
     result = verdict(ours, published, "default")
     assert result["target_met"] is True
     assert result["min_gap_vs_fgd_published"] == 0.0
+
+
+def test_runs_in_forked_workers_give_the_same_curves_as_one_after_another() -> None:
+    pods = tuple(TracePod(f"p{i}", 2000 + 500 * (i % 3), 4096, i % 2, (250, 1000)[i % 2]) for i in range(12))
+    experiment = experiment_for("t", nodes=NODES, pods=pods)
+    one = run_variant(experiment, policies=["fgd", "gpuweave"], seeds=[1, 2])
+    forked = run_variant(experiment, policies=["fgd", "gpuweave"], seeds=[1, 2], jobs=2)
+    assert json.dumps(forked, sort_keys=True) == json.dumps(one, sort_keys=True)
+    assert [r["seed"] for r in forked["gpuweave"]["runs"]] == [1, 2]
 
 
 def test_the_default_trace_folder_is_the_shared_data_beside_the_repository() -> None:
