@@ -176,6 +176,7 @@ def left_at_end(curves: PackingCurves) -> dict[str, Any]:
         buckets[free // 50 * 50] = buckets.get(free // 50 * 50, 0) + 1
     return {
         "idle_gpus": curves.idle_gpus,
+        "idle_gpus_short_of": curves.idle_gpus_short_of,
         "partly_used_gpus": len(curves.leftovers),
         "leftover_gpus": sum(curves.leftovers) / MILLI_PER_GPU,
         "smallest_failed_share_milli": smallest,
@@ -187,8 +188,11 @@ def left_at_end(curves: PackingCurves) -> dict[str, Any]:
 
 def leftover_lines(curves: PackingCurves) -> str:
     left = left_at_end(curves)
+    short = left["idle_gpus_short_of"]
     return (
-        f"    left at the end: {left['idle_gpus']} idle GPUs; {left['partly_used_gpus']} partly used GPUs "
+        f"    left at the end: {left['idle_gpus']} idle GPUs ({short['cpu']} on nodes with less CPU free "
+        f"than any failed GPU pod asked, {short['memory']} with less memory); "
+        f"{left['partly_used_gpus']} partly used GPUs "
         f"with {left['leftover_gpus']:.1f} GPUs' worth free, {left['leftover_gpus_below_it']:.1f} of it "
         f"in leftovers below the smallest share that failed ({left['smallest_failed_share_milli']}m)\n"
         f"    free milli-GPU per partly used GPU (50-milli buckets): {left['leftover_histogram_milli']}\n"

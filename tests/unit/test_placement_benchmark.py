@@ -110,9 +110,39 @@ def test_a_run_says_what_it_left_idle_and_which_pods_fit_nowhere() -> None:
     )
     assert curves.failed_by_request == {"1 GPU": 1, "500m": 1}
     assert (curves.leftovers, curves.idle_gpus) == ((100,), 0)
+    assert curves.idle_gpus_short_of == {"cpu": 0, "memory": 0}
     left = left_at_end(curves)
     assert left["smallest_failed_share_milli"] == 500 and left["leftover_gpus_below_it"] == 0.1
     assert left["leftover_histogram_milli"] == {100: 1}
+
+
+def test_idle_gpus_are_counted_by_what_their_node_lacks() -> None:
+    """Node a's CPU goes to a CPU-only pod, b's memory to another: a 1-GPU pod fits neither, and
+    their idle GPUs are counted as short of CPU and of memory."""
+    nodes = (NodeSpec("a", 4000, 65536, 2, "T4"), NodeSpec("b", 64000, 8192, 2, "T4"))
+    pods = [
+        TracePod("cpu-a", 3500, 1024, 0, 0),
+        TracePod("mem-b", 1000, 7000, 0, 0),
+        TracePod("gpu", 1000, 2048, 1, 1000),
+    ]
+    experiment = experiment_for("t", nodes=nodes, pods=pods)
+    curves = run_packing(
+        nodes=nodes,
+        pods=pods,
+        fragment_model=experiment.metric_model,
+        policy=make_policy("best-fit", experiment, node_rank=np.asarray([0, 1])),
+        seed=1,
+    )
+    assert curves.failed_by_request == {"1 GPU": 1}
+    assert curves.idle_gpus == 4 and curves.idle_gpus_short_of == {"cpu": 2, "memory": 2}
+    fitting = run_packing(
+        nodes=nodes,
+        pods=pods[:1],
+        fragment_model=experiment.metric_model,
+        policy=make_policy("best-fit", experiment, node_rank=np.asarray([0, 1])),
+        seed=1,
+    )
+    assert fitting.idle_gpus == 4 and fitting.idle_gpus_short_of == {"cpu": 0, "memory": 0}
 
 
 def test_experiment_baselines_are_the_artifacts_and_follow_the_node_rank() -> None:

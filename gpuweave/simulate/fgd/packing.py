@@ -37,6 +37,8 @@ class PackingCurves:
     failed_by_request: dict[str, int] = field(default_factory=dict)
     leftovers: tuple[int, ...] = ()
     idle_gpus: int = 0
+    # of ``idle_gpus``, those on nodes whose free CPU (else memory) is below every GPU pod's that failed
+    idle_gpus_short_of: dict[str, int] = field(default_factory=dict)
 
 
 def request_label(request: Request) -> str:
@@ -97,6 +99,7 @@ def run_packing(
     arrived = 0
     placed = failed = failed_milli = 0
     failed_by: dict[str, int] = {}
+    least_failed = [np.inf, np.inf]  # the least CPU and memory a failed GPU pod asked for
     for step, pod in enumerate(pods):
         request = Request(pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli, pod.gpu_types)
         arrived += request.total_gpu_milli
@@ -110,11 +113,19 @@ def run_packing(
             failed_milli += request.total_gpu_milli
             label = request_label(request)
             failed_by[label] = failed_by.get(label, 0) + 1
+            if request.gpu_count:
+                least_failed = [min(least_failed[0], pod.cpu_milli), min(least_failed[1], pod.memory_mib)]
         bins.add(round(100.0 * arrived / cluster.total_gpu_milli), _snapshot(cluster))
         if progress is not None and step % 500 == 499:
             progress(500)
     means = bins.means()
-    free = cluster.gpu_free[np.arange(cluster.gpu_free.shape[1])[None, :] < cluster.gpu_count[:, None]]
+    present = np.arange(cluster.gpu_free.shape[1])[None, :] < cluster.gpu_count[:, None]
+    free = cluster.gpu_free[present]
+    idle_per_node = ((cluster.gpu_free == MILLI_PER_GPU) & present).sum(axis=1)
+    # no GPU pod failed: no idle GPU is short of anything a failed pod needed
+    any_failed = bool(np.isfinite(least_failed[0]))
+    cpu_short = (cluster.cpu_free < least_failed[0]) & any_failed
+    memory_short = ~cpu_short & (cluster.memory_free < least_failed[1]) & any_failed
     return PackingCurves(
         allocation=[float(v) for v in means[0]],
         fragment_total=[float(v) for v in means[1]],
@@ -125,4 +136,8 @@ def run_packing(
         failed_by_request=failed_by,
         leftovers=tuple(int(v) for v in free[(free > 0) & (free < MILLI_PER_GPU)]),
         idle_gpus=int((free == MILLI_PER_GPU).sum()),
+        idle_gpus_short_of={
+            "cpu": int(idle_per_node[cpu_short].sum()),
+            "memory": int(idle_per_node[memory_short].sum()),
+        },
     )
