@@ -16,7 +16,7 @@ from benchmarks.topology_quality import choose_first_fit, churn, itp_gang_sizes
 from devicemodel.errors import InvalidInputError
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fgd.experiment import experiment_for, make_policy
-from gpuweave.simulate.fgd.packing import run_packing
+from gpuweave.simulate.fgd.packing import PackingCurves, run_packing
 from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR, TracePod, inflate, load_pods
 from gpuweave.simulate.fleet import build_fleet
 
@@ -88,6 +88,20 @@ def test_packing_places_until_full_and_never_overcommits(policy: str) -> None:
     assert 0 < final <= 100
 
 
+def _pack(
+    nodes: tuple[NodeSpec, ...], trace: list[TracePod], stream: list[TracePod], policy: str
+) -> PackingCurves:
+    """``stream`` placed by ``policy`` on ``nodes`` (the mix from ``trace``), node rank 0, 1, ..."""
+    experiment = experiment_for("t", nodes=nodes, pods=trace)
+    return run_packing(
+        nodes=nodes,
+        pods=stream,
+        fragment_model=experiment.metric_model,
+        policy=make_policy(policy, experiment, node_rank=np.arange(len(nodes))),
+        seed=1,
+    )
+
+
 def test_a_run_says_what_it_left_idle_and_which_pods_fit_nowhere() -> None:
     """One 2-GPU node: a 700m share, a 200m share beside it, a whole GPU; then a 1-GPU pod and a
     500m share fit nowhere, and the 100m left is below the smallest share that failed."""
@@ -100,14 +114,7 @@ def test_a_run_says_what_it_left_idle_and_which_pods_fit_nowhere() -> None:
         TracePod("s500", 1000, 1024, 1, 500),
         TracePod("cpu", 1000, 1024, 0, 0),
     ]
-    experiment = experiment_for("t", nodes=nodes, pods=pods)
-    curves = run_packing(
-        nodes=nodes,
-        pods=pods,
-        fragment_model=experiment.metric_model,
-        policy=make_policy("fgd", experiment, node_rank=np.asarray([0])),
-        seed=1,
-    )
+    curves = _pack(nodes, pods, pods, "fgd")
     assert curves.failed_by_request == {"1 GPU": 1, "500m": 1}
     assert (curves.leftovers, curves.idle_gpus) == ((100,), 0)
     assert curves.idle_gpus_short_of == {"cpu": 0, "memory": 0}
@@ -125,23 +132,10 @@ def test_idle_gpus_are_counted_by_what_their_node_lacks() -> None:
         TracePod("mem-b", 1000, 7000, 0, 0),
         TracePod("gpu", 1000, 2048, 1, 1000),
     ]
-    experiment = experiment_for("t", nodes=nodes, pods=pods)
-    curves = run_packing(
-        nodes=nodes,
-        pods=pods,
-        fragment_model=experiment.metric_model,
-        policy=make_policy("best-fit", experiment, node_rank=np.asarray([0, 1])),
-        seed=1,
-    )
+    curves = _pack(nodes, pods, pods, "best-fit")
     assert curves.failed_by_request == {"1 GPU": 1}
     assert curves.idle_gpus == 4 and curves.idle_gpus_short_of == {"cpu": 2, "memory": 2}
-    fitting = run_packing(
-        nodes=nodes,
-        pods=pods[:1],
-        fragment_model=experiment.metric_model,
-        policy=make_policy("best-fit", experiment, node_rank=np.asarray([0, 1])),
-        seed=1,
-    )
+    fitting = _pack(nodes, pods, pods[:1], "best-fit")
     assert fitting.idle_gpus == 4 and fitting.idle_gpus_short_of == {"cpu": 0, "memory": 0}
 
 
