@@ -169,8 +169,7 @@ def left_at_end(curves: PackingCurves) -> dict[str, Any]:
     """What a run leaves at the end (130%): idle GPUs, the partly used GPUs' free milli-GPU per
     50-milli bucket, the pods that fit nowhere per request, and how much of the leftover lies below
     the smallest share that still failed (no share left in the stream fits it)."""
-    failed_shares = [int(k[:-1]) for k in curves.failed_by_request if k.endswith("m")]
-    smallest = min(failed_shares, default=MILLI_PER_GPU)
+    smallest = curves.smallest_failed_share_milli
     buckets: dict[int, int] = {}
     for free in curves.leftovers:
         buckets[free // 50 * 50] = buckets.get(free // 50 * 50, 0) + 1

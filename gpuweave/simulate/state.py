@@ -77,13 +77,10 @@ class SimState:
             if mode is GpuMode.NORMAL and free[g] == MILLI_PER_GPU
         )
 
-    def node_version(self, node: int) -> int:
-        """Changes so far to ``node``'s pods and GPU modes: equal numbers, the same node state."""
-        return self._node_changes.get(node, 0)
-
     @property
     def node_versions(self) -> Mapping[int, int]:
-        """``node_version`` of every node changed so far (absent: 0), for a loop over many nodes."""
+        """Per node, the changes so far to its pods and GPU modes (absent: 0): equal numbers, the
+        same node state."""
         return self._node_changes
 
     def _changed(self, node: int) -> None:

@@ -163,6 +163,6 @@ def _validated(model: type[M], value: object, field: str) -> M:
         return model.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
-        path = ".".join([field, *(str(p) for p in first["loc"])] if field else [str(p) for p in first["loc"]])
+        path = ".".join([*([field] if field else []), *map(str, first["loc"])])
         where = clip(path or "body", limit=ECHO_CHARS)
         raise WireError(f"bad {model.__name__}: {where}: {clip(first['msg'], limit=ECHO_CHARS)}") from None

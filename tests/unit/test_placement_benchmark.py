@@ -133,7 +133,7 @@ def test_idle_gpus_are_counted_by_what_their_node_lacks() -> None:
         TracePod("gpu", 1000, 2048, 1, 1000),
     ]
     curves = _pack(nodes, pods, pods, "best-fit")
-    assert curves.failed_by_request == {"1 GPU": 1}
+    assert curves.failed_by_request == {"1 GPU": 1} and curves.smallest_failed_share_milli == 1000
     assert curves.idle_gpus == 4 and curves.idle_gpus_short_of == {"cpu": 2, "memory": 2}
     fitting = _pack(nodes, pods, pods[:1], "best-fit")
     assert fitting.idle_gpus == 4 and fitting.idle_gpus_short_of == {"cpu": 0, "memory": 0}

@@ -158,10 +158,10 @@ def test_a_nodes_version_changes_with_its_pods_and_gpu_modes_only() -> None:
     job = Job("single-0", JobKind.SINGLE, 0.0, 600.0, 1, 1, 1000, 1000, 1024)
     pod = RunningPod("single-0-0", job, 1, (0,), Request(1000, 1024, 1, 1000), 0.0)
     state.start_pod(pod)
-    assert (state.node_version(0), state.node_version(1)) == (0, 1)
+    assert (state.node_versions.get(0, 0), state.node_versions.get(1, 0)) == (0, 1)
     state.set_mode(1, 3, GpuMode.WITHHELD)
     state.stop_pod(pod.pod_id)
-    assert (state.node_version(0), state.node_version(1)) == (0, 3)
+    assert (state.node_versions.get(0, 0), state.node_versions.get(1, 0)) == (0, 3)
 
 
 def test_training_jobs_carry_the_training_priorities_and_every_other_job_zero(tmp_path: Path) -> None:

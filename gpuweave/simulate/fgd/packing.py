@@ -39,6 +39,7 @@ class PackingCurves:
     idle_gpus: int = 0
     # of ``idle_gpus``, those on nodes whose free CPU (else memory) is below every GPU pod's that failed
     idle_gpus_short_of: dict[str, int] = field(default_factory=dict)
+    smallest_failed_share_milli: int = MILLI_PER_GPU  # a whole GPU when no share failed
 
 
 def request_label(request: Request) -> str:
@@ -99,7 +100,9 @@ def run_packing(
     arrived = 0
     placed = failed = failed_milli = 0
     failed_by: dict[str, int] = {}
-    least_failed = [np.inf, np.inf]  # the least CPU and memory a failed GPU pod asked for
+    # the least CPU, memory and share a failed GPU pod asked for
+    least_cpu = least_memory = np.inf
+    least_share = MILLI_PER_GPU
     for step, pod in enumerate(pods):
         request = Request(pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli, pod.gpu_types)
         arrived += request.total_gpu_milli
@@ -114,7 +117,9 @@ def run_packing(
             label = request_label(request)
             failed_by[label] = failed_by.get(label, 0) + 1
             if request.gpu_count:
-                least_failed = [min(least_failed[0], pod.cpu_milli), min(least_failed[1], pod.memory_mib)]
+                least_cpu, least_memory = min(least_cpu, pod.cpu_milli), min(least_memory, pod.memory_mib)
+            if request.is_share:
+                least_share = min(least_share, request.gpu_milli)
         bins.add(round(100.0 * arrived / cluster.total_gpu_milli), _snapshot(cluster))
         if progress is not None and step % 500 == 499:
             progress(500)
@@ -122,10 +127,10 @@ def run_packing(
     present = np.arange(cluster.gpu_free.shape[1])[None, :] < cluster.gpu_count[:, None]
     free = cluster.gpu_free[present]
     idle_per_node = ((cluster.gpu_free == MILLI_PER_GPU) & present).sum(axis=1)
-    # no GPU pod failed: no idle GPU is short of anything a failed pod needed
-    any_failed = bool(np.isfinite(least_failed[0]))
-    cpu_short = (cluster.cpu_free < least_failed[0]) & any_failed
-    memory_short = ~cpu_short & (cluster.memory_free < least_failed[1]) & any_failed
+    # no GPU pod failed: the minima are infinite and every node would count as short of both
+    any_failed = bool(np.isfinite(least_cpu))
+    cpu_short = (cluster.cpu_free < least_cpu) & any_failed
+    memory_short = ~cpu_short & (cluster.memory_free < least_memory) & any_failed
     return PackingCurves(
         allocation=[float(v) for v in means[0]],
         fragment_total=[float(v) for v in means[1]],
@@ -135,9 +140,10 @@ def run_packing(
         failed_gpu_milli=failed_milli,
         failed_by_request=failed_by,
         leftovers=tuple(int(v) for v in free[(free > 0) & (free < MILLI_PER_GPU)]),
-        idle_gpus=int((free == MILLI_PER_GPU).sum()),
+        idle_gpus=int(idle_per_node.sum()),
         idle_gpus_short_of={
             "cpu": int(idle_per_node[cpu_short].sum()),
             "memory": int(idle_per_node[memory_short].sum()),
         },
+        smallest_failed_share_milli=least_share,
     )
