@@ -1,27 +1,27 @@
-"""MPS control daemons, one per fractional GPU: start, query, stop, through ``nvidia-cuda-mps-control``.
+"""MPS control daemons, one per fractional GPU: what a daemon is, and the daemons kept in memory.
 
-The control program is the only documented interface to a daemon, so every operation runs it as
-NVIDIA documents: ``-d`` (with ``CUDA_VISIBLE_DEVICES`` naming the one GPU and the daemon's own
-``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY``) starts a daemon in the background,
-and commands go to its standard input (``get_server_list`` is the liveness query, ``quit`` stops
-it). A daemon that does not answer within ``timeout_s`` counts as down: a hung daemon enforces
-nothing we can see, so it fails closed exactly like a dead one.
+The control program ``nvidia-cuda-mps-control`` is the only documented interface to a daemon, so
+every operation runs it as NVIDIA documents (``-f`` runs the daemon, in the foreground, with
+``CUDA_VISIBLE_DEVICES`` naming the one GPU and the daemon's own ``CUDA_MPS_PIPE_DIRECTORY`` and
+``CUDA_MPS_LOG_DIRECTORY``; commands go to the program's standard input: ``get_server_list`` is
+the liveness query, ``quit`` stops it). A daemon that does not answer within the control timeout
+counts as down: a hung daemon enforces nothing we can see, so it fails closed like a dead one.
 
-``ProcessMpsDaemons`` runs the real binary on a GPU host and ``hardware/simulated/mps_control.py``
-in simulation (same command surface and files); ``InMemoryMpsDaemons`` keeps daemons as records in
-this process for the many-node ``gpuweave simulate``, where one process per GPU would not fit.
+A GPU's pipe directory is mounted into every share tenant's container, so nothing in it (the pid
+file, the socket that answers) tells the agent which process is its daemon: the agent keeps that
+itself. ``hardware/mps_process.py`` runs the real binary on a GPU host and
+``hardware/simulated/mps_control.py`` in simulation (same command surface and files);
+``InMemoryMpsDaemons`` keeps daemons as records in this process for the many-node
+``gpuweave simulate``, where one process per GPU would not fit.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,9 +30,9 @@ from devicemodel.errors import GpuweaveError
 from hardware.simulated import mps_control
 
 DEFAULT_BINARY = "nvidia-cuda-mps-control"
-PID_FILE = mps_control.PID_FILE
 CONTROL_LOG = mps_control.CONTROL_LOG
-START_WAIT_S = 5.0  # a started daemon must answer within this
+
+OnExit = Callable[[], None]  # called once, from another thread, when a started daemon's process ends
 
 
 class MpsControlError(GpuweaveError):
@@ -59,9 +59,13 @@ class MpsDaemonSpec:
 
 
 class MpsDaemons(Protocol):
-    """Start, query and stop daemons; every failure is an ``MpsControlError`` naming the GPU."""
+    """Start, query and stop daemons; every failure is an ``MpsControlError`` naming the GPU.
 
-    def start(self, spec: MpsDaemonSpec) -> None: ...
+    ``start`` keeps a daemon of the agent's that still answers; ``on_exit`` is called when the
+    process of the daemon it started or kept ends (not after ``stop``). ``pid`` is the agent's
+    own record of the daemon's process, never a pid read from the pipe directory."""
+
+    def start(self, spec: MpsDaemonSpec, *, on_exit: OnExit | None = None) -> None: ...
 
     def query(self, spec: MpsDaemonSpec) -> tuple[int, ...]: ...
 
@@ -69,103 +73,12 @@ class MpsDaemons(Protocol):
 
     def kill(self, spec: MpsDaemonSpec) -> str: ...
 
+    def pid(self, spec: MpsDaemonSpec) -> int | None: ...
+
 
 def simulated_command() -> list[str]:
     """The simulated control program as a command line (this interpreter, the script's path)."""
     return [sys.executable, "-I", "-S", mps_control.__file__]
-
-
-class ProcessMpsDaemons:
-    """Daemons run by a control program (the real ``nvidia-cuda-mps-control`` or the simulated one)."""
-
-    def __init__(self, command: Sequence[str], *, timeout_s: float = 3.0) -> None:
-        self.command = list(command)
-        self.timeout_s = timeout_s
-
-    def start(self, spec: MpsDaemonSpec) -> None:
-        """Start the daemon, wait until it answers, then set its default limits. A daemon that
-        already answers on the pipe directory (left by an agent that crashed) is kept. Otherwise
-        the directory is made clean first: share tenants have it mounted, so whatever is there
-        (a daemon told to ``quit``, a directory planted where the ``control`` socket goes, a pid
-        file naming another process) may be theirs, and a start must not depend on it."""
-        make_directories(spec)
-        try:
-            self.query(spec)
-        except MpsControlError:
-            self.kill(spec)  # a hung daemon of ours, by its pid file (checked to be a control program)
-            clean_directory(spec)
-            self._run(spec, ["-d"], stdin="")
-        deadline = time.monotonic() + START_WAIT_S
-        while True:
-            try:
-                self.query(spec)
-                break
-            except MpsControlError:
-                if time.monotonic() > deadline:
-                    raise MpsControlError(
-                        f"MPS control daemon for GPU {spec.gpu_uuid} started but did not answer on "
-                        f"{spec.pipe_dir} within {START_WAIT_S:g} s; see {spec.log_dir / CONTROL_LOG}"
-                    ) from None
-                time.sleep(0.02)
-        for command in spec.setup_commands():
-            answer = self.control(spec, command)
-            if answer.startswith(("Unrecognized", "Invalid")):
-                raise MpsControlError(f"MPS daemon of GPU {spec.gpu_uuid} refused {command!r}: {answer}")
-
-    def query(self, spec: MpsDaemonSpec) -> tuple[int, ...]:
-        """The daemon's MPS server pids (``get_server_list``); raises when it does not answer."""
-        answer = self.control(spec, "get_server_list")
-        try:
-            return tuple(int(word) for word in answer.split())
-        except ValueError as exc:
-            raise MpsControlError(f"MPS daemon of GPU {spec.gpu_uuid} answered {answer!r}") from exc
-
-    def control(self, spec: MpsDaemonSpec, command: str) -> str:
-        return self._run(spec, [], stdin=command + "\n").strip()
-
-    def stop(self, spec: MpsDaemonSpec) -> None:
-        """``quit``; a daemon that does not answer is killed by the pid in its pid file."""
-        try:
-            self.control(spec, "quit")
-        except MpsControlError:
-            self.kill(spec)
-
-    def kill(self, spec: MpsDaemonSpec) -> str:
-        """SIGKILL the daemon named by its pid file (fault injection, and a daemon that ignores quit)."""
-        pid = read_pid(spec.pipe_dir)
-        if pid is None:
-            return f"GPU {spec.gpu_uuid}: no MPS daemon pid file in {spec.pipe_dir}"
-        if not is_mps_control(pid, program=self.command[-1]):  # stale: the pid may be reused
-            return f"GPU {spec.gpu_uuid}: MPS daemon {pid} was not running (stale pid file)"
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return f"GPU {spec.gpu_uuid}: MPS daemon {pid} was not running"
-        return f"GPU {spec.gpu_uuid}: MPS daemon {pid} killed"
-
-    def _run(self, spec: MpsDaemonSpec, args: list[str], *, stdin: str) -> str:
-        env = {
-            **os.environ,
-            "CUDA_VISIBLE_DEVICES": spec.gpu_uuid,
-            mps_control.PIPE_ENV: str(spec.pipe_dir),
-            mps_control.LOG_ENV: str(spec.log_dir),
-        }
-        try:
-            done = subprocess.run(
-                [*self.command, *args],
-                input=stdin,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=self.timeout_s,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MpsControlError(f"MPS control for GPU {spec.gpu_uuid} ({self.command[0]}): {exc}") from exc
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
-            raise MpsControlError(f"MPS control for GPU {spec.gpu_uuid}: {detail}")
-        return done.stdout
 
 
 def make_directories(spec: MpsDaemonSpec) -> None:
@@ -195,7 +108,7 @@ def clean_directory(spec: MpsDaemonSpec) -> None:
 
 def is_mps_control(pid: int, *, program: str = DEFAULT_BINARY, proc_root: Path = Path("/proc")) -> bool:
     """Whether process ``pid`` runs an MPS control program: the driver's, the simulated one, or
-    ``program`` (compared by file name, so a pid file left by a dead daemon never names another process)."""
+    ``program`` (compared by file name)."""
     try:
         command = (proc_root / str(pid) / "cmdline").read_bytes()
     except OSError:
@@ -204,40 +117,41 @@ def is_mps_control(pid: int, *, program: str = DEFAULT_BINARY, proc_root: Path =
     return bool(names & {DEFAULT_BINARY, os.path.basename(mps_control.__file__), os.path.basename(program)})
 
 
-def read_pid(pipe_dir: Path) -> int | None:
-    try:
-        return int((pipe_dir / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 class InMemoryMpsDaemons:
     """Daemons as records in this process: the same calls and directories, no process per GPU."""
 
     def __init__(self) -> None:
-        self._live: dict[str, mps_control.DaemonState] = {}
+        self._live: dict[str, tuple[mps_control.DaemonState, OnExit | None]] = {}
         self._lock = threading.Lock()
 
-    def start(self, spec: MpsDaemonSpec) -> None:
+    def start(self, spec: MpsDaemonSpec, *, on_exit: OnExit | None = None) -> None:
         make_directories(spec)
         state = mps_control.DaemonState()
         for command in spec.setup_commands():
             state.answer(command)
         with self._lock:
-            self._live[spec.gpu_uuid] = state
+            self._live[spec.gpu_uuid] = (state, on_exit)
 
     def query(self, spec: MpsDaemonSpec) -> tuple[int, ...]:
         with self._lock:
-            state = self._live.get(spec.gpu_uuid)
-        if state is None:
+            live = self._live.get(spec.gpu_uuid)
+        if live is None:
             raise MpsControlError(f"Cannot find MPS control daemon process on {spec.pipe_dir}")
-        return tuple(state.servers)
+        return tuple(live[0].servers)
 
     def stop(self, spec: MpsDaemonSpec) -> None:
         with self._lock:
             self._live.pop(spec.gpu_uuid, None)
 
     def kill(self, spec: MpsDaemonSpec) -> str:
+        """End the daemon as a crash would: its ``on_exit`` is called, here, before this returns."""
         with self._lock:
             gone = self._live.pop(spec.gpu_uuid, None)
-        return f"GPU {spec.gpu_uuid}: MPS daemon {'killed' if gone else 'was not running'}"
+        if gone is None:
+            return f"GPU {spec.gpu_uuid}: MPS daemon was not running"
+        if gone[1] is not None:
+            gone[1]()
+        return f"GPU {spec.gpu_uuid}: MPS daemon killed"
+
+    def pid(self, spec: MpsDaemonSpec) -> int | None:
+        return None

@@ -28,10 +28,9 @@ from gpuweave.node.builder import NodeAgentBuilder, open_backend
 from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
 from gpuweave.node.dra import add_dra_arguments, check_dra_arguments
 from gpuweave.node.health import load_settings
-from gpuweave.node.mps import control_command
+from gpuweave.node.mps import process_daemons
 from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
-from hardware.mps import ProcessMpsDaemons
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
 
@@ -221,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             refuse_if_served_by_another(args.kubelet_dir, resources=served)
         mps = builder.mps(
             agent,
-            daemons=ProcessMpsDaemons(control_command(args.mps_control, simulated=builder.simulated)),
+            daemons=process_daemons(args.mps_control, state_dir=args.state_dir, simulated=builder.simulated),
             inventory=inventory,
             sharing_config=args.sharing_config,
         )

@@ -1,9 +1,10 @@
 """MPS for the node agent: one supervised control daemon per fractional GPU, wired to health.
 
-Called through ``gpuweave.node.builder.NodeAgentBuilder.mps`` (the process's daemons, or the
-simulated cluster's in-memory ones). ``start_node_mps`` starts the daemons *before* the agent
-serves (a fractional GPU whose daemon does not answer is under the ``mps`` gate from the first
-device list), installs the per-GPU pipe lookup for Allocate and adds the control commands
+Called through ``gpuweave.node.builder.NodeAgentBuilder.mps`` (the process's daemons, from
+``process_daemons``, or the simulated cluster's in-memory ones). ``start_node_mps`` starts the
+daemons *before* the agent serves (a fractional GPU whose daemon cannot start is under the ``mps``
+gate from the first device list), starts the supervisor's restarter thread (a daemon that exits
+is restarted at once), installs the per-GPU pipe lookup for Allocate and adds the control commands
 ``mps.status`` and ``sharing.reload``. ``MpsRoundHook`` then runs the supervisor in every health
 round; a GPU whose daemon cannot be restarted becomes a fault of that GPU in the health engine
 (Event, metric, graded remediation of the pods on it).
@@ -23,7 +24,9 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.agent import NodeAgent
 from deviceplugin.mps import GATE, HOST_BASE_DIR, MpsSettings, MpsSupervisor, status, wanted_daemons
-from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, ProcessMpsDaemons, simulated_command
+from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
+from hardware.mps_ledger import LEDGER_FILE
+from hardware.mps_process import ProcessMpsDaemons
 from health.monitor import HealthMonitor
 from health.policy import DeviceState, Fault
 from health.xid import Action, Cause, Severity
@@ -45,6 +48,13 @@ def control_command(binary: str | None, *, simulated: bool) -> list[str]:
     if binary:
         return [binary]
     return simulated_command() if simulated else [DEFAULT_BINARY]
+
+
+def process_daemons(binary: str | None, *, state_dir: Path, simulated: bool) -> ProcessMpsDaemons:
+    """The node agent's daemons, run as its own processes and recorded in ``STATE_DIR/mps-daemons.json``
+    (the agent's state directory, which no share tenant has mounted), so that the agent after a
+    restart takes back its own daemons and never a process named by a tenant-writable file."""
+    return ProcessMpsDaemons(control_command(binary, simulated=simulated), ledger=state_dir / LEDGER_FILE)
 
 
 def require_binary(command: Sequence[str], wanted: Collection[str]) -> None:
@@ -99,6 +109,7 @@ def start_node_mps(
     if isinstance(daemons, ProcessMpsDaemons):
         require_binary(daemons.command, wanted)
     supervisor.check(wanted)
+    supervisor.start_restarter()  # a daemon that exits is restarted at once, not at the next round
     if wanted:
         up = sum(1 for r in supervisor.records().values() if r.up)
         log.info(

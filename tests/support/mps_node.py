@@ -20,7 +20,7 @@ import yaml
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from devicemodel.spec import NodeProfile
 from deviceplugin.control import call_agent
-from hardware.mps import read_pid
+from hardware.mps import is_mps_control
 from hardware.simulated import mps_control
 from health.badlist import BAD_HARDWARE_FILE
 from proto.v1beta1 import api_pb2
@@ -39,14 +39,23 @@ def sharing_yaml(fractional: tuple[int, ...]) -> str:
     return yaml.safe_dump({"kind": "SharingConfig", "gpus": gpus})
 
 
+def read_pid(pipe_dir: Path) -> int | None:
+    """The pid the simulated daemon wrote into its pipe directory (what a test looks at; the agent
+    never reads it: share tenants can write there)."""
+    try:
+        return int((pipe_dir / mps_control.PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def blockable_control(root: Path) -> tuple[Path, Path]:
     """(program, block file): the simulated MPS control program behind a wrapper that refuses to
-    start a daemon (``-d`` exits 1) while the block file exists."""
+    start a daemon (``-f`` or ``-d`` exits 1) while the block file exists."""
     block = root / "block-mps-start"
     wrapper = root / "mps-control"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'if [ "$1" = "-d" ] && [ -e {block} ]; then echo "start blocked by test" >&2; exit 1; fi\n'
+        f'if [ "$1" != "" ] && [ -e {block} ]; then echo "start blocked by test" >&2; exit 1; fi\n'
         f'exec {sys.executable} -I -S {mps_control.__file__} "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
@@ -98,7 +107,7 @@ class MpsNode(AgentNode):
     def kill_leftover_daemons(self) -> None:
         for pid_file in (self.state_dir / "mps").glob("*/pipe/" + mps_control.PID_FILE):
             pid = read_pid(pid_file.parent)
-            if pid is not None:
+            if pid is not None and is_mps_control(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

@@ -7,11 +7,14 @@ wrapper that refuses to start a daemon while a block file exists, so a test can 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -20,14 +23,16 @@ import yaml
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.spec import NodeProfile
 from deviceplugin.control import call_agent
-from hardware.mps import is_mps_control, read_pid, simulated_command
+from hardware.mps import is_mps_control, simulated_command
+from hardware.mps_ledger import LEDGER_FILE
 from hardware.simulated import mps_control
 from mig.journal import JOURNAL_FILE
 from tests.support.agent_node import run_sim_inject
 from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
 from tests.support.device_watch import Watch
-from tests.support.mps_node import MpsNode, shares_healthy, shares_withheld, sharing_yaml
+from tests.support.mps_node import MpsNode, read_pid, shares_healthy, sharing_yaml
 from tests.support.small_inventory import gpu_uuid, small_inventory
+from tests.support.waiting import poll_until
 
 ROUND_S = 0.3
 HEALTHY = "Healthy"
@@ -52,6 +57,12 @@ def node(request: pytest.FixtureRequest) -> Iterator[MpsNode]:
         started.close()
 
 
+def _tenant_quit(pipe: Path) -> None:
+    """What a share tenant of that GPU can do: tell the daemon on its mounted pipe directory to quit."""
+    env = {**os.environ, mps_control.PIPE_ENV: str(pipe)}
+    subprocess.run(simulated_command(), input="quit\n", text=True, env=env, check=True, timeout=30)
+
+
 def test_mps_two_fractional_gpus_run_two_daemons_and_allocate_gives_each_its_own_pipe(node: MpsNode) -> None:
     status = node.mps_status()
     assert sorted(status) == [gpu_uuid(0), gpu_uuid(1)]
@@ -74,45 +85,46 @@ def test_mps_two_fractional_gpus_run_two_daemons_and_allocate_gives_each_its_own
         assert f"set_default_active_thread_percentage {50 + index}" in log
 
 
-def test_mps_killed_daemon_withholds_only_its_gpu_then_the_restart_brings_it_back(node: MpsNode) -> None:
+def test_mps_killed_daemon_is_restarted_at_once_and_no_share_is_withheld(node: MpsNode) -> None:
+    """SIGKILL of GPU 0's daemon: the agent sees its own process end and restarts it, without
+    waiting for a health round; the kubelet's stream never lists a share of either GPU withheld."""
     watch = Watch(node, RESOURCE_GPU_COMPUTE)
     try:
         assert watch.wait(shares_healthy(0)) >= 0
         first = len(watch.lists)
-        old_pid = read_pid(node.pipe_dir(0))
+        old_pid = node.mps_status()[gpu_uuid(0)]["pid"]
+        assert old_pid == read_pid(node.pipe_dir(0))
         done = run_sim_inject(node.state_dir, "--gpu", "0", "--kill-mps-daemon")
         assert done.returncode == 0, done.stderr
-        withheld = watch.wait(shares_withheld(0), start=first)
-        assert withheld >= 0, watch.lists[-1]
-        assert shares_healthy(1)(watch.lists[withheld])
-        back = watch.wait(shares_healthy(0), start=withheld)
-        assert back > withheld
-        assert all(shares_healthy(1)(devices) for devices in watch.lists[first:])
-        assert read_pid(node.pipe_dir(0)) not in (None, old_pid)
-        assert node.mps_status()[gpu_uuid(0)]["restarts"] == 1
+        assert f"MPS daemon {old_pid} killed" in done.stdout
+        assert node.kubelet.wait_for(lambda: node.mps_status()[gpu_uuid(0)]["restarts"] == 1, timeout=30)
+        status = node.mps_status()[gpu_uuid(0)]
+        assert status["up"] and status["pid"] not in (None, old_pid)
+        assert status["pid"] == read_pid(node.pipe_dir(0))
+        assert all(shares_healthy(0)(d) and shares_healthy(1)(d) for d in watch.lists[first:])
+        ledger = json.loads((node.state_dir / LEDGER_FILE).read_text())["daemons"]
+        assert ledger[gpu_uuid(0)]["pid"] == status["pid"]
     finally:
         watch.close()
 
 
-def test_mps_a_tenants_quit_and_planted_control_directory_cost_one_restart_no_reset(node: MpsNode) -> None:
-    """What a share tenant can do through its mounted pipe directory: quit the daemon and plant a
-    directory at the control socket path. GPU 0's shares come back after one restart; no GPU faults
-    (so no reset-gpu evicts anyone) and GPU 1's shares stay served throughout."""
+def test_mps_a_tenants_quit_and_planted_control_directory_cost_a_restart_each_no_reset(node: MpsNode) -> None:
+    """What a share tenant can do through its mounted pipe directory: quit the daemon, and put a
+    directory where its control socket was while it runs. Each costs one restart of GPU 0's
+    daemon, no share is withheld, no GPU faults (so no reset-gpu evicts anyone), GPU 1 is untouched."""
     watch = Watch(node, RESOURCE_GPU_COMPUTE)
     try:
         assert watch.wait(shares_healthy(0)) >= 0
         first = len(watch.lists)
         pipe = node.pipe_dir(0)
-        env = {**os.environ, mps_control.PIPE_ENV: str(pipe)}
-        subprocess.run(simulated_command(), input="quit\n", text=True, env=env, check=True, timeout=30)
+        _tenant_quit(pipe)
+        assert node.kubelet.wait_for(lambda: node.mps_status()[gpu_uuid(0)]["restarts"] == 1, timeout=30)
+        (pipe / mps_control.SOCKET_NAME).unlink()
         (pipe / mps_control.SOCKET_NAME / "planted").mkdir(parents=True)
-        withheld = watch.wait(shares_withheld(0), start=first)
-        assert withheld >= 0, f"GPU 0's shares never withheld after quit: {watch.lists[-1]}"
-        back = watch.wait(shares_healthy(0), start=withheld)
-        assert back > withheld, f"GPU 0's shares not back after the restart: {watch.lists[-1]}"
-        assert all(shares_healthy(1)(devices) for devices in watch.lists[first:])
+        assert node.kubelet.wait_for(lambda: node.mps_status()[gpu_uuid(0)]["restarts"] == 2, timeout=30)
         assert (pipe / mps_control.SOCKET_NAME).is_socket()
-        assert node.mps_status()[gpu_uuid(0)]["restarts"] == 1
+        assert all(shares_healthy(0)(d) and shares_healthy(1)(d) for d in watch.lists[first:])
+        assert node.mps_status()[gpu_uuid(1)]["restarts"] == 0
         gpus = call_agent(node.state_dir, "health.status", {})["gpus"]
         assert all(row["state"] == HEALTHY for row in gpus.values()), gpus
     finally:
@@ -218,3 +230,59 @@ def test_mps_a_start_refused_by_a_state_file_leaves_no_daemon_running() -> None:
             if pid is not None and is_mps_control(pid):
                 os.kill(pid, signal.SIGKILL)
         remove_tree(root)
+
+
+def test_mps_a_pid_file_naming_another_gpus_daemon_never_gets_that_daemon_killed(node: MpsNode) -> None:
+    """A tenant of GPU 0 stops GPU 0's daemon and writes GPU 1's daemon pid into GPU 0's pid file.
+    Neither the restart of GPU 0's daemon nor a kill of it (``--kill-mps-daemon``) signals GPU 1's."""
+    victim = read_pid(node.pipe_dir(1))
+    assert victim is not None
+    pipe = node.pipe_dir(0)
+    _tenant_quit(pipe)
+    assert poll_until(lambda: read_pid(pipe) is None, timeout=10)  # the daemon exited
+    (pipe / mps_control.PID_FILE).write_text(f"{victim}\n")
+    assert node.kubelet.wait_for(lambda: node.mps_status()[gpu_uuid(0)]["restarts"] == 1, timeout=30)
+    (pipe / mps_control.PID_FILE).write_text(f"{victim}\n")
+    assert run_sim_inject(node.state_dir, "--gpu", "0", "--kill-mps-daemon").returncode == 0
+    assert node.kubelet.wait_for(lambda: node.mps_status()[gpu_uuid(0)]["restarts"] == 2, timeout=30)
+    assert is_mps_control(victim) and read_pid(node.pipe_dir(1)) == victim
+    assert node.mps_status()[gpu_uuid(1)]["restarts"] == 0
+    assert node.allocate(node.share_ids(1, count=10)).envs["CUDA_MPS_PIPE_DIRECTORY"] == str(node.pipe_dir(1))
+
+
+def test_mps_a_tenant_quitting_the_daemon_again_and_again_costs_no_refused_or_withheld_share(
+    node: MpsNode,
+) -> None:
+    """A tenant of GPU 0 quits its daemon four times, each time as soon as it is back, while a
+    co-tenant asks for shares of GPU 0 all along: every Allocate is granted (it waits for the
+    restart) and the kubelet's stream never lists GPU 0's shares withheld."""
+    watch = Watch(node, RESOURCE_GPU_COMPUTE)
+    granted, refused = [], []
+    done = threading.Event()
+
+    def co_tenant() -> None:
+        while not done.is_set():
+            try:
+                granted.append(node.allocate(node.share_ids(0, count=10)).envs["CUDA_MPS_PIPE_DIRECTORY"])
+            except grpc.RpcError as exc:
+                refused.append(str(exc.details()))
+            done.wait(0.1)  # a pod admission every 0.1 s (the agent logs each refusal)
+
+    asking = threading.Thread(target=co_tenant, daemon=True)
+    try:
+        assert watch.wait(shares_healthy(0)) >= 0
+        first = len(watch.lists)
+        asking.start()
+        for quits in range(1, 5):
+            _tenant_quit(node.pipe_dir(0))
+            assert node.kubelet.wait_for(
+                lambda quits=quits: int(node.mps_status()[gpu_uuid(0)]["restarts"]) >= quits, timeout=30
+            )
+        done.set()
+        asking.join(30)
+        assert refused == [] and len(granted) > 0, refused
+        assert set(granted) == {str(node.pipe_dir(0))}
+        assert all(shares_healthy(0)(devices) for devices in watch.lists[first:]), watch.lists[first:]
+    finally:
+        done.set()
+        watch.close()

@@ -22,7 +22,7 @@ from deviceplugin.agent import AgentConfig, NodeAgent
 from deviceplugin.mps import MpsSettings
 from gpuweave.node.health import start_node_health
 from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
-from hardware.mps import ProcessMpsDaemons
+from hardware.mps_process import ProcessMpsDaemons
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState

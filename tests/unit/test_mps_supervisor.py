@@ -11,8 +11,9 @@ import pytest
 from devicemodel.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.mps import MpsSettings, MpsSupervisor, restart_delay, wanted_daemons
-from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonSpec
+from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonSpec, OnExit
 from tests.support.small_inventory import gpu_uuid, small_inventory
+from tests.support.waiting import poll_until
 
 FRACTIONAL = GpuSharing(SharingMode.FRACTIONAL, mps=MpsDefaults(thread_percentage=40, pinned_memory_mib=2048))
 
@@ -25,11 +26,11 @@ class FlakyDaemons(InMemoryMpsDaemons):
         self.refuse: set[str] = set()
         self.starts: list[str] = []
 
-    def start(self, spec: MpsDaemonSpec) -> None:
+    def start(self, spec: MpsDaemonSpec, *, on_exit: OnExit | None = None) -> None:
         self.starts.append(spec.gpu_uuid)
         if spec.gpu_uuid in self.refuse:
             raise MpsControlError(f"GPU {spec.gpu_uuid}: start refused")
-        super().start(spec)
+        super().start(spec, on_exit=on_exit)
 
 
 class Clock:
@@ -50,7 +51,8 @@ def parts(tmp_path: Path) -> Parts:
     def gate(reasons: Mapping[str, str]) -> None:
         gates.append(dict(reasons))
 
-    supervisor = MpsSupervisor(daemons, MpsSettings(base_dir=tmp_path), gate=gate, clock=clock)
+    settings = MpsSettings(base_dir=tmp_path, allocate_wait_s=2.0)  # waits on the fake clock end in 2 s
+    supervisor = MpsSupervisor(daemons, settings, gate=gate, clock=clock)
     return supervisor, daemons, clock, gates
 
 
@@ -80,20 +82,87 @@ def test_mps_restart_delay_is_immediate_then_doubles_to_the_cap() -> None:
     assert [restart_delay(n, settings) for n in range(6)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
 
 
-def test_mps_dead_daemon_gates_only_its_gpu_and_is_restarted_in_the_same_pass(
+def test_mps_daemon_that_exits_is_restarted_and_its_shares_are_never_withheld(
     tmp_path: Path, parts: Parts
 ) -> None:
-    supervisor, daemons, _, gates = parts
+    """A daemon that ran and exits (a tenant's ``quit``, a crash) is restarted; meanwhile its GPU's
+    shares stay offered and an Allocate waits for the restart instead of being refused."""
+    supervisor, daemons, clock, gates = parts
     wanted = _wanted(tmp_path)
     supervisor.check(wanted)
     assert gates[-1] == {}
-    daemons.kill(wanted[gpu_uuid(0)])
-    with pytest.raises(AllocationRejectedError, match="does not answer"):
-        supervisor.pipe_directory(gpu_uuid(0))  # Allocate between rounds queries the daemon itself
-    assert set(gates[-1]) == {gpu_uuid(0)}
-    assert supervisor.pipe_directory(gpu_uuid(1)) == str(tmp_path / gpu_uuid(1) / "pipe")
+    clock.now += 5.0  # longer than the restarts' spacing since the start: restarted at once
+    daemons.kill(wanted[gpu_uuid(0)])  # its on_exit marks it restarting, no round needed
+    record = supervisor.records()[gpu_uuid(0)]
+    assert record.restarting and not record.up and not record.withheld
+    assert supervisor.pipe_directory(gpu_uuid(0)) == str(tmp_path / gpu_uuid(0) / "pipe")  # restarts it
+    assert supervisor.records()[gpu_uuid(0)].up and supervisor.records()[gpu_uuid(0)].restarts == 1
+    assert all(reasons == {} for reasons in gates)
+    assert daemons.starts == [gpu_uuid(0), gpu_uuid(1), gpu_uuid(0)]
+
+
+def test_mps_restarts_of_one_gpu_are_spaced_and_an_allocate_waits_for_the_due_one(
+    tmp_path: Path, parts: Parts
+) -> None:
+    """A tenant quitting in a loop costs the agent one restart per ``restart_spacing_s``: an exit
+    within that time of the last start is restarted once the spacing has passed, not before."""
+    supervisor, daemons, clock, gates = parts
+    wanted = _wanted(tmp_path)
     supervisor.check(wanted)
-    assert gates[-1] == {} and supervisor.records()[gpu_uuid(0)].restarts == 1
+    clock.now += 0.25
+    daemons.kill(wanted[gpu_uuid(0)])
+    assert supervisor.records()[gpu_uuid(0)].retry_at == 101.0  # started at 100.0, spacing 1 s
+    supervisor.restart_due()
+    assert daemons.starts.count(gpu_uuid(0)) == 1  # not due yet
+    supervisor.check(wanted)  # nor in a round
+    assert daemons.starts.count(gpu_uuid(0)) == 1
+    clock.now = 101.0
+    supervisor.restart_due()
+    assert daemons.starts.count(gpu_uuid(0)) == 2 and supervisor.records()[gpu_uuid(0)].up
+    assert all(reasons == {} for reasons in gates)
+
+
+def test_mps_a_failed_restart_withholds_the_gpu_and_refuses_its_allocates(
+    tmp_path: Path, parts: Parts
+) -> None:
+    supervisor, daemons, clock, gates = parts
+    wanted = _wanted(tmp_path)
+    supervisor.check(wanted)
+    daemons.refuse.add(gpu_uuid(0))
+    clock.now += 5.0
+    daemons.kill(wanted[gpu_uuid(0)])
+    with pytest.raises(AllocationRejectedError, match="failed to start 1 time"):
+        supervisor.pipe_directory(gpu_uuid(0))
+    assert set(gates[-1]) == {gpu_uuid(0)} and supervisor.records()[gpu_uuid(0)].withheld
+    assert supervisor.pipe_directory(gpu_uuid(1)) == str(tmp_path / gpu_uuid(1) / "pipe")
+
+
+def test_mps_exit_of_a_stopped_or_older_daemon_starts_nothing(tmp_path: Path, parts: Parts) -> None:
+    supervisor, daemons, _, _ = parts
+    wanted = _wanted(tmp_path)
+    supervisor.check(wanted)
+    run = supervisor.records()[gpu_uuid(0)].run
+    supervisor.daemon_exited(gpu_uuid(0), run - 1)  # an earlier run's process
+    assert supervisor.records()[gpu_uuid(0)].up
+    supervisor.check(_wanted(tmp_path, fractional=(1,)))
+    supervisor.daemon_exited(gpu_uuid(0), run)  # stopped: no record, nothing to restart
+    assert gpu_uuid(0) not in supervisor.records() and daemons.starts.count(gpu_uuid(0)) == 1
+
+
+def test_mps_restarter_thread_restarts_an_exited_daemon_without_a_round(tmp_path: Path) -> None:
+    daemons = FlakyDaemons()
+    settings = MpsSettings(base_dir=tmp_path, restart_spacing_s=0.0)
+    supervisor = MpsSupervisor(daemons, settings, gate=lambda _: None)
+    wanted = _wanted(tmp_path)
+    supervisor.check(wanted)
+    supervisor.start_restarter()
+    try:
+        daemons.kill(wanted[gpu_uuid(0)])
+        assert poll_until(lambda: supervisor.records()[gpu_uuid(0)].up, timeout=10)
+        assert supervisor.records()[gpu_uuid(0)].restarts == 1
+    finally:
+        supervisor.stop_all()
+    assert supervisor.records() == {}
 
 
 def test_mps_failed_starts_back_off_and_fault_the_gpu_once(tmp_path: Path, parts: Parts) -> None:
