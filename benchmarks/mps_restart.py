@@ -9,7 +9,7 @@ moment the kill returned:
   daemon answered), polled every 20 ms;
 - ``withheld_lists``: how many lists of the kubelet's stream held a GPU 0 share Unhealthy.
 
-It also times one daemon start (``-d``, first answer, default limits set) of the simulated
+It also times one daemon start (``-f``, first answer, default limits set) of the simulated
 control program on its own. Run at each health round interval given (the agent's default is 5 s).
 
     .venv/bin/python -m benchmarks.mps_restart [--round 5 --round 1] [--trials 5]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     kills = [at_round(r, args.trials) for r in rounds]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"daemon_start": start, "kills": kills}, indent=1) + "\n")
-    print(f"daemon start (simulated -d to answer, limits set): median {start['start_s_median']:.3f} s")
+    print(f"daemon start (simulated -f to answer, limits set): median {start['start_s_median']:.3f} s")
     print(f"{'round s':>8} {'restart med':>12} {'restart max':>12} {'withheld lists max':>19}")
     for row in kills:
         restart = f"{row['restart_s_median']:>12.3f} {row['restart_s_max']:>12.3f}"
