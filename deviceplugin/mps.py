@@ -17,8 +17,9 @@ is bounded here:
   Unhealthy, never a sibling's), retried with exponential backoff; after ``failures_to_fault``
   failed starts in a row it is handed to the health engine as a fault of that GPU (``check``
   returns it for ``MpsRoundHook``).
-- ``check`` (each health round) starts missing daemons, stops unwanted ones and queries every
-  running one.
+- ``check`` starts missing daemons, stops unwanted ones and queries every running one; in each
+  health round (``in_round``) it leaves the starts to the restarter thread, so a round never
+  waits for a daemon's start.
 """
 
 from __future__ import annotations
@@ -132,20 +133,27 @@ class MpsSupervisor:
         with self._lock:
             return dict(self._records)
 
-    def check(self, wanted: Mapping[str, MpsDaemonSpec]) -> list[DaemonRecord]:
-        """One supervision pass; returns the records that just crossed ``failures_to_fault``."""
-        with self._ops:
+    def check(self, wanted: Mapping[str, MpsDaemonSpec], *, in_round: bool = False) -> list[DaemonRecord]:
+        """One supervision pass; returns the records that just crossed ``failures_to_fault``.
+        ``in_round``: a health round's pass, which never waits for a daemon's start: it passes at
+        once while a restart is under way and leaves due starts to the restarter thread."""
+        if not self._ops.acquire(blocking=not in_round):
+            return []
+        try:
             self._reconcile(wanted)
             for record in self.records().values():
                 if record.up:
                     self._query(record)
-            self._start_due()
+            if not in_round:
+                self._start_due()
             self._publish()
             to_fault = [r for r in self.records().values() if self._due_fault(r)]
             with self._lock:
                 for record in to_fault:
                     self._records[record.spec.gpu_uuid] = replace(record, faulted=True)
             return to_fault
+        finally:
+            self._ops.release()
 
     def restart_due(self, *, timeout: float = -1) -> None:
         """Start every daemon whose start is due: a restart after an exit, a failed start's retry
@@ -265,9 +273,10 @@ class MpsSupervisor:
             self._stop(record)  # its exit is not reported (``stop``), so no restart follows
             with self._lock:
                 del self._records[uuid]
-        with self._lock:
+        with self._changed:  # a new record is a start due now: the restarter wakes for it
             for uuid, spec in wanted.items():
                 self._records.setdefault(uuid, DaemonRecord(spec))
+            self._changed.notify_all()
 
     def _stop(self, record: DaemonRecord) -> None:
         try:
@@ -297,6 +306,8 @@ class MpsSupervisor:
             self.daemons.start(record.spec, on_exit=lambda: self.daemon_exited(uuid, run))
         except MpsControlError as exc:
             self._put(self._failed(record, exc))
+            with self._lock:
+                self._exited_early.discard(run)
             return
         restarted = record.run > 0
         self._put(

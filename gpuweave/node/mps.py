@@ -138,7 +138,7 @@ class MpsRoundHook:
     def __call__(self, monitor: HealthMonitor) -> None:
         with monitor.lock:
             retired = {uuid for uuid, r in monitor.engine.gpus.items() if r.state is DeviceState.RETIRED}
-        to_fault = self._mps.supervisor.check(self._mps.wanted(retired))
+        to_fault = self._mps.supervisor.check(self._mps.wanted(retired), in_round=True)
         if not to_fault:
             return
         with monitor.lock:

@@ -39,6 +39,7 @@ from deviceplugin.published import inventory_object
 from gpuweave.node.builder import NodeAgentBuilder
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE
+from gpuweave.node.mps import NodeMps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
 from hardware.mps import InMemoryMpsDaemons
@@ -68,6 +69,8 @@ def _first_round_done(health: HealthService, *, timeout_s: float = 20.0) -> None
 def _stop_node(node: _Node) -> None:
     if node.health is not None:
         node.health.stop()
+    if node.mps is not None:
+        node.mps.stop()
     node.agent.stop()
     node.kubelet.stop()
     node.backend.close()
@@ -81,6 +84,7 @@ class _Node:
     health: HealthService | None
     mig: MigService | None = None
     fabric: FabricGate | None = None  # built at the node's first fabric change (NVLink tray fault)
+    mps: NodeMps | None = None  # its MPS supervisor (a restarter thread), stopped with the node
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
 
     def held_devices(self) -> frozenset[str]:
@@ -162,13 +166,14 @@ class NodeAgentPool:
         mps = builder.mps(agent, daemons=InMemoryMpsDaemons(), inventory=backend.discover())
         agent.start()
         if not kubelet.wait_for(set(agent.resource_names()[:1])):
+            mps.stop()
             agent.stop()
             kubelet.stop()
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
         health = builder.health(agent, settings=self._health, mps=mps)
         _first_round_done(health)
-        started = _Node(agent, kubelet, backend, health)
+        started = _Node(agent, kubelet, backend, health, mps=mps)
         if node.mig_managed:  # busy devices: what this pool admitted and has not released
             started.mig = builder.mig(agent, inventory=agent.inventory, held_by_pods=started.held_devices)
             started.mig.start()

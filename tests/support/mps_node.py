@@ -80,7 +80,14 @@ class MpsNode(AgentNode):
         self.sharing = root / "sharing.yaml"
         self.sharing.write_text(sharing_yaml((0, 1)))
         health = root / "health.yaml"
-        settings = {"round_interval_s": round_s, "startup_rounds": 1, "probation_rounds": probation_rounds}
+        settings = {
+            "round_interval_s": round_s,
+            "startup_rounds": 1,
+            "probation_rounds": probation_rounds,
+            # the health loop's watchdog (3 rounds + 2 check timeouts) is not what these tests
+            # look at: on a loaded machine 5 s of it marks every device Suspect
+            "check_timeout_s": 10.0,
+        }
         health.write_text(yaml.safe_dump({"health": settings}))
         wrapper, self.block = blockable_control(root)
         extra = ("--sharing-config", str(self.sharing), "--health-config", str(health))

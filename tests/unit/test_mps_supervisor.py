@@ -211,3 +211,16 @@ def test_mps_uncreatable_pipe_directory_is_a_failed_start_not_a_crash(tmp_path: 
     supervisor.check(wanted)
     assert "cannot create the MPS directories" in gates[-1][gpu_uuid(0)]
     assert supervisor.records()[gpu_uuid(0)].failures == 1
+
+
+def test_mps_a_health_rounds_pass_leaves_the_starts_to_the_restarter(tmp_path: Path, parts: Parts) -> None:
+    """A round never waits for a daemon's start: the restarter thread (``restart_due``) runs it."""
+    supervisor, daemons, clock, gates = parts
+    wanted = _wanted(tmp_path)
+    supervisor.check(wanted)
+    clock.now += 5.0
+    daemons.kill(wanted[gpu_uuid(0)])
+    assert supervisor.check(wanted, in_round=True) == []
+    assert daemons.starts.count(gpu_uuid(0)) == 1 and gates[-1] == {}
+    supervisor.restart_due()
+    assert daemons.starts.count(gpu_uuid(0)) == 2 and supervisor.records()[gpu_uuid(0)].up
