@@ -8,15 +8,17 @@ is bounded here:
 
 - ``wanted_daemons`` (pure) says which GPUs need a daemon: fractional, not MIG, not retired.
 - A daemon that ran and then exits (its process ends: ``daemon_exited``) or stops answering is
-  *restarting*: restarted at once by the restarter thread, at most once per
-  ``restart_spacing_s`` per GPU (which bounds what a tenant quitting in a loop costs the agent).
-  Its shares stay offered meanwhile, and ``pipe_directory`` (Allocate) waits for the restart
-  instead of refusing: Allocate only hands out environment and mounts, and a share is still
-  granted only once the restarted daemon answered.
+  *restarting*: restarted at once by the restarter thread, one GPU's starts at least
+  ``restart_spacing_s`` apart (which bounds what a tenant quitting in a loop costs the agent); a
+  start that a ``quit`` cuts short is one more exit, not a failed start. Its shares stay offered
+  meanwhile, and ``pipe_directory`` (Allocate) waits for the restart instead of refusing:
+  Allocate only hands out environment and mounts, and a share is still granted only once the
+  restarted daemon answered.
 - A daemon that cannot be started puts its GPU under the ``mps`` gate (that GPU's shares
-  Unhealthy, never a sibling's), retried with exponential backoff; after ``failures_to_fault``
-  failed starts in a row it is handed to the health engine as a fault of that GPU (``check``
-  returns it for ``MpsRoundHook``).
+  Unhealthy, never a sibling's), and so does one restarting for ``allocate_wait_s`` without
+  answering (quit again at every start: no pod should wait for it). A failed start is retried
+  with exponential backoff; after ``failures_to_fault`` failed starts in a row it is handed to
+  the health engine as a fault of that GPU (``check`` returns it for ``MpsRoundHook``).
 - ``check`` starts missing daemons, stops unwanted ones and queries every running one; in each
   health round (``in_round``) it leaves the starts to the restarter thread, so a round never
   waits for a daemon's start.
@@ -36,7 +38,7 @@ from pathlib import Path
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
-from hardware.mps import MpsControlError, MpsDaemons, MpsDaemonSpec
+from hardware.mps import MpsControlError, MpsDaemonQuitError, MpsDaemons, MpsDaemonSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class MpsSettings:
     restart_base_s: float = 1.0  # a failed start is retried after this; each further one doubles it
     restart_cap_s: float = 60.0
     failures_to_fault: int = 3  # failed starts in a row before the GPU is faulted in health
-    restart_spacing_s: float = 1.0  # one GPU's restarts after an exit are at least this far apart
+    restart_spacing_s: float = 1.0  # one GPU's starts after an exit begin at least this far apart
     allocate_wait_s: float = 10.0  # how long an Allocate waits for a restart in progress
 
 
@@ -64,7 +66,8 @@ class DaemonRecord:
     retry_at: float = 0.0  # when the next start is due
     reason: str = "MPS daemon not started yet"
     run: int = 0  # which start (unique per supervisor), so a stale exit cannot mark a newer daemon down
-    started_at: float = -math.inf
+    started_at: float = -math.inf  # when the last start began (one that a quit cut short too)
+    down_since: float | None = None  # when it last stopped answering (None: up, or never started)
     faulted: bool = False  # handed to the health engine since it last answered
     restarts: int = 0
 
@@ -72,6 +75,12 @@ class DaemonRecord:
     def withheld(self) -> bool:
         """Its shares are held from the kubelet: not answering, and no restart under way."""
         return not self.up and not self.restarting
+
+    def held_at(self, now: float, *, restart_wait_s: float) -> bool:
+        """Withheld, or restarting for ``restart_wait_s`` without answering (quit again at every
+        start): no pod should wait for it to come back."""
+        down_for = now - self.down_since if self.down_since is not None else 0.0
+        return self.withheld or (self.restarting and down_for >= restart_wait_s)
 
 
 def spec_for(uuid: str, base_dir: Path, *, percentage: int | None, pinned_mib: int | None) -> MpsDaemonSpec:
@@ -226,7 +235,12 @@ class MpsSupervisor:
                 return False
             due = max(self._clock(), current.started_at + self.settings.restart_spacing_s)
             self._records[gpu_uuid] = replace(
-                current, up=False, restarting=True, retry_at=due, reason=f"{reason}; restarting it"
+                current,
+                up=False,
+                restarting=True,
+                retry_at=due,
+                reason=f"{reason}; restarting it",
+                down_since=self._clock(),
             )
             self._changed.notify_all()
         return True
@@ -302,10 +316,12 @@ class MpsSupervisor:
 
     def _start(self, record: DaemonRecord) -> None:
         uuid, run = record.spec.gpu_uuid, next(self._runs)
+        record = replace(record, started_at=self._clock())
         try:
             self.daemons.start(record.spec, on_exit=lambda: self.daemon_exited(uuid, run))
         except MpsControlError as exc:
-            self._put(self._failed(record, exc))
+            quit_in_start = isinstance(exc, MpsDaemonQuitError)
+            self._put(self._quit_in_start(record, exc) if quit_in_start else self._failed(record, exc))
             with self._lock:
                 self._exited_early.discard(run)
             return
@@ -319,7 +335,7 @@ class MpsSupervisor:
                 retry_at=0.0,
                 reason="",
                 run=run,
-                started_at=self._clock(),
+                down_since=None,
                 faulted=False,
                 restarts=record.restarts + int(restarted),
             )
@@ -332,6 +348,13 @@ class MpsSupervisor:
             self._exited_early.discard(run)
         if exited:
             self.daemon_exited(uuid, run)
+
+    def _quit_in_start(self, record: DaemonRecord, exc: MpsControlError) -> DaemonRecord:
+        """The record after a start that a ``quit`` cut short: another exit, not a failed start
+        (it neither withholds the GPU nor counts toward its fault), restarted after the spacing."""
+        log.warning("GPU %s: %s; restarting it", record.spec.gpu_uuid, exc)
+        due = max(self._clock(), record.started_at + self.settings.restart_spacing_s)
+        return replace(record, up=False, restarting=True, retry_at=due, reason=f"{exc}; restarting it")
 
     def _failed(self, record: DaemonRecord, exc: MpsControlError) -> DaemonRecord:
         """The record after a failed start: withheld, next try after the backoff."""
@@ -358,7 +381,15 @@ class MpsSupervisor:
         """Set the gate from the records as they are now; serialised, so two passes never
         overwrite each other with an older view."""
         with self._publishing:
-            self._gate({uuid: r.reason for uuid, r in self.records().items() if r.withheld})
+            now, wait_s = self._clock(), self.settings.allocate_wait_s
+            held = {uuid: r for uuid, r in self.records().items() if r.held_at(now, restart_wait_s=wait_s)}
+            self._gate({uuid: _held_reason(r, now) for uuid, r in held.items()})
+
+
+def _held_reason(record: DaemonRecord, now: float) -> str:
+    if record.withheld or record.down_since is None:
+        return record.reason
+    return f"MPS daemon down for {now - record.down_since:.0f} s, quit again as it restarts ({record.reason})"
 
 
 def status(supervisor: MpsSupervisor) -> dict[str, object]:

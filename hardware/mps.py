@@ -39,6 +39,11 @@ class MpsControlError(GpuweaveError):
     """An MPS control daemon could not be started, did not answer, or refused a command."""
 
 
+class MpsDaemonQuitError(MpsControlError):
+    """The daemon being started was told to ``quit`` (it exited with status 0) before its start
+    completed: what a share tenant can do at any time, not a start that failed."""
+
+
 @dataclass(frozen=True)
 class MpsDaemonSpec:
     """One GPU's daemon: where it listens and logs, and the default limits it hands to clients."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from hardware.mps import (
     CONTROL_LOG,
     MpsControlError,
+    MpsDaemonQuitError,
     MpsDaemonSpec,
     OnExit,
     clean_directory,
@@ -45,6 +46,7 @@ from hardware.simulated import mps_control
 
 START_WAIT_S = 5.0  # a started daemon must answer within this
 STOP_WAIT_S = 5.0  # after ``quit``, before SIGKILL
+QUIT_WAIT_S = 1.0  # for a daemon whose command failed during its start to end, if it was quit
 FOREGROUND_LOG = "control.out"  # the daemon's standard output and error, in its log directory
 
 
@@ -83,6 +85,13 @@ def socket_identity(spec: MpsDaemonSpec) -> SocketId | None:
     return (found.st_dev, found.st_ino) if stat.S_ISSOCK(found.st_mode) else None
 
 
+def _told_to_quit(own: _OwnDaemon) -> bool:
+    """Whether the agent's own child ended with status 0, as ``quit`` ends it (a crash, a kill
+    or a refused start ends otherwise); waits a moment for it to end."""
+    own.exited.wait(QUIT_WAIT_S)
+    return own.process is not None and own.exited.is_set() and own.process.returncode == 0
+
+
 def _own_socket(spec: MpsDaemonSpec, own: _OwnDaemon) -> bool:
     """Whether ``control`` is the socket the daemon made (unknown before its first answer: yes)."""
     made = own.entry.socket_id
@@ -112,10 +121,20 @@ class ProcessMpsDaemons:
             own.on_exit = on_exit
             if not self._answers(spec):
                 self._end(own)
-        if own is None or own.exited.is_set():
-            clean_directory(spec)
-            own = self._spawn(spec, on_exit)
-            self._await_answer(spec, own)
+        try:
+            if own is None or own.exited.is_set():
+                clean_directory(spec)
+                own = self._spawn(spec, on_exit)
+                self._await_answer(spec, own)
+            self._set_defaults(spec)
+        except MpsControlError as exc:
+            if own is not None and _told_to_quit(own):
+                raise MpsDaemonQuitError(
+                    f"MPS daemon of GPU {spec.gpu_uuid} was told to quit while it started: {exc}"
+                ) from exc
+            raise
+
+    def _set_defaults(self, spec: MpsDaemonSpec) -> None:
         for command in spec.setup_commands():
             answer = self.control(spec, command)
             if answer.startswith(("Unrecognized", "Invalid")):

@@ -6,7 +6,9 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import yaml
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import SharingMode, load_sharing_plan
 from deviceplugin.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
-from hardware.mps import MpsControlError, MpsDaemonSpec, is_mps_control, simulated_command
+from hardware.mps import MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, is_mps_control, simulated_command
 from hardware.mps_ledger import LEDGER_FILE
 from hardware.mps_process import ProcessMpsDaemons
 from hardware.simulated import mps_control
@@ -274,3 +276,38 @@ def test_mps_an_agent_after_a_restart_takes_back_only_the_daemons_its_ledger_nam
     assert third.pid(spec) not in (None, kept, other_pid) and is_mps_control(kept)
     for pid in (kept, other_pid):
         os.kill(pid, signal.SIGKILL)
+
+
+def _quits_at_setup(root: Path) -> Path:
+    """The simulated control program behind a wrapper that, when the agent sends the daemon its
+    first default limit, first has the daemon told to ``quit``: a tenant's quit landing mid-start."""
+    program = f"{sys.executable} -I -S {mps_control.__file__}"
+    wrapper = root / "mps-control-quits"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$#" -eq 0 ]; then\n'
+        "  input=$(cat)\n"
+        f'  case "$input" in set_default*) printf "quit\\n" | {program} >/dev/null 2>&1;; esac\n'
+        f'  printf "%s\\n" "$input" | exec {program}\n'
+        "fi\n"
+        f'exec {program} "$@"\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
+def test_mps_a_quit_during_the_start_is_an_exit_not_a_failed_start(spec: MpsDaemonSpec) -> None:
+    """A tenant's quit can land while the agent starts the daemon (after its first answer, before
+    its default limits are set): that start is cut short, not failed, so it neither withholds the
+    GPU's shares nor counts toward the fault that would reset the GPU and evict its tenants."""
+    daemons = ProcessMpsDaemons([str(_quits_at_setup(spec.pipe_dir.parent))])
+    with pytest.raises(MpsDaemonQuitError, match="told to quit while it started"):
+        daemons.start(spec)
+    gated: list[dict[str, str]] = []
+    settings = MpsSettings(base_dir=spec.pipe_dir.parent, restart_spacing_s=0.0)
+    supervisor = MpsSupervisor(daemons, settings, gate=lambda down: gated.append(dict(down)))
+    for _ in range(4):  # past failures_to_fault, were these failed starts
+        assert supervisor.check({spec.gpu_uuid: spec}) == []
+    record = supervisor.records()[spec.gpu_uuid]
+    assert record.restarting and not record.withheld and record.failures == 0, record
+    assert all(down == {} for down in gated)

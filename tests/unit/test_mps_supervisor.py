@@ -11,7 +11,7 @@ import pytest
 from devicemodel.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.mps import MpsSettings, MpsSupervisor, restart_delay, wanted_daemons
-from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonSpec, OnExit
+from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, OnExit
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
 
@@ -24,12 +24,15 @@ class FlakyDaemons(InMemoryMpsDaemons):
     def __init__(self) -> None:
         super().__init__()
         self.refuse: set[str] = set()
+        self.quit_at_start: set[str] = set()  # a tenant's quit lands in every start of these
         self.starts: list[str] = []
 
     def start(self, spec: MpsDaemonSpec, *, on_exit: OnExit | None = None) -> None:
         self.starts.append(spec.gpu_uuid)
         if spec.gpu_uuid in self.refuse:
             raise MpsControlError(f"GPU {spec.gpu_uuid}: start refused")
+        if spec.gpu_uuid in self.quit_at_start:
+            raise MpsDaemonQuitError(f"GPU {spec.gpu_uuid}: told to quit while it started")
         super().start(spec, on_exit=on_exit)
 
 
@@ -224,3 +227,27 @@ def test_mps_a_health_rounds_pass_leaves_the_starts_to_the_restarter(tmp_path: P
     assert daemons.starts.count(gpu_uuid(0)) == 1 and gates[-1] == {}
     supervisor.restart_due()
     assert daemons.starts.count(gpu_uuid(0)) == 2 and supervisor.records()[gpu_uuid(0)].up
+
+
+def test_mps_a_daemon_quit_at_every_start_is_withheld_once_an_allocate_would_stop_waiting(
+    tmp_path: Path, parts: Parts
+) -> None:
+    """Starts cut short by a quit are not failed starts (no fault, no backoff), but a GPU whose
+    daemon has been restarting for ``allocate_wait_s`` (2 s here) is withheld until it answers."""
+    supervisor, daemons, clock, gates = parts
+    wanted = _wanted(tmp_path)
+    supervisor.check(wanted)
+    clock.now += 5.0
+    daemons.quit_at_start.add(gpu_uuid(0))
+    daemons.kill(wanted[gpu_uuid(0)])
+    for _ in range(3):
+        clock.now += 1.0  # each start one spacing after the one before
+        supervisor.restart_due()
+    record = supervisor.records()[gpu_uuid(0)]
+    assert record.restarting and record.failures == 0 and daemons.starts.count(gpu_uuid(0)) == 4
+    assert set(gates[-1]) == {gpu_uuid(0)} and "down for 3 s" in gates[-1][gpu_uuid(0)]
+    assert supervisor.check(wanted) == []  # no fault
+    daemons.quit_at_start.clear()
+    clock.now += 1.0
+    supervisor.restart_due()
+    assert gates[-1] == {} and supervisor.records()[gpu_uuid(0)].up
