@@ -20,7 +20,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -92,6 +92,18 @@ def _told_to_quit(own: _OwnDaemon) -> bool:
     return own.process is not None and own.exited.is_set() and own.process.returncode == 0
 
 
+def _in_start(spec: MpsDaemonSpec, own: _OwnDaemon, step: Callable[[], None]) -> None:
+    """One step of a start; failing because the daemon was told to quit, it is ``MpsDaemonQuitError``."""
+    try:
+        step()
+    except MpsControlError as exc:
+        if _told_to_quit(own):
+            raise MpsDaemonQuitError(
+                f"MPS daemon of GPU {spec.gpu_uuid} was told to quit while it started: {exc}"
+            ) from exc
+        raise
+
+
 def _own_socket(spec: MpsDaemonSpec, own: _OwnDaemon) -> bool:
     """Whether ``control`` is the socket the daemon made (unknown before its first answer: yes)."""
     made = own.entry.socket_id
@@ -121,18 +133,12 @@ class ProcessMpsDaemons:
             own.on_exit = on_exit
             if not self._answers(spec):
                 self._end(own)
-        try:
-            if own is None or own.exited.is_set():
-                clean_directory(spec)
-                own = self._spawn(spec, on_exit)
-                self._await_answer(spec, own)
-            self._set_defaults(spec)
-        except MpsControlError as exc:
-            if own is not None and _told_to_quit(own):
-                raise MpsDaemonQuitError(
-                    f"MPS daemon of GPU {spec.gpu_uuid} was told to quit while it started: {exc}"
-                ) from exc
-            raise
+        if own is None or own.exited.is_set():
+            clean_directory(spec)
+            spawned = self._spawn(spec, on_exit)
+            _in_start(spec, spawned, lambda: self._await_answer(spec, spawned))
+            own = spawned
+        _in_start(spec, own, lambda: self._set_defaults(spec))
 
     def _set_defaults(self, spec: MpsDaemonSpec) -> None:
         for command in spec.setup_commands():

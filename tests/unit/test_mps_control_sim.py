@@ -311,3 +311,15 @@ def test_mps_a_quit_during_the_start_is_an_exit_not_a_failed_start(spec: MpsDaem
     record = supervisor.records()[spec.gpu_uuid]
     assert record.restarting and not record.withheld and record.failures == 0, record
     assert all(down == {} for down in gated)
+
+
+def test_mps_a_start_that_fails_after_a_tenants_quit_is_still_a_failed_start(spec: MpsDaemonSpec) -> None:
+    """Only the daemon being started counts: the one a tenant quit before (status 0) does not
+    turn a start that fails on its own (here the program is gone) into a quit."""
+    daemons = ProcessMpsDaemons(simulated_command())
+    daemons.start(spec)
+    _tenant_quit(spec)
+    daemons.command = ["/nonexistent/nvidia-cuda-mps-control"]
+    with pytest.raises(MpsControlError, match="nonexistent") as failed:
+        daemons.start(spec)
+    assert not isinstance(failed.value, MpsDaemonQuitError)
