@@ -234,7 +234,7 @@ class ProcessMpsDaemons:
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a signal to the agent's process group is not its
+                    start_new_session=True,  # a signal to the agent's process group does not reach it
                 )
         except OSError as exc:
             raise MpsControlError(f"MPS control for GPU {spec.gpu_uuid} ({self.command[0]}): {exc}") from exc
