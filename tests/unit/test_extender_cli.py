@@ -26,6 +26,7 @@ from gpuweave.cli import main
         (["extender", "--snapshot", "x", "--gang-ttl", "nan"], "--gang-ttl nan is outside 0..3600"),
         (["extender", "--snapshot", "x", "--network-tier-labels", ", ,"], "names no label"),
         (["extender", "--snapshot", "x", "--network-tier-labels", "a,b,a"], "names a label twice"),
+        (["extender", "--snapshot", "x", "--gang-hold-per-namespace", "0"], "--gang-hold-per-namespace is '0'"),
     ],
 )
 def test_bad_arguments_print_one_line(
