@@ -14,7 +14,7 @@ from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.decide.shortlist import DEFAULT_KEEP
 from scheduler_ext.decide.workload import load_workload_file
 from scheduler_ext.gangs.book import DEFAULT_TTL_S
-from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, HoldLimit
+from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.kube import build_kube_extender
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
@@ -99,8 +99,8 @@ def register(subparsers: Any) -> None:
         help=(
             "the most GPUs the places held for one namespace's gangs (members not bound yet) may "
             "take together: a number of GPUs, or a percentage of the GPUs of the nodes with an "
-            "inventory; a gang whose plan would go past it holds nothing and waits "
-            f"(default {DEFAULT_HOLD_SHARE:.0%})"
+            f"inventory (never below {PERCENT_FLOOR_GPUS} GPUs); a gang whose plan would go past it "
+            f"holds nothing and waits (default {DEFAULT_HOLD_SHARE:.0%}%)"  # %%: argparse formats help
         ),
     )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")

@@ -1,7 +1,7 @@
 """The pod objects the cache keeps whole: pending pods (a later bind names them only; a gang is
 planned only once its members exist), and, offline, bound ones a snapshot binder keeps.
 
-Kept in first-seen order, at most ``MAX_REMEMBERED_PODS`` (the oldest go first), indexed by
+At most ``MAX_REMEMBERED_PODS`` are kept (the one seen longest ago goes first), indexed by
 ``namespace/name`` and by the gang key each names (``gangs.gang_key``), so counting a gang's
 members costs the gang's size, not the cluster's pods. Thread-safe: one lock, held for
 dictionary updates only.

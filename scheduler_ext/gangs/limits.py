@@ -10,7 +10,8 @@ bound it:
    refused with the count (``missing_members_reason``).
 2. **A namespace's share.** The open places of one namespace's gangs together hold at most
    ``HoldLimit`` GPUs (``gpuweave extender --gang-hold-per-namespace``: a number of GPUs, or a
-   percentage of the GPUs of the nodes with an inventory; default 50%). A plan that would go past
+   percentage of the GPUs of the nodes with an inventory, never below ``PERCENT_FLOOR_GPUS`` so
+   that a small cluster runs a gang of most of its nodes; default 50%). A plan that would go past
    it holds nothing, and its member is refused with the numbers (``over_limit_reason``), counted
    (``gpuweave_extender_gangs_total{outcome="over-limit"}``) and told in a
    ``GpuweaveGangHoldLimit`` Event. A GPU counts once per slot whether the slot holds it whole or
@@ -32,6 +33,9 @@ from scheduler_ext.decide.state import NodeState
 
 HOLD_LIMIT_FLAG = "--gang-hold-per-namespace"
 DEFAULT_HOLD_SHARE = 0.5
+# A percentage limit is never below this many GPUs: on a cluster of up to twice as many, the
+# default lets one namespace's gang take any number of its GPUs (e.g. two 8-GPU nodes of three)
+PERCENT_FLOOR_GPUS = 64
 _PERCENT = re.compile(r"([0-9]{1,3})%")
 _COUNT = re.compile(r"[0-9]{1,7}")
 
@@ -39,7 +43,8 @@ _COUNT = re.compile(r"[0-9]{1,7}")
 @dataclass(frozen=True)
 class HoldLimit:
     """GPUs the open places of one namespace's gangs may hold: ``gpus`` outright when above 0,
-    else ``share`` of the GPUs of the nodes the extender has an inventory of."""
+    else ``share`` of the GPUs of the nodes the extender has an inventory of, at least
+    ``PERCENT_FLOOR_GPUS``."""
 
     gpus: int = 0
     share: float = DEFAULT_HOLD_SHARE
@@ -59,12 +64,17 @@ class HoldLimit:
 
     def of(self, cluster_gpus: int) -> int:
         """The limit in GPUs on a cluster of ``cluster_gpus``."""
-        return self.gpus if self.gpus > 0 else math.ceil(self.share * cluster_gpus)
+        if self.gpus > 0:
+            return self.gpus
+        return max(math.ceil(self.share * cluster_gpus), PERCENT_FLOOR_GPUS)
 
     def describe(self, cluster_gpus: int) -> str:
         if self.gpus > 0:
             return f"{self.gpus} GPUs"
-        return f"{self.of(cluster_gpus)} GPUs: {self.share:.0%} of the cluster's {cluster_gpus}"
+        return (
+            f"{self.of(cluster_gpus)} GPUs: {self.share:.0%} of the cluster's {cluster_gpus}, "
+            f"at least {PERCENT_FLOOR_GPUS}"
+        )
 
 
 def gpus_of(devices: Iterable[str], state: NodeState | None) -> int:

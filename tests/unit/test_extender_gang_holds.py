@@ -201,24 +201,29 @@ def test_one_namespaces_holds_are_bounded_and_a_refused_gang_gets_an_event() -> 
     extender.close()
 
 
-def test_the_default_limit_is_half_the_clusters_gpus() -> None:
-    """40 GPUs: one namespace's gangs hold at most 20, so a gang of 3 x 8 holds nothing."""
+def test_the_default_limit_lets_a_small_cluster_run_a_gang_of_most_of_its_gpus() -> None:
+    """40 GPUs: 50% would be 20, but a percentage is never below 64 GPUs, so a gang of 3 x 8 is
+    held (as on any cluster of up to 128 GPUs); an explicit 20 refuses it with the numbers."""
     extender, _ = _with_events(HoldLimit())
-    members = _gang(extender, "big", size=3)
-    result = _filter(extender.service, members[0])
-    assert "may hold at most 20 GPUs: 50% of the cluster's 40" in next(
-        iter(result.FailedAndUnresolvableNodes.values())
-    )
+    assert _filter(extender.service, _gang(extender, "big", size=3)[0]).NodeNames
+    assert _slot_devices(extender) == 24
+    extender.close()
+    extender, _ = _with_events(HoldLimit(gpus=20))
+    result = _filter(extender.service, _gang(extender, "big", size=3)[0])
+    assert "would hold 24 GPU(s)" in next(iter(result.FailedAndUnresolvableNodes.values()))
     assert _slot_devices(extender) == 0
     extender.close()
 
 
 @pytest.mark.parametrize(
-    ("text", "limit", "of_40"),
-    [("64", HoldLimit(gpus=64), 64), ("50%", HoldLimit(share=0.5), 20), (" 100% ", HoldLimit(share=1.0), 40)],
+    ("text", "limit", "of_1000"),
+    [("64", HoldLimit(gpus=64), 64), ("8", HoldLimit(gpus=8), 8), ("50%", HoldLimit(share=0.5), 500)],
 )
-def test_hold_limits_parse_gpus_or_a_percentage(text: str, limit: HoldLimit, of_40: int) -> None:
-    assert HoldLimit.parse(text) == limit and limit.of(40) == of_40
+def test_hold_limits_parse_gpus_or_a_percentage(text: str, limit: HoldLimit, of_1000: int) -> None:
+    assert HoldLimit.parse(text) == limit and limit.of(1000) == of_1000
+    assert HoldLimit.parse(" 100% ") == HoldLimit(share=1.0)
+    assert HoldLimit().of(40) == HoldLimit(share=0.1).of(300) == 64  # a percentage's floor
+    assert HoldLimit().describe(1000) == "500 GPUs: 50% of the cluster's 1000, at least 64"
 
 
 @pytest.mark.parametrize("text", ["0", "0%", "101%", "-1", "1.5", "half", "", "9" * 40])
