@@ -36,6 +36,14 @@ on its pods means every member goes inside one domain of that tier (or of a clos
 gang waits; without it the gang takes the tightest domain that holds it, at any tier or none.
 
 Gang keys are namespaced (``NS/source:name``), so equal names in two namespaces are two gangs.
+A gang's *owner* is the object that made its pods, where there is one: Kueue's Workload (the
+``kueue.x-k8s.io/workload`` annotation), else the JobSet (``jobset.sigs.k8s.io/jobset-uid``),
+else the PodGroup (its UID, from the PodGroup watch), else the pod's controller (its
+``ownerReferences`` entry with ``controller: true``: a Job, a PyTorchJob). With the key's family
+(``gang_family``) and the size it makes a gang's ``family``, what stays the same across restarts
+of one job: a gang counts as recovering only when an attempt of that same family ran
+(``gangs.book``), so a job deleted and created again under the same name, or another job of
+another size reusing the name, is a new gang.
 Values are validated here, at the boundary: a size that is not a whole number in
 1..``MAX_GANG_SIZE``, or a required tier that is not one of the extender's tier labels, raises
 ``BadGangError``, whose text the filter gives every node. Pure.
@@ -57,6 +65,7 @@ LABEL_JOBSET_NAME: Final = "jobset.sigs.k8s.io/jobset-name"
 LABEL_REPLICATED_JOB: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_JOBSET_REPLICAS: Final = "jobset.sigs.k8s.io/replicatedjob-replicas"
 LABEL_JOBSET_RESTART: Final = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_JOBSET_UID: Final = "jobset.sigs.k8s.io/jobset-uid"
 LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
 ANNOTATION_KUEUE_GROUP_COUNT: Final = "kueue.x-k8s.io/pod-group-total-count"
 ANNOTATION_KUEUE_WORKLOAD: Final = "kueue.x-k8s.io/workload"  # on the pods of an admitted Workload
@@ -80,6 +89,7 @@ MAX_GANG_SIZE: Final = 4096
 MAX_NAME_LENGTH: Final = 253  # a Kubernetes object name
 _DIGITS = re.compile(r"[0-9]{1,5}")
 _TIER_ECHO_CHARS = 100  # of a bad tier value quoted: leaves room in the reason for the labels it may take
+_OWNER_CHARS = 253  # of an owner's name or UID kept in a family (an object name's limit)
 
 
 class BadGangError(InvalidInputError):
@@ -90,12 +100,20 @@ class BadGangError(InvalidInputError):
 @dataclass(frozen=True)
 class Gang:
     """One gang: ``key`` identifies it cluster-wide, ``size`` is how many members it waits for,
-    ``tier`` the tier label one domain of which must hold them all ("" for none required)."""
+    ``tier`` the tier label one domain of which must hold them all ("" for none required),
+    ``owner`` the object that made its pods ("" for none: module doc)."""
 
     key: str
     size: int
     source: str  # annotation | pod-group | jobset | kueue-pod-group (for messages and docs)
     tier: str = ""
+    owner: str = ""
+
+    @property
+    def family(self) -> str:
+        """What stays the same across the job's restarts: the key's family, the size and the
+        owner (module doc); the unit recovery is remembered by."""
+        return f"{gang_family(self.key)}#{self.size}@{self.owner}"
 
     @property
     def alone(self) -> bool:
@@ -164,6 +182,32 @@ def _identity(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _owner(
+    source: str,
+    metadata: Mapping[str, Any],
+    *,
+    labels: Mapping[str, Any],
+    annotations: Mapping[str, Any],
+    pod_group_uid: object,
+) -> str:
+    """The object that made the gang's pods (module doc), "" for none."""
+    workload = annotations.get(ANNOTATION_KUEUE_WORKLOAD)
+    if isinstance(workload, str) and workload:
+        return f"workload:{workload[:_OWNER_CHARS]}"
+    jobset = labels.get(LABEL_JOBSET_UID)
+    if source == "jobset" and isinstance(jobset, str) and jobset:
+        return f"jobset:{jobset[:_OWNER_CHARS]}"
+    if source == "pod-group" and isinstance(pod_group_uid, str) and pod_group_uid:
+        return f"pod-group:{pod_group_uid[:_OWNER_CHARS]}"
+    references = metadata.get("ownerReferences")
+    for reference in references if isinstance(references, list) else []:
+        entry = _mapping(reference)
+        uid = entry.get("uid")
+        if entry.get("controller") is True and isinstance(uid, str) and uid:
+            return f"{str(entry.get('kind') or '')[:_OWNER_CHARS]}:{uid[:_OWNER_CHARS]}"
+    return ""
+
+
 def placed_by_kueue_topology(pod: Mapping[str, Any]) -> bool:
     """Whether Kueue's Topology Aware Scheduling assigned the pod's domain (module doc)."""
     _, _, annotations = _meta(pod)
@@ -201,7 +245,11 @@ def parse_tier(value: object, *, tier_labels: Sequence[str]) -> str:
 
 
 def gang_of(
-    pod: Mapping[str, Any], *, min_members: Mapping[str, object], tier_labels: Sequence[str]
+    pod: Mapping[str, Any],
+    *,
+    min_members: Mapping[str, object],
+    tier_labels: Sequence[str],
+    pod_group_uids: Mapping[str, str] | None = None,
 ) -> Gang | None:
     """The pod's gang, None when it is in none (or its PodGroup's size is unknown, or its size of 1
     is not named by ``gpuweave.io/gang``: module doc).
@@ -209,8 +257,9 @@ def gang_of(
     ``min_members``: ``NS/NAME`` -> ``spec.minMember`` of the PodGroups the extender watches, as
     the objects give it (validated here: a pod of a PodGroup with an unusable minMember is refused
     with the reason, not placed alone). ``tier_labels``: the extender's network tier labels, the
-    values ``gpuweave.io/gang-tier`` may take. Raises ``BadGangError`` for a size or tier it cannot
-    accept (the tier is checked on every pod that names a gang)."""
+    values ``gpuweave.io/gang-tier`` may take. ``pod_group_uids``: ``NS/NAME`` -> the UID of the
+    PodGroups watched (the owner of their gangs). Raises ``BadGangError`` for a size or tier it
+    cannot accept (the tier is checked on every pod that names a gang)."""
     found = _identity(pod)
     if found is None or placed_by_kueue_topology(pod):
         return None
@@ -248,7 +297,10 @@ def gang_of(
         )
     if size == 1 and source != "annotation":
         return None  # a size of 1 from a JobSet, Kueue group or PodGroup: an ordinary pod
-    return Gang(key=key, size=size, source=source, tier=tier)
+    group_uid = (pod_group_uids or {}).get(f"{namespace}/{labels.get(LABEL_POD_GROUP)}")
+    metadata = _mapping(pod.get("metadata"))
+    owner = _owner(source, metadata, labels=labels, annotations=annotations, pod_group_uid=group_uid)
+    return Gang(key=key, size=size, source=source, tier=tier, owner=owner)
 
 
 def pod_group_entry(obj: Mapping[str, Any]) -> tuple[str, object] | None:

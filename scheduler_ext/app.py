@@ -107,9 +107,11 @@ def gang_coordinator(
         book=GangBook(ttl_s=settings.ttl_s, clock=settings.clock),
         tier_labels=settings.tier_labels,
         pod_groups=settings.pod_groups or PodGroupSizes(),
+        hold_limit=settings.hold_limit,
         on_outcome=metrics.gang_outcome,
     )
     metrics.watch_gangs(coordinator.book, sweep=coordinator.sweep)
+    cache.on_pod_gone = coordinator.pod_gone  # members deleted: their gang's holds go at once
     return coordinator
 
 
@@ -139,6 +141,8 @@ def assemble(
         )
     events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
     events.start()
+    if coordinator is not None:
+        coordinator.on_hold_refused = events.gang_hold_refused
 
     def on_conflict(record: PodRecord, device: str, holder: str) -> None:
         metrics.assignment_conflicts.inc()

@@ -39,6 +39,7 @@ from kubeio.errors import KubeApiError, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.cluster.objects import pod_disrupted
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.kueue.controller import KueueChecks
 from scheduler_ext.serving.events import PodEvent
@@ -93,7 +94,10 @@ def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKi
         cache.delete_inventory(_name(obj)) if kind == "DELETED" else cache.upsert_inventory(obj)
 
     def on_pod(kind: str, obj: Mapping[str, Any]) -> None:
-        cache.delete_pod(_uid(obj)) if kind == "DELETED" else cache.upsert_pod(obj)
+        if kind == "DELETED":  # the deleted object says whether an eviction or preemption ended it
+            cache.delete_pod(_uid(obj), disrupted=pod_disrupted(obj))
+        else:
+            cache.upsert_pod(obj)
 
     handlers: dict[str, Handler] = {"nodes": on_node, "gpunodeinventories": on_inventory, "pods": on_pod}
     return tuple(WatchedKind(name, call, handlers[name]) for name, _, call in list_calls(api))
@@ -262,7 +266,9 @@ class KubeFeed:
                 what=k.name,
                 timeout_s=watch_timeout_s,
                 on_synced=first_list_done,
-                remember=metadata_only,  # every handler's DELETED reads only the name or UID
+                # every handler's DELETED reads only the name or UID; a pod's also reads the status a
+                # watched delete carries (a synthesised one has none: the last update's counts)
+                remember=metadata_only,
             )
             for k in kinds
         ]

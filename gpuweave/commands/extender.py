@@ -14,6 +14,7 @@ from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.decide.shortlist import DEFAULT_KEEP
 from scheduler_ext.decide.workload import load_workload_file
 from scheduler_ext.gangs.book import DEFAULT_TTL_S
+from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.kube import build_kube_extender
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
@@ -91,6 +92,17 @@ def register(subparsers: Any) -> None:
             f"where one domain holds it all (default {','.join(DEFAULT_TIER_LABELS)})"
         ),
     )
+    parser.add_argument(
+        HOLD_LIMIT_FLAG,
+        default=f"{DEFAULT_HOLD_SHARE:.0%}",
+        metavar="GPUS|PERCENT%",
+        help=(
+            "the most GPUs the places held for one namespace's gangs (members not bound yet) may "
+            "take together: a number of GPUs, or a percentage of the GPUs of the nodes with an "
+            f"inventory (never below {PERCENT_FLOOR_GPUS} GPUs); a gang whose plan would go past it "
+            f"holds nothing and waits (default {DEFAULT_HOLD_SHARE:.0%}%)"  # %%: argparse formats help
+        ),
+    )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
@@ -106,7 +118,11 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
 def _gang_settings(args: argparse.Namespace) -> GangSettings:
     if not 0 <= args.gang_ttl <= 3600:  # NaN fails both comparisons
         raise InvalidInputError(f"--gang-ttl {args.gang_ttl} is outside 0..3600 seconds; 0 turns gangs off")
-    return GangSettings(ttl_s=args.gang_ttl, tier_labels=parse_tier_labels(args.network_tier_labels))
+    return GangSettings(
+        ttl_s=args.gang_ttl,
+        tier_labels=parse_tier_labels(args.network_tier_labels),
+        hold_limit=HoldLimit.parse(args.gang_hold_per_namespace),
+    )
 
 
 def _build(args: argparse.Namespace) -> Extender:

@@ -41,6 +41,7 @@ from gpuweave.simulate.placers import (
     MigPlacer,
     Placer,
     PodPlacement,
+    PodWatcher,
     Preemptor,
     SimulatedTime,
 )
@@ -341,6 +342,8 @@ class Simulation:
         members = self.state.pods_of_job(pod.job.job_id)
         for member in members:
             self.result.ledger.pod_evicted(member, now=self._now)
+            if isinstance(self._placer, PodWatcher):  # an eviction, not the job's own end
+                self._placer.evicted(member.pod_id)
             self._stop(member.pod_id)
             self._ends.pop(member.pod_id, None)
         return len(members)
@@ -424,6 +427,9 @@ class Simulation:
             if training or job.priority > 0
             else None
         )
+        if gang is not None and gang.named and job.pods > 1 and isinstance(self._placer, PodWatcher):
+            # a gang's pods all exist before the first is scheduled (its plan waits for them)
+            self._placer.created([f"{job.job_id}-{i}" for i in range(job.pods)], request, gang)
         for index in range(job.pods):
             pod_id = f"{job.job_id}-{index}"
             placement = self._placer.place(

@@ -27,6 +27,7 @@ among nodes tied on that total.
 
 from __future__ import annotations
 
+import copy
 import http.client
 import re
 from collections.abc import Mapping, Sequence
@@ -212,19 +213,7 @@ class ExtenderPlacer:
         fits = (cluster.cpu_free >= request.cpu_milli) & (cluster.memory_free >= request.memory_mib) & allowed
         names: list[str] = self._names[fits].tolist()
         uid = _NAME.sub("-", pod_id.lower()) or f"pod-{self.calls}"
-        # every training job names its gang, a one-pod job too (a gang of one: placed as any pod,
-        # it preempts only when re-created after a fault, under the same name)
-        annotations = (
-            {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
-            if gang is not None and gang.named
-            else None
-        )
-        if annotations is not None and gang is not None and gang.tier:
-            annotations[ANNOTATION_GANG_TIER] = gang.tier  # e.g. every member inside one NVLink clique
-        priority = gang.priority if gang is not None else 0
-        pod = pod_object(
-            uid, uid=uid, limits=self._limits(request), annotations=annotations, priority=priority
-        )
+        pod = self._pod(uid, request, gang)
         self._pod_ids[uid] = pod_id
         # NodeResourcesFit's refusal is resolvable by eviction only where the node's allocatable
         # holds the pod at all (kube-scheduler >= 1.34 calls a node too small unresolvable)
@@ -241,6 +230,44 @@ class ExtenderPlacer:
             unfit: list[str] = self._names[roomy & ~fits].tolist()
             self._unplaced = (pod, sorted({*self._unplaced[1], *unfit}))
         return placed
+
+    def _pod(self, uid: str, request: Request, gang: Gang | None) -> dict[str, Any]:
+        """The pending pod kube-scheduler sends: every training job names its gang, a one-pod job
+        too (a gang of one: placed as any pod, it preempts only when re-created after a fault, under
+        the same name); any other job of a priority above 0 carries only the priority."""
+        annotations = (
+            {ANNOTATION_GANG: _NAME.sub("-", gang.name.lower()), ANNOTATION_GANG_SIZE: str(gang.size)}
+            if gang is not None and gang.named
+            else None
+        )
+        if annotations is not None and gang is not None and gang.tier:
+            annotations[ANNOTATION_GANG_TIER] = gang.tier  # e.g. every member inside one NVLink clique
+        priority = gang.priority if gang is not None else 0
+        limits = self._limits(request)
+        return pod_object(uid, uid=uid, limits=limits, annotations=annotations, priority=priority)
+
+    def created(self, pod_ids: Sequence[str], request: Request, gang: Gang) -> None:
+        """A job's pods were created, pending: the extender's watch delivers them before any of
+        them is scheduled (a gang is planned only once its members exist)."""
+        for pod_id in pod_ids:
+            uid = _NAME.sub("-", pod_id.lower())
+            if self._extender.cache.pod_object(uid=uid) is None and uid not in self._bound:
+                self._extender.cache.upsert_pod(self._pod(uid, request, gang))
+
+    def evicted(self, pod_id: str) -> None:
+        """The pod is evicted (a fault's, or a preemption's): the API server marks it with the
+        ``DisruptionTarget`` condition before it deletes it, and the watch delivers that update;
+        ``forget`` delivers the delete."""
+        uid = _NAME.sub("-", pod_id.lower())
+        bound = self._extender.cache.pod_object(uid=uid)
+        if bound is None:
+            return
+        disrupted = copy.deepcopy(dict(bound))
+        status = disrupted.setdefault("status", {})
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        status["conditions"] = [*status.get("conditions", []), condition]
+        self._extender.cache.upsert_pod(disrupted)
+        self._extender.cache.remember_pod(disrupted)  # offline, the cache is the record (SnapshotBinder)
 
     def place_mig(
         self, profile: str, *, allowed: np.ndarray, rng: np.random.Generator, pod_id: str

@@ -9,7 +9,7 @@ and take the lowest-indexed free GPUs for a multi-GPU pod.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,6 +70,17 @@ class InventoryWatcher(Protocol):
     """A scheduler that reads the ``GpuNodeInventory`` objects node agents publish (its watch)."""
 
     def receive_inventory(self, node: int, obj: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class PodWatcher(Protocol):
+    """A scheduler that watches pods as the API server's watch delivers them: a job's pods created
+    (pending) before any of them is scheduled, and a pod's eviction (its ``DisruptionTarget``
+    condition) before its delete (``Placer.forget``)."""
+
+    def created(self, pod_ids: Sequence[str], request: Request, gang: Gang) -> None: ...
+
+    def evicted(self, pod_id: str) -> None: ...
 
 
 @runtime_checkable

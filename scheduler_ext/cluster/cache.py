@@ -7,7 +7,10 @@ node's lock, so binds on different nodes never wait for each other.
 Pod assignment annotations are the source of truth for who holds what, as far as the pod could
 really hold those devices (``objects``: bound, up to its requests); between a bind and the watch
 delivering the annotated pod, the bind's allocation is *assumed* so concurrent decisions never
-double-book. Two counted pods naming one device (a forged annotation on a bound pod, a second
+double-book. Pods that leave the cache (deleted, or ended) are told to ``on_pod_gone`` with the
+gang they named and whether a disruption ended them (``objects.pod_disrupted``): the gangs release
+what they held for members that are gone, and remember a member lost to a fault or a preemption.
+Two counted pods naming one device (a forged annotation on a bound pod, a second
 extender binding in the same cluster) are a conflict: the device stays with the pod the cache
 counted first, the later pod does not hold it, and ``on_conflict`` is told once per pod and device
 (the extender wires a metric, an Event and a log line to it). A restart rebuilds everything from
@@ -19,7 +22,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +35,9 @@ from scheduler_ext.cluster.objects import (
     InventoryRecord,
     PodRecord,
     inventory_record,
-    pod_identity,
     pod_record,
 )
+from scheduler_ext.cluster.pod_objects import PodObjects
 from scheduler_ext.decide.by_state import TokenIndex
 from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.decide.reservation import KindTotals, kind_and_free
@@ -44,13 +46,25 @@ from scheduler_ext.pods.host import host_allocatable
 from topology.network import DEFAULT_TIER_LABELS
 
 LOG = logging.getLogger(__name__)
-MAX_REMEMBERED_PODS = 20_000
 # (the later pod, the device, the UID of the pod that keeps it): called once per pod and device
 ConflictHook = Callable[[PodRecord, str, str], None]
 
 
 class DoubleBookingError(GpuweaveError):
     """A bind would hand out a device another pod holds."""
+
+
+@dataclass(frozen=True)
+class PodGone:
+    """A pod that left the cache: deleted, or ended (``on_pod_gone``)."""
+
+    uid: str
+    gang: str  # the gang key it named ("" for none)
+    bound: bool  # it held devices as a bound pod (not only assumed at bind)
+    disrupted: bool  # an eviction or a preemption ended it (``objects.pod_disrupted``)
+
+
+PodGoneHook = Callable[[PodGone], None]
 
 
 @dataclass(frozen=True)
@@ -78,10 +92,10 @@ class ClusterCache:
         self._sequence = itertools.count()
         self._conflicts: dict[str, set[str]] = {}  # pod UID -> its devices reported as conflicts
         self.on_conflict: ConflictHook | None = None
+        self.on_pod_gone: PodGoneHook | None = None  # called with no cache lock held
         self._by_node: dict[str, set[str]] = {}  # node -> UIDs holding devices there
         self._by_gang: dict[str, dict[str, None]] = {}  # gang key -> UIDs of its members holding devices
-        self._pods: OrderedDict[str, Mapping[str, Any]] = OrderedDict()  # UID -> last seen pod object
-        self._pod_uids: dict[str, str] = {}  # namespace/name -> UID
+        self._pods = PodObjects()  # pending pods' objects (and, offline, bound ones), by UID
         self._allocatable: dict[str, tuple[int, int]] = {}  # node -> host (CPU milli, memory MiB)
         self._host_use: dict[str, PodRecord] = {}  # pod UID -> its host requests, bound pods only
         self._host_by_node: dict[str, set[str]] = {}
@@ -112,13 +126,16 @@ class ClusterCache:
         return list(self._states)
 
     def pod_object(self, *, uid: str = "", key: str = "") -> Mapping[str, Any] | None:
-        if not uid:
-            uid = self._pod_uids.get(key, "")
-        return self._pods.get(uid)
+        return self._pods.get(uid=uid, key=key)
 
     def pod_objects(self) -> list[Mapping[str, Any]]:
         """Pending pods seen, plus bound ones a snapshot binder keeps (with their annotation)."""
-        return list(self._pods.values())
+        return self._pods.all()
+
+    def gang_member_uids(self, key: str) -> set[str]:
+        """The pods of gang ``key`` the cache knows: pending ones (their objects) and those holding
+        devices (bound, or assumed at bind). A gang is planned only once these are all its members."""
+        return {*self._pods.of_gang(key), *list(self._by_gang.get(key, ()))}
 
     def holdings_on(self, node: str) -> list[PodRecord]:
         holdings = (self._holdings.get(uid) for uid in list(self._by_node.get(node, ())))
@@ -196,19 +213,12 @@ class ClusterCache:
     # ---- pods -----------------------------------------------------------------------------------
     def remember_pod(self, obj: Mapping[str, Any]) -> None:
         """Keep a pending pod's object so a later bind (which names it only) can be decided."""
-        uid, key = pod_identity(obj)
-        with self._meta_lock:
-            self._pods[uid] = obj
-            self._pods.move_to_end(uid)
-            self._pod_uids[key] = uid
-            while len(self._pods) > MAX_REMEMBERED_PODS:
-                _, old = self._pods.popitem(last=False)
-                self._pod_uids.pop(pod_identity(old)[1], None)
+        self._pods.put(obj)
 
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         record = pod_record(obj)
         if record.terminated:
-            self.delete_pod(record.uid)
+            self.delete_pod(record.uid, disrupted=record.disrupted)
             return
         host_changed: set[str] = set()
         if record.node is None:
@@ -246,11 +256,19 @@ class ClusterCache:
                 self._holdings[record.uid] = Holding(record, assumed=False)
             return True
 
-    def delete_pod(self, uid: str) -> None:
+    def delete_pod(self, uid: str, *, disrupted: bool = False) -> None:
+        """The pod is gone (the watch's delete, or its end); ``disrupted``: the deleted object says
+        an eviction or a preemption ended it (``objects.pod_disrupted``)."""
+        holding = self._holdings.get(uid)
+        gang = self._pods.gang_of(uid) or (holding.record.gang if holding is not None else "")
         self._drop_object(uid)
         host_changed = self._put_host_use(uid, None)
         for node in sorted(host_changed - self._set_holding(uid, None)):
             self._rebuild(node)
+        if gang and self.on_pod_gone is not None:
+            bound = holding is not None and not holding.assumed
+            ended = disrupted or (holding is not None and holding.record.disrupted)
+            self.on_pod_gone(PodGone(uid=uid, gang=gang, bound=bound, disrupted=ended))
 
     def _put_host_use(self, uid: str, record: PodRecord | None) -> set[str]:
         """Count a bound pod's CPU and memory on its node (any pod: kube-scheduler binds most);
@@ -271,10 +289,7 @@ class ClusterCache:
         return {r.node for r in (previous, counted) if r is not None and r.node}
 
     def _drop_object(self, uid: str) -> None:
-        with self._meta_lock:
-            obj = self._pods.pop(uid, None)
-            if obj is not None:
-                self._pod_uids.pop(pod_identity(obj)[1], None)
+        self._pods.drop(uid)
 
     def assume(self, record: PodRecord) -> None:
         """Record a bind's devices before the API shows them; raises ``DoubleBookingError``."""

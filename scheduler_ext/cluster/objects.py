@@ -43,6 +43,8 @@ from scheduler_ext.pods.requests import PodRequest, pod_request
 
 LOG = logging.getLogger(__name__)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+DISRUPTION_CONDITION = "DisruptionTarget"  # set by evictions, preemption, taint and node-shutdown deletions
+EVICTED_REASON = "Evicted"  # status.reason of a pod the kubelet evicted (also before the condition existed)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class PodRecord:
     cpu_milli: int = 0  # host requests, as NodeResourcesFit counts them (``host``)
     memory_mib: int = 0
     gang: str = ""  # the gang key it names (``gangs.gang_key``), "" for none
+    disrupted: bool = False  # ended, or being ended, by an eviction or a preemption (``pod_disrupted``)
 
     @property
     def key(self) -> str:
@@ -140,6 +143,22 @@ def _pod_uid(metadata: Mapping[str, Any]) -> str:
     return str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
 
 
+def pod_disrupted(obj: Mapping[str, Any]) -> bool:
+    """Whether the pod is ended by a disruption, not by its own end or its owner's delete: the
+    ``DisruptionTarget`` condition True (the API server's Eviction, kube-scheduler's preemption,
+    the taint manager, the kubelet and the pod garbage collector set it before the delete), or a
+    kubelet eviction's ``Evicted`` reason. How a gang's loss of a member to a fault or a
+    preemption is told from a job that finished or was deleted (``gangs.book``)."""
+    status = _mapping(obj.get("status"))
+    if status.get("reason") == EVICTED_REASON:
+        return True
+    conditions = status.get("conditions")
+    return any(
+        _mapping(c).get("type") == DISRUPTION_CONDITION and _mapping(c).get("status") == "True"
+        for c in (conditions if isinstance(conditions, list) else [])
+    )
+
+
 def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
@@ -161,6 +180,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         cpu_milli=cpu,
         memory_mib=memory,
         gang=gang_key(obj),
+        disrupted=pod_disrupted(obj),
     )
 
 

@@ -12,8 +12,13 @@ A gang that does not fit keeps its place instead (``wait``): the nodes with room
 closest to holding it are kept from pods that fit elsewhere, for the TTL after each of its
 tries, and all waiting gangs together keep at most ``WAITING_SHARE`` of the nodes.
 
-A gang that ran before (a recovery: its family's nodes are remembered) and does not fit may
-preempt; the book keeps the nodes kube-scheduler last offered for it (``remember_offered``, for
+The book remembers where each gang *family* (``Gang.family``: the job's name without its restart
+attempt, its size and its owner) last ran, and whether it has since lost a member to a fault or
+a preemption (``member_lost``, from a bound member's disrupted end). Only such a family is
+*recovering* (``recovering_nodes``): the plan of its next attempt prefers its nodes, and it may
+preempt when it does not fit. A gang that ran and ended, or another job reusing the name with
+another size or owner, is a new gang. The book keeps the nodes kube-scheduler last offered for a
+recovering gang (``remember_offered``, for
 the TTL) and the nodes the preempt verb let a member preempt on (``remember_preempting``, for the
 TTL), which with the preempt call's candidates make the nodes its preemption is planned on.
 
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 DEFAULT_TTL_S = 60.0
 SLOT_PREFIX = "gang-slot:"
 WAITING_SHARE = 0.25  # nodes kept for waiting gangs, all together, at most this share of the cluster
-MAX_REMEMBERED_GANGS = 10_000  # gang families whose last nodes are remembered (for recovery)
+MAX_REMEMBERED_GANGS = 10_000  # gang families whose last run is remembered (for recovery)
 
 Clock = Callable[[], float]
 
@@ -48,6 +53,7 @@ class Slot:
     memory_mib: int = 0
     member: str = ""
     bound: bool = False
+    gpus: int = 0  # the GPUs its devices are on (whole or in part): what the namespace's limit counts
 
 
 @dataclass
@@ -59,6 +65,11 @@ class Reservation:
     tier: int
     domain: str
     planned_at: float = field(default=0.0)
+    family: str = ""  # ``Gang.family``: what its run is remembered under
+
+    @property
+    def namespace(self) -> str:
+        return self.key.partition("/")[0]
 
     def claim(self, uid: str, offered: Sequence[str]) -> Slot | None:
         """The member's slot: the one it claimed before, unless that node is not offered now and a
@@ -92,6 +103,15 @@ class Waiting:
     key: str
     nodes: frozenset[str]
     until: float
+    size: int = 0  # the members the gang declares
+
+
+@dataclass(frozen=True)
+class Ran:
+    """Where a gang family last ran, and whether it lost a member to a fault or preemption since."""
+
+    nodes: frozenset[str]
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +132,8 @@ class GangBook:
         self._reservations: dict[str, Reservation] = {}
         self._waiting: dict[str, Waiting] = {}
         self._kept: frozenset[str] = frozenset()  # every waiting gang's nodes (read without a lock)
-        self._last_nodes: OrderedDict[str, frozenset[str]] = OrderedDict()  # gang family -> its nodes
+        self._ran: OrderedDict[str, Ran] = OrderedDict()  # gang family -> its last run
+        self._family_of: OrderedDict[str, str] = OrderedDict()  # gang key that ran -> its family
         self._offered: dict[str, Offered] = {}
         self._preempting: dict[str, Offered] = {}
         self.lock = threading.RLock()  # held across plan + hold, so one gang is planned once
@@ -124,27 +145,54 @@ class GangBook:
         with self.lock:
             self._reservations[reservation.key] = reservation
 
-    def new(self, *, key: str, size: int, slots: list[Slot], tier: int, domain: str) -> Reservation:
+    def new(
+        self, *, key: str, size: int, slots: list[Slot], tier: int, domain: str, family: str = ""
+    ) -> Reservation:
         now = self.clock()
         expires = now + self.ttl_s
-        return Reservation(key, size, slots, expires_at=expires, tier=tier, domain=domain, planned_at=now)
+        return Reservation(
+            key, size, slots, expires_at=expires, tier=tier, domain=domain, planned_at=now, family=family
+        )
+
+    def drop(self, key: str) -> Reservation | None:
+        """Remove and return gang ``key``'s reservation (the caller releases its open slots)."""
+        with self.lock:
+            return self._reservations.pop(key, None)
+
+    def declared_size(self, key: str) -> int:
+        """The members gang ``key`` declares, where the book holds or keeps anything for it; else 0."""
+        with self.lock:
+            reservation, waiting = self._reservations.get(key), self._waiting.get(key)
+        return reservation.size if reservation is not None else waiting.size if waiting is not None else 0
+
+    def held_gpus(self, namespace: str) -> int:
+        """GPUs the open slots of ``namespace``'s reservations hold (the namespace's limit counts them)."""
+        return sum(
+            s.gpus for r in self.reservations() if r.namespace == namespace for s in r.open_slots
+        )
 
     def slot_of(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:
-        """The open slot a member claimed on ``node`` (its bind takes it over)."""
-        with self.lock:
-            for reservation in self._reservations.values():
-                for slot in reservation.slots:
-                    if slot.member == uid and slot.node == node and not slot.bound:
-                        return reservation, slot
+        """The open slot a member claimed on ``node`` (its bind takes it over). Takes no lock: the
+        bind calls it under a node lock, and planning holds ``lock`` while it takes node locks,
+        so waiting for ``lock`` here could deadlock the two (``list`` copies the values at once)."""
+        for reservation in list(self._reservations.values()):
+            for slot in reservation.slots:
+                if slot.member == uid and slot.node == node and not slot.bound:
+                    return reservation, slot
         return None
 
     def finish_if_done(self, reservation: Reservation) -> bool:
         """Drop a reservation whose every slot is bound; True when it was dropped."""
         with self.lock:
             if all(s.bound for s in reservation.slots):
-                self._reservations.pop(reservation.key, None)
+                if self._reservations.get(reservation.key) is reservation:
+                    del self._reservations[reservation.key]
                 return True
         return False
+
+    def current(self, reservation: Reservation) -> bool:
+        """Whether ``reservation`` is still held (not expired, released or done)."""
+        return self._reservations.get(reservation.key) is reservation
 
     def expire(self) -> list[Reservation]:
         """Remove and return every reservation past its expiry (the caller releases its slots);
@@ -161,7 +209,7 @@ class GangBook:
                 self._kept = _union(self._waiting.values())
         return gone
 
-    def wait(self, key: str, nodes: Sequence[str], *, cluster_nodes: int) -> bool:
+    def wait(self, key: str, nodes: Sequence[str], *, cluster_nodes: int, size: int = 0) -> bool:
         """Keep ``nodes`` for waiting gang ``key`` for the TTL (renewed by each of its tries).
         Refused (False, nothing kept) when every waiting gang's nodes together would exceed
         ``WAITING_SHARE`` of the cluster's nodes, or there is nothing to keep."""
@@ -169,7 +217,7 @@ class GangBook:
             self._waiting.pop(key, None)
             kept = _union(self._waiting.values()) | frozenset(nodes)
             if nodes and len(kept) <= WAITING_SHARE * cluster_nodes:
-                self._waiting[key] = Waiting(key, frozenset(nodes), self.clock() + self.ttl_s)
+                self._waiting[key] = Waiting(key, frozenset(nodes), self.clock() + self.ttl_s, size)
             self._kept = _union(self._waiting.values())
             return key in self._waiting
 
@@ -221,16 +269,39 @@ class GangBook:
         with self.lock:
             return list(self._waiting.values())
 
-    def remember_nodes(self, family: str, nodes: Iterable[str]) -> None:
-        """Where a gang (family: ``gangs.gang_family``) ran, for the plan of its next attempt."""
+    def remember_run(self, key: str, family: str, nodes: Iterable[str]) -> None:
+        """Gang ``key`` of ``family`` (``Gang.family``) runs on ``nodes``: every member bound. A
+        loss of one of its members later makes the family recovering (``member_lost``)."""
         with self.lock:
-            self._last_nodes[family] = frozenset(nodes)
-            self._last_nodes.move_to_end(family)
-            while len(self._last_nodes) > MAX_REMEMBERED_GANGS:
-                self._last_nodes.popitem(last=False)
+            self._ran[family] = Ran(frozenset(nodes))
+            self._ran.move_to_end(family)
+            self._family_of[key] = family
+            self._family_of.move_to_end(key)
+            for table in (self._ran, self._family_of):
+                while len(table) > MAX_REMEMBERED_GANGS:
+                    table.popitem(last=False)
+
+    def member_lost(self, key: str) -> bool:
+        """A bound member of gang ``key`` was ended by a fault or a preemption: if the gang ran,
+        its family is recovering from now on (until it runs again). True when it ran."""
+        with self.lock:
+            family = self._family_of.get(key)
+            ran = self._ran.get(family) if family is not None else None
+            if family is None or ran is None:
+                return False
+            self._ran[family] = Ran(ran.nodes, lost=True)
+            return True
 
     def last_nodes(self, family: str) -> frozenset[str]:
-        return self._last_nodes.get(family, frozenset())
+        """Where ``family`` last ran (empty: not remembered)."""
+        ran = self._ran.get(family)
+        return ran.nodes if ran is not None else frozenset()
+
+    def recovering_nodes(self, family: str) -> frozenset[str]:
+        """Where ``family`` last ran, when it lost a member to a fault or a preemption since; empty
+        for a family that is not recovering (never ran, or ran and ended on its own)."""
+        ran = self._ran.get(family)
+        return ran.nodes if ran is not None and ran.lost else frozenset()
 
     def reservations(self) -> list[Reservation]:
         with self.lock:

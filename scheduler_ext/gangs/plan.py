@@ -32,7 +32,7 @@ If no domain holds the gang, the answer is a ``GangMiss`` with the reason; nothi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devicemodel.assignment import PodAssignment
 from devicemodel.errors import InvalidInputError
@@ -70,6 +70,15 @@ class GangPlan:
 class GangMiss:
     reason: str
     closest: tuple[str, ...] = ()  # nodes with room in the domain closest to holding the gang
+
+
+@dataclass(frozen=True)
+class GangAnswer:
+    """Filter's answer for a gang member: the one node it may go to, or why none."""
+
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    hopeless: dict[str, str] = field(default_factory=dict)
 
 
 _Plans = tuple[tuple[float, tuple[ContainerPlan, ...]], ...]  # (quality, plan) per member a node holds

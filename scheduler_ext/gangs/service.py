@@ -8,21 +8,16 @@ booking). Nothing survives a restart but what the cluster says: members already 
 devices through their assignment annotations; once the cache is synced, ``rebuild`` holds the
 places of partly bound gangs again, and any other member filtered later plans the rest around them.
 
-Recovery may preempt: a gang that ran before (its family's nodes are remembered) and does not fit
-now is planned again as if every pod of lower priority than its members were gone (within its
-required tier, ``gpuweave.io/gang-tier``, as every plan of it is); where that plan holds it, the
-nodes of the plan's domain that such an eviction would open for a member are the gang's room.
-Filter answers the offered nodes in the room as resolvable; the preempt verb
-(``preemption_room``) plans over the nodes last offered plus kube-scheduler's candidates (nodes
-its own filters rejected, e.g. for too few free GPUs, reach only the preempt call) and narrows
-the candidates to the room. Every other gang that does not fit is answered unresolvable, and its
-members' preemption is refused.
+A gang is planned only once the cache knows all its declared members, and one namespace's open
+places hold at most ``HoldLimit`` GPUs (``gangs.limits``); a member that is deleted, so that
+fewer pods than the gang declares remain, releases its gang's reservation at once
+(``pod_gone``, told by the cache on the watch's delete).
 
-A gang of one (``Gang.alone``: ``gpuweave.io/gang`` with size 1) has no plan and no reservation:
-filter, prioritize and bind treat it as any pod, and its bind remembers its node as its family's
-(``bound_alone``). Only when it fits no offered node do the gang rules apply (``unplaced_alone``):
-re-created after an attempt that ran, its room is found as a recovering gang's is, and the preempt
-verb narrows to it; otherwise every node is unresolvable and its preemption is refused.
+A gang whose family ran and lost a member to a fault or a preemption since is recovering: its
+plan prefers where it ran, and where it does not fit it may preempt (``gangs.recovery``,
+``Recovery``); a gang of one (``Gang.alone``: ``gpuweave.io/gang`` with size 1) has no plan and
+no reservation: filter, prioritize and bind treat it as any pod, its bind remembers its run under
+its family (``bound_alone``), and only where it fits no offered node do the recovery rules apply.
 """
 
 from __future__ import annotations
@@ -34,21 +29,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devicemodel.gangs import BadGangError, Gang, gang_family, gang_of, pod_group_entry
-from scheduler_ext.cluster.cache import ClusterCache, DoubleBookingError
+from devicemodel.gangs import BadGangError, Gang, gang_of, pod_group_entry
+from scheduler_ext.cluster.cache import ClusterCache, DoubleBookingError, PodGone
 from scheduler_ext.cluster.objects import PodRecord
-from scheduler_ext.cluster.preempt import evictable
 from scheduler_ext.decide.core import DecisionCore
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.decide.verdict import Verdict
 from scheduler_ext.gangs.book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
-from scheduler_ext.gangs.plan import GangMiss, GangPlan, plan_gang
+from scheduler_ext.gangs.limits import HoldLimit, gpus_of, missing_members_reason, over_limit_reason
+from scheduler_ext.gangs.plan import GangAnswer, GangMiss, GangPlan, plan_gang
+from scheduler_ext.gangs.recovery import Recovery, placed_members, room_answer, without_holders
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_request
-from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier, tier_domain
+from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
 
 LOG = logging.getLogger(__name__)
-Outcome = Callable[[str], None]  # planned | missed | expired | completed (the metric)
+# planned | missed | expired | completed | incomplete | over-limit | released (the metric)
+Outcome = Callable[[str], None]
+HoldRefused = Callable[[PodRequest, str], None]  # (the member filtered, the reason): a pod Event
 
 
 class PodGroupSizes:
@@ -56,6 +54,7 @@ class PodGroupSizes:
 
     def __init__(self) -> None:
         self.sizes: dict[str, object] = {}  # minMember as the object gives it (``gang_of`` checks it)
+        self.uids: dict[str, str] = {}  # the PodGroup's UID: the owner of its gang (``Gang.family``)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         entry = pod_group_entry(obj)
@@ -63,28 +62,22 @@ class PodGroupSizes:
         key = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
         if kind == "DELETED" or entry is None:
             self.sizes.pop(key, None)
+            self.uids.pop(key, None)
         else:
             self.sizes[entry[0]] = entry[1]
+            self.uids[entry[0]] = str(metadata.get("uid") or "")
 
 
 @dataclass(frozen=True)
 class GangSettings:
-    """``gpuweave extender --gang-ttl S --network-tier-labels a,b,c``; a TTL of 0 turns gang
-    placement off (every pod is placed alone)."""
+    """``gpuweave extender --gang-ttl S --network-tier-labels a,b,c --gang-hold-per-namespace L``;
+    a TTL of 0 turns gang placement off (every pod is placed alone)."""
 
     ttl_s: float = DEFAULT_TTL_S
     tier_labels: tuple[str, ...] = DEFAULT_TIER_LABELS
+    hold_limit: HoldLimit = field(default_factory=HoldLimit)
     clock: Clock = time.monotonic
     pod_groups: PodGroupSizes | None = None  # fed by the PodGroup watch in cluster mode
-
-
-@dataclass(frozen=True)
-class GangAnswer:
-    """Filter's answer for a gang member: the one node it may go to, or why none."""
-
-    passed: list[str]
-    failed: dict[str, str] = field(default_factory=dict)
-    hopeless: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,13 +87,24 @@ class GangCoordinator:
     book: GangBook = field(default_factory=GangBook)
     tier_labels: Sequence[str] = DEFAULT_TIER_LABELS
     pod_groups: PodGroupSizes = field(default_factory=PodGroupSizes)
+    hold_limit: HoldLimit = field(default_factory=HoldLimit)
     on_outcome: Outcome = lambda _outcome: None
+    on_hold_refused: HoldRefused = lambda _request, _reason: None
     _sweep_lock: threading.Lock = field(default_factory=threading.Lock)
+    recovery: Recovery = field(init=False, repr=False)  # where a recovering gang may preempt
+
+    def __post_init__(self) -> None:
+        self.recovery = Recovery(self.cache, self.core, self.book, self.tier_labels, self.gang_of)
 
     def gang_of(self, pod: Mapping[str, Any]) -> Gang | None:
         """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on (a required tier
         that is not one of ``tier_labels`` among them)."""
-        return gang_of(pod, min_members=self.pod_groups.sizes, tier_labels=self.tier_labels)
+        return gang_of(
+            pod,
+            min_members=self.pod_groups.sizes,
+            tier_labels=self.tier_labels,
+            pod_group_uids=self.pod_groups.uids,
+        )
 
     # ---- filter -----------------------------------------------------------------------------
     def filter(
@@ -139,10 +143,15 @@ class GangCoordinator:
     def _plan(
         self, gang: Gang, request: PodRequest, names: list[str], host: HostRequest
     ) -> Reservation | GangAnswer | None:
-        needed, placed_nodes = self._placed(gang)
+        needed, placed_nodes = placed_members(self.cache, gang)
         if needed <= 0:
             return None  # every member is placed: one more pod of the gang is an ordinary pod
-        preferred = self.book.last_nodes(gang_family(gang.key))
+        seen = len(self.cache.gang_member_uids(gang.key))
+        if seen < gang.size:  # its members first (``gangs.limits``): nothing planned, nothing held
+            self.on_outcome("incomplete")
+            reason = missing_members_reason(gang.key, seen=seen, size=gang.size)
+            return GangAnswer([], hopeless=dict.fromkeys(names, reason))
+        preferred = self.book.recovering_nodes(gang.family)
         outcome = plan_gang(
             key=gang.key,
             needed=needed,
@@ -157,192 +166,101 @@ class GangCoordinator:
         )
         if isinstance(outcome, GangMiss):
             self.on_outcome("missed")
-            room = self._room_by_preemption(
+            room = self.recovery.room(
                 gang, request, names, host, needed=needed, placed_nodes=placed_nodes, preferred=preferred
             )
             if preferred:
                 self.book.remember_offered(gang.key, names)
             if room:
                 self.book.stop_waiting(gang.key)
-                return _room_answer(gang, names, room, dict.fromkeys(names, outcome.reason))
-            self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()))
+                return room_answer(gang, names, room, dict.fromkeys(names, outcome.reason))
+            self.book.wait(
+                gang.key, outcome.closest, cluster_nodes=len(self.cache.states()), size=gang.size
+            )
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
         self.book.stop_waiting(gang.key)
         self.book.forget_offered(gang.key)
-        return self._hold(gang, outcome, request, host)
+        slots = self._slots(gang, outcome, host)
+        refused = self._over_limit(gang, request, slots)
+        if refused:
+            return GangAnswer([], hopeless=dict.fromkeys(names, refused))
+        return self._hold(gang, outcome, slots, request)
 
-    def unplaced_alone(
-        self,
-        gang: Gang,
-        request: PodRequest,
-        names: list[str],
-        host: HostRequest,
-        *,
-        failed: Mapping[str, str],
-        hopeless: Mapping[str, str],
-    ) -> GangAnswer | None:
-        """Filter's answer for a gang of one that fits none of ``names`` (the ordinary path found
-        ``failed`` resolvable, ``hopeless`` not), under the gang rules for preemption: re-created
-        after an attempt that ran, the nodes of its room are resolvable and every other node is
-        not; any other gang of one gets every node unresolvable, as a gang that never ran. None:
-        the ordinary answer stands (not a gang of one, or every node is unresolvable anyway)."""
-        if not gang.alone:
-            return None
-        room: frozenset[str] = frozenset()
-        preferred = self.book.last_nodes(gang_family(gang.key))
-        if preferred:
-            needed, placed_nodes = self._placed(gang)
-            self.book.remember_offered(gang.key, names)
-            if needed > 0:
-                room = self._room_by_preemption(
-                    gang, request, names, host, needed=needed, placed_nodes=placed_nodes, preferred=preferred
-                )
-        if not failed and not room:
-            return None
-        return _room_answer(gang, names, room, {**hopeless, **failed})
-
-    def bound_alone(self, pod: Mapping[str, Any], node: str) -> None:
-        """A pod of a gang bound without a planned slot: a gang of one remembers its node as its
-        family's, so its next attempt is a recovering gang's."""
-        try:
-            gang = self.gang_of(pod)
-        except BadGangError:
-            return
-        if gang is not None and gang.alone:
-            self.book.remember_nodes(gang_family(gang.key), (node,))
-            self.book.forget_offered(gang.key)
-
-    def _room_by_preemption(
-        self,
-        gang: Gang,
-        request: PodRequest,
-        names: list[str],
-        host: HostRequest,
-        *,
-        needed: int,
-        placed_nodes: Sequence[str],
-        preferred: frozenset[str],
-    ) -> frozenset[str]:
-        """For a recovering gang (``preferred``: where its last attempt ran) that does not fit:
-        the nodes of the domain where it fits once lower-priority pods are gone, each of which
-        such an eviction opens for a member. Empty when the gang is not recovering or no
-        eviction of lower-priority pods makes it fit."""
-        if not preferred:
-            return frozenset()
+    def _slots(self, gang: Gang, plan: GangPlan, host: HostRequest) -> list[Slot]:
         states = self.cache.states()
-        freed: dict[str, NodeState] = {}
-        for name in dict.fromkeys(names):
-            state = states.get(name)
-            if state is None or state.layout is None:
-                continue
-            victims = [
-                r for r in self.cache.holdings_on(name) if evictable(r, request, set(), cache=self.cache)
-            ]
-            if victims:
-                freed[name] = self.core.registry.tokenized(_without_pods(state, victims))
-        if not freed:
-            return frozenset()
-        labels = self.cache.node_labels()
-        outcome = plan_gang(
-            key=gang.key,
-            needed=needed,
-            candidates=names,
-            states={**states, **freed},
-            labels=labels,
-            decide=lambda state: self.core.decide(request, state, host=host),
-            tier_labels=self.tier_labels,
-            placed_nodes=placed_nodes,
-            preferred=preferred,
-            required_tier=gang.tier,
-        )
-        if isinstance(outcome, GangMiss):
-            return frozenset()
-        if outcome.tier >= len(self.tier_labels):  # no labelled domain: only the plan's own nodes
-            domain = [s.node for s in outcome.slots if s.node in freed]
-        else:
-            domain = [
-                n
-                for n in freed
-                if tier_domain(labels.get(n, {}), outcome.tier, tier_labels=self.tier_labels)
-                == outcome.domain
-            ]
-        return frozenset(n for n in domain if self.core.decide(request, freed[n], host=host).fits)
-
-    def preemption_room(
-        self, gang: Gang, request: PodRequest, proposed: Sequence[str], host: HostRequest
-    ) -> frozenset[str]:
-        """The preempt verb's candidates (``proposed``) where evicting lower-priority pods opens a
-        place of this recovering gang's plan; empty for a gang that is not recovering, is planned
-        already, or fits nowhere even so. Planned over the nodes last offered for it, the nodes
-        kube-scheduler nominated for its members (it counts a nominated member there, so it
-        neither offers nor proposes that node for the next one) and ``proposed``: kube-scheduler
-        offers the extender only nodes its own filters passed, and no node it rejected for
-        another reason (a selector, a taint, an unusable network adapter) is planned on. The
-        nodes answered here are remembered for the gang's later members (``remember_preempting``):
-        the nomination that makes kube-scheduler skip such a node reaches the extender's watch
-        after the next member's call may have come."""
-        preferred = self.book.last_nodes(gang_family(gang.key))
-        if not preferred or self.book.get(gang.key) is not None:
-            return frozenset()
-        needed, placed_nodes = self._placed(gang)
-        if needed <= 0:
-            return frozenset()
-        candidates = list(
-            dict.fromkeys(
-                [
-                    *self.book.offered(gang.key),
-                    *self.book.preempting(gang.key),
-                    *self._nominated(gang),
-                    *proposed,
-                ]
-            )
-        )
-        room = self._room_by_preemption(
-            gang,
-            request,
-            candidates,
-            host,
-            needed=needed,
-            placed_nodes=placed_nodes,
-            preferred=preferred,
-        )
-        allowed = room & frozenset(proposed)
-        if allowed:
-            self.book.remember_preempting(gang.key, sorted(allowed))
-        return allowed
-
-    def _placed(self, gang: Gang) -> tuple[int, list[str]]:
-        """(members still to place, nodes of the members placed): bound or mid-bind members."""
-        placed = [r for r in self.cache.gang_members(gang.key) if r.node]
-        return gang.size - len(placed), sorted({r.node for r in placed if r.node})
-
-    def _nominated(self, gang: Gang) -> list[str]:
-        """Nodes kube-scheduler nominated for the gang's pending members (as the cache last saw them)."""
-        nodes = []
-        for pod in self.cache.pod_objects():
-            nominated = (pod.get("status") or {}).get("nominatedNodeName")
-            if nominated and not (pod.get("spec") or {}).get("nodeName"):
-                try:
-                    if (found := self.gang_of(pod)) is not None and found.key == gang.key:
-                        nodes.append(str(nominated))
-                except BadGangError:
-                    continue
-        return nodes
-
-    def _hold(
-        self, gang: Gang, plan: GangPlan, request: PodRequest, host: HostRequest
-    ) -> Reservation | GangAnswer:
-        """Hold every slot's devices in the cache, or none of them."""
-        slots = [
+        return [
             Slot(
                 holder=f"{SLOT_PREFIX}{gang.key}#{i}",
                 node=s.node,
                 devices=s.devices,
                 cpu_milli=host[0],
                 memory_mib=host[1],
+                gpus=gpus_of(s.devices, states.get(s.node)),
             )
             for i, s in enumerate(plan.slots)
         ]
+
+    def _over_limit(self, gang: Gang, request: PodRequest, slots: Sequence[Slot]) -> str:
+        """The reason holding ``slots`` would take the gang's namespace past its limit ("" if not)."""
+        want = sum(s.gpus for s in slots)
+        held = self.book.held_gpus(request.namespace)
+        cluster = self._cluster_gpus()
+        if held + want <= self.hold_limit.of(cluster):
+            return ""
+        self.on_outcome("over-limit")
+        reason = over_limit_reason(gang.key, want=want, held=held, limit=self.hold_limit.describe(cluster))
+        LOG.info("%s", reason)
+        self.on_hold_refused(request, reason)
+        return reason
+
+    def _cluster_gpus(self) -> int:
+        """GPUs of the nodes with an inventory (the cache's running totals; counted from the nodes'
+        layouts where no Node object gave the totals their kind)."""
+        total = sum(self.cache.kinds.capacity.values())
+        if total:
+            return total
+        return sum(len(s.layout.gpus) for s in list(self.cache.states().values()) if s.layout is not None)
+
+    def bound_alone(self, pod: Mapping[str, Any], node: str) -> None:
+        """A pod of a gang bound without a planned slot: a gang of one remembers its run under its
+        family, so its next attempt is a recovering gang's once it is evicted or preempted."""
+        try:
+            gang = self.gang_of(pod)
+        except BadGangError:
+            return
+        if gang is not None and gang.alone:
+            self.book.remember_run(gang.key, gang.family, (node,))
+            self.book.forget_offered(gang.key)
+
+    # ---- members gone -------------------------------------------------------------------------
+    def pod_gone(self, gone: PodGone) -> None:
+        """The cache's ``on_pod_gone``: a bound member ended by a fault or a preemption makes its
+        gang's family recovering; a gang left with fewer pods than it declares has its reservation
+        and its kept places released at once (the devices are free for the very next decision)."""
+        if gone.bound and gone.disrupted and self.book.member_lost(gone.gang):
+            LOG.info("gang %s: a member was evicted or preempted; its next attempt is recovering", gone.gang)
+        with self.book.lock:
+            size = self.book.declared_size(gone.gang)
+            if not size or len(self.cache.gang_member_uids(gone.gang)) >= size:
+                return
+            reservation = self.book.drop(gone.gang)
+            released = reservation.open_slots if reservation is not None else []
+            for slot in released:
+                self.cache.forget(slot.holder)
+            self.book.stop_waiting(gone.gang)
+        self.on_outcome("released")
+        LOG.info(
+            "gang %s: a member is gone and fewer than its %d members remain; %d open slot(s) and its "
+            "kept nodes released",
+            gone.gang,
+            size,
+            len(released),
+        )
+
+    def _hold(
+        self, gang: Gang, plan: GangPlan, slots: list[Slot], request: PodRequest
+    ) -> Reservation | GangAnswer:
+        """Hold every slot's devices in the cache, or none of them."""
         held: list[Slot] = []
         try:
             for slot in slots:
@@ -354,7 +272,7 @@ class GangCoordinator:
             reason = f"gang {gang.key}: a planned device was taken meanwhile ({exc}); planning again"
             return GangAnswer([], failed=dict.fromkeys([s.node for s in slots], reason))
         reservation = self.book.new(
-            key=gang.key, size=gang.size, slots=slots, tier=plan.tier, domain=plan.domain
+            key=gang.key, size=gang.size, slots=slots, tier=plan.tier, domain=plan.domain, family=gang.family
         )
         self.book.add(reservation)
         self.on_outcome("planned")
@@ -434,7 +352,7 @@ class GangCoordinator:
         return pending
 
     def _rebuild_scope(self, gang: Gang, pod: Mapping[str, Any]) -> tuple[PodRequest | None, list[str]]:
-        _, placed = self._placed(gang)
+        _, placed = placed_members(self.cache, gang)
         labels = self.cache.node_labels()
         if not placed:
             return None, []
@@ -458,6 +376,10 @@ class GangCoordinator:
         return found
 
     def give_back(self, taken: tuple[Reservation, Slot], request: PodRequest) -> None:
+        """Hold the slot again after its member's bind failed, unless its reservation was released
+        or expired meanwhile (nothing would release the slot then)."""
+        if not self.book.current(taken[0]):  # no book lock: the caller holds a node lock
+            return
         try:
             self.cache.assume(_slot_record(taken[1], request))
         except DoubleBookingError:
@@ -469,8 +391,8 @@ class GangCoordinator:
         if self.book.finish_if_done(reservation):
             self.on_outcome("completed")
             placed = {r.node for r in self.cache.gang_members(reservation.key) if r.node}
-            self.book.remember_nodes(
-                gang_family(reservation.key), placed | {s.node for s in reservation.slots}
+            self.book.remember_run(
+                reservation.key, reservation.family, placed | {s.node for s in reservation.slots}
             )
 
     # ---- expiry -----------------------------------------------------------------------------
@@ -506,39 +428,5 @@ def _slot_record(slot: Slot, request: PodRequest) -> PodRecord:
     )
 
 
-def _without_pods(state: NodeState, pods: Sequence[PodRecord]) -> NodeState:
-    """The node as it would be once ``pods`` are gone: their devices and host share free."""
-    return _without_holders(
-        state,
-        {p.uid for p in pods},
-        cpu_milli=sum(p.cpu_milli for p in pods),
-        memory_mib=sum(p.memory_mib for p in pods),
-    )
-
-
 def _without(state: NodeState, slot: Slot) -> NodeState:
-    return _without_holders(state, {slot.holder}, cpu_milli=slot.cpu_milli, memory_mib=slot.memory_mib)
-
-
-def _without_holders(state: NodeState, gone: set[str], *, cpu_milli: int, memory_mib: int) -> NodeState:
-    """The node with the devices of the holders in ``gone`` free and their host share back."""
-    freed = state.with_holders({d: u for d, u in state.holders.items() if u not in gone})
-    if state.host_free is not None and (cpu_milli or memory_mib):
-        cpu, memory = state.host_free
-        freed = freed.with_host_free((cpu + cpu_milli, memory + memory_mib))
-    return freed
-
-
-def _room_answer(gang: Gang, names: list[str], room: frozenset[str], others: Mapping[str, str]) -> GangAnswer:
-    """Filter's answer for a recovering gang (a gang of one too) that fits once lower-priority pods
-    are preempted: the nodes of ``room`` resolvable, every other offered node unresolvable with its
-    reason in ``others``."""
-    reason = (
-        f"gang {gang.key} is recovering and fits once pods of lower priority than its "
-        f"members on {len(room)} node(s) of its network domain are preempted"
-    )
-    return GangAnswer(
-        [],
-        failed={n: reason for n in names if n in room},
-        hopeless={n: r for n in names if n not in room and (r := others.get(n)) is not None},
-    )
+    return without_holders(state, {slot.holder}, cpu_milli=slot.cpu_milli, memory_mib=slot.memory_mib)

@@ -2,8 +2,10 @@
 
 An operator's first look at a stuck pod is ``kubectl describe pod``; kube-scheduler's own
 FailedScheduling Event there says only that the extender refused. The extender adds one short
-Event in the same form, with gpuweave's reasons counted across nodes (``summary``), and one at
-bind naming the node and devices. The same text is what ``gpuweave status --explain`` prints.
+Event in the same form, with gpuweave's reasons counted across nodes (``summary``), one at
+bind naming the node and devices, and one when a gang's places were not held because its
+namespace's gangs hold their limit (``gangs.limits``). The same text is what
+``gpuweave status --explain`` prints.
 
 Nothing of this runs on the request path beyond a limiter check and a non-blocking queue put:
 one writer thread formats and writes (``EventSink``: the API in cluster mode). A pending pod is
@@ -40,6 +42,7 @@ from scheduler_ext.decide.summary import (
     rejection_message,
     shorten,
 )
+from scheduler_ext.pods.requests import PodRequest
 from scheduler_ext.serving.service import Binder, ExtenderService
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderFilterResult
 from topology.scoring import score_set
@@ -48,6 +51,7 @@ LOG = logging.getLogger(__name__)
 REJECTED_REASON = "GpuweaveUnschedulable"  # Warning: filter rejected every node it was asked about
 BOUND_REASON = "GpuweaveAssigned"  # Normal: bind wrote the assignment
 CONFLICT_REASON = "GpuweaveAssignmentConflict"  # Warning: the pod names a device another pod holds
+HOLD_LIMIT_REASON = "GpuweaveGangHoldLimit"  # Warning: its gang's places would pass its namespace's limit
 PER_POD_S = 60.0
 RATE_PER_S = 20.0  # rejections (Warning): a stuck pod's reasons
 BURST = 100
@@ -195,6 +199,12 @@ class EventRecorder:
             )
 
         self._offer(pod, CONFLICT_REASON, "Warning", render, self._limiter)
+
+    def gang_hold_refused(self, request: PodRequest, reason: str) -> None:
+        """Nothing was held for the member's gang: its namespace's gangs hold their limit
+        (``GangCoordinator.on_hold_refused``)."""
+        pod = {"metadata": {"namespace": request.namespace, "name": request.name, "uid": request.uid}}
+        self._offer(pod, HOLD_LIMIT_REASON, "Warning", lambda: shorten(reason), self._limiter)
 
     def _offer(
         self, pod: Mapping[str, Any], reason: str, kind: str, render: Render, limiter: EventLimiter

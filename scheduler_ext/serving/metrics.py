@@ -92,7 +92,8 @@ class ExtenderMetrics:
         )
         self.gangs = Counter(
             "gpuweave_extender_gangs",
-            "Gang plans by outcome (planned, missed, expired, completed)",
+            "Gang plans by outcome (planned, missed, expired, completed, incomplete: members not all "
+            "created, over-limit: its namespace's holds at their limit, released: members deleted)",
             ["outcome"],
             registry=self.registry,
         )

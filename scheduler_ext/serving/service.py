@@ -109,7 +109,7 @@ class ExtenderService:
         fits = spread.fits
         self._observe("filter", int(fits.sum()), spread.rejected)
         if gang is not None and self.gangs is not None and not fits.any():
-            alone = self.gangs.unplaced_alone(
+            alone = self.gangs.recovery.unplaced_alone(
                 gang, request, names, parsed.host, failed=spread.failed, hopeless=spread.hopeless
             )
             if alone is not None:  # a gang of one preempts by the gang rules (recovering only)
@@ -401,7 +401,7 @@ class ExtenderService:
             if gang is not None and self.gangs is not None:
                 # a gang member evicts only where its recovering gang's plan needs room (else
                 # nowhere): the victims of the other nodes are never read
-                room = self.gangs.preemption_room(gang, request, nodes, parsed.host)
+                room = self.gangs.recovery.preemption_room(gang, request, nodes, parsed.host)
                 nodes = [n for n in nodes if n in room]
             proposed = {node: args.victims(node) for node in nodes}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)

@@ -190,6 +190,22 @@ def _delete_pods(plane: ControlPlane, *, keep: tuple[str, ...] = FILLERS) -> Non
     )
 
 
+def _evict_pods(plane: ControlPlane, names: list[str]) -> None:
+    """Evict the pods through the Eviction API, as the node agent does for a failed device and as
+    kube-scheduler's preemption marks its victims: the API server sets the ``DisruptionTarget``
+    condition, then deletes each pod (grace period 0: no kubelet here to wait for)."""
+    for name in names:
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=NAMESPACE),
+            delete_options=client.V1DeleteOptions(grace_period_seconds=0),
+        )
+        plane.core.create_namespaced_pod_eviction(name, NAMESPACE, body)
+    wait_for(
+        "evicted pods to be deleted",
+        lambda: not {p.metadata.name for p in plane.core.list_namespaced_pod(NAMESPACE).items} & set(names),
+    )
+
+
 def _bound_node(plane: ControlPlane, name: str) -> str | None:
     return plane.core.read_namespaced_pod(name, NAMESPACE).spec.node_name or None
 
@@ -253,18 +269,19 @@ def test_gang_that_cannot_fit_leaves_every_member_pending_and_holds_nothing(
 
 
 def test_after_an_extender_restart_no_device_is_held_twice(plane: ControlPlane, gangs: GangCluster) -> None:
-    """The first member binds and the second's place is held. A second member kube-scheduler cannot
-    place (a node selector no node matches) is pending while the extender restarts: the new
+    """A second member kube-scheduler cannot place (a node selector no node matches) and the first
+    are created; the first binds and the second's place is held. The extender restarts: the new
     extender holds the open place again from the cluster's pods, so a lone pod created then does
-    not take it, and a second member created later does."""
+    not take it. The stuck member is deleted (its place goes with it) and a second member created
+    later is placed beside the first."""
     try:
+        stuck = _pod("resume-stuck", gang="resume")
+        stuck["spec"]["nodeSelector"]["e2e.gpuweave.io/no-such-label"] = "x"
+        plane.core.create_namespaced_pod(NAMESPACE, stuck)
         plane.core.create_namespaced_pod(NAMESPACE, _pod("resume-0", gang="resume"))
         first = _wait_bound(plane, "resume-0")
         assert first in ("gang-b1", "gang-b2")
         wait_for("the bind seen", lambda: gangs.metric("gpuweave_extender_gang_reserved_devices") == 8)
-        stuck = _pod("resume-stuck", gang="resume")
-        stuck["spec"]["nodeSelector"]["e2e.gpuweave.io/no-such-label"] = "x"
-        plane.core.create_namespaced_pod(NAMESPACE, stuck)
         gangs.restart_extender()
         wait_for(
             "the open place held again", lambda: gangs.metric("gpuweave_extender_gang_reserved_devices") == 8
@@ -307,7 +324,7 @@ def test_a_recovering_gang_preempts_a_lower_priority_pod_in_its_block(
             member["spec"]["priorityClassName"] = HIGH
             plane.core.create_namespaced_pod(NAMESPACE, member)
         assert {_wait_bound(plane, f"rec-{index}") for index in range(2)} == {"gang-b1", "gang-b2"}
-        _delete_pods(plane, keep=FILLERS)  # the members go; the gang's nodes stay remembered
+        _evict_pods(plane, ["rec-0", "rec-1"])  # a fault's eviction: the gang's nodes stay remembered
         squat_a1 = _pod("squat-a1", gpus=1, only_on="gang-a1")
         squat_a1["spec"]["priorityClassName"] = HIGH
         for pod in (squat_a1, _pod("squat-b2", gpus=1, only_on="gang-b2")):
@@ -353,8 +370,8 @@ def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: Gan
     """A one-pod training job (``gpuweave.io/gang: solo``, size 1, PriorityClass value 1000) while
     a priority-0 1-GPU pod sits on gang-a1, gang-b1 and gang-b2 (gang-a2 has 4 free): no node has
     8 free GPUs. Before it ran it preempts nothing (the extender answers kube-scheduler's
-    preemption with no node). Once one squatter is gone it binds on gang-b1; deleted (a fault's
-    eviction) and created again while a squatter is back there, it is a recovering gang: the
+    preemption with no node). Once one squatter is gone it binds on gang-b1; evicted (as for a
+    fault) and created again while a squatter is back there, it is a recovering gang: the
     extender lets kube-scheduler evict one priority-0 pod of its block (gang-b1 or gang-b2), and it
     runs there."""
     scheduling = client.SchedulingV1Api(plane.api)
@@ -383,7 +400,7 @@ def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: Gan
         assert set(squatters) <= left
         plane.core.delete_namespaced_pod("one-squat-b1", NAMESPACE, grace_period_seconds=0)
         assert _wait_bound(plane, "solo") == "gang-b1"
-        _delete_pods(plane, keep=(*FILLERS, "one-squat-a1", "one-squat-b2"))  # evicted by a fault
+        _evict_pods(plane, ["solo"])  # as the node agent evicts it for a failed device
         squat("one-squat-b1")
         started = time.monotonic()
         plane.core.create_namespaced_pod(NAMESPACE, solo())
@@ -400,3 +417,45 @@ def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: Gan
     finally:
         _delete_pods(plane)
         scheduling.delete_priority_class(HIGH)
+
+
+def test_a_gangs_held_place_is_released_when_its_member_is_deleted(
+    plane: ControlPlane, gangs: GangCluster
+) -> None:
+    """A gang of two: ``hold-stuck`` (a node selector no node matches: kube-scheduler never asks the
+    extender about it) and ``hold-0``. ``hold-0`` binds in block B and the other block-B node's 8
+    GPUs stay held for ``hold-stuck``. Deleting ``hold-stuck`` leaves the gang fewer pods than it
+    declares: the held place goes at that delete (the ``released`` outcome, not ``expired``, and
+    within a third of the 15 s TTL), and an 8-GPU pod that only that node may take is bound
+    there. A lone pod declaring a gang of four holds nothing: 1 of its 4 members exist."""
+    try:
+        stuck = _pod("hold-stuck", gang="hold")
+        stuck["spec"]["nodeSelector"]["e2e.gpuweave.io/no-such-label"] = "x"
+        plane.core.create_namespaced_pod(NAMESPACE, stuck)
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("hold-0", gang="hold"))
+        first = _wait_bound(plane, "hold-0")
+        assert first in ("gang-b1", "gang-b2")
+        other = ({"gang-b1", "gang-b2"} - {first}).pop()
+        wait_for("the open place held", lambda: gangs.metric(RESERVED) == 8)
+        released, expired = _outcome(gangs, "released"), _outcome(gangs, "expired")
+        started = time.monotonic()
+        plane.core.delete_namespaced_pod("hold-stuck", NAMESPACE, grace_period_seconds=0)
+        wait_for("the held place released", lambda: gangs.metric(RESERVED) == 0, timeout=TTL_S / 3)
+        print(f"gang hold: the place on {other} released {time.monotonic() - started:.2f} s after the delete")
+        assert _outcome(gangs, "released") == released + 1 and _outcome(gangs, "expired") == expired
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("after-hold", only_on=other))
+        assert _wait_bound(plane, "after-hold") == other
+        plane.core.create_namespaced_pod(NAMESPACE, _pod("phantom", gang="phantom", size=4))
+        message = _wait_unschedulable(plane, "phantom")
+        print(f"phantom: {message}")
+        assert "1 of its 4 members exist" in message and "no device is held for it" in message
+        assert gangs.metric(RESERVED) == 0
+    finally:
+        _delete_pods(plane)
+
+
+RESERVED = "gpuweave_extender_gang_reserved_devices"
+
+
+def _outcome(gangs: GangCluster, outcome: str) -> float:
+    return gangs.metric(f'gpuweave_extender_gangs_total{{outcome="{outcome}"}}')

@@ -139,6 +139,8 @@ def test_helm_schema_refuses_an_unknown_mig_mode_and_tls_without_a_secret() -> N
         render_chart(sets=["nodeAgent.sharng.default.mode=fractional"])
     with pytest.raises(RenderError, match="gangTtlSeconds"):
         render_chart(sets=["scheduler.extender.gangTtlSeconds=-1"])
+    with pytest.raises(RenderError, match="gangHoldPerNamespace"):
+        render_chart(sets=["scheduler.extender.gangHoldPerNamespace=0%"])
 
 
 OPERATOR_VALUES: dict[str, Any] = {
@@ -169,6 +171,7 @@ OPERATOR_VALUES: dict[str, Any] = {
             "tls": {"enabled": True, "secretName": "gpuweave-extender-tls"},
             "gangTtlSeconds": 120,
             "networkTierLabels": ["nvidia.com/gpu.clique", "example.com/ib-leaf"],
+            "gangHoldPerNamespace": "25%",
             "claims": {"enabled": True},
         },
     },
@@ -238,6 +241,7 @@ def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
         "/etc/gpuweave-extender-tls/tls.key",
     )
     assert (args.gang_ttl, args.network_tier_labels) == (120.0, "nvidia.com/gpu.clique,example.com/ib-leaf")
+    assert args.gang_hold_per_namespace == "25%"
     for name in ("kube-scheduler", "extender"):
         assert {
             "name": "extender-tls",

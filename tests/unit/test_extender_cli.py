@@ -26,6 +26,7 @@ from gpuweave.cli import main
         (["extender", "--snapshot", "x", "--gang-ttl", "nan"], "--gang-ttl nan is outside 0..3600"),
         (["extender", "--snapshot", "x", "--network-tier-labels", ", ,"], "names no label"),
         (["extender", "--snapshot", "x", "--network-tier-labels", "a,b,a"], "names a label twice"),
+        (["extender", "--snapshot", "x", "--gang-hold-per-namespace", "0"], "per-namespace is '0'; give"),
     ],
 )
 def test_bad_arguments_print_one_line(
@@ -87,3 +88,11 @@ def test_in_cluster_and_kubeconfig_exclude_each_other(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit):
             main([command, "--in-cluster", "--kubeconfig", "k"])
         assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_help_prints_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse %-formats help text: a literal percentage in it must not break ``--help``."""
+    with pytest.raises(SystemExit) as exited:
+        main(["extender", "--help"])
+    assert exited.value.code == 0
+    assert "--gang-hold-per-namespace GPUS|PERCENT%" in capsys.readouterr().out

@@ -35,6 +35,7 @@ from tests.unit.test_extender_gangs import (
     TIERS,
     Clock,
     _bind,
+    _evict,
     _extender,
     _filter,
     _nodes,
@@ -102,8 +103,9 @@ def test_a_gang_of_one_that_fits_is_placed_like_any_pod(tmp_path: Path) -> None:
     assert not any(r.uid.startswith(SLOT_PREFIX) for n in NAMES for r in extender.cache.holdings_on(n))
     assert extender.gangs is not None and not extender.gangs.book.reservations()
     node = _bind(extender.service, pod, NAMES)
-    assert extender.gangs.book.last_nodes("ml/gang:solo") == frozenset({node})
-    assert not extender.gangs.book.last_nodes("default/gang:other")
+    assert extender.gangs.book.last_nodes("ml/gang:solo#1@") == frozenset({node})  # its family's run
+    assert not extender.gangs.book.recovering_nodes("ml/gang:solo#1@")  # it lost no member
+    assert not extender.gangs.book.last_nodes("default/gang:other#1@")
     assert not extender.service._planned_as_gang(pod)  # prioritize's best fit across cliques applies
     assert extender.service._planned_as_gang(
         pod_object("pair-0", annotations={ANNOTATION_GANG: "pair", ANNOTATION_GANG_SIZE: "2"})
@@ -144,13 +146,14 @@ def result_reason(extender: Extender, pod: dict[str, Any], node: str) -> str:
 
 def _ran_on_b0(tmp_path: Path, *, b1_priority: int) -> tuple[Extender, dict[str, str]]:
     """The gang of one ran on b0 (every other node full then) and a GPU of b0 failed, which
-    evicted it; now b1 and block A hold 8-GPU pods, b1's of ``b1_priority``, block A's of
-    priority 0, and b2 one at the training priority. The fill pods' UIDs by node."""
+    evicted it (the eviction's delete carries the ``DisruptionTarget`` condition); now b1 and
+    block A hold 8-GPU pods, b1's of ``b1_priority``, block A's of priority 0, and b2 one at the
+    training priority. The fill pods' UIDs by node."""
     extender = _cluster(tmp_path)
     fills = {n: _fill(extender, n, priority=0) for n in ("a0", "a1", "b1", "b2")}
     first = _solo("solo-0")
     assert _bind(extender.service, first, NAMES) == "b0"
-    extender.cache.delete_pod(first["metadata"]["uid"])  # evicted for its failed GPU
+    _evict(extender, first)  # evicted for its failed GPU
     broken = profile_inventory("dgx-h100", "b0")
     extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[3].uuid,)))
     for node, priority in (("b1", b1_priority), ("b2", TRAINING)):
@@ -179,7 +182,7 @@ def test_a_gang_of_one_recreated_after_it_ran_preempts_lower_priority_pods_in_it
     assert _preempt(extender.service, again, proposed) == {"b1": [fills["b1"]]}
     extender.cache.delete_pod(fills["b1"])  # kube-scheduler evicted it
     assert _bind(extender.service, again, NAMES) == "b1"
-    assert extender.gangs is not None and extender.gangs.book.last_nodes("ml/gang:solo") == {"b1"}
+    assert extender.gangs is not None and extender.gangs.book.last_nodes("ml/gang:solo#1@") == {"b1"}
     extender.close()
 
 

@@ -38,6 +38,7 @@ from scheduler_ext.gangs.plan import GangMiss, GangPlan, plan_gang
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.serving.service import ExtenderService
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
+from tests.unit.test_extender_gangs import _created, _evict
 from topology.network import DEFAULT_TIER_LABELS, LABEL_AWS_LAYER_3, LABEL_GPU_CLIQUE
 
 PROFILE = "gb200-compute-tray"
@@ -167,6 +168,7 @@ def test_a_gang_that_requires_the_clique_goes_inside_the_one_clique_that_holds_i
     extender = _extender(tmp_path)
     _busy(extender, "a0")  # clique A: two whole trays free, B: three
     members = [_member("train", i, size=3) for i in range(3)]
+    _created(extender, *members)
     assert {_bind(extender.service, m) for m in members} == {"b0", "b1", "b2"}
     extender.close()
 
@@ -185,7 +187,9 @@ def test_a_gang_waits_when_only_a_wider_domain_than_its_required_tier_holds_it(
     extender = _extender(tmp_path)
     _busy(extender, "a0")
     _busy(extender, "b0")  # two whole trays free in each clique, four in the block
-    result = _filter(extender.service, _member("big", 0, size=3, tier=tier))
+    members = [_member("big", i, size=3, tier=tier) for i in range(3)]
+    _created(extender, *members)
+    result = _filter(extender.service, members[0])
     if placed is None:
         assert not result.NodeNames
         reason = _only_reason(result)
@@ -242,6 +246,7 @@ def test_placed_members_pin_the_required_domain(tmp_path: Path) -> None:
     clock = Clock()
     extender = _extender(tmp_path, clock)
     members = [_member("pin", i, size=3) for i in range(3)]
+    _created(extender, *members)
     first = _bind(extender.service, members[0])
     own = sorted(n for n, c in CLIQUES.items() if c == CLIQUES[first] and n != first)
     clock.now += TTL_S + 1
@@ -286,20 +291,27 @@ def test_a_recovering_gang_preempts_only_where_a_domain_of_its_required_tier_ope
     extender = _extender(tmp_path, cliques=cliques)
     fillers = [_busy(extender, n, gpus=4, name=f"fill-{n}") for n in ("a0", "a1")]  # clique A: not now
     first = [_member("rec", i, size=2, tier=tier, priority=1000) for i in range(2)]
+    _created(extender, *first)
     assert {_bind(extender.service, m, names) for m in first} == {"b0", "b1"}
-    for pod in (*first, *fillers):
+    for pod in first:  # the fault's eviction of the gang
+        _evict(extender, pod)
+    for pod in fillers:
         extender.cache.delete_pod(pod["metadata"]["uid"])
     broken = profile_inventory(PROFILE, "b0")
     extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[0].uuid,)))
     victims = {n: [_busy(extender, n)["metadata"]["uid"]] for n in ("a0", "b1")}  # priority 0
     _busy(extender, "a1", priority=1000)
-    again = pod_object(
-        "rec-0-again",
-        namespace="ml",
-        limits={RESOURCE_GPU: 4},
-        annotations=first[0]["metadata"]["annotations"],
-        priority=1000,
-    )
+    again, _ = recreated = [
+        pod_object(
+            f"rec-{i}-again",
+            namespace="ml",
+            limits={RESOURCE_GPU: 4},
+            annotations=first[0]["metadata"]["annotations"],
+            priority=1000,
+        )
+        for i in range(2)
+    ]
+    _created(extender, *recreated)
     result = _filter(extender.service, again, names)
     assert not result.NodeNames
     if tier is None:

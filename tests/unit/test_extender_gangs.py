@@ -38,6 +38,7 @@ from gpuweave.simulate.cluster_objects import (
 )
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.gangs.book import SLOT_PREFIX, GangBook, Slot
+from scheduler_ext.gangs.limits import HoldLimit
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.serving.service import ExtenderService
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
@@ -117,7 +118,9 @@ def test_gang_identity(
 def test_a_gang_kueues_topology_aware_scheduling_placed_is_not_planned_again(topology: str) -> None:
     labels = {LABEL_JOBSET_NAME: "js", LABEL_REPLICATED_JOB: "workers", LABEL_JOBSET_REPLICAS: "2"}
     admitted = _pod(labels=labels, annotations={ANNOTATION_KUEUE_WORKLOAD: "jobset-js-1"})
-    assert gang_of(admitted, min_members={}, tier_labels=TIERS) == Gang("ml/jobset:js/workers/0", 2, "jobset")
+    assert gang_of(admitted, min_members={}, tier_labels=TIERS) == Gang(
+        "ml/jobset:js/workers/0", 2, "jobset", owner="workload:jobset-js-1"
+    )
     placed = _pod(labels=labels, annotations={ANNOTATION_KUEUE_WORKLOAD: "jobset-js-1", topology: "block"})
     assert gang_of(placed, min_members={}, tier_labels=TIERS) is None  # Kueue placed the gang
     assert gang_key(placed) == "ml/jobset:js/workers/0"  # still one gang for a fault's whole-gang eviction
@@ -172,10 +175,18 @@ def _nodes(
     return items
 
 
-def _extender(tmp_path: Path, clock: Clock, items: list[dict[str, Any]], *, ttl_s: float = TTL_S) -> Extender:
+def _extender(
+    tmp_path: Path,
+    clock: Clock,
+    items: list[dict[str, Any]],
+    *,
+    ttl_s: float = TTL_S,
+    hold_limit: HoldLimit | None = None,
+) -> Extender:
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps(cluster_list(items)))
-    return build_snapshot_extender(path, gangs=GangSettings(ttl_s=ttl_s, clock=clock))
+    settings = GangSettings(ttl_s=ttl_s, clock=clock, hold_limit=hold_limit or HoldLimit())
+    return build_snapshot_extender(path, gangs=settings)
 
 
 def _busy(extender: Extender, node: str, gpus: int) -> None:
@@ -186,6 +197,27 @@ def _busy(extender: Extender, node: str, gpus: int) -> None:
 def _member(gang: str, index: int, *, size: int, gpus: int = 8) -> dict[str, Any]:
     annotations = {ANNOTATION_GANG: gang, ANNOTATION_GANG_SIZE: str(size)}
     return pod_object(f"{gang}-{index}", namespace="ml", limits={RESOURCE_GPU: gpus}, annotations=annotations)
+
+
+def _created(extender: Extender, *pods: dict[str, Any]) -> None:
+    """The pods are created: the extender's watch delivers them, pending (a gang is planned only
+    once the extender knows all its members)."""
+    for pod in pods:
+        extender.cache.upsert_pod(pod)
+
+
+def _gang(extender: Extender, name: str, *, size: int, gpus: int = 8) -> list[dict[str, Any]]:
+    """Every member of gang ``name``, created."""
+    members = [_member(name, i, size=size, gpus=gpus) for i in range(size)]
+    _created(extender, *members)
+    return members
+
+
+def _evict(extender: Extender, pod: dict[str, Any] | str) -> None:
+    """The pod is evicted (a fault's eviction, or kube-scheduler's preemption): the watch delivers
+    its delete, whose object carries the ``DisruptionTarget`` condition."""
+    uid = pod if isinstance(pod, str) else pod["metadata"]["uid"]
+    extender.cache.delete_pod(uid, disrupted=True)
 
 
 def _filter(service: ExtenderService, pod: dict[str, Any], names: list[str] = NODES) -> Any:
@@ -224,13 +256,13 @@ def test_a_gang_goes_all_or_nothing_to_the_one_block_that_holds_it(tmp_path: Pat
     extender = _extender(tmp_path, Clock(), _nodes())
     _busy(extender, "a2", 4)
     _busy(extender, "c1", 1)
-    first = _member("train", 0, size=2)
+    first, second = _gang(extender, "train", size=2)
     passed = _filter(extender.service, first).NodeNames
     assert passed is not None and len(passed) == 1 and passed[0] in ("b1", "b2")
     assert _slot_devices(extender) == 16  # both members' GPUs held from the first filter on
     plain = pod_object("plain", limits={RESOURCE_GPU: 8})  # may not take a planned node
     assert set(_filter(extender.service, plain).NodeNames or []) == {"a1"}
-    nodes = {_bind(extender.service, first), _bind(extender.service, _member("train", 1, size=2))}
+    nodes = {_bind(extender.service, first), _bind(extender.service, second)}
     assert nodes == {"b1", "b2"}
     assert (
         _slot_devices(extender) == 0 and extender.gangs is not None and not extender.gangs.book.reservations()
@@ -243,9 +275,9 @@ def test_the_closest_tier_wins_over_a_better_scored_wider_domain(tmp_path: Path)
     """a1+c1 share only layer 2 (spine-1); b1+b2 share layer 3: block B, a tighter domain."""
     extender = _extender(tmp_path, Clock(), _nodes(layer2={"b1": "spine-2", "b2": "spine-2"}))
     _busy(extender, "a2", 8)
-    members = [_member("t", i, size=2) for i in range(2)]
+    members = _gang(extender, "t", size=2)
     assert {_bind(extender.service, m) for m in members} == {"b1", "b2"}
-    three = [_member("wide", i, size=2) for i in range(2)]  # only a1 and c1 are left: layer 2 holds them
+    three = _gang(extender, "wide", size=2)  # only a1 and c1 are left: layer 2 holds them
     assert {_bind(extender.service, m) for m in three} == {"a1", "c1"}
     extender.close()
 
@@ -253,8 +285,8 @@ def test_the_closest_tier_wins_over_a_better_scored_wider_domain(tmp_path: Path)
 def test_a_gang_that_does_not_fit_gets_a_reason_on_every_member_and_holds_nothing(tmp_path: Path) -> None:
     extender = _extender(tmp_path, Clock(), _nodes())
     _busy(extender, "a2", 4)
-    for index in range(5):
-        result = _filter(extender.service, _member("big", index, size=5))
+    for member in _gang(extender, "big", size=5):
+        result = _filter(extender.service, member)
         assert not result.NodeNames
         reasons = set(result.FailedAndUnresolvableNodes.values())
         assert len(reasons) == 1
@@ -289,7 +321,8 @@ def test_reservations_expire_and_the_next_filter_sees_the_devices_free(tmp_path:
     extender = _extender(tmp_path, clock, _nodes())
     for node in ("a1", "a2", "c1"):
         _busy(extender, node, 8)
-    planned = _bind(extender.service, _member("slow", 0, size=2))
+    first, late_member = _gang(extender, "slow", size=2)
+    planned = _bind(extender.service, first)
     other = ({"b1", "b2"} - {planned}).pop()
     plain = pod_object("plain", limits={RESOURCE_GPU: 8})
     assert not _filter(extender.service, plain).NodeNames  # the second member's node is held
@@ -301,7 +334,7 @@ def test_reservations_expire_and_the_next_filter_sees_the_devices_free(tmp_path:
     assert b'gpuweave_extender_gangs_total{outcome="expired"} 1.0' in extender.metrics.render()
     # the late member is planned again around the placed one: no room left beside it now
     _bind(extender.service, plain)
-    late = _filter(extender.service, _member("slow", 1, size=2))
+    late = _filter(extender.service, late_member)
     assert not late.NodeNames and "beside its 1 placed member(s)" in next(
         iter(late.FailedAndUnresolvableNodes.values())
     )
@@ -312,15 +345,16 @@ def test_after_a_restart_the_open_places_are_held_again_around_the_bound_members
     clock = Clock()
     extender = _extender(tmp_path, clock, _nodes())
     _busy(extender, "a2", 4)
-    first = _member("resume", 0, size=3, gpus=4)
+    first, pending, last = _gang(extender, "resume", size=3, gpus=4)
     node = _bind(extender.service, first)
     bound = [extender.cache.pod_object(uid=u) for u in ("uid-default-busy-a2", first["metadata"]["uid"])]
     held_before = {n: dict(s.holders) for n in NODES if (s := extender.cache.node(n)) is not None}
     extender.close()
     # the restarted extender knows the cluster (bound pods with their annotations, a pending
     # member), not the plan: it holds the two open places again at start, inside the bound block
-    pending = _member("resume", 1, size=3, gpus=4)
-    restarted = _extender(tmp_path, Clock(), [*_nodes(), *[dict(p) for p in bound if p is not None], pending])
+    restarted = _extender(
+        tmp_path, Clock(), [*_nodes(), *[dict(p) for p in bound if p is not None], pending, last]
+    )
     for name, holders in held_before.items():
         kept = {d: u for d, u in holders.items() if not u.startswith(SLOT_PREFIX)}
         state = restarted.cache.node(name)
@@ -332,7 +366,7 @@ def test_after_a_restart_the_open_places_are_held_again_around_the_bound_members
     assert restarted.gangs is not None and {s.node for s in restarted.gangs.book.reservations()[0].slots} <= {
         n for n in NODES if BLOCKS[n] == BLOCKS[node]
     }
-    nodes = [_bind(restarted.service, m) for m in (pending, _member("resume", 2, size=3, gpus=4))]
+    nodes = [_bind(restarted.service, m) for m in (pending, last)]
     assert {BLOCKS[n] for n in (node, *nodes)} == {BLOCKS[node]}  # the placed member's block
     assert all(len(holders) == 1 for holders in _holders(restarted).values())
     assignment = PodAssignment.from_annotation(
@@ -409,7 +443,7 @@ def test_a_waiting_gang_keeps_its_closest_domain_from_pods_that_fit_elsewhere(tm
     for node in ("a0", "a1", "a2", "b0", "c0"):
         _bind(extender.service, pod_object(f"busy-{node}", limits={RESOURCE_GPU: 8}), [node])
     _bind(extender.service, pod_object("half-c1", limits={RESOURCE_GPU: 4}), ["c1"])
-    assert not _filter(extender.service, _member("wide", 0, size=3), names).NodeNames
+    assert not _filter(extender.service, _gang(extender, "wide", size=3)[0], names).NodeNames
     assert extender.gangs is not None and extender.gangs.book.kept_nodes() == {"b1", "b2"}
     assert _bind(extender.service, pod_object("small-0", limits={RESOURCE_GPU: 4}), names) == "c1"
     assert set(
@@ -425,7 +459,7 @@ def test_a_waiting_gang_keeps_its_closest_domain_from_pods_that_fit_elsewhere(tm
 def test_waiting_gangs_keep_at_most_a_quarter_of_the_nodes(tmp_path: Path) -> None:
     extender = _extender(tmp_path, Clock(), _nodes())
     _busy(extender, "a2", 4)
-    _filter(extender.service, _member("big", 0, size=5))  # its closest domain, layer 2, is 4 of 5 nodes
+    _filter(extender.service, _gang(extender, "big", size=5)[0])  # its closest domain, layer 2: 4 of 5 nodes
     assert extender.gangs is not None and not extender.gangs.book.kept_nodes()
     extender.close()
 
@@ -449,32 +483,39 @@ def test_a_restarted_jobset_keeps_its_surviving_node_and_adds_a_spare_beside_it(
     names = list(blocks)
     _bind(extender.service, pod_object("busy-a1", limits={RESOURCE_GPU: 8}), ["a1"])
     first = [_jobset_member(i, attempt=0) for i in range(2)]
+    _created(extender, *first)
     assert {_bind(extender.service, m, names) for m in first} == {"b0", "b1"}
-    for pod in (*first, pod_object("busy-a1")):
-        extender.cache.delete_pod(pod["metadata"]["uid"])
+    for pod in first:  # the fault's eviction of the gang
+        _evict(extender, pod)
+    extender.cache.delete_pod(pod_object("busy-a1")["metadata"]["uid"])
     broken = profile_inventory("dgx-h100", "b0")
     extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[3].uuid,)))
     second = [_jobset_member(i, attempt=1) for i in range(2)]
+    _created(extender, *second)
     assert {_bind(extender.service, m, names) for m in second} == {"b1", "b2"}
     extender.close()
 
 
 def _recovery_cluster(tmp_path: Path, *, spare_priority: int) -> tuple[Extender, list[str]]:
-    """Attempt 0 of a priority-1000 JobSet ran on b0 and b1 and a GPU of b0 failed; b2 holds a
-    1-GPU pod of ``spare_priority`` and block A is full of priority-0 pods."""
+    """Attempt 0 of a priority-1000 JobSet ran on b0 and b1 and a GPU of b0 failed, which evicted
+    it; JobSet created attempt 1's members. b2 holds a 1-GPU pod of ``spare_priority`` and block A
+    is full of priority-0 pods."""
     blocks = {"a0": "block-a", "a1": "block-a", "b0": "block-b", "b1": "block-b", "b2": "block-b"}
     extender = _extender(tmp_path, Clock(), _nodes(blocks=blocks))
     names = list(blocks)
     first = [_jobset_member(i, attempt=0, priority=1000) for i in range(2)]
+    _created(extender, *first)
     for node in ("b2", "a0", "a1"):  # keep b2 and block A from attempt 0's plan
         _bind(extender.service, pod_object(f"fill-{node}", limits={RESOURCE_GPU: 8}), [node])
     assert {_bind(extender.service, m, names) for m in first} == {"b0", "b1"}
-    for pod in (*first, pod_object("fill-b2")):
-        extender.cache.delete_pod(pod["metadata"]["uid"])
+    for pod in first:  # the fault's eviction of the gang
+        _evict(extender, pod)
+    extender.cache.delete_pod(pod_object("fill-b2")["metadata"]["uid"])
     spare = pod_object("low-b2", limits={RESOURCE_GPU: 1}, priority=spare_priority)
     _bind(extender.service, spare, ["b2"])
     broken = profile_inventory("dgx-h100", "b0")
     extender.cache.upsert_inventory(inventory_object(broken, unhealthy=(broken.gpus[3].uuid,)))
+    _created(extender, *[_jobset_member(i, attempt=1, priority=1000) for i in range(2)])  # JobSet's restart
     return extender, names
 
 
@@ -554,8 +595,12 @@ def test_a_gang_preempts_only_lower_priority_pods_and_only_when_it_ran_before(tm
     assert _preempt(extender.service, second, {"b2": [low], "a0": [fill_a0]}) == {"a0": [fill_a0]}
     extender.close()
     extender, names = _recovery_cluster(tmp_path, spare_priority=0)
-    fresh = pod_object("new-0", namespace="ml", limits={RESOURCE_GPU: 8}, priority=1000)
-    fresh["metadata"]["annotations"] = {ANNOTATION_GANG: "new", ANNOTATION_GANG_SIZE: "2"}
+    fresh, other = (
+        pod_object(f"new-{i}", namespace="ml", limits={RESOURCE_GPU: 8}, priority=1000) for i in range(2)
+    )
+    for pod in (fresh, other):
+        pod["metadata"]["annotations"] = {ANNOTATION_GANG: "new", ANNOTATION_GANG_SIZE: "2"}
+    _created(extender, fresh, other)
     result = _filter(extender.service, fresh, names)
     assert not result.FailedNodes and set(result.FailedAndUnresolvableNodes) == set(names)
     assert _preempt(extender.service, fresh, {"b2": [_uid(extender, "low-b2")]}) == {}
@@ -573,20 +618,22 @@ def test_a_gang_pinned_to_a_block_is_planned_only_there(tmp_path: Path) -> None:
     that block's nodes, and the plan stays inside them even where block B would hold the gang."""
     extender = _extender(tmp_path, Clock(), _nodes())
     block_a = ["a1", "a2"]
-    assert {_bind(extender.service, _member("pinned", i, size=2), block_a) for i in range(2)} == {"a1", "a2"}
+    assert {_bind(extender.service, m, block_a) for m in _gang(extender, "pinned", size=2)} == {"a1", "a2"}
     _busy(extender, "b1", 1)
-    result = _filter(extender.service, _member("pinned-b", 0, size=2), ["a1", "a2", "b1"])
+    result = _filter(extender.service, _gang(extender, "pinned-b", size=2)[0], ["a1", "a2", "b1"])
     assert not result.NodeNames  # b2 is not offered: no domain of the offered nodes holds it
     assert "the 3 node(s) offered do not hold them" in next(iter(result.FailedAndUnresolvableNodes.values()))
     extender.close()
 
 
 def test_a_member_deleted_before_its_bind_leaves_its_slot_to_its_replacement(tmp_path: Path) -> None:
+    """The Job controller creates the replacement while the old pod terminates: the gang never has
+    fewer pods than it declares, so its reservation stays, and the replacement takes the slot the
+    deleted member had claimed."""
     extender = _extender(tmp_path, Clock(), _nodes())
-    members = [_member("swap", i, size=2) for i in range(2)]
+    members = _gang(extender, "swap", size=2)
     planned = [(_filter(extender.service, m).NodeNames or [""])[0] for m in members]
     assert {BLOCKS[n] for n in planned} == {"block-a"} and len(set(planned)) == 2
-    extender.cache.delete_pod(members[0]["metadata"]["uid"])
     replacement = pod_object(
         "swap-0",
         namespace="ml",
@@ -594,5 +641,8 @@ def test_a_member_deleted_before_its_bind_leaves_its_slot_to_its_replacement(tmp
         limits={RESOURCE_GPU: 8},
         annotations=members[0]["metadata"]["annotations"],
     )
+    _created(extender, replacement)
+    extender.cache.delete_pod(members[0]["metadata"]["uid"])
+    assert _slot_devices(extender) == 16
     assert _filter(extender.service, replacement).NodeNames == [planned[0]]
     extender.close()

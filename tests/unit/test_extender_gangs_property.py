@@ -1,4 +1,4 @@
-"""Property: over random streams of gang members, plain pods, clock steps and extender restarts,
+"""Property: over random streams of gang members, plain pods, deletes, clock steps and extender restarts,
 no device is ever held twice: not by two pods' assignments, and never by a pod and a gang's
 reservation at once; every reservation's devices are free again after its TTL."""
 
@@ -98,6 +98,7 @@ OPS = st.one_of(
         st.sampled_from([2, 4, 8]),
     ),
     st.tuples(st.just("plain"), st.sampled_from([1, 4, 8])),
+    st.tuples(st.just("delete"), st.integers(0, 50)),  # the watch's delete of a pod, pending or bound
     st.tuples(st.just("tick"), st.sampled_from([5.0, 31.0])),
     st.tuples(st.just("restart")),
 )
@@ -120,6 +121,10 @@ def test_no_device_is_held_twice_across_gangs_expiry_and_restarts(ops: list[tupl
             )
         elif op[0] == "plain":
             _schedule(extender, pod_object(f"p{step}", limits={RESOURCE_GPU: op[1]}))
+        elif op[0] == "delete":
+            known = sorted(str(p["metadata"]["uid"]) for p in extender.cache.pod_objects())
+            if known:
+                extender.cache.delete_pod(known[op[1] % len(known)])
         elif op[0] == "tick":
             clock.now += op[1]
         else:

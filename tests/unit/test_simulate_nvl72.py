@@ -181,13 +181,16 @@ def test_the_required_tier_reaches_the_extender_on_the_gangs_pods() -> None:
     try:
         state = SimState.create(racks, _model())
         rng = np.random.default_rng(0)
+        request = Request(44_000, 393_216, 4, 1000)
+        gang = Gang("train-1", 2, TRAINING_GANG_PRIORITY, GANG_TIER_CLIQUE)
+        placer.created(["train-1-0", "train-1-1"], request, gang)  # both pods exist, as the engine says
         placement = placer.place(
             state,
-            Request(44_000, 393_216, 4, 1000),
+            request,
             allowed=np.ones(len(racks), dtype=bool),
             rng=rng,
             pod_id="train-1-0",
-            gang=Gang("train-1", 2, TRAINING_GANG_PRIORITY, GANG_TIER_CLIQUE),
+            gang=gang,
         )
         assert placement is not None
         pod = placer._extender.cache.pod_object(uid="train-1-0") or {}
