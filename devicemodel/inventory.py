@@ -35,11 +35,17 @@ class NicType(StrEnum):
 
 @dataclass(frozen=True)
 class PcieSwitch:
-    """A PCIe switch below one host bridge (root complex); GPUs and NICs hang off switches."""
+    """A PCIe switch below one host bridge (root complex); GPUs and NICs hang off switches.
+
+    ``root_port`` names the host bridge's root port the switch hangs off where the switches of
+    that host bridge use more than one; None for the one port all the others share. Switches on
+    one root port meet below the host bridge (``PXB``), on different ones only at it (``PHB``).
+    """
 
     name: str
     numa_node: int
     root: str  # host bridge / root complex identifier, e.g. "pci0000:00"
+    root_port: str | None = None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class PcieSwitchSpec(_Model):
     name: str = Field(pattern=_NAME)
     numa_node: int = Field(ge=0, lt=MAX_NUMA)
     root: str | None = Field(default=None, pattern=_NAME)
+    # The host bridge's root port above the switch; omitted: the port every switch of ``root``
+    # without one shares (they meet in an upstream switch: PXB), else its own (PHB to the others).
+    root_port: str | None = Field(default=None, pattern=_NAME)
 
 
 class GpuSpec(_Model):

@@ -136,9 +136,7 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
         name=node_name,
         numa_nodes=spec.numa_nodes,
         gpus=gpus,
-        pcie_switches=tuple(
-            inv.PcieSwitch(name=s.name, numa_node=s.numa_node, root=roots[s.name]) for s in spec.pcie_switches
-        ),
+        pcie_switches=_switches(spec, roots),
         nvlinks=tuple(
             sorted(
                 (inv.NvLink(gpu_a=min(nl.gpus), gpu_b=max(nl.gpus), links=nl.links) for nl in spec.nvlinks),
@@ -150,6 +148,18 @@ def spec_to_inventory(spec: NodeProfileSpec, *, node_name: str) -> inv.NodeInven
         mig_devices=migs,
         driver_version=spec.driver_version,
         cuda_driver_version=spec.cuda_driver_version,
+    )
+
+
+def _switches(spec: NodeProfileSpec, roots: dict[str, str]) -> tuple[inv.PcieSwitch, ...]:
+    """The switches, each root port kept only where its host bridge's switches use several."""
+    ports_per_root: dict[str, set[str | None]] = {}
+    for sw in spec.pcie_switches:
+        ports_per_root.setdefault(roots[sw.name], set()).add(sw.root_port)
+    return tuple(
+        inv.PcieSwitch(name=s.name, numa_node=s.numa_node, root=roots[s.name],
+                       root_port=s.root_port if len(ports_per_root[roots[s.name]]) > 1 else None)
+        for s in spec.pcie_switches
     )
 
 
@@ -208,7 +218,8 @@ def inventory_to_spec_dict(inventory: inv.NodeInventory) -> dict[str, Any]:
     return {
         "numaNodes": inventory.numa_nodes,
         "pcieSwitches": [
-            {"name": s.name, "numaNode": s.numa_node, "root": s.root} for s in inventory.pcie_switches
+            {"name": s.name, "numaNode": s.numa_node, "root": s.root, "rootPort": s.root_port}
+            for s in inventory.pcie_switches
         ],
         "gpus": [
             {

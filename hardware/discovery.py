@@ -60,6 +60,7 @@ class _Placement:
     root: str
     switch_port: str | None
     numa_node: int
+    root_port: str | None = None
 
 
 def assemble_inventory(
@@ -71,10 +72,14 @@ def assemble_inventory(
     driver_version: str,
     cuda_driver_version: str,
     lost_gpus: tuple[inv.LostGpu, ...] = (),
+    root_port_names: Mapping[str, str | None] | None = None,
 ) -> inv.NodeInventory:
+    """``switch_names`` and ``root_port_names`` name switches (by upstream port) and root ports (by
+    bdf) where the caller knows better names than ``sw<N>`` and the bdf (the simulator does)."""
     gpu_places = {g.index: _placement(sysfs.pci_device(sysfs_bdf(g.pci_bus_id)), g.numa_node) for g in gpus}
     nic_rows = _nics(sysfs)
-    switches = _switches(sysfs, [*gpu_places.values(), *(p for _, p in nic_rows)], switch_names)
+    places = [*gpu_places.values(), *(p for _, p in nic_rows)]
+    switches = _switches(sysfs, places, switch_names, root_port_names or {})
     names = {port: switch.name for port, switch in switches.items()}
     numa_nodes = max([len(sysfs.numa_nodes()), *(g.numa_node + 1 for g in gpus), 1])
     nvlinks, fabric = _links(gpus, unreachable={g.pci_bus_id for g in lost_gpus})
@@ -97,22 +102,36 @@ def _placement(device: PciDevice | None, numa_hint: int) -> _Placement:
     if device is None:
         return _Placement(UNKNOWN_ROOT, None, max(numa_hint, 0))
     numa = device.numa_node if device.numa_node >= 0 else max(numa_hint, 0)
-    return _Placement(device.root, device.switch_upstream_port, numa)
+    return _Placement(device.root, device.switch_upstream_port, numa, device.root_port)
 
 
 def _switches(
-    sysfs: SysfsReader, places: list[_Placement], switch_names: Mapping[str, str]
+    sysfs: SysfsReader, places: list[_Placement], switch_names: Mapping[str, str],
+    root_port_names: Mapping[str, str | None],
 ) -> dict[str, inv.PcieSwitch]:
-    """Switches above any GPU or NIC, in bus order, keyed by upstream port bdf."""
+    """Switches above any GPU or NIC, in bus order, keyed by upstream port bdf; each names its
+    root port only where its host bridge's switches hang off more than one."""
     ports = sorted({p.switch_port for p in places if p.switch_port is not None})
+    first_below = {port: next(p for p in places if p.switch_port == port) for port in ports}
+    root_ports: dict[str, set[str | None]] = {}
+    for below in first_below.values():
+        root_ports.setdefault(below.root, set()).add(below.root_port)
     found: dict[str, inv.PcieSwitch] = {}
     for position, port in enumerate(ports):
-        below = next(p for p in places if p.switch_port == port)
+        below = first_below[port]
         device = sysfs.pci_device(port)
         numa = device.numa_node if device is not None and device.numa_node >= 0 else below.numa_node
         name = switch_names.get(port, f"sw{position}")
-        found[port] = inv.PcieSwitch(name=name, numa_node=numa, root=below.root)
+        shared = len(root_ports[below.root]) == 1
+        root_port = None if shared else _root_port_name(below.root_port, root_port_names)
+        found[port] = inv.PcieSwitch(name=name, numa_node=numa, root=below.root, root_port=root_port)
     return found
+
+
+def _root_port_name(bdf: str | None, names: Mapping[str, str | None]) -> str | None:
+    if bdf is None:
+        return None
+    return names.get(bdf, bdf)  # a name may be None: the root port the profile left unnamed
 
 
 def _gpu(facts: GpuFacts, place: _Placement, names: Mapping[str, str]) -> inv.Gpu:

@@ -72,6 +72,7 @@ class NvmlBackend:
         node_name: str | None = None,
         switch_names: Mapping[str, str] | None = None,
         identity_file: Path | None = None,
+        root_port_names: Mapping[str, str | None] | None = None,
     ) -> None:
         self.lib = lib if lib is not None else load_pynvml()
         self.identities = GpuIdentities(identity_file)
@@ -79,6 +80,7 @@ class NvmlBackend:
         self.sysfs = SysfsReader(sysfs_root)
         self.node_name = node_name or platform.node() or "localhost"
         self._switch_names = dict(switch_names or {})
+        self._root_port_names = dict(root_port_names or {})
         self._initialized = False
 
     def discover(self) -> NodeInventory:
@@ -103,6 +105,7 @@ class NvmlBackend:
             lost_gpus=self.identities.name_lost(lost, reached=gpus, sysfs=self.sysfs),
             sysfs=self.sysfs,
             switch_names=self._switch_names,
+            root_port_names=self._root_port_names,
             driver_version=_text(self.caller.invoke("nvmlSystemGetDriverVersion")),
             cuda_driver_version=self._cuda_version(),
         )

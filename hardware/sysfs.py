@@ -52,6 +52,12 @@ class PciDevice:
         return tuple(p for p in self.path[1:-1] if _BDF.match(p))
 
     @property
+    def root_port(self) -> str | None:
+        """The root port the device's PCIe path leaves the host bridge by (None: on the bridge)."""
+        bridges = self.bridges
+        return bridges[0] if bridges else None
+
+    @property
     def switch_upstream_port(self) -> str | None:
         """The upstream port of the nearest PCIe switch above the device, if any.
 

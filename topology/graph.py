@@ -19,6 +19,7 @@ from devicemodel.errors import TopologyError
 from devicemodel.inventory import Gpu, Nic, NodeInventory
 from topology.links import LinkClass, PairLink, link_gbps, pcie_x16_gbps
 from topology.matrix import MatrixRow, TopologyMatrix
+from topology.pcie import PciePlace, pcie_class, place_of, switch_root_ports
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -49,35 +50,12 @@ class TopologyShape:
         return len(self.host_gbps)
 
 
-@dataclass(frozen=True)
-class _PciePlace:
-    numa_node: int
-    switch: str | None
-    root: str
-
-
-def _pcie_class(a: _PciePlace, b: _PciePlace) -> LinkClass:
-    """The PCIe path class between two endpoints, as nvidia-smi names it."""
-    if a.switch is not None and a.switch == b.switch:
-        return LinkClass.PIX
-    if a.root == b.root:
-        both_on_switches = a.switch is not None and b.switch is not None
-        return LinkClass.PXB if both_on_switches else LinkClass.PHB
-    if a.numa_node == b.numa_node:
-        return LinkClass.NODE
-    return LinkClass.SYS
-
-
 def _gpu_node(index: int) -> tuple[str, int]:
     return ("gpu", index)
 
 
 def _nic_node(name: str) -> tuple[str, str]:
     return ("nic", name)
-
-
-def _place_of(device: Gpu | Nic) -> _PciePlace:
-    return _PciePlace(device.numa_node, device.pcie_switch, device.pcie_root)
 
 
 def _nvlink_lanes(inventory: NodeInventory) -> dict[frozenset[int], int]:
@@ -96,7 +74,7 @@ def _nvlink_lanes(inventory: NodeInventory) -> dict[frozenset[int], int]:
 
 
 def _gpu_pair_link(a: Gpu, b: Gpu, *, lanes: dict[frozenset[int], int], fabric: frozenset[int],
-                   fabric_links: int) -> PairLink:
+                   fabric_links: int, ports: dict[str, str | None]) -> PairLink:
     """NVLink beats PCIe; an NVSwitch fabric beats direct lanes only when it is wider."""
     if a.index == b.index:
         return PairLink(LinkClass.X)
@@ -106,17 +84,21 @@ def _gpu_pair_link(a: Gpu, b: Gpu, *, lanes: dict[frozenset[int], int], fabric: 
         return PairLink(LinkClass.NVSWITCH, fabric_links)
     if direct > 0:
         return PairLink(LinkClass.NVLINK, direct)
-    return PairLink(_pcie_class(_place_of(a), _place_of(b)))
+    return PairLink(pcie_class(place_of(a, ports), place_of(b, ports)))
 
 
 class TopologyGraph:
     """Typed queries over one node's GPUs, NICs and the links between them."""
 
-    def __init__(self, *, name: str, gpus: tuple[Gpu, ...], nics: tuple[Nic, ...], edges: _Edges) -> None:
+    def __init__(self, *, name: str, gpus: tuple[Gpu, ...], nics: tuple[Nic, ...], edges: _Edges,
+                 lanes: dict[frozenset[int], int] | None = None,
+                 root_ports: dict[str, str | None] | None = None) -> None:
         self._name = name
         self._gpus = {g.index: g for g in sorted(gpus, key=lambda g: g.index)}
         self._nics = {n.name: n for n in nics}
         self._edges = edges
+        self._lanes = dict(lanes or {})
+        self._root_ports = dict(root_ports or {})
 
     @classmethod
     def from_inventory(cls, inventory: NodeInventory) -> TopologyGraph:
@@ -126,17 +108,20 @@ class TopologyGraph:
         lanes = _nvlink_lanes(inventory)
         fabric = frozenset(inventory.nvswitch.gpus) if inventory.nvswitch else frozenset()
         fabric_links = inventory.nvswitch.links_per_gpu if inventory.nvswitch else 0
+        ports = switch_root_ports(inventory)
         edges: _Edges = {}
         for i, a in enumerate(inventory.gpus):
             for b in inventory.gpus[i + 1:]:
-                link = _gpu_pair_link(a, b, lanes=lanes, fabric=fabric, fabric_links=fabric_links)
+                link = _gpu_pair_link(a, b, lanes=lanes, fabric=fabric, fabric_links=fabric_links,
+                                      ports=ports)
                 gbps = link_gbps(link, architectures=(a.architecture, b.architecture))
                 edges[frozenset((_gpu_node(a.index), _gpu_node(b.index)))] = (link, gbps)
             for nic in inventory.nics:
-                link = PairLink(_pcie_class(_place_of(a), _place_of(nic)))
+                link = PairLink(pcie_class(place_of(a, ports), place_of(nic, ports)))
                 gbps = link_gbps(link, architectures=(a.architecture,))
                 edges[frozenset((_gpu_node(a.index), _nic_node(nic.name)))] = (link, gbps)
-        return cls(name=inventory.name, gpus=inventory.gpus, nics=inventory.nics, edges=edges)
+        return cls(name=inventory.name, gpus=inventory.gpus, nics=inventory.nics, edges=edges, lanes=lanes,
+                   root_ports=ports)
 
     @property
     def name(self) -> str:
@@ -170,13 +155,19 @@ class TopologyGraph:
             return link_gbps(link, architectures=(self._gpus[a].architecture,))
         return self._edges[frozenset((_gpu_node(a), _gpu_node(b)))][1]
 
+    def direct_nvlinks(self, a: int, b: int) -> int:
+        """NVLink lanes joining GPUs ``a`` and ``b`` directly (0 through NVSwitches only, or none)."""
+        self._require_gpu(a)
+        self._require_gpu(b)
+        return self._lanes.get(frozenset((a, b)), 0) if a != b else 0
+
     def pcie_link(self, a: int, b: int) -> PairLink:
         """The PCIe path between GPUs ``a`` and ``b``, ignoring any NVLink (for PCIe-only models)."""
         self._require_gpu(a)
         self._require_gpu(b)
         if a == b:
             return PairLink(LinkClass.X)
-        return PairLink(_pcie_class(_place_of(self._gpus[a]), _place_of(self._gpus[b])))
+        return PairLink(pcie_class(self._place(self._gpus[a]), self._place(self._gpus[b])))
 
     def gpu_nic_link(self, gpu: int, nic: str) -> PairLink:
         self._require_gpu(gpu)
@@ -264,10 +255,13 @@ class TopologyGraph:
     def _nic_row(self, name: str) -> MatrixRow:
         nic = self._nics[name]
         cells = [self.gpu_nic_link(i, name).label for i in self._gpus]
-        cells += ["X" if other == name else _pcie_class(_place_of(nic), _place_of(self._nics[other])).value
+        cells += ["X" if other == name else pcie_class(self._place(nic), self._place(self._nics[other])).value
                   for other in self._nics]
         position = list(self._nics).index(name)
         return MatrixRow(name=f"NIC{position}", cells=tuple(cells), numa_affinity=str(nic.numa_node))
+
+    def _place(self, device: Gpu | Nic) -> PciePlace:
+        return place_of(device, self._root_ports)
 
     def _require_gpu(self, index: int) -> None:
         if index not in self._gpus:

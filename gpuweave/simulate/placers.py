@@ -157,6 +157,8 @@ def lowest_index(_: FleetNode, available: frozenset[int], size: int) -> tuple[in
 
 
 def go_allocator(node: FleetNode, available: frozenset[int], size: int) -> tuple[int, ...]:
+    """go-gpuallocator's best-effort set; where it would return padding (nil devices, which its
+    callers cannot use), the lowest free GPUs."""
     chosen = go_gpuallocator_like(node.graph, available=available, size=size)
     return chosen if chosen is not None else lowest_index(node, available, size)
 

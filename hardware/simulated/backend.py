@@ -73,6 +73,7 @@ class SimulatedBackend:
             call_timeout_s=call_timeout_s,
             node_name=self.node.inventory.name,
             switch_names=layout.switch_names,
+            root_port_names=layout.root_port_names,
             identity_file=identity_file,
         )
 

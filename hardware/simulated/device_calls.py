@@ -26,6 +26,8 @@ from hardware.simulated.structs import (
     PciInfo,
     c_nvmlGpuFabricInfoV_t,
 )
+from topology.links import LinkClass
+from topology.pcie import pcie_class, place_of, switch_root_ports
 
 _MIB = 1024 * 1024
 _SMS_PER_SLICE = 16
@@ -196,12 +198,14 @@ class DeviceCalls(SimulatedLibBase):
         b = self._gpu("nvmlDeviceGetTopologyCommonAncestor", device2)
         if a.index == b.index:
             return self.NVML_TOPOLOGY_INTERNAL
-        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
-            return self.NVML_TOPOLOGY_SINGLE
-        if a.pcie_root == b.pcie_root:
-            on_switches = a.pcie_switch is not None and b.pcie_switch is not None
-            return self.NVML_TOPOLOGY_MULTIPLE if on_switches else self.NVML_TOPOLOGY_HOSTBRIDGE
-        return self.NVML_TOPOLOGY_NODE if a.numa_node == b.numa_node else self.NVML_TOPOLOGY_SYSTEM
+        ports = switch_root_ports(self.node.inventory)
+        level = pcie_class(place_of(a, ports), place_of(b, ports))
+        return {
+            LinkClass.PIX: self.NVML_TOPOLOGY_SINGLE,
+            LinkClass.PXB: self.NVML_TOPOLOGY_MULTIPLE,
+            LinkClass.PHB: self.NVML_TOPOLOGY_HOSTBRIDGE,
+            LinkClass.NODE: self.NVML_TOPOLOGY_NODE,
+        }.get(level, self.NVML_TOPOLOGY_SYSTEM)
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetMinorNumber", handle).minor

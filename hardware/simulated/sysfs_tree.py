@@ -4,7 +4,9 @@ Written under ``<root>/sys`` so ``SysfsReader(root)`` reads it exactly as it rea
 
 - ``devices/<host bridge>/<root port>/<switch upstream>/<switch downstream>/<device>/`` with
   ``vendor``, ``device``, ``class``, ``numa_node`` files; devices without a switch sit on a root
-  port; ``bus/pci/devices/<bdf>`` are symlinks into that tree, as in the kernel.
+  port; ``bus/pci/devices/<bdf>`` are symlinks into that tree, as in the kernel. Switches that
+  share a root port (the same ``root_port``, or none, under one host bridge) hang off the
+  downstream ports of one more switch on it, as switches that meet below a host bridge do.
 - ``devices/system/node/node<N>/cpulist``.
 - ``class/infiniband/<ibdev>/device`` -> the adapter's PCI function, ``ports/1/link_layer``;
   ``class/infiniband_verbs/uverbs<N>/{ibdev,dev}``.
@@ -16,10 +18,11 @@ Bridge addresses are made up (free bus/device numbers); endpoints keep the inven
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devicemodel.inventory import Nic, NicType
+from devicemodel.inventory import Nic, NicType, PcieSwitch
 from hardware.simulated.dev_tree import write_fake_dev
 from hardware.simulated.health_calls import write_fabric_manager
 from hardware.simulated.node import SimulatedNode
@@ -46,9 +49,11 @@ _GPU_DEVICE_IDS = {
 
 @dataclass
 class FakeSysfsLayout:
-    """What the writer chose: each PCIe switch's upstream port (bdf -> switch name)."""
+    """What the writer chose: each PCIe switch's upstream port (bdf -> switch name) and each root
+    port above a switch (bdf -> the switches' ``root_port``, None for the shared one)."""
 
     switch_names: dict[str, str] = field(default_factory=dict)
+    root_port_names: dict[str, str | None] = field(default_factory=dict)
 
 
 class _Bridges:
@@ -75,11 +80,7 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
     files = _Files()
     tree = _TreeWriter(sys_dir, _Bridges(set(endpoints)), files)
     layout = FakeSysfsLayout()
-    for switch in inventory.pcie_switches:
-        root_port = tree.bridge(sys_dir / "devices" / switch.root, ids=_ROOT_PORT, numa=switch.numa_node)
-        upstream = tree.bridge(root_port, ids=_SWITCH_PORT, numa=switch.numa_node)
-        tree.switch_dirs[switch.name] = upstream
-        layout.switch_names[upstream.name] = switch.name
+    _write_switches(tree, inventory.pcie_switches, layout)
     for gpu in inventory.gpus:
         parent = tree.port_for(gpu.pcie_switch, gpu.pcie_root, numa=gpu.numa_node)
         ids = (NVIDIA_VENDOR, _GPU_DEVICE_IDS.get(gpu.product, 0x2300))
@@ -98,6 +99,26 @@ def write_fake_sysfs(root: Path, node: SimulatedNode) -> FakeSysfsLayout:
         files.write(cpulist, f"{first}-{first + CPUS_PER_NUMA_NODE - 1}")
     write_fake_dev(Path(root), inventory)  # device nodes and their numbers (hardware.device_nodes)
     return layout
+
+
+def _write_switches(tree: _TreeWriter, switches: tuple[PcieSwitch, ...], layout: FakeSysfsLayout) -> None:
+    """A root port per (host bridge, root port) group; a group of several switches sits below the
+    downstream ports of one more switch there (they meet below the host bridge: PXB). Written in
+    the switches' order, so their upstream ports' bus order is theirs."""
+    members = Counter((s.root, s.root_port) for s in switches)
+    tops: dict[tuple[str, str | None], Path] = {}  # per group: its root port, or the hub on it
+    for switch in switches:
+        key, numa = (switch.root, switch.root_port), switch.numa_node
+        if key not in tops:
+            root_port = tree.bridge(tree.sys_dir / "devices" / switch.root, ids=_ROOT_PORT, numa=numa)
+            layout.root_port_names[root_port.name] = switch.root_port
+            tops[key] = tree.bridge(root_port, ids=_SWITCH_PORT, numa=numa) if members[key] > 1 else root_port
+        parent = tops[key]
+        if members[key] > 1:
+            parent = tree.bridge(parent, ids=_SWITCH_PORT, numa=numa)  # a downstream port of the hub
+        upstream = tree.bridge(parent, ids=_SWITCH_PORT, numa=numa)
+        tree.switch_dirs[switch.name] = upstream
+        layout.switch_names[upstream.name] = switch.name
 
 
 class _TreeWriter:

@@ -1,13 +1,16 @@
-"""The go-gpuallocator-like baseline: its pair weights, its NVSwitch blind spot, its partitions."""
+"""The go-gpuallocator baseline: its pair weights, its NVSwitch blind spot, its partitions and ties."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from devicemodel.errors import TopologyError
-from devicemodel.inventory import NodeInventory, NvSwitchFabric
+from devicemodel.inventory import NodeInventory, NvLink, NvSwitchFabric, PcieSwitch
 from tests.unit.topology_nodes import dgx1_v100, make_gpu, nvswitch_node, p4d
 from topology.baselines import go_gpuallocator_like, go_gpuallocator_pair_score
+from topology.go_gpuallocator import best_effort, partitions
 from topology.graph import TopologyGraph
 from topology.search import best_set
 
@@ -74,3 +77,55 @@ def test_sixteen_gpus_are_tractable() -> None:
 def test_size_below_one_is_an_error() -> None:
     with pytest.raises(TopologyError, match="ask for 1 or more"):
         go_gpuallocator_like(DGX1, available=ALL8, size=0)
+
+
+def test_leftover_gpus_score_together_and_ties_go_to_the_first_partition_listed() -> None:
+    # GPUs 0-3 of the DGX-1: {0,2,3} and {1,2,3} both score 610 (the leftover alone scores 0);
+    # go-gpuallocator lists {0,2,3},{1} before {0},{1,2,3} and keeps the first.
+    assert go_gpuallocator_like(DGX1, available=frozenset(range(4)), size=3) == (0, 2, 3)
+
+
+def test_a_padded_best_set_is_no_answer() -> None:
+    """Where the best partition's best set is the one holding the padding, go-gpuallocator returns
+    it with nil devices; the baseline answers None (the simulator then takes the lowest free GPUs)."""
+    # GPUs 0-2 joined by six lanes each (1950 as a set), 3-6 on one switch of the other socket (300):
+    # {0,1,2,pad},{3,4,5,6} (2250) beats every partition that splits 3-6, and its best set is padded.
+    side = [0, 0, 0, 1, 1, 1, 1]
+    gpus = tuple(make_gpu(i, switch=f"sw{s}", root=f"r{s}", numa_node=s) for i, s in enumerate(side))
+    triangle = tuple(NvLink(a, b, 6) for a, b in ((0, 1), (0, 2), (1, 2)))
+    switches = (PcieSwitch("sw0", 0, "r0"), PcieSwitch("sw1", 1, "r1"))
+    node = NodeInventory(name="triangle", numa_nodes=2, gpus=gpus, nvlinks=triangle, pcie_switches=switches)
+    graph = TopologyGraph.from_inventory(node)
+    scores = tuple(tuple(0 if a == b else go_gpuallocator_pair_score(graph, a, b) for b in range(7))
+                   for a in range(7))
+    assert best_effort(scores, available=range(7), size=4) == (0, 1, 2, None)
+    assert go_gpuallocator_like(graph, available=frozenset(range(7)), size=4) is None
+
+
+def _first_listed_best(scores: tuple[tuple[int, ...], ...], available: list[int],
+                       required: frozenset[int], size: int) -> tuple[int | None, ...]:
+    """go-gpuallocator's selection spelled out over its listing of every partition."""
+    def score(group: tuple[int | None, ...]) -> int:
+        members = [d for d in group if d is not None]
+        return sum(scores[a][b] for a, b in itertools.combinations(members, 2))
+
+    best: tuple[tuple[int | None, ...], ...] | None = None
+    for partition in partitions(available, size):
+        if not any(required <= set(g) and None not in g for g in partition):
+            continue
+        if best is None or sum(map(score, partition)) > sum(map(score, best)):
+            best = partition
+    holding = [g for g in best or () if required <= set(g)]
+    return max(holding, key=score) if holding else ()  # max keeps the first of equals
+
+
+def test_best_effort_equals_listing_every_partition_on_all_dgx1_free_sets() -> None:
+    graph = TopologyGraph.from_inventory(dgx1_v100())
+    scores = tuple(tuple(0 if a == b else go_gpuallocator_pair_score(graph, a, b) for b in range(8))
+                   for a in range(8))
+    for count in range(1, 9):
+        for free in itertools.combinations(range(8), count):
+            for size in range(2, count + 1):
+                for required in (frozenset(), frozenset({free[-1]})):
+                    expected = _first_listed_best(scores, list(free), required, size)
+                    assert best_effort(scores, available=free, required=required, size=size) == expected
