@@ -78,6 +78,7 @@ class ActiveParts:
     busy: Busy | None = None
     events: EventSink | None = None
     runs: RunBook = field(default_factory=RunBook)
+    backstop_grace_s: float = BACKSTOP_GRACE_S
 
 
 class ActiveCheckRunner:
@@ -287,7 +288,7 @@ class ActiveCheckRunner:
 
         thread = threading.Thread(target=work, name="exerciser", daemon=True)
         thread.start()
-        thread.join(deadline_s + BACKSTOP_GRACE_S)
+        thread.join(deadline_s + self.parts.backstop_grace_s)
         name = self.parts.exerciser.name
         if box and isinstance(box[0], ExerciseReport):
             return box[0]

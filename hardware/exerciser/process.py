@@ -83,10 +83,14 @@ class ProcessExerciser:
                 start_new_session=True,
             )
             run = _ChildRun(plan, child)
-            run.send_plan()
-            finished = run.read(until=started + deadline_s)
-            if not finished:
-                _kill(child)
+            try:
+                run.send_plan()
+                finished = run.read(until=started + deadline_s)
+            finally:
+                if child.returncode is None:
+                    _kill(child)
+                if child.stdout is not None:
+                    child.stdout.close()
             results = run.results(timed_out=not finished, deadline_s=deadline_s, stderr=_tail(stderr))
         return ExerciseReport(self.name, plan, tuple(results), time.monotonic() - started)
 
