@@ -50,11 +50,13 @@ from health.config import ActiveSettings
 from health.monitor import HealthMonitor, nvlinks_per_gpu
 from health.policy import DeviceState, Fault
 from health.runner import TimeoutRunner
+from health.xid import Severity
 
 log = logging.getLogger(__name__)
 HOLD_REASON = "active check running"
 BACKSTOP_GRACE_S = 5.0  # past a batch's deadline before the runner stops waiting for its backend
 SKIPPED_STATES = (DeviceState.RETIRED, DeviceState.REMEDIATING)
+_COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
 
 Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID -> reason); {} releases
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
@@ -365,7 +367,8 @@ class ActiveCheckRunner:
                 log.exception("cannot withhold the GPUs under an active check")
 
     def _count_xid(self, device: str, fault: Fault) -> None:
-        if fault.signal in ("xid", "recovery-action"):
+        """Count the Xids graded application-level or worse (informational ones are the driver's notes)."""
+        if fault.signal in ("xid", "recovery-action") and fault.severity in _COUNTED:
             gpu = self.monitor.engine.mig_parent.get(device, device)
             self._xids[gpu] = self._xids.get(gpu, 0) + 1
 
