@@ -54,6 +54,7 @@ from health.xid import Severity
 
 log = logging.getLogger(__name__)
 HOLD_REASON = "active check running"
+BURN_IN = "burn-in"
 BACKSTOP_GRACE_S = 5.0  # past a batch's deadline before the runner stops waiting for its backend
 SKIPPED_STATES = (DeviceState.RETIRED, DeviceState.REMEDIATING)
 _COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
@@ -191,11 +192,14 @@ class ActiveCheckRunner:
     # --- one run ------------------------------------------------------------------------------
 
     def _run(self, run: int, indexes: Sequence[int] | None, *, level: int, trigger: str) -> RunOutcome:
+        """One run. The burn-in holds nothing: the startup taint keeps new work off the whole node
+        while it runs, and the agent's first device list stays as the rounds make it."""
         started = self.monitor.now()
+        hold = trigger != BURN_IN
         chosen, skipped = self._select(indexes)
-        self._hold({g.uuid: HOLD_REASON for g in chosen})
+        self._hold({g.uuid: HOLD_REASON for g in chosen} if hold else {})
         try:
-            chosen, skipped = self._still_idle(chosen, skipped)
+            chosen, skipped = self._still_idle(chosen, skipped, hold=hold)
             reports, found, deltas = self._exercise_all(chosen, level)
         finally:
             self._hold({})
@@ -229,7 +233,9 @@ class ActiveCheckRunner:
                 chosen.append(gpu)
         return chosen, skipped
 
-    def _still_idle(self, chosen: list[Gpu], skipped: dict[str, str]) -> tuple[list[Gpu], dict[str, str]]:
+    def _still_idle(
+        self, chosen: list[Gpu], skipped: dict[str, str], *, hold: bool
+    ) -> tuple[list[Gpu], dict[str, str]]:
         """After the hold (no new pod can land): the GPUs nothing holds; the rest are skipped."""
         busy = self.parts.busy
         idle = []
@@ -239,7 +245,8 @@ class ActiveCheckRunner:
                 skipped[gpu.uuid] = why
             else:
                 idle.append(gpu)
-        self._hold({g.uuid: HOLD_REASON for g in idle})
+        if hold:
+            self._hold({g.uuid: HOLD_REASON for g in idle})
         return idle, skipped
 
     def _exercise_all(

@@ -15,7 +15,8 @@ from gpuweave.gpucheck import check
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "gpu-check",
-        help="read-only check of this NVIDIA host (or the simulator): contract, inspect, agent, exercise, record",
+        help="read-only check of this NVIDIA host (or the simulator): contract, inspect, agent, exercise, "
+        "record",
         description=(
             "Check this host's GPUs without changing anything: the repository's backend contract "
             "suite (when run from a checkout with pytest; otherwise reported as skipped), gpuweave "

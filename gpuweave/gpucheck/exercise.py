@@ -20,6 +20,7 @@ from typing import Any
 
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import write_json_atomically
+from gpuweave.gpucheck.process import CheckFailedError, StepSkippedError
 from hardware.exerciser.levels import plans
 from hardware.exerciser.model import Expectations, expectations
 from hardware.exerciser.process import ProcessExerciser
@@ -32,21 +33,23 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
 from health.active import Thresholds, Verdict, judge, verdicts
-from gpuweave.gpucheck.process import CheckFailedError, StepSkippedError
 
 LEVEL = 1
 EXERCISE_DEADLINE_S = 25.0  # the whole level-1 run of every GPU; a hang fails the step within it
 
 
 def step_exercise(*, simulate: str | None, out_dir: Path) -> str:
-    backend: SimulatedBackend | NvmlBackend = SimulatedBackend(load_profile(simulate)) if simulate else NvmlBackend()
+    backend: SimulatedBackend | NvmlBackend = (
+        SimulatedBackend(load_profile(simulate)) if simulate else NvmlBackend()
+    )
     try:
         inventory = backend.discover()
         lib = backend.lib
         links = _links(NvmlHealthProbe(lib), inventory)
         exerciser: Exerciser = (
             SimulatedExerciser(backend.node.inventory, backend.node.health, backend.node.exerciser)
-            if isinstance(backend, SimulatedBackend) else ProcessExerciser()
+            if isinstance(backend, SimulatedBackend)
+            else ProcessExerciser()
         )
         return _exercise(inventory, exerciser, expectations(inventory, links), out_dir, simulate=simulate)
     finally:
@@ -64,7 +67,12 @@ def _links(probe: NvmlHealthProbe, inventory: NodeInventory) -> dict[str, tuple[
 
 
 def _exercise(
-    inventory: NodeInventory, exerciser: Exerciser, expected: Expectations, out_dir: Path, *, simulate: str | None
+    inventory: NodeInventory,
+    exerciser: Exerciser,
+    expected: Expectations,
+    out_dir: Path,
+    *,
+    simulate: str | None,
 ) -> str:
     gpus = [g for g in inventory.gpus if not g.mig_enabled]
     if not gpus:
@@ -73,23 +81,25 @@ def _exercise(
     report = exerciser.run(plan, deadline_s=EXERCISE_DEADLINE_S)
     found = judge(report, expected, thresholds=Thresholds())
     verdict = verdicts(report, found)
-    target = _record(inventory, report, expected, found, verdict, out_dir, simulate=simulate)
+    target = _record(inventory, report, expected=expected, found=found, verdict=verdict, out_dir=out_dir,
+                     simulate=simulate)
     failed = sorted(inventory.gpu_by_uuid(u).index for u, v in verdict.items() if v is not Verdict.PASSED)
     if failed:
         items = found.get(inventory.gpu(failed[0]).uuid) or []
         first = _anonymous(inventory, items[0].reason) if items else "not every check ran"
         raise CheckFailedError(f"GPU(s) {', '.join(map(str, failed))} failed: {first} (recorded in {target})")
-    return f"{len(gpus)} GPUs passed level {LEVEL} in {report.seconds:.1f}s ({len(report.results)} checks), {target}"
+    checks = len(report.results)
+    return f"{len(gpus)} GPUs passed level {LEVEL} in {report.seconds:.1f}s ({checks} checks), {target}"
 
 
 def _record(
     inventory: NodeInventory,
     report: ExerciseReport,
+    *,
     expected: Expectations,
     found: dict[str, Any],
     verdict: dict[str, Any],
     out_dir: Path,
-    *,
     simulate: str | None,
 ) -> Path:
     index = {g.uuid: f"gpu{g.index}" for g in inventory.gpus}
@@ -106,19 +116,30 @@ def _record(
         "driver": inventory.driver_version,
         "level": plan.level,
         "seconds": round(report.seconds, 3),
-        "plan": {"memoryFraction": plan.memory_fraction, "computeIterations": plan.compute_iterations,
-                 "computeSeconds": plan.compute_seconds, "copyBytes": plan.copy_bytes,
-                 "copyRepeats": plan.copy_repeats},
+        "plan": {
+            "memoryFraction": plan.memory_fraction,
+            "computeIterations": plan.compute_iterations,
+            "computeSeconds": plan.compute_seconds,
+            "copyBytes": plan.copy_bytes,
+            "copyRepeats": plan.copy_repeats,
+        },
         "expected": {
-            index[g.uuid]: {"model": expected.model(g.uuid).name, "pcieGbps": expected.pcie.get(g.uuid),
-                            "pcieLink": expected.pcie_link.get(g.uuid),
-                            "computeSeconds": expected.compute_seconds(
-                                g.uuid, threads=plan.threads_for(g.uuid), iterations=plan.compute_iterations)}
+            index[g.uuid]: {
+                "model": expected.model(g.uuid).name,
+                "pcieGbps": expected.pcie.get(g.uuid),
+                "pcieLink": expected.pcie_link.get(g.uuid),
+                "computeSeconds": expected.compute_seconds(
+                    g.uuid, threads=plan.threads_for(g.uuid), iterations=plan.compute_iterations
+                ),
+            }
             for g in plan.gpus
         },
         "results": [anonymous(result_to_dict(r)) for r in report.results],
         "verdicts": {
-            index[u]: {"verdict": v.value, "findings": [_anonymous(inventory, f.reason) for f in found.get(u, [])]}
+            index[u]: {
+                "verdict": v.value,
+                "findings": [_anonymous(inventory, f.reason) for f in found.get(u, [])],
+            }
             for u, v in verdict.items()
         },
     }

@@ -136,7 +136,9 @@ class CudaDriver:
         self.call("cuDeviceGetUuid", raw, device)
         return format_uuid(raw.raw)
 
-    def launch(self, function: int, *, grid: int, block: int, args: Sequence[ctypes._SimpleCData[Any]]) -> None:
+    def launch(
+        self, function: int, *, grid: int, block: int, args: Sequence[ctypes._SimpleCData[Any]]
+    ) -> None:
         """Launch on the current context's default stream; ``args`` stay alive through the call."""
         pointers = (ctypes.c_void_p * len(args))(
             *[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args]

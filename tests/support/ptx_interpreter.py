@@ -128,7 +128,7 @@ class _Thread:
                 return
             pc = self.k.labels[jump] if jump else pc + 1
 
-    def step(self, line: str) -> str | None:  # noqa: PLR0911, PLR0912
+    def step(self, line: str) -> str | None:
         guard = None
         if line.startswith("@"):
             guard, line = line.split(None, 1)

@@ -56,7 +56,9 @@ class Node(AgentNode):
         return {by_uuid[u] for u in self.kubelet.healthy(RESOURCE_GPU)}
 
     def wait(self, predicate: Any, what: str) -> None:
-        assert self.kubelet.wait_for(lambda: _quietly(predicate), timeout=WAIT), f"timed out waiting for {what}"
+        assert self.kubelet.wait_for(lambda: _quietly(predicate), timeout=WAIT), (
+            f"timed out waiting for {what}"
+        )
 
     def started(self) -> bool:
         status = self.status()
@@ -78,7 +80,9 @@ def node() -> Iterator[Node]:
     started.close()
 
 
-def test_gpuweave_check_finds_bad_memory_and_a_slow_nvlink_pair_and_leaves_a_pods_gpu_alone(node: Node) -> None:
+def test_gpuweave_check_finds_bad_memory_and_a_slow_nvlink_pair_and_leaves_a_pods_gpu_alone(
+    node: Node,
+) -> None:
     burn_in = node.status()["activeChecks"]["lastRun"]
     assert burn_in["trigger"] == "burn-in" and "8 GPU(s) passed" in burn_in["summary"]
     (held,), _ = node.kubelet.allocate(RESOURCE_GPU, 1)  # a pod's GPU (the agent's recent grant)

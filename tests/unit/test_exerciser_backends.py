@@ -82,7 +82,10 @@ DCGM_GPUS = {0: "GPU-BBBBBBBB-0000-4000-8000-000000000001", 1: "GPU-aaaaaaaa-000
 
 def test_dcgm_discovery_maps_uuids_to_dcgm_ids() -> None:
     ids = dcgm_ids((FIXTURES / "discovery.txt").read_text())
-    assert ids == {"gpu-bbbbbbbb-0000-4000-8000-000000000001": 0, "gpu-aaaaaaaa-0000-4000-8000-000000000000": 1}
+    assert ids == {
+        "gpu-bbbbbbbb-0000-4000-8000-000000000001": 0,
+        "gpu-aaaaaaaa-0000-4000-8000-000000000000": 1,
+    }
 
 
 def test_dcgm_4x_results_per_entity() -> None:
@@ -132,15 +135,15 @@ def _fake_dcgmi(tmp_path: Path, *, diag: str) -> str:
 
 def _dcgm_plan() -> ExercisePlan:
     inventory = small_inventory(gpus=2)
-    gpus = tuple(
-        g.__class__(**{**g.__dict__, "uuid": DCGM_GPUS[1 - g.index]}) for g in inventory.gpus
-    )
+    gpus = tuple(g.__class__(**{**g.__dict__, "uuid": DCGM_GPUS[1 - g.index]}) for g in inventory.gpus)
     inventory = NodeInventory(name="n", numa_nodes=1, gpus=gpus)
     return _plan(inventory)
 
 
 def test_dcgm_runs_diag_at_the_plans_level_on_its_own_gpu_ids(tmp_path: Path) -> None:
-    dcgmi = _fake_dcgmi(tmp_path, diag=f'echo "$@" > {tmp_path}/args; cat {FIXTURES / "diag-4x.json"}; exit 226')
+    dcgmi = _fake_dcgmi(
+        tmp_path, diag=f'echo "$@" > {tmp_path}/args; cat {FIXTURES / "diag-4x.json"}; exit 226'
+    )
     exerciser = DcgmExerciser.find(which=lambda _name: dcgmi)
     assert exerciser is not None
     report = exerciser.run(_dcgm_plan(), deadline_s=20)
@@ -187,7 +190,9 @@ def test_a_healthy_simulated_node_measures_its_models_rates() -> None:
     assert h2d == {53.6}  # 85 % of PCIe gen5 x16
 
 
-def test_a_bad_cell_beyond_the_tested_share_of_memory_is_not_found_until_a_longer_level(tmp_path: Path) -> None:
+def test_a_bad_cell_beyond_the_tested_share_of_memory_is_not_found_until_a_longer_level(
+    tmp_path: Path,
+) -> None:
     inventory, exerciser, _ = _simulated("dgx-h100")
     exerciser.state.add_bad_cell(2, 40 << 30)  # 40 GiB into an 80 GB GPU
     for level, found in ((1, 0), (3, 1)):
@@ -228,7 +233,9 @@ def test_expectations_follow_the_links_nvml_reports() -> None:
     assert expected.peer_gbps(pair) == 50.0
 
 
-def test_the_child_sees_every_gpu_by_bus_id_whatever_the_agent_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_child_sees_every_gpu_by_bus_id_whatever_the_agent_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mps")
     env = child_env()

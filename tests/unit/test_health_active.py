@@ -22,8 +22,8 @@ from health.policy import DeviceState
 from health.scope import TAINT_HEALTH_PENDING
 from health.service import HealthParts, HealthService
 from tests.support.waiting import wait_until
-from tests.unit.test_health_remediation import RecordingCluster
 from tests.unit.test_health_monitor import FakeClock, Sink
+from tests.unit.test_health_remediation import RecordingCluster
 
 ROUNDS = HealthSettings(round_interval_s=0.05, check_timeout_s=0.5)  # probation: 2 clean rounds
 
@@ -50,14 +50,25 @@ def health(
     backend: SimulatedBackend, tmp_path: Path, *, clock: FakeClock | None = None, **active: object
 ) -> tuple[HealthService, RecordingCluster, Holds]:
     node = backend.node
-    probe = NvmlHealthProbe(backend.lib, sysfs_root=backend.sysfs_root / "sys", reset=node.health.reset_uuid,
-                            proc_root=backend.sysfs_root / "proc")
+    probe = NvmlHealthProbe(
+        backend.lib,
+        sysfs_root=backend.sysfs_root / "sys",
+        reset=node.health.reset_uuid,
+        proc_root=backend.sysfs_root / "proc",
+    )
     cluster, holds = RecordingCluster([]), Holds()
     settings = replace(ROUNDS, active=ActiveSettings(**active))
     parts = HealthParts(
-        inventory=backend.inventory, probe=probe, device_ops=probe, sink=Sink(), state_dir=tmp_path / "state",
-        settings=settings, node_name="node-a", cluster=cluster,
-        exerciser=SimulatedExerciser(node.inventory, node.health, node.exerciser), hold=holds,
+        inventory=backend.inventory,
+        probe=probe,
+        device_ops=probe,
+        sink=Sink(),
+        state_dir=tmp_path / "state",
+        settings=settings,
+        node_name="node-a",
+        cluster=cluster,
+        exerciser=SimulatedExerciser(node.inventory, node.health, node.exerciser),
+        hold=holds,
         **({"clock": clock} if clock is not None else {}),
     )
     return HealthService(parts), cluster, holds
@@ -79,7 +90,9 @@ def test_burn_in_withholds_only_the_bad_gpus_and_the_startup_taint_lifts_for_the
     service, cluster, holds = health(backend, tmp_path, deadline_s=1.0, recheck_interval_s=0)
     service.start()
     try:
-        wait_until("the startup taint to lift", lambda: TAINT_HEALTH_PENDING not in cluster.taints, timeout=30)
+        wait_until(
+            "the startup taint to lift", lambda: TAINT_HEALTH_PENDING not in cluster.taints, timeout=30
+        )
         wait_until("GPU 3 retired", lambda: states(service)[uuid(backend, 3)] is DeviceState.RETIRED)
         now = states(service)
         assert now[uuid(backend, 5)] in (DeviceState.FAILED, DeviceState.REMEDIATING, DeviceState.PROBATION)
@@ -90,18 +103,22 @@ def test_burn_in_withholds_only_the_bad_gpus_and_the_startup_taint_lifts_for_the
         assert "hard memory failure" in cluster.bad[uuid(backend, 3)].reason
         assert "active-check: memory pattern" in service.snapshot().gpus[uuid(backend, 3)].reason
         assert service.engine.rechecks.keys() == {uuid(backend, 3), uuid(backend, 5)}
-        assert set(holds.calls[0]) == {g.uuid for g in backend.inventory.gpus} and holds.calls[-1] == {}
+        assert all(call == {} for call in holds.calls)  # the startup taint, not a hold, covers the burn-in
         assert ("GpuweaveActiveCheckFailed", "node") in cluster.events
     finally:
         service.stop()
 
 
-def test_without_burn_in_the_taint_lifts_after_the_rounds_alone(backend: SimulatedBackend, tmp_path: Path) -> None:
+def test_without_burn_in_the_taint_lifts_after_the_rounds_alone(
+    backend: SimulatedBackend, tmp_path: Path
+) -> None:
     backend.node.exerciser.add_bad_cell(3, 0)
     service, cluster, _ = health(backend, tmp_path, burn_in_level=0)
     service.start()
     try:
-        wait_until("the startup taint to lift", lambda: TAINT_HEALTH_PENDING not in cluster.taints, timeout=30)
+        wait_until(
+            "the startup taint to lift", lambda: TAINT_HEALTH_PENDING not in cluster.taints, timeout=30
+        )
         assert set(states(service).values()) == {DeviceState.HEALTHY}
     finally:
         service.stop()
@@ -140,8 +157,10 @@ def test_a_narrow_pcie_link_and_a_slow_compute_are_found(backend: SimulatedBacke
     assert service.active is not None
     outcome = service.active.run([6, 7], level=1)
     reasons = outcome.gpus[uuid(backend, 6)].reasons
-    assert any("host-to-device copies at 26.8 GB/s, below 55% of the PCIe gen5 x16 link's 63.0 GB/s" in r
-               for r in reasons)
+    assert any(
+        "host-to-device copies at 26.8 GB/s, below 55% of the PCIe gen5 x16 link's 63.0 GB/s" in r
+        for r in reasons
+    )
     assert outcome.gpus[uuid(backend, 7)].verdict == "failed"  # 90 % of the model's rate is past 1/1.05
     assert "compute kernel took" in outcome.gpus[uuid(backend, 7)].reasons[0]
 
@@ -178,8 +197,12 @@ def test_a_backend_that_never_returns_fails_its_gpus_closed_at_the_deadline(
 ) -> None:
     service, _, _ = health(backend, tmp_path, deadline_s=0.5)
     stuck = NeverReturns()
-    parts = ActiveParts(exerciser=stuck, probe=service.parts.probe,
-                        settings=service.parts.settings.active, backstop_grace_s=0.5)
+    parts = ActiveParts(
+        exerciser=stuck,
+        probe=service.parts.probe,
+        settings=service.parts.settings.active,
+        backstop_grace_s=0.5,
+    )
     try:
         outcome = ActiveCheckRunner(service.monitor, parts).run([2, 3], level=1)
     finally:
