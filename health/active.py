@@ -99,6 +99,19 @@ def verdicts(report: ExerciseReport, found: Mapping[str, list[Finding]]) -> dict
     return out
 
 
+def merged_verdicts(
+    reports: Iterable[ExerciseReport], found: Mapping[str, list[Finding]]
+) -> dict[str, Verdict]:
+    """Per GPU over every batch of a run: failed beats incomplete beats passed."""
+    rank = {Verdict.PASSED: 0, Verdict.INCOMPLETE: 1, Verdict.FAILED: 2}
+    merged: dict[str, Verdict] = {}
+    for report in reports:
+        for uuid, verdict in verdicts(report, found).items():
+            if uuid not in merged or rank[verdict] > rank[merged[uuid]]:
+                merged[uuid] = verdict
+    return merged
+
+
 def _judge_one(
     result: CheckResult,
     expected: Expectations,

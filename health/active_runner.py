@@ -27,29 +27,21 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from devicemodel.errors import GpuweaveError, InvalidInputError
 from devicemodel.inventory import Gpu, NodeInventory
 from hardware.exerciser.levels import level as level_spec
 from hardware.exerciser.levels import plans
-from hardware.exerciser.model import expectations
-from hardware.exerciser.protocol import (
-    CheckResult,
-    ExercisePlan,
-    Exerciser,
-    ExerciseReport,
-    ResultStatus,
-    unfinished,
-)
-from hardware.health_probe import GpuReadings
-from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, verdicts
+from hardware.exerciser.model import Expectations, expectations
+from hardware.exerciser.protocol import Exerciser, ExerciseReport
+from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, merged_verdicts
 from health.active_book import RunBook, RunOutcome, ordered
+from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop
 from health.checks import Finding
 from health.config import ActiveSettings
-from health.monitor import HealthMonitor, nvlinks_per_gpu
+from health.monitor import HealthMonitor
 from health.policy import DeviceState, Fault
-from health.runner import TimeoutRunner
 from health.xid import Severity
 
 log = logging.getLogger(__name__)
@@ -62,10 +54,6 @@ _COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
 Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID -> reason); {} releases
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
 EventSink = Callable[[str, str, bool], None]  # reason, message, warning
-
-
-class Readings(Protocol):
-    def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings: ...
 
 
 class ActiveCheckBusyError(GpuweaveError):
@@ -90,7 +78,7 @@ class ActiveCheckRunner:
         self.runs = parts.runs
         self._lock = threading.Lock()  # held for the whole of a run
         self._ids = itertools.count(1)
-        self._reads = TimeoutRunner()
+        self._counters = CounterReader(parts.probe, timeout_s=monitor.settings.check_timeout_s)
         self._xids: dict[str, int] = {}
         self._last_recheck: dict[str, float] = {}
         monitor.engine.fault_observers.append(self._count_xid)
@@ -209,7 +197,7 @@ class ActiveCheckRunner:
             findings=found,
             skipped=skipped,
             deltas=deltas,
-            verdicts=_merged_verdicts(reports, found),
+            verdicts=merged_verdicts(reports, found),
             seconds=self.monitor.now() - started,
             indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},
         )
@@ -255,12 +243,7 @@ class ActiveCheckRunner:
         if not gpus:
             return [], {}, {}
         inventory = self.monitor.engine.inventory
-        before, xids = self._read_all(gpus), dict(self._xids)
-        links = {
-            u: (r.pcie_generation[1], r.pcie_width[1]) if r and r.pcie_generation and r.pcie_width else None
-            for u, r in before.items()
-        }
-        expected = expectations(inventory, links)
+        before, xids = self._counters.read_all(inventory, gpus), dict(self._xids)
         deadline = self.settings.deadline_s or level_spec(level).deadline_s
         batches = plans(
             inventory,
@@ -269,68 +252,32 @@ class ActiveCheckRunner:
             max_gpus=self.settings.max_gpus,
             memory_fraction=self.settings.memory_fraction,
         )
-        reports = [self._exercise(plan, deadline) for plan in batches]
-        deltas = _deltas(before, self._read_all(gpus), xids, self._xids)
+        reports = [
+            run_with_backstop(
+                self.parts.exerciser, plan, deadline_s=deadline, grace_s=self.parts.backstop_grace_s
+            )
+            for plan in batches
+        ]
+        changed = deltas(before, self._counters.read_all(inventory, gpus), xids, self._xids)
+        return reports, self._judge(reports, changed, expectations(inventory, pcie_links(before))), changed
+
+    def _judge(
+        self, reports: list[ExerciseReport], changed: dict[str, CounterDelta], expected: Expectations
+    ) -> dict[str, list[Finding]]:
+        settings = self.settings
         thresholds = Thresholds(
-            self.settings.min_pcie_fraction,
-            self.settings.min_nvlink_fraction,
-            self.settings.compute_slack,
-            self.settings.sbe_limit,
+            settings.min_pcie_fraction,
+            settings.min_nvlink_fraction,
+            settings.compute_slack,
+            settings.sbe_limit,
         )
         found: dict[str, list[Finding]] = {}
         for report in reports:
             for uuid, items in judge(report, expected, thresholds=thresholds).items():
                 found.setdefault(uuid, []).extend(items)
-        for uuid, items in judge_deltas(deltas, thresholds=thresholds).items():
+        for uuid, items in judge_deltas(changed, thresholds=thresholds).items():
             found.setdefault(uuid, []).extend(items)
-        return reports, found, deltas
-
-    def _exercise(self, plan: ExercisePlan, deadline_s: float) -> ExerciseReport:
-        """The backend's run; one that does not return past its deadline hangs every check."""
-        box: list[ExerciseReport | BaseException] = []
-
-        def work() -> None:
-            try:
-                box.append(self.parts.exerciser.run(plan, deadline_s=deadline_s))
-            except Exception as exc:
-                box.append(exc)
-
-        thread = threading.Thread(target=work, name="exerciser", daemon=True)
-        thread.start()
-        thread.join(deadline_s + self.parts.backstop_grace_s)
-        name = self.parts.exerciser.name
-        if box and isinstance(box[0], ExerciseReport):
-            return box[0]
-        if box:
-            detail = f"the {name} exerciser failed: {box[0]}"
-            rest = unfinished(plan, [], hung=(), detail=detail)
-            errors = tuple(
-                CheckResult(r.check, r.gpu, ResultStatus.ERROR, peer=r.peer, detail=detail) for r in rest
-            )
-            return ExerciseReport(name, plan, errors, 0.0)
-        detail = f"the {name} exerciser did not return within its {deadline_s:g} s deadline"
-        return ExerciseReport(
-            name, plan, tuple(unfinished(plan, [], hung=set(plan.checks()), detail=detail)), deadline_s
-        )
-
-    def _read_all(self, gpus: list[Gpu]) -> dict[str, GpuReadings | None]:
-        """Each GPU's counters, time-boxed like a round's reads; None where a read failed or hung."""
-        links = nvlinks_per_gpu(self.monitor.engine.inventory)
-        started = {
-            g.uuid: self._reads.start(
-                f"active/{g.uuid}", _reader(self.parts.probe, g.uuid, links.get(g.index, 0))
-            )
-            for g in gpus
-        }
-        out: dict[str, GpuReadings | None] = {}
-        for uuid, fresh in started.items():
-            status, value = (
-                self._reads.collect(f"active/{uuid}", self.monitor.settings.check_timeout_s)
-                if fresh
-                else ("timeout", None)
-            )
-            out[uuid] = value if status == "ok" and isinstance(value, GpuReadings) else None
-        return out
+        return found
 
     # --- results ------------------------------------------------------------------------------
 
@@ -406,49 +353,3 @@ def _busy(busy: Busy | None, uuid: str) -> str | None:
         return busy(uuid)
     except Exception as exc:  # cannot tell who holds it: do not exercise it
         return f"cannot tell whether a pod holds it ({exc})"
-
-
-def _reader(probe: Readings, uuid: str, links: int) -> Callable[[], GpuReadings]:
-    return lambda: probe.read_gpu(uuid, expected_nvlinks=links)
-
-
-def _deltas(
-    before: Mapping[str, GpuReadings | None],
-    after: Mapping[str, GpuReadings | None],
-    xids_before: Mapping[str, int],
-    xids_after: Mapping[str, int],
-) -> dict[str, CounterDelta]:
-    out = {}
-    for uuid, first in before.items():
-        last = after.get(uuid)
-        xids = xids_after.get(uuid, 0) - xids_before.get(uuid, 0)
-        if first is None or last is None:
-            out[uuid] = CounterDelta(xids=xids)
-            continue
-        out[uuid] = CounterDelta(
-            dbe=_minus(last.volatile_dbe, first.volatile_dbe),
-            sbe=_minus(last.volatile_sbe, first.volatile_sbe),
-            remapped_rows=_minus(_rows(last), _rows(first)),
-            xids=xids,
-        )
-    return out
-
-
-def _minus(after: int | None, before: int | None) -> int | None:
-    return None if after is None or before is None else max(after - before, 0)
-
-
-def _rows(readings: GpuReadings) -> int | None:
-    rows = readings.remapped_rows
-    return None if rows is None else rows[0] + rows[1]
-
-
-def _merged_verdicts(reports: list[ExerciseReport], found: Mapping[str, list[Finding]]) -> dict[str, Verdict]:
-    """Per GPU over every batch: failed beats incomplete beats passed."""
-    rank = {Verdict.PASSED: 0, Verdict.INCOMPLETE: 1, Verdict.FAILED: 2}
-    merged: dict[str, Verdict] = {}
-    for report in reports:
-        for uuid, verdict in verdicts(report, found).items():
-            if uuid not in merged or rank[verdict] > rank[merged[uuid]]:
-                merged[uuid] = verdict
-    return merged
