@@ -3,10 +3,10 @@
 It reads one plan (JSON) from stdin, runs it through the CUDA driver and prints one JSON line as
 each check begins and one with its result, so the parent (``hardware.exerciser.process``) knows
 what finished and which check was running when it killed a hung run. Each GPU's checks run on
-their own thread (ctypes releases the GIL in driver calls), then the NVLink pairs one at a time,
-so one pair's copies never share a link with another's. A failure of one GPU's set-up or check
-is that check's ``error`` result; the others go on. Without a usable driver the one line is
-``fatal``. Nothing else is printed on stdout.
+their own thread (ctypes releases the GIL in driver calls), its host<->device copies one GPU at
+a time, then the NVLink pairs one at a time, so no two copies share a link. A failure of one
+GPU's set-up or check is that check's ``error`` result; the others go on. Without a usable
+driver the one line is ``fatal``. Nothing else is printed on stdout.
 """
 
 from __future__ import annotations
@@ -55,8 +55,16 @@ def _error(kind: CheckKind, gpu: str, exc: BaseException, peer: str | None = Non
     return CheckResult(kind, gpu, ResultStatus.ERROR, peer=peer, detail=f"{type(exc).__name__}: {exc}"[:400])
 
 
-def run_gpu(cuda: CudaDriver, plan: ExercisePlan, target: GpuTarget, report: Reporter) -> GpuSession | None:
-    """Open the GPU's session and run its checks; the session for the peer phase, None if it failed."""
+def run_gpu(
+    cuda: CudaDriver, plan: ExercisePlan, target: GpuTarget, report: Reporter, *, copies: threading.Lock
+) -> GpuSession | None:
+    """Open the GPU's session and run its checks; the session for the peer phase, None if it failed.
+
+    Memory and compute run beside the other GPUs'; host<->device copies take ``copies`` first, one
+    GPU at a time: GPUs behind one PCIe switch share its uplink (two copying at once would each
+    measure half), and one pinned buffer at a time bounds the process's host memory. A check is
+    begun (and can time out) only once it holds the lock, so a GPU waiting behind a hung copy is
+    not-run, not hung."""
     try:
         session = GpuSession(cuda, target)
     except Exception as exc:
@@ -72,19 +80,28 @@ def run_gpu(cuda: CudaDriver, plan: ExercisePlan, target: GpuTarget, report: Rep
         CheckKind.DEVICE_TO_HOST: lambda: copy_check(session, plan, CheckKind.DEVICE_TO_HOST),
     }
     for kind, check in checks.items():
-        report.begin(kind, target.uuid)
-        try:
-            report.result(check())
-        except Exception as exc:
-            report.result(_error(kind, target.uuid, exc))
+        if kind in (CheckKind.HOST_TO_DEVICE, CheckKind.DEVICE_TO_HOST):
+            with copies:
+                _one_check(report, kind, target.uuid, check)
+        else:
+            _one_check(report, kind, target.uuid, check)
     return session
+
+
+def _one_check(report: Reporter, kind: CheckKind, gpu: str, check: Callable[[], CheckResult]) -> None:
+    report.begin(kind, gpu)
+    try:
+        report.result(check())
+    except Exception as exc:
+        report.result(_error(kind, gpu, exc))
 
 
 def run_plan(cuda: CudaDriver, plan: ExercisePlan, report: Reporter) -> None:
     sessions: dict[str, GpuSession | None] = {}
+    copies = threading.Lock()
 
     def one(target: GpuTarget) -> None:
-        sessions[target.uuid] = run_gpu(cuda, plan, target, report)
+        sessions[target.uuid] = run_gpu(cuda, plan, target, report, copies=copies)
 
     threads = [threading.Thread(target=one, args=(t,), name=f"gpu-{t.index}") for t in plan.gpus]
     for thread in threads:

@@ -37,11 +37,12 @@ class Level:
     deadline_s: float
 
 
+# Copies are sized for the agent's container: one pinned host buffer of ``copy_bytes`` at a time.
 LEVELS: dict[int, Level] = {
-    1: Level(1, "quick", 0.02, 0.2, 256 * MIB, 4, False, 120.0),
-    2: Level(2, "medium", 0.25, 1.0, 1024 * MIB, 4, False, 600.0),
-    3: Level(3, "long", 0.85, 5.0, 1024 * MIB, 8, True, 1800.0),
-    4: Level(4, "extended", 0.90, 30.0, 2048 * MIB, 8, True, 3600.0),
+    1: Level(1, "quick", 0.02, 0.2, 64 * MIB, 8, False, 120.0),
+    2: Level(2, "medium", 0.25, 1.0, 128 * MIB, 8, False, 600.0),
+    3: Level(3, "long", 0.85, 5.0, 256 * MIB, 16, True, 1800.0),
+    4: Level(4, "extended", 0.90, 30.0, 256 * MIB, 32, True, 3600.0),
 }
 
 

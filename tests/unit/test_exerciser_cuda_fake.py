@@ -63,7 +63,9 @@ def test_every_check_runs_through_the_driver_and_measures(driver_root: Path) -> 
     assert memory.mismatches == 0 and memory.bytes == int((1 << 30) * 0.02) // 4 * 4  # type: ignore[attr-defined]
     assert results[("compute", gpu_uuid(1))].answer_ok is True  # type: ignore[attr-defined]
     copies = [r for r in report.results if r.check in (CheckKind.HOST_TO_DEVICE, CheckKind.PEER)]
-    assert copies and all((r.gbps or 0) > 0 and r.bytes == 4 << 20 for r in copies)
+    assert copies and all(
+        (r.gbps or 0) > 0 and r.bytes == (1 << 20) * small_plan().copy_repeats for r in copies
+    )
     assert [(r.gpu, r.peer) for r in report.results if r.check is CheckKind.PEER] == [
         (gpu_uuid(0), gpu_uuid(1))
     ]
