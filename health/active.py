@@ -11,7 +11,8 @@ the GPU is withheld. Grading, from the worst:
 - copies below ``min_pcie_fraction`` of the PCIe link's rate (x8 on an x16 link), an NVLink pair
   below ``min_nvlink_fraction`` of its lanes' rate (both ends: a link belongs to two GPUs), the
   compute kernel slower than ``compute_slack`` times the model's time, corrected ECC errors at
-  ``sbe_limit`` or more, rows remapped during the run, a check the driver refused: Suspect.
+  ``sbe_limit`` or more, rows remapped or pages retired during the run, a check the driver
+  refused: Suspect.
 
 A GPU passes only when every check planned for it measured and none found anything.
 """
@@ -49,6 +50,7 @@ class CounterDelta:
     dbe: int | None = None
     sbe: int | None = None
     remapped_rows: int | None = None
+    pages_retired: bool = False  # a page retirement became pending (before Ampere)
     xids: int = 0
 
 
@@ -234,4 +236,6 @@ def _judge_delta(delta: CounterDelta, thresholds: Thresholds) -> list[Finding]:
         items.append(finding(Severity.SUSPECT, f"{delta.sbe} corrected ECC errors during the check"))
     if delta.remapped_rows:
         items.append(finding(Severity.SUSPECT, f"{delta.remapped_rows} row(s) remapped during the check"))
+    if delta.pages_retired:
+        items.append(finding(Severity.SUSPECT, "a page retirement became pending during the check"))
     return items

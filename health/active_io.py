@@ -83,6 +83,7 @@ def deltas(
             dbe=_minus(last.volatile_dbe, first.volatile_dbe),
             sbe=_minus(last.volatile_sbe, first.volatile_sbe),
             remapped_rows=_minus(_rows(last), _rows(first)),
+            pages_retired=bool(last.retired_pages_pending) and not first.retired_pages_pending,
             xids=xids,
         )
     return out

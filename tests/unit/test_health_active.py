@@ -12,15 +12,18 @@ import pytest
 
 from devicemodel.errors import InvalidInputError
 from hardware.exerciser.protocol import ExercisePlan, ExerciseReport
-from hardware.health_probe import NvmlHealthProbe
+from hardware.health_probe import GpuReadings, NvmlHealthProbe
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
+from health.active import Thresholds, judge_deltas
+from health.active_io import deltas
 from health.active_runner import ActiveCheckBusyError, ActiveCheckRunner, ActiveParts
 from health.config import ActiveSettings, HealthSettings
 from health.policy import DeviceState
 from health.scope import TAINT_HEALTH_PENDING
 from health.service import HealthParts, HealthService
+from health.xid import Severity
 from tests.support.waiting import wait_until
 from tests.unit.test_health_monitor import FakeClock, Sink
 from tests.unit.test_health_remediation import RecordingCluster
@@ -141,6 +144,13 @@ def test_a_slow_nvlink_pair_withholds_both_ends_until_a_check_passes_then_probat
     failed = {u for u, g in outcome.gpus.items() if g.verdict == "failed"}
     assert failed == {uuid(backend, 1), uuid(backend, 2)}
     assert "below 55% of its 18 lanes' 450.0 GB/s" in outcome.gpus[uuid(backend, 2)].reasons[0]
+    metric = service.metrics.registry.get_sample_value
+    assert metric("gpuweave_health_active_gpus_total", {"trigger": "on-demand", "verdict": "failed"}) == 2
+    assert metric("gpuweave_health_active_checks_total", {"check": "p2p", "status": "done"}) == 8
+    slow = {"device": uuid(backend, 1), "check": "p2p", "peer": uuid(backend, 2)}
+    assert metric("gpuweave_health_active_bandwidth_gbps", slow) == pytest.approx(191.25)
+    faults = {"signal": "active-check", "severity": "suspect", "cause": "hardware"}
+    assert metric("gpuweave_health_faults_total", faults) == 2
     run_rounds(service, 4)  # passive rounds are clean, but no round counts while a re-check is due
     assert states(service)[uuid(backend, 1)] is DeviceState.SUSPECT
     backend.node.exerciser.clear()
@@ -245,3 +255,21 @@ def test_a_withheld_gpu_is_rechecked_on_its_interval(backend: SimulatedBackend, 
     assert runner.runs.last_json()["trigger"] == "recheck"  # type: ignore[index]
     run_rounds(service, 3)
     assert set(states(service).values()) == {DeviceState.HEALTHY}
+
+
+def test_errors_the_exercise_provoked_are_findings(backend: SimulatedBackend, tmp_path: Path) -> None:
+    before = {uuid(backend, 0): _readings(dbe=0, sbe=0), uuid(backend, 1): _readings(dbe=0, sbe=0)}
+    after = {uuid(backend, 0): _readings(dbe=2, sbe=0), uuid(backend, 1): _readings(dbe=0, sbe=40, rows=3)}
+    changed = deltas(before, after, {uuid(backend, 1): 1}, {uuid(backend, 1): 2})
+    found = judge_deltas(changed, thresholds=Thresholds())
+    assert [f.severity for f in found[uuid(backend, 0)]] == [Severity.FATAL]
+    reasons = [f.reason for f in found[uuid(backend, 1)]]
+    assert reasons == [
+        "active-check: 1 Xid(s) while exercising the idle GPU",
+        "active-check: 40 corrected ECC errors during the check",
+        "active-check: 3 row(s) remapped during the check",
+    ]
+
+
+def _readings(*, dbe: int, sbe: int, rows: int = 0) -> GpuReadings:
+    return GpuReadings(dbe, sbe, (rows, 0, False, False), None, (), 18, 40, (16, 16), (5, 5))
