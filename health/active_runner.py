@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import Gpu, NodeInventory
 from hardware.exerciser.levels import level as level_spec
 from hardware.exerciser.levels import plans
@@ -40,6 +40,7 @@ from health.active_book import RunBook, RunOutcome, ordered
 from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop
 from health.checks import Finding
 from health.config import ActiveSettings
+from health.errors import ActiveCheckBusyError
 from health.monitor import HealthMonitor
 from health.policy import DeviceState, Fault
 from health.xid import Severity
@@ -54,10 +55,6 @@ _COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
 Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID -> reason); {} releases
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
 EventSink = Callable[[str, str, bool], None]  # reason, message, warning
-
-
-class ActiveCheckBusyError(GpuweaveError):
-    """A run is already going on this node."""
 
 
 @dataclass
@@ -97,7 +94,7 @@ class ActiveCheckRunner:
         if self.settings.burn_in_level <= 0:
             return None
         return self.start(
-            None, level=self.settings.burn_in_level, trigger="burn-in", after=self._burn_in_ended
+            None, level=self.settings.burn_in_level, trigger=BURN_IN, after=self._burn_in_ended
         )
 
     def _burn_in_ended(self) -> None:
@@ -188,7 +185,7 @@ class ActiveCheckRunner:
         self._hold({g.uuid: HOLD_REASON for g in chosen} if hold else {})
         try:
             chosen, skipped = self._still_idle(chosen, skipped, hold=hold)
-            reports, found, deltas = self._exercise_all(chosen, level)
+            reports, found, changed = self._exercise_all(chosen, level)
         finally:
             self._hold({})
         outcome = self.runs.finished(
@@ -196,7 +193,7 @@ class ActiveCheckRunner:
             reports=reports,
             findings=found,
             skipped=skipped,
-            deltas=deltas,
+            deltas=changed,
             verdicts=merged_verdicts(reports, found),
             seconds=self.monitor.now() - started,
             indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},

@@ -18,8 +18,9 @@ from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
 from health.active import Thresholds, judge_deltas
 from health.active_io import deltas
-from health.active_runner import ActiveCheckBusyError, ActiveCheckRunner, ActiveParts
+from health.active_runner import ActiveCheckRunner, ActiveParts
 from health.config import ActiveSettings, HealthSettings
+from health.errors import ActiveCheckBusyError
 from health.policy import DeviceState
 from health.scope import TAINT_HEALTH_PENDING
 from health.service import HealthParts, HealthService
