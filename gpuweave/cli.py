@@ -21,7 +21,7 @@ from gpuweave import __version__
 # Imported on demand: a long-running command (the node agent) then loads only its own
 # dependencies, which keeps its start-up time and resident memory down.
 COMMAND_MODULE_NAMES = (
-    "simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig", "status", "gpu_check",
+    "simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig", "status", "gpu_check", "check",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -6,6 +6,7 @@ Every interval is configurable so tests run 50 ms rounds and production runs sec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,6 +14,23 @@ from devicemodel.validation import first_problem
 from health.errors import HealthConfigError
 from health.policy import PolicySettings, Window
 from health.xid import Action, Cause, Severity, XidOverride
+
+
+@dataclass(frozen=True)
+class ActiveSettings:
+    """Active checks (``health.active``): burn-in at start, on-demand runs, re-checks."""
+
+    burn_in_level: int = 1  # 1 quick .. 4 extended (DCGM's levels); 0: no burn-in
+    deadline_s: float | None = None  # one run (batch of GPUs); None: the level's own (120 s at 1)
+    max_gpus: int = 8  # GPUs of the node exercised at once
+    memory_fraction: float | None = None  # of each GPU's memory; None: the level's (2 % at 1)
+    min_pcie_fraction: float = 0.55  # of the PCIe link's rate the copies must reach (x8 of x16: 0.5)
+    min_nvlink_fraction: float = 0.55  # of the NVLink pair's lanes' rate
+    compute_slack: float = 2.5  # the compute kernel may take this many times the model's time
+    sbe_limit: int = 10  # corrected ECC errors during one run that withhold the GPU
+    recheck_interval_s: float = 600.0  # re-check GPUs withheld by a failed check; 0: on demand only
+    backend: str = "auto"  # auto (DCGM where its host engine answers, else CUDA), cuda, dcgm
+    driver_root: str = "/"  # where the host's driver (libcuda.so.1) is mounted
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,7 @@ class HealthSettings:
     cordon_node_faults: bool = False
     expected_efa: int | None = None  # None: the inventory's count
     reset_in_use_rounds: int = 60  # rounds a reset may wait for a GPU's users before a reboot is asked for
+    active: ActiveSettings = field(default_factory=ActiveSettings)
 
     @property
     def stall_threshold_s(self) -> float:
@@ -52,6 +71,26 @@ class XidOverrideModel(BaseModel):
     severity: Severity | None = None
     ladder: list[Action] | None = None
     cause: Cause | None = None
+
+
+class ActiveConfig(BaseModel):
+    """``health.active_checks``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    burn_in_level: int = Field(default=1, ge=0, le=4)
+    deadline_s: float | None = Field(default=None, gt=0, le=86400)
+    max_gpus: int = Field(default=8, ge=1, le=1024)
+    memory_fraction: float | None = Field(default=None, gt=0, le=0.95)
+    min_pcie_fraction: float = Field(default=0.55, ge=0, le=1)
+    min_nvlink_fraction: float = Field(default=0.55, ge=0, le=1)
+    compute_slack: float = Field(default=2.5, ge=1)
+    sbe_limit: int = Field(default=10, ge=1)
+    recheck_interval_s: float = Field(default=600.0, ge=0)
+    backend: Literal["auto", "cuda", "dcgm"] = "auto"
+    driver_root: str = Field(default="/", min_length=1, max_length=4096)
+
+    def to_settings(self) -> ActiveSettings:
+        return ActiveSettings(**self.model_dump())
 
 
 class HealthConfig(BaseModel):
@@ -76,6 +115,7 @@ class HealthConfig(BaseModel):
     cordon_node_faults: bool = False
     expected_efa: int | None = Field(None, ge=0)
     reset_in_use_rounds: int = Field(60, ge=1)
+    active_checks: ActiveConfig = ActiveConfig()  # frozen: one shared default is safe
 
     def to_settings(self) -> HealthSettings:
         return HealthSettings(
@@ -96,6 +136,7 @@ class HealthConfig(BaseModel):
             cordon_node_faults=self.cordon_node_faults,
             expected_efa=self.expected_efa,
             reset_in_use_rounds=self.reset_in_use_rounds,
+            active=self.active_checks.to_settings(),
         )
 
 

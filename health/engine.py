@@ -43,6 +43,9 @@ class HealthEngine:
         self.node_faults: set[NodeFault] = set()
         self.efa_up: dict[str, bool] = {}
         self.gate = StartupGate(settings.startup_rounds)
+        # GPUs a failed active check withholds until one passes again: no round counts as clean
+        # for them meanwhile, so they stay Suspect (or in Probation after a remediation).
+        self.rechecks: dict[str, str] = {}
         self.fault_observers: list[Callable[[str, Fault], None]] = []
         self._seen_xids: dict[tuple[str, int], list[tuple[str, float]]] = {}  # (GPU, Xid) -> (source, at)
         self.update_inventory(inventory)
@@ -204,8 +207,10 @@ class HealthEngine:
         return clean
 
     def end_round(self, clean_gpus: set[str], *, all_checks_completed: bool) -> None:
-        """Close a round: clean devices move along probation; the startup gate counts the round."""
+        """Close a round: clean devices move along probation (not those awaiting an active
+        re-check); the startup gate counts the round."""
         at = self._clock()
+        clean_gpus = clean_gpus - self.rechecks.keys()
         for uuid in list(self.gpus):
             self.apply(uuid, RoundCompleted(at, clean=uuid in clean_gpus))
         for mig, parent in self.mig_parent.items():

@@ -15,3 +15,7 @@ class HealthStateError(HealthError):
 
 class HealthConfigError(HealthError):
     """The health configuration is invalid."""
+
+
+class ActiveCheckBusyError(HealthError):
+    """An active check is already running on this node (one run at a time)."""

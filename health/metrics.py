@@ -84,6 +84,24 @@ class HealthMetrics:
             "Health state files whose newest contents are only in memory (a restart would lose them)",
             registry=r,
         )
+        self.active_checks = Counter(
+            "gpuweave_health_active_checks",
+            "Active checks run, by check (memory, compute, h2d, d2h, p2p, dcgm) and result status",
+            ["check", "status"],
+            registry=r,
+        )
+        self.active_gpus = Counter(
+            "gpuweave_health_active_gpus",
+            "GPUs through an active check, by trigger (burn-in, on-demand, recheck) and verdict",
+            ["trigger", "verdict"],
+            registry=r,
+        )
+        self.active_bandwidth = Gauge(
+            "gpuweave_health_active_bandwidth_gbps",
+            "Bandwidth the last active check measured, per GPU and copy (h2d, d2h, p2p to a peer)",
+            ["device", "check", "peer"],
+            registry=r,
+        )
         self._last_at: float | None = None
 
     def observe(self, snapshot: HealthSnapshot, *, now: float) -> None:

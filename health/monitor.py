@@ -293,7 +293,7 @@ class HealthMonitor:
 
     def _check_gpus(self) -> tuple[dict[str, list[Finding]], bool, dict[str, int]]:
         inventory = self.engine.inventory
-        links = _nvlinks_per_gpu(inventory)
+        links = nvlinks_per_gpu(inventory)
         started = {}
         for gpu in inventory.gpus:
             read = _reader(self._probe, gpu.uuid, links.get(gpu.index, 0))
@@ -391,7 +391,7 @@ def _reader(probe: HealthProbe, uuid: str, links: int) -> Callable[[], GpuReadin
     return lambda: probe.read_gpu(uuid, expected_nvlinks=links)
 
 
-def _nvlinks_per_gpu(inventory: Any) -> dict[int, int]:
+def nvlinks_per_gpu(inventory: Any) -> dict[int, int]:
     """NVLink links each GPU should have active (direct links plus NVSwitch links)."""
     links: dict[int, int] = {}
     for link in inventory.nvlinks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from devicemodel.assignment import parent_gpu_of_share
@@ -177,16 +177,26 @@ def taint_decision(
 
 @dataclass(frozen=True)
 class StartupGate:
-    """The startup taint stays until ``rounds_required`` consecutive rounds ran every check to completion."""
+    """The startup taint stays until ``rounds_required`` consecutive rounds ran every check to
+    completion and the burn-in (the active check at start, when configured) has ended. A GPU the
+    burn-in failed is withheld on its own; the gate is the node's, so it opens for the rest."""
 
     rounds_required: int = 2
     clean_rounds: int = 0
+    burn_in_pending: bool = False
 
     @property
     def pending(self) -> bool:
-        return self.clean_rounds < self.rounds_required
+        return self.clean_rounds < self.rounds_required or self.burn_in_pending
 
     def after_round(self, *, all_checks_completed: bool) -> StartupGate:
         if not self.pending:
             return self  # once open the gate stays open; device faults are per device from then on
-        return StartupGate(self.rounds_required, self.clean_rounds + 1 if all_checks_completed else 0)
+        rounds = self.clean_rounds + 1 if all_checks_completed else 0
+        return replace(self, clean_rounds=min(rounds, self.rounds_required))
+
+    def burn_in_started(self) -> StartupGate:
+        return self if not self.pending else replace(self, burn_in_pending=True)
+
+    def burn_in_ended(self) -> StartupGate:
+        return replace(self, burn_in_pending=False)

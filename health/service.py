@@ -3,8 +3,9 @@
 ``HealthService`` is what the node agent's composition root creates: it loads the bad-hardware
 list (local file, merged with the cluster's ``GpuBadHardware`` objects), withholds listed GPUs and
 restores strike counts *before* the monitor's first push, then starts the monitor whose rounds end
-with remediation and node publishing. Every state file (bad-hardware list, strikes, kernel-log
-cursor) goes through one ``StateWriter``: a write the disk refuses is counted
+with remediation and node publishing, and (given an exerciser) the burn-in, an active check of
+every GPU the startup gate waits for (``health.active_runner``). Every state file (bad-hardware
+list, strikes, kernel-log cursor) goes through one ``StateWriter``: a write the disk refuses is counted
 (``gpuweave_health_state_write_failures``), kept in memory and retried every round. Health is
 pushed to the agent through ``HealthSink`` (``set_device_health``), so this package never imports
 the device plugin.
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devicemodel.inventory import NodeInventory
+from hardware.exerciser.protocol import Exerciser
+from health.active_runner import ActiveCheckRunner, ActiveParts, Busy, Hold
 from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
@@ -51,6 +54,9 @@ class HealthParts:
     pod_devices: PodDeviceLookup | None = None  # the kubelet's view of pod devices (pod-resources API)
     round_hooks: tuple[RoundHook, ...] = ()  # run each round before remediation (MPS supervision)
     taints_evict: bool = False  # DRA mode: device-taint eviction evicts a failed device's pods
+    exerciser: Exerciser | None = None  # active checks (burn-in, on demand); None: passive only
+    hold: Hold | None = None  # withholds the GPUs an active check runs on (the agent's gate)
+    busy: Busy | None = None  # why a GPU cannot be exercised (a pod holds it); processes always count
 
 
 class HealthService:
@@ -82,15 +88,48 @@ class HealthService:
             clock=parts.clock,
             sink=parts.sink,
             kernel_log=tail,
-            round_hooks=(*parts.round_hooks, self.remediator),
+            round_hooks=(*parts.round_hooks, self.remediator, self._recheck),
             metrics=self.metrics,
         )
         self.engine.fault_observers.append(self._count_fault)
         self.monitor.add_listener(self._observe)
+        self.active = self._active_runner() if parts.exerciser is not None else None
+
+    def _active_runner(self) -> ActiveCheckRunner:
+        assert self.parts.exerciser is not None
+        active = ActiveParts(
+            exerciser=self.parts.exerciser,
+            probe=self.parts.probe,
+            settings=self.parts.settings.active,
+            hold=self.parts.hold,
+            busy=self._busy,
+            events=self._event if self.parts.cluster is not None else None,
+        )
+        return ActiveCheckRunner(self.monitor, active)
+
+    def _busy(self, uuid: str) -> str | None:
+        """Why an active check must leave the GPU alone: compute processes, or the caller's ``busy``."""
+        if self.parts.device_ops.gpu_busy(uuid):
+            return "compute processes run on it"
+        return self.parts.busy(uuid) if self.parts.busy is not None else None
+
+    def _recheck(self, monitor: HealthMonitor) -> None:
+        if self.active is not None:
+            self.active(monitor)
+
+    def _event(self, reason: str, message: str, warning: bool) -> None:
+        assert self.parts.cluster is not None
+        self.parts.cluster.post_event(reason=reason, message=message, warning=warning)
 
     def start(self) -> None:
+        """Bad list first, then the monitor; the burn-in (when configured) runs beside the first
+        rounds and the startup gate waits for it."""
         self._load_bad_list()
+        if self.active is not None:
+            self.active.begin_burn_in()
         self.monitor.start()
+        if self.active is not None:
+            self.active.start_burn_in()
 
     def stop(self) -> None:
         self.monitor.stop()

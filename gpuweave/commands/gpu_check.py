@@ -15,12 +15,14 @@ from gpuweave.gpucheck import check
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "gpu-check",
-        help="read-only check of this NVIDIA host (or the simulator): contract, inspect, agent, record",
+        help="read-only check of this NVIDIA host (or the simulator): contract, inspect, agent, exercise, "
+        "record",
         description=(
             "Check this host's GPUs without changing anything: the repository's backend contract "
             "suite (when run from a checkout with pytest; otherwise reported as skipped), gpuweave "
-            "inspect, the node agent against a kubelet, and a recording of every NVML answer the "
-            "product reads. --simulate PROFILE checks the simulator instead. Exit 0 when no step failed."
+            "inspect, the node agent against a kubelet, the active-check exerciser on every GPU "
+            "(recorded), and a recording of every NVML answer the product reads. --simulate PROFILE "
+            "checks the simulator instead. Exit 0 when no step failed."
         ),
     )
     check.add_arguments(parser)

@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
     verbs = parser.add_subparsers(dest="sim_command", metavar="VERB")
     inject = verbs.add_parser(
         "inject",
-        help="inject a fault: Xid, ECC DBE, NVLink down, EFA down or missing, NVML hang",
+        help="inject a fault: Xid, ECC DBE, NVLink down, EFA, NVML hang, bad memory, slow link, hang",
         description="Inject a fault into the simulated hardware of a running node agent.",
     )
     add = inject.add_argument
@@ -65,10 +65,32 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="SIGKILL --gpu's MPS control daemon (a fractional GPU): its shares are withheld until restarted",
     )
+    add(
+        "--bad-memory",
+        type=_offset,
+        metavar="OFFSET",
+        help="a stuck memory cell at byte OFFSET of --gpu (0x... allowed); an active check finds it",
+    )
+    add("--slow-nvlink", type=int, metavar="PEER", help="the NVLink pair --gpu - PEER runs at half its lanes")
+    add("--pcie-width", type=int, metavar="WIDTH", help="--gpu's PCIe link trains at xWIDTH")
+    add(
+        "--check-hang",
+        type=float,
+        metavar="SECONDS",
+        help="active checks hang (on --gpu, or every GPU's) for SECONDS",
+    )
     add("--clear", action="store_true", help="undo injected faults (on --gpu, or everything)")
     add("--timeout", type=float, default=10.0, help="seconds to wait for the agent (default 10)")
     inject.set_defaults(handler=run_inject)
     parser.set_defaults(handler=run_without_verb)
+
+
+def _offset(text: str) -> int:
+    """A byte offset, decimal or 0x-hex."""
+    try:
+        return int(text, 0)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte offset (decimal, or 0x... hex)") from exc
 
 
 def run_without_verb(args: argparse.Namespace) -> int:
@@ -90,6 +112,10 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
         "temperature",
         "recovery_action",
         "fabric_state",
+        "bad_memory",
+        "slow_nvlink",
+        "pcie_width",
+        "check_hang",
     )
     params: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.busy is not None:

@@ -65,7 +65,9 @@ def step_agent(profile: str | None) -> str:
     agent: subprocess.Popen[bytes] | None = None
     try:
         kubelet.start()
-        (root / "health.yaml").write_text("health: {round_interval_s: 1.0, check_timeout_s: 5.0}\n")
+        (root / "health.yaml").write_text(  # no burn-in: the exercise step runs the exerciser itself
+            "health: {round_interval_s: 1.0, check_timeout_s: 5.0, active_checks: {burn_in_level: 0}}\n"
+        )
         command = gpuweave_command(
             "--log-level", "WARNING", "node-agent", "--kubelet-dir", str(root / "k"),
             "--state-dir", str(root / "s"), "--no-kube", "--node-name", "gpu-check",

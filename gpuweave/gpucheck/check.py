@@ -1,6 +1,6 @@
 """The read-only check of a real NVIDIA host, or of the simulator with --simulate.
 
-Four steps, each timed, each bounded by a deadline so the whole check ends within 4 minutes:
+Five steps, each timed, each bounded by a deadline so the whole check ends within 4 minutes:
 
 1. ``contract``: the repository's backend contract suite (``pytest tests/contract``) against NVML
    (``GPUWEAVE_CONTRACT_BACKENDS=nvml``), or against the one simulated profile. It needs a
@@ -9,10 +9,14 @@ Four steps, each timed, each bounded by a deadline so the whole check ends withi
 2. ``inspect``: ``gpuweave inspect`` and ``gpuweave inspect --json`` (the JSON must parse).
 3. ``agent``: ``gpuweave node-agent --no-kube`` against the GPUs and the product's kubelet side
    (``gpuweave.gpucheck.agent``).
-4. ``record``: every NVML answer the product reads (``hardware.nvml_record``) into
+4. ``exercise``: the active-check exerciser (the CUDA driver with gpuweave's PTX kernels: memory
+   pattern, compute, PCIe and NVLink copies) on every GPU at level 1, judged as the agent judges
+   it, recorded into ``<out>/exerciser/<product>-<driver>.json`` (``gpuweave.gpucheck.exercise``).
+5. ``record``: every NVML answer the product reads (``hardware.nvml_record``) into
    ``<out>/<product>-<driver>.json`` (``gpuweave.gpucheck.record``).
 
-It changes nothing on the machine: the recorder and the contract suite only read; the agent runs
+It changes nothing on the machine: the recorder and the contract suite only read; the exerciser
+uses the GPUs (memory, kernels, copies) but changes no device setting; the agent runs
 with no MIG configuration and no API server, and ``nvidia-smi`` on its PATH is a guard that
 refuses every command except queries, so a health remediation cannot reset a GPU.
 """
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuweave.gpucheck.agent import step_agent
+from gpuweave.gpucheck.exercise import step_exercise
 from gpuweave.gpucheck.process import (
     CheckFailedError,
     StepSkippedError,
@@ -40,7 +45,7 @@ from gpuweave.gpucheck.process import (
 )
 from gpuweave.gpucheck.record import record_fixture
 
-STEPS = ("contract", "inspect", "agent", "record")
+STEPS = ("contract", "inspect", "agent", "exercise", "record")
 # Limits that add up to under 4 minutes with the recording (whose NVML calls have 10 s deadlines).
 CONTRACT_TIMEOUT_S = 100.0
 INSPECT_TIMEOUT_S = 20.0  # each of the two runs
@@ -124,8 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--simulate", metavar="PROFILE", help="check the simulator as this built-in profile")
     add("--out", type=Path, default=None,
-        help=f"directory for the recorded fixture (default: {FIXTURES} in the repository, "
-             "else the current directory)")
+        help=f"directory for the recorded fixture and the exerciser's recording (default: {FIXTURES} "
+             "in the repository, else the current directory)")
     add("--profile", help="built-in profile describing this host (default: by GPU product)")
     add("--only", choices=STEPS, action="append", help="run only these steps (repeatable)")
     add("--repo", type=Path, default=None, metavar="DIR",
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         "contract": lambda: step_contract(args.simulate, repo, args.repo),
         "inspect": lambda: step_inspect(args.simulate),
         "agent": lambda: step_agent(args.simulate),
+        "exercise": lambda: step_exercise(simulate=args.simulate, out_dir=out),
         "record": lambda: str(record_fixture(simulate=args.simulate, out_dir=out, profile=args.profile)),
     }
     results = []

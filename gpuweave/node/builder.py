@@ -37,7 +37,7 @@ from deviceplugin.agent import AgentConfig, HandoffSource, NodeAgent
 from deviceplugin.cdi import CdiPublisher
 from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.mps import MpsSettings
-from deviceplugin.podresources import PodResourcesClient
+from deviceplugin.podresources import HeldDevices, PodResourcesClient
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.dra import start_node_dra
 from gpuweave.node.fabric import fabric_gate
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from mig.kube import MigKube
 
 log = logging.getLogger(__name__)
+SIM_EXERCISER_FAULTS_FILE = "sim-exerciser-faults.json"  # a simulated node's bad cells and slow links
 
 
 def open_backend(simulate: str | None, *, node_name: str, state_dir: Path) -> GpuBackend:
@@ -75,6 +76,7 @@ def open_backend(simulate: str | None, *, node_name: str, state_dir: Path) -> Gp
             node_name=node_name,
             kmsg_path=state_dir / SIM_KMSG_FILE,
             identity_file=identities,
+            exerciser_faults=state_dir / SIM_EXERCISER_FAULTS_FILE,
         )
     check = run_self_check()  # before the driver: name every missing prerequisite in one line
     if check.fatal:
@@ -188,6 +190,7 @@ class NodeAgentBuilder:
             round_hooks=(MpsRoundHook(mps),),
             kill_mps=mps.kill,
             taints_evict=taints_evict,
+            held_by_pods=HeldDevices(pod_resources, agent.allocations),
         )
 
     def fabric(self, agent: NodeAgent, *, interval_s: float) -> FabricGate:

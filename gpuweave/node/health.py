@@ -5,7 +5,8 @@ host the probe reads NVML through the backend's library and ``/sys``, the kernel
 ``/dev/kmsg`` and resets run ``nvidia-smi -r``. With a simulated backend the probe reads the
 simulated NVML library and sysfs tree, the kernel log is ``STATE_DIR/kmsg`` (the simulated driver
 writes its Xid lines there), resets follow the simulated node's rules and the agent's control
-socket gets the ``sim.inject`` command.
+socket gets the ``sim.inject`` command. Active checks (``gpuweave.node.active``) get their exerciser,
+the agent's gate to hold the GPUs under a check, and the ``health.check`` commands.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import yaml
 from devicemodel.errors import GpuweaveError
 from deviceplugin.agent import NodeAgent
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.podresources import HeldDevices
+from gpuweave.node.active import HeldByPods, busy_for, exerciser_for, hold_for, register_check_routes
 from hardware.backend import GpuBackend
 from hardware.gpu_reset import GpuInUseError, nvidia_smi_reset
 from hardware.health_probe import NvmlHealthProbe
@@ -71,6 +74,7 @@ def start_node_health(
     round_hooks: tuple[RoundHook, ...] = (),
     kill_mps: Callable[[int], str] | None = None,
     taints_evict: bool = False,
+    held_by_pods: HeldByPods | None = None,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
@@ -80,7 +84,8 @@ def start_node_health(
     reset never runs inside a MIG reshape of that GPU. ``round_hooks`` run each round before
     remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
     ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
-    eviction controller."""
+    eviction controller. ``held_by_pods`` names the devices pods hold (``HeldDevices``), which active
+    checks leave alone; by default the agent's recent Allocate grants."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         root = backend.sysfs_root
@@ -109,11 +114,17 @@ def start_node_health(
             pod_devices=pod_devices,
             round_hooks=round_hooks,
             taints_evict=taints_evict,
+            exerciser=exerciser_for(backend, settings.active),
+            hold=hold_for(agent),
+            busy=busy_for(held_by_pods or HeldDevices(None, agent.allocations)),
         )
     )
     if isinstance(backend, SimulatedBackend):
-        inject = inject_route(backend.node.health, mig=backend.node.mig, kill_mps=kill_mps)
+        node = backend.node
+        inject = inject_route(node.health, mig=node.mig, kill_mps=kill_mps, exerciser=node.exerciser)
         agent.control.add_route(SIM_INJECT_METHOD, inject)
+    if service.active is not None:
+        register_check_routes(agent, service.active)
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     modes = _mig_modes(agent)
@@ -209,4 +220,5 @@ def status(service: HealthService) -> dict[str, Any]:
         "rounds": service.monitor.rounds_completed,
         "badHardware": sorted(service.badlist.entries()),
         "unsavedState": service.state.unsaved(),
+        "activeChecks": service.active.status() if service.active is not None else None,
     }

@@ -38,7 +38,8 @@ class SimulatedBackend:
     ``sysfs_root``: where to write the fake tree (it gets a ``sys/`` directory); None makes a
     temporary directory (in memory where possible, see ``scratch_parent``) that ``close()``
     removes. ``node``, ``lib`` and ``sysfs_root`` are public so tests and the simulator inject
-    faults and make further calls through the same objects.
+    faults and make further calls through the same objects. ``exerciser_faults``: the file that
+    keeps the node's active-check faults (bad memory cells, slow NVLink pairs) across restarts.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class SimulatedBackend:
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         kmsg_path: Path | None = None,
         identity_file: Path | None = None,
+        exerciser_faults: Path | None = None,
     ) -> None:
         self._temporary = sysfs_root is None
         if sysfs_root is None:
@@ -59,7 +61,9 @@ class SimulatedBackend:
             self.node = profile
         else:
             inventory = profile.to_inventory(node_name=node_name)
-            self.node = SimulatedNode(inventory, sysfs_root=self.sysfs_root, kmsg_path=kmsg_path)
+            self.node = SimulatedNode(
+                inventory, sysfs_root=self.sysfs_root, kmsg_path=kmsg_path, exerciser_faults=exerciser_faults
+            )
             for gpu in profile.spec.gpus:
                 if gpu.lost:
                     self.node.set_gpu_lost(gpu.index)  # off the bus before the driver's first answer

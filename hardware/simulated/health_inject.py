@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.validation import first_problem
+from hardware.simulated.exerciser import SimExerciserState
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
 
@@ -35,6 +36,10 @@ class InjectRequest(BaseModel):
     busy: list[int] | None = None  # pids using the GPU (a reset waits for them); [] frees it
     fabric_state: Literal["not-started", "in-progress", "completed", "failed"] | None = None
     kill_mps_daemon: bool = False  # SIGKILL the GPU's MPS control daemon, as a crash would
+    bad_memory: int | None = Field(None, ge=0, lt=1 << 50)  # byte offset of a stuck memory cell
+    slow_nvlink: int | None = Field(None, ge=0)  # the peer GPU of an NVLink pair at half its lanes
+    pcie_width: int | None = Field(None, ge=1, le=32)  # the PCIe link trains at this width
+    check_hang: float | None = Field(None, gt=0, le=3600)  # active checks hang this long
     clear: bool = False
 
     @model_validator(mode="after")
@@ -47,11 +52,14 @@ class InjectRequest(BaseModel):
             self.busy,
             self.recovery_action,
             self.kill_mps_daemon or None,
+            self.bad_memory,
+            self.slow_nvlink,
+            self.pcie_width,
         ]
         if any(v is not None for v in gpu_faults) and self.gpu is None:
             raise ValueError(
                 "--xid, --ecc-dbe, --nvlink-down, --temperature, --busy, --recovery-action, "
-                "--kill-mps-daemon need --gpu INDEX"
+                "--kill-mps-daemon, --bad-memory, --slow-nvlink, --pcie-width need --gpu INDEX"
             )
         if self.mig_instance is not None and self.xid is None and self.busy is None:
             raise ValueError("--mig-instance only qualifies --xid and --busy")
@@ -60,6 +68,7 @@ class InjectRequest(BaseModel):
             for v in [
                 *gpu_faults,
                 *(self.efa_down, self.efa_missing, self.efa_stalled, self.nvml_hang, self.fabric_state),
+                self.check_hang,
             ]
         ):
             raise ValueError("nothing to inject: pass a fault option or --clear")
@@ -80,6 +89,7 @@ def apply_request(
     *,
     mig: SimMigNode | None = None,
     kill_mps: Callable[[int], str] | None = None,
+    exerciser: SimExerciserState | None = None,
 ) -> dict[str, Any]:
     """Apply one request; returns what was done (for the CLI to print)."""
     done: list[str] = []
@@ -87,7 +97,10 @@ def apply_request(
     try:
         if request.clear:
             state.clear(gpu)
+            if exerciser is not None:
+                exerciser.clear(gpu)
             done.append("cleared " + ("every fault" if gpu is None else f"GPU {gpu}"))
+        done.extend(_exerciser_faults(state, exerciser, request))
         if request.xid is not None and gpu is not None:
             gi, ci = _instance(request.mig_instance)
             line = state.inject_xid(gpu, request.xid, gpu_instance=gi, compute_instance=ci)
@@ -135,9 +148,38 @@ def inject_route(
     *,
     mig: SimMigNode | None = None,
     kill_mps: Callable[[int], str] | None = None,
+    exerciser: SimExerciserState | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The handler the agent registers as ``sim.inject``; ``kill_mps`` kills GPU N's MPS daemon."""
-    return lambda params: apply_request(state, parse_request(params), mig=mig, kill_mps=kill_mps)
+    """The handler the agent registers as ``sim.inject``; ``kill_mps`` kills GPU N's MPS daemon;
+    ``exerciser`` takes the faults only an active check finds."""
+    return lambda params: apply_request(
+        state, parse_request(params), mig=mig, kill_mps=kill_mps, exerciser=exerciser
+    )
+
+
+def _exerciser_faults(
+    state: SimHealthState, exerciser: SimExerciserState | None, request: InjectRequest
+) -> list[str]:
+    """What an active check finds: a bad memory cell, a slow NVLink pair, a narrow PCIe link (NVML
+    reports its width too), hung checks."""
+    gpu, done = request.gpu, []
+    if request.pcie_width is not None and gpu is not None:
+        state.set_pcie_width(gpu, request.pcie_width)
+        done.append(f"GPU {gpu}: PCIe link trained at x{request.pcie_width}")
+    wanted = (request.bad_memory, request.slow_nvlink, request.check_hang)
+    if exerciser is None and any(v is not None for v in wanted):
+        raise SimHealthError("this simulated node has no active-check exerciser")
+    if exerciser is not None and gpu is not None and request.bad_memory is not None:
+        exerciser.add_bad_cell(gpu, request.bad_memory)
+        done.append(f"GPU {gpu}: stuck memory cell at byte {request.bad_memory:#x}")
+    if exerciser is not None and gpu is not None and request.slow_nvlink is not None:
+        exerciser.slow_pair(gpu, request.slow_nvlink)
+        done.append(f"NVLink pair GPU {gpu} - GPU {request.slow_nvlink}: half its lanes")
+    if exerciser is not None and request.check_hang is not None:
+        exerciser.hang(request.check_hang, gpu)
+        where = "" if gpu is None else f" on GPU {gpu}"
+        done.append(f"active checks hang {request.check_hang:g} s{where}")
+    return done
 
 
 def _kill_mps(kill_mps: Callable[[int], str] | None, gpu: int) -> str:

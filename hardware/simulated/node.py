@@ -2,7 +2,8 @@
 
 The fake pynvml library and the fake sysfs tree both read this one object, so a fault injected
 here (a GPU lost, a call hung, an NVLink down, a MIG reshape) shows up on every path the
-production readers take. MIG state lives in ``SimMigNode`` and fault state in ``SimHealthState``;
+production readers take. MIG state lives in ``SimMigNode``, fault state in ``SimHealthState`` and the
+faults only an active check finds in ``SimExerciserState``;
 this object adds device handles, the per-link NVLink wiring and call gates (hangs that block a
 call until released).
 """
@@ -18,6 +19,7 @@ from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
 from devicemodel.spec import NodeProfile, NodeProfileSpec
 from hardware.mig_catalog import MigCatalog, default_catalog
+from hardware.simulated.exerciser import SimExerciserState
 from hardware.simulated.health_calls import SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
 
@@ -53,6 +55,7 @@ class SimulatedNode:
         sysfs_root: Path | None = None,
         kmsg_path: Path | None = None,
         hang_limit_s: float = DEFAULT_HANG_LIMIT_S,
+        exerciser_faults: Path | None = None,
     ) -> None:
         self.inventory = inventory
         self.hang_limit_s = hang_limit_s
@@ -66,6 +69,8 @@ class SimulatedNode:
         )
         for gpu in inventory.gpus:
             self.health.describe(gpu.index, gpu.architecture)
+        # faults only an active check finds; ``exerciser_faults`` keeps them across agent restarts
+        self.exerciser = SimExerciserState(len(inventory.gpus), faults_file=exerciser_faults)
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}
 
         self._lock = threading.Lock()

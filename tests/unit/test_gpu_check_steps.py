@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpuweave.gpucheck import check, process
+from gpuweave.gpucheck import check, exercise, process
 from gpuweave.gpucheck.process import CheckFailedError, StepSkippedError
+from hardware.exerciser.model import expectations
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from hardware.simulated.exerciser import SimulatedExerciser
 from tests.support.agent_process import REPO_ROOT
 
 
@@ -70,3 +75,31 @@ def test_children_reach_the_imported_gpuweave_only_through_pythonpath_when_neede
     assert process.product_env({"PYTHONPATH": "/x"}) == {"PYTHONPATH": f"{tmp_path}:/x"}
     assert process.product_env({}) == {"PYTHONPATH": str(tmp_path)}
     assert process.gpuweave_command("inspect")[1:] == ["-P", "-m", "gpuweave", "inspect"]
+
+
+def test_the_exercise_step_records_every_checks_timings_and_bandwidths_by_gpu_index(tmp_path: Path) -> None:
+    line = exercise.step_exercise(simulate="dgx-h100", out_dir=tmp_path)
+    recorded = tmp_path / "exerciser" / "nvidia-h100-80gb-hbm3-550.90.07.json"
+    assert line.startswith("8 GPUs passed level 1") and line.endswith(str(recorded))
+    document = json.loads(recorded.read_text())
+    assert document["recordedBy"] == "scripts/gpu-check --simulate dgx-h100"
+    assert document["expected"]["gpu0"]["pcieLink"] == [5, 16]
+    kinds = {(r["check"], r["gpu"]) for r in document["results"]}
+    assert ("memory", "gpu7") in kinds and ("p2p", "gpu7") in kinds
+    assert all(r["gbps"] for r in document["results"] if r["check"] in ("h2d", "d2h", "p2p"))
+    assert "GPU-" not in recorded.read_text()  # GPUs are named by index only
+
+
+def test_the_exercise_step_fails_naming_the_gpu_and_where_it_recorded_why(tmp_path: Path) -> None:
+    backend = SimulatedBackend(load_profile("dgx-h100"))
+    try:
+        inventory = backend.discover()
+        backend.node.exerciser.slow_pair(2, 3)
+        simulated = SimulatedExerciser(inventory, backend.node.health, backend.node.exerciser)
+        expected = expectations(inventory, {g.uuid: (5, 16) for g in inventory.gpus})
+        failed = r"GPU\(s\) 2, 3 failed: active-check: NVLink copies gpu2 -> gpu3"
+        with pytest.raises(CheckFailedError, match=failed):
+            exercise._exercise(inventory, simulated, expected, tmp_path, simulate="dgx-h100")
+    finally:
+        backend.close()
+    assert (tmp_path / "exerciser").is_dir()

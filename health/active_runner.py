@@ -1,0 +1,352 @@
+"""Active checks on a node: which GPUs, one run at a time, results into the health engine.
+
+``ActiveCheckRunner`` is what every trigger calls: the burn-in at start, ``gpuweave check`` through
+the control socket, and the re-check of GPUs a failed check withholds (a round hook, every
+``recheck_interval_s``); a scheduler of checks on idle GPUs between jobs calls ``start`` the same
+way. Its rules hold for every caller:
+
+- **never under a pod**: a GPU something holds (``busy``: a pod's allocation, a compute process)
+  is skipped, and the GPUs being exercised are withheld (``hold``) for the run, so no pod lands on
+  one mid-check; MIG-enabled, retired and remediating GPUs are skipped too;
+- **at most ``max_gpus`` GPUs at once** (``hardware.exerciser.levels.plans`` cuts the batches);
+- **every batch has a deadline**; the exerciser fails a hung check closed, and a backend that does
+  not return at all is a hung check for every GPU of the batch;
+- **one run at a time** per node; another request is refused while one runs.
+
+Around the run each GPU's counters are read (double- and single-bit ECC, remapped rows) and the
+Xids the engine saw are counted, so errors the exercise provoked are findings too. A failed GPU
+gets its findings as faults (``health.active``) and is held for a re-check: no round is clean for
+it until a check passes again, then it goes through probation back to Healthy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import Gpu, NodeInventory
+from hardware.exerciser.levels import level as level_spec
+from hardware.exerciser.levels import plans
+from hardware.exerciser.model import Expectations, expectations
+from hardware.exerciser.protocol import Exerciser, ExerciseReport
+from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, merged_verdicts
+from health.active_book import RunBook, RunOutcome, ordered
+from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop
+from health.checks import Finding
+from health.config import ActiveSettings
+from health.errors import ActiveCheckBusyError
+from health.monitor import HealthMonitor
+from health.policy import DeviceState, Fault
+from health.xid import Severity
+
+log = logging.getLogger(__name__)
+HOLD_REASON = "active check running"
+BURN_IN = "burn-in"
+BACKSTOP_GRACE_S = 5.0  # past a batch's deadline before the runner stops waiting for its backend
+SKIPPED_STATES = (DeviceState.RETIRED, DeviceState.REMEDIATING)
+_COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
+
+Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID -> reason); {} releases
+Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
+EventSink = Callable[[str, str, bool], None]  # reason, message, warning
+
+
+@dataclass
+class ActiveParts:
+    exerciser: Exerciser
+    probe: Readings
+    settings: ActiveSettings
+    hold: Hold | None = None
+    busy: Busy | None = None
+    events: EventSink | None = None
+    runs: RunBook = field(default_factory=RunBook)
+    backstop_grace_s: float = BACKSTOP_GRACE_S
+
+
+class ActiveCheckRunner:
+    def __init__(self, monitor: HealthMonitor, parts: ActiveParts) -> None:
+        self.monitor, self.parts, self.settings = monitor, parts, parts.settings
+        self.runs = parts.runs
+        self._lock = threading.Lock()  # held for the whole of a run
+        self._ids = itertools.count(1)
+        self._counters = CounterReader(parts.probe, timeout_s=monitor.settings.check_timeout_s)
+        self._xids: dict[str, int] = {}
+        self._last_recheck: dict[str, float] = {}
+        monitor.engine.fault_observers.append(self._count_xid)
+
+    # --- triggers -----------------------------------------------------------------------------
+
+    def begin_burn_in(self) -> None:
+        """Before the monitor starts: the startup gate waits for the burn-in."""
+        if self.settings.burn_in_level > 0:
+            with self.monitor.lock:
+                self.monitor.engine.gate = self.monitor.engine.gate.burn_in_started()
+
+    def start_burn_in(self) -> RunOutcome | None:
+        """The burn-in in the background: every GPU at ``burn_in_level``; the gate opens at its end
+        whatever happened (a failed GPU is withheld on its own)."""
+        if self.settings.burn_in_level <= 0:
+            return None
+        return self.start(
+            None, level=self.settings.burn_in_level, trigger=BURN_IN, after=self._burn_in_ended
+        )
+
+    def _burn_in_ended(self) -> None:
+        with self.monitor.lock:
+            self.monitor.engine.gate = self.monitor.engine.gate.burn_in_ended()
+        self.monitor.publish()
+
+    def start(
+        self,
+        gpus: Sequence[int] | None,
+        *,
+        level: int | None = None,
+        trigger: str = "on-demand",
+        after: Callable[[], None] | None = None,
+    ) -> RunOutcome:
+        """Start a run in the background; its outcome (``running``) at once, ``runs.get`` later."""
+        number = level or self.settings.burn_in_level or 1
+        level_spec(number)  # a bad level or GPU is refused here, not in the thread
+        for index in gpus or ():
+            _gpu(self.monitor.engine.inventory, index)
+        if not self._lock.acquire(blocking=False):
+            if after is not None:
+                after()
+            raise ActiveCheckBusyError(
+                f"an active check is already running ({self.runs.running_text()}); "
+                "wait for it, or read it with gpuweave check --run ID"
+            )
+        run = next(self._ids)
+        first = self.runs.started(
+            run, trigger=trigger, level=number, backend=self.parts.exerciser.name, at=self.monitor.now()
+        )
+
+        def work() -> None:
+            try:
+                self._run(run, gpus, level=number, trigger=trigger)
+            except Exception as exc:
+                log.exception("active check run %d failed", run)
+                self.runs.failed(run, f"{type(exc).__name__}: {exc}", at=self.monitor.now())
+            finally:
+                self._lock.release()
+                if after is not None:
+                    after()
+
+        threading.Thread(target=work, name=f"active-check-{run}", daemon=True).start()
+        return first
+
+    def run(self, gpus: Sequence[int] | None, *, level: int, trigger: str = "on-demand") -> RunOutcome:
+        """One run, synchronously (tests, tools); ``ActiveCheckBusyError`` while another runs."""
+        if not self._lock.acquire(blocking=False):
+            raise ActiveCheckBusyError(f"an active check is already running ({self.runs.running_text()})")
+        try:
+            run = next(self._ids)
+            self.runs.started(
+                run, trigger=trigger, level=level, backend=self.parts.exerciser.name, at=self.monitor.now()
+            )
+            return self._run(run, gpus, level=level, trigger=trigger)
+        finally:
+            self._lock.release()
+
+    def __call__(self, monitor: HealthMonitor) -> None:
+        """Round hook: re-check GPUs a failed check withholds, every ``recheck_interval_s``."""
+        interval = self.settings.recheck_interval_s
+        if interval <= 0 or self._lock.locked():
+            return
+        now = monitor.now()
+        with monitor.lock:
+            due = [
+                uuid
+                for uuid in monitor.engine.rechecks
+                if monitor.engine.gpus.get(uuid) is not None
+                and monitor.engine.gpus[uuid].state in (DeviceState.SUSPECT, DeviceState.PROBATION)
+                and now - self._last_recheck.get(uuid, -interval) >= interval
+            ]
+        indexes = [i for i in (monitor.engine.gpu_index(u) for u in due) if i is not None]
+        if indexes:
+            self._last_recheck.update(dict.fromkeys(due, now))
+            with contextlib.suppress(ActiveCheckBusyError):  # a run began meanwhile: next round
+                self.start(indexes, level=self.settings.burn_in_level or 1, trigger="recheck")
+
+    # --- one run ------------------------------------------------------------------------------
+
+    def _run(self, run: int, indexes: Sequence[int] | None, *, level: int, trigger: str) -> RunOutcome:
+        """One run. The burn-in holds nothing: the startup taint keeps new work off the whole node
+        while it runs, and the agent's first device list stays as the rounds make it."""
+        started = self.monitor.now()
+        hold = trigger != BURN_IN
+        chosen, skipped = self._select(indexes)
+        self._hold({g.uuid: HOLD_REASON for g in chosen} if hold else {})
+        try:
+            chosen, skipped = self._still_idle(chosen, skipped, hold=hold)
+            reports, found, changed = self._exercise_all(chosen, level)
+        finally:
+            self._hold({})
+        outcome = self.runs.finished(
+            run,
+            reports=reports,
+            findings=found,
+            skipped=skipped,
+            deltas=changed,
+            verdicts=merged_verdicts(reports, found),
+            seconds=self.monitor.now() - started,
+            indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},
+        )
+        self._apply(outcome)
+        self._announce(outcome)
+        return outcome
+
+    def _select(self, indexes: Sequence[int] | None) -> tuple[list[Gpu], dict[str, str]]:
+        engine = self.monitor.engine
+        inventory = engine.inventory
+        wanted = list(inventory.gpus) if indexes is None else [_gpu(inventory, i) for i in indexes]
+        chosen, skipped = [], {}
+        with self.monitor.lock:
+            states = {uuid: record.state for uuid, record in engine.gpus.items()}
+        for gpu in wanted:
+            if gpu.mig_enabled:
+                skipped[gpu.uuid] = "MIG mode is on: its MIG devices are not exercised"
+            elif states.get(gpu.uuid) in SKIPPED_STATES:
+                skipped[gpu.uuid] = f"{states[gpu.uuid]}: not exercised"
+            else:
+                chosen.append(gpu)
+        return chosen, skipped
+
+    def _still_idle(
+        self, chosen: list[Gpu], skipped: dict[str, str], *, hold: bool
+    ) -> tuple[list[Gpu], dict[str, str]]:
+        """After the hold (no new pod can land): the GPUs nothing holds; the rest are skipped."""
+        busy = self.parts.busy
+        idle = []
+        for gpu in chosen:
+            why = _busy(busy, gpu.uuid)
+            if why:
+                skipped[gpu.uuid] = why
+            else:
+                idle.append(gpu)
+        if hold:
+            self._hold({g.uuid: HOLD_REASON for g in idle})
+        return idle, skipped
+
+    def _exercise_all(
+        self, gpus: list[Gpu], level: int
+    ) -> tuple[list[ExerciseReport], dict[str, list[Finding]], dict[str, CounterDelta]]:
+        if not gpus:
+            return [], {}, {}
+        inventory = self.monitor.engine.inventory
+        before, xids = self._counters.read_all(inventory, gpus), dict(self._xids)
+        deadline = self.settings.deadline_s or level_spec(level).deadline_s
+        batches = plans(
+            inventory,
+            gpus,
+            level_number=level,
+            max_gpus=self.settings.max_gpus,
+            memory_fraction=self.settings.memory_fraction,
+        )
+        reports = [
+            run_with_backstop(
+                self.parts.exerciser, plan, deadline_s=deadline, grace_s=self.parts.backstop_grace_s
+            )
+            for plan in batches
+        ]
+        changed = deltas(before, self._counters.read_all(inventory, gpus), xids, self._xids)
+        return reports, self._judge(reports, changed, expectations(inventory, pcie_links(before))), changed
+
+    def _judge(
+        self, reports: list[ExerciseReport], changed: dict[str, CounterDelta], expected: Expectations
+    ) -> dict[str, list[Finding]]:
+        settings = self.settings
+        thresholds = Thresholds(
+            settings.min_pcie_fraction,
+            settings.min_nvlink_fraction,
+            settings.compute_slack,
+            settings.sbe_limit,
+        )
+        found: dict[str, list[Finding]] = {}
+        for report in reports:
+            for uuid, items in judge(report, expected, thresholds=thresholds).items():
+                found.setdefault(uuid, []).extend(items)
+        for uuid, items in judge_deltas(changed, thresholds=thresholds).items():
+            found.setdefault(uuid, []).extend(items)
+        return found
+
+    # --- results ------------------------------------------------------------------------------
+
+    def _apply(self, outcome: RunOutcome) -> None:
+        engine = self.monitor.engine
+        with self.monitor.lock:
+            for uuid, gpu in outcome.gpus.items():
+                if gpu.verdict == Verdict.FAILED.value:
+                    items = ordered(outcome.findings.get(uuid, []))
+                    engine.on_findings(uuid, items)
+                    engine.rechecks[uuid] = items[0].reason if items else "active check failed"
+                elif gpu.verdict == Verdict.PASSED.value:
+                    engine.rechecks.pop(uuid, None)
+        self.monitor.publish()
+
+    def _announce(self, outcome: RunOutcome) -> None:
+        metrics = self.monitor.metrics
+        for result in outcome.results:
+            metrics.active_checks.labels(result.check.value, result.status.value).inc()
+            if result.gbps is not None:
+                metrics.active_bandwidth.labels(result.gpu, result.check.value, result.peer or "").set(
+                    result.gbps
+                )
+        for gpu in outcome.gpus.values():
+            metrics.active_gpus.labels(outcome.trigger, gpu.verdict).inc()
+        failed = {u: g for u, g in outcome.gpus.items() if g.verdict == Verdict.FAILED.value}
+        summary = outcome.summary()
+        log.log(logging.WARNING if failed else logging.INFO, "%s", summary)
+        if self.parts.events is not None:
+            reason = "GpuweaveActiveCheckFailed" if failed else "GpuweaveActiveCheckPassed"
+            try:
+                self.parts.events(reason, summary, bool(failed))
+            except Exception as exc:
+                log.warning("cannot post the active-check event: %s", exc)
+
+    def _hold(self, reasons: Mapping[str, str]) -> None:
+        if self.parts.hold is not None:
+            try:
+                self.parts.hold(dict(reasons))
+            except Exception:
+                log.exception("cannot withhold the GPUs under an active check")
+
+    def _count_xid(self, device: str, fault: Fault) -> None:
+        """Count the Xids graded application-level or worse (informational ones are the driver's notes)."""
+        if fault.signal in ("xid", "recovery-action") and fault.severity in _COUNTED:
+            gpu = self.monitor.engine.mig_parent.get(device, device)
+            self._xids[gpu] = self._xids.get(gpu, 0) + 1
+
+    def status(self) -> dict[str, Any]:
+        with self.monitor.lock:
+            rechecks = dict(self.monitor.engine.rechecks)
+            burn_in = self.monitor.engine.gate.burn_in_pending
+        return {
+            "running": self.runs.running(),
+            "burnInPending": burn_in,
+            "rechecks": rechecks,
+            "lastRun": self.runs.last_json(),
+        }
+
+
+def _gpu(inventory: NodeInventory, index: int) -> Gpu:
+    try:
+        return inventory.gpu(int(index))
+    except KeyError as exc:
+        count = len(inventory.gpus)
+        raise InvalidInputError(f"no GPU {index} on this node (it has {count}: 0-{count - 1})") from exc
+
+
+def _busy(busy: Busy | None, uuid: str) -> str | None:
+    if busy is None:
+        return None
+    try:
+        return busy(uuid)
+    except Exception as exc:  # cannot tell who holds it: do not exercise it
+        return f"cannot tell whether a pod holds it ({exc})"
