@@ -80,7 +80,10 @@ def _member(index: int, *, imex: bool = True) -> dict[str, Any]:
 
 def test_every_member_of_a_gang_gets_the_same_domain_listing_the_gangs_nodes(tmp_path: Path) -> None:
     extender = _extender(tmp_path)
-    assignments = [_bind(extender, _member(i)) for i in range(3)]
+    members = [_member(i) for i in range(3)]
+    for member in members:  # the watch delivers every member, pending, before the first filter
+        extender.cache.upsert_pod(member)
+    assignments = [_bind(extender, member) for member in members]
     domains = {a.imex for a in assignments}
     assert len(domains) == 1
     (domain,) = domains
