@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from typing import Final
+from typing import Any, Final
 
 ESCAPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 MAX_LOG_CHARS: Final = 4096  # of one log message (a traceback is added after, in full)
@@ -89,8 +89,9 @@ def safe_text(text: str, *, limit: int) -> str:
 
 class EscapingFormatter(logging.Formatter):
     """A log formatter that writes each record's message through ``safe_text``: one line per
-    record whatever a pod's name, annotation or selector put into it. An exception's traceback
-    is our own text and is added after, as ``logging.Formatter`` adds it."""
+    record whatever a pod's name, annotation or selector put into it. A traceback keeps its
+    lines, each escaped and clipped the same way (its last line quotes the exception's message,
+    which may quote input)."""
 
     def __init__(self, fmt: str | None = None, *, limit: int = MAX_LOG_CHARS) -> None:
         super().__init__(fmt)
@@ -100,3 +101,12 @@ class EscapingFormatter(logging.Formatter):
         escaped = logging.makeLogRecord(record.__dict__)
         escaped.message = safe_text(record.message, limit=self._limit)
         return super().formatMessage(escaped)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        return self._lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+        return self._lines(super().formatStack(stack_info))
+
+    def _lines(self, text: str) -> str:
+        return "\n".join(safe_text(line, limit=self._limit) for line in text.split("\n"))

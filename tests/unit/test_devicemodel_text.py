@@ -68,8 +68,9 @@ def test_log_records_are_one_escaped_line_and_tracebacks_stay() -> None:
     assert len(line) <= len("WARNING ") + 300
     assert record.getMessage().count("\x1b") == 100  # the record itself is left for other handlers
     try:
-        raise ValueError("boom")
+        raise ValueError("boom \x1b[2J\u202e")
     except ValueError:
         failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "bad \x1b", (), sys.exc_info())
     text = formatter.format(failed)
-    assert text.startswith("ERROR bad \\x1b\nTraceback") and "ValueError: boom" in text
+    assert text.startswith("ERROR bad \\x1b\nTraceback") and raw_controls(text.replace("\n", "")) == []
+    assert text.endswith("ValueError: boom \\x1b[2J\\u202e")  # the traceback's lines kept, escaped
