@@ -3,7 +3,8 @@ it does not control goes through it (the node agent's control socket, the extend
 the node agent's metrics port).
 
 A thread per connection lets any client that connects, then sends slowly, hold a thread for as
-long as it likes: 2,000 such clients held 973 threads of a ``ThreadingHTTPServer``. Here:
+long as it likes: 2,000 such clients held 973 threads of a ``ThreadingHTTPServer``. Here no thread
+ever waits on a client:
 
 - one thread, the gate, accepts every connection and reads its request head without blocking
   (``selectors``): a slow client costs a socket and a buffer, never a thread;
@@ -14,9 +15,10 @@ long as it likes: 2,000 such clients held 973 threads of a ``ThreadingHTTPServer
   answered ``Refusal.BUSY`` and closed at once; with ``displace`` it instead takes the place of
   the oldest connection still sending its head (that one gets ``BUSY``), so clients that send
   their request at once (the kubelet's probes) are served however many slow ones arrive;
-- a whole head is answered by a pool of ``workers`` threads: ``serve(head)`` returns the answer,
-  which is written (``ANSWER_TIMEOUT_S`` for the client to take it) before the close. One request
-  per connection.
+- a whole head is answered by a pool of ``workers`` threads: ``serve(head)`` returns the answer.
+  The worker writes what the socket takes at once (all of it, for a small answer); the rest goes
+  back to the gate, which writes it as the client reads, for at most ``answer_s``, so a client
+  that never reads its answer holds no worker either. One request per connection.
 
 Answers to refused connections are written from the gate without waiting (they fit a fresh
 socket's buffer; a client that takes nothing loses its answer, not our time).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import queue
 import selectors
 import socket
 import threading
@@ -38,7 +41,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-ANSWER_TIMEOUT_S = 30.0  # for a client to take its answer
 TICK_S = 0.2  # the gate looks at its deadlines and its stop flag at least this often
 DRAIN_BYTES = 1 << 20  # read and dropped before a close, so the kernel sends FIN, not RST
 
@@ -56,6 +58,7 @@ class GateLimits:
     max_head_bytes: int
     workers: int  # threads answering whole heads
     displace: bool = False  # at the cap, a new connection displaces the oldest still sending its head
+    answer_s: float = 30.0  # for the client to take the rest of an answer the socket did not take at once
 
 
 HeadEnd = Callable[[bytearray, int], int]  # (data so far, where to look from) -> index past the head, or -1
@@ -64,11 +67,18 @@ Refuse = Callable[[Refusal], bytes]  # why a connection is refused -> its answer
 
 
 @dataclass
-class _Pending:
+class _Reading:
     conn: socket.socket
     until: float
     data: bytearray
     scanned: int = 0
+
+
+@dataclass
+class _Writing:
+    conn: socket.socket
+    until: float
+    left: memoryview
 
 
 class Gate:
@@ -90,8 +100,12 @@ class Gate:
         self.limits = limits
         self._head_end, self._serve, self._refuse = head_end, serve, refuse
         self._clock = clock
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()  # by fd, in accept order
-        self._open = 0  # pending + being answered
+        self._selector = selectors.DefaultSelector()
+        self._reading: OrderedDict[int, _Reading] = OrderedDict()  # by fd, in deadline order
+        self._writing: OrderedDict[int, _Writing] = OrderedDict()  # by fd, in deadline order
+        self._replies: queue.SimpleQueue[tuple[socket.socket, memoryview]] = queue.SimpleQueue()
+        self._wake_gate, self._waker = socket.socketpair()  # a worker wakes the gate for a reply
+        self._open = 0  # reading + answering + writing
         self._open_lock = threading.Lock()
         self._stop = threading.Event()
         self._workers = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix=f"{name}-worker")
@@ -99,14 +113,28 @@ class Gate:
 
     def start(self) -> None:
         self._listener.setblocking(False)
+        self._wake_gate.setblocking(False)
+        self._waker.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_gate, selectors.EVENT_READ, "wake")
         self._thread.start()
 
     def stop(self, *, wait: bool = True) -> None:
-        """Stop accepting, close what is still sending its head; ``wait``: for answers under way."""
+        """Stop accepting, close every connection the gate holds; ``wait``: for answers under way."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._selector.close()
         self._workers.shutdown(wait=wait)
+        for conn in (self._wake_gate, self._waker):
+            conn.close()
+        while True:  # answers handed back after the gate ended: nobody will write them now
+            try:
+                conn, _ = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            _close(conn)
+            self._release()
 
     def open_connections(self) -> int:
         with self._open_lock:
@@ -114,27 +142,30 @@ class Gate:
 
     # ---- the gate thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ, None)
-            try:
-                while not self._stop.is_set():
-                    for key, _ in selector.select(self._wait_s()):
-                        if key.data is None:
-                            self._accept(selector)
-                        else:
-                            self._read(selector, key.data)
-                    self._expire(selector)
-            finally:
-                for pending in list(self._pending.values()):
-                    self._drop(selector, pending, answer=None)
+        try:
+            while not self._stop.is_set():
+                for key, events in self._selector.select(self._wait_s()):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "wake":
+                        self._take_replies()
+                    elif events & selectors.EVENT_WRITE:
+                        self._write(key.data)
+                    else:
+                        self._read(key.data)
+                self._expire()
+        finally:
+            for reading in list(self._reading.values()):
+                self._drop(reading.conn, answer=None)
+            for writing in list(self._writing.values()):
+                self._drop(writing.conn, answer=None)
+            self._selector.close()
 
     def _wait_s(self) -> float:
-        if not self._pending:
-            return TICK_S
-        first = next(iter(self._pending.values()))
-        return max(0.0, min(TICK_S, first.until - self._clock()))
+        firsts = [next(iter(d.values())).until for d in (self._reading, self._writing) if d]
+        return max(0.0, min([TICK_S, *(until - self._clock() for until in firsts)]))
 
-    def _accept(self, selector: selectors.BaseSelector) -> None:
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._listener.accept()
@@ -145,74 +176,101 @@ class Gate:
                 self._stop.wait(TICK_S)
                 return
             conn.setblocking(False)
-            if not self._take_place(selector):
+            if not self._take_place():
                 _send_now(conn, self._refuse(Refusal.BUSY))
                 _close(conn)
                 continue
-            self._pending[conn.fileno()] = _Pending(conn, self._clock() + self.limits.deadline_s, bytearray())
-            selector.register(conn, selectors.EVENT_READ, conn.fileno())
+            self._reading[conn.fileno()] = _Reading(conn, self._clock() + self.limits.deadline_s, bytearray())
+            self._selector.register(conn, selectors.EVENT_READ, conn.fileno())
 
-    def _take_place(self, selector: selectors.BaseSelector) -> bool:
+    def _take_place(self) -> bool:
         """One more open connection, if the cap allows, or if it may displace the oldest head."""
         with self._open_lock:
             if self._open < self.limits.max_connections:
                 self._open += 1
                 return True
-        if not (self.limits.displace and self._pending):
+        if not (self.limits.displace and self._reading):
             return False
-        oldest = next(iter(self._pending.values()))
-        self._drop(selector, oldest, answer=Refusal.BUSY)  # its place passes to the newcomer
+        oldest = next(iter(self._reading.values()))
+        self._drop(oldest.conn, answer=Refusal.BUSY)  # its place passes to the newcomer
         with self._open_lock:
             self._open += 1
         return True
 
-    def _read(self, selector: selectors.BaseSelector, fd: int) -> None:
-        pending = self._pending.get(fd)
-        if pending is None:
-            return
+    def _read(self, fd: int) -> None:
+        reading = self._reading[fd]
         try:
-            chunk = pending.conn.recv(65536)
+            chunk = reading.conn.recv(65536)
         except BlockingIOError:
             return
         except OSError:
             chunk = b""
         if not chunk:  # the client is done sending: what it sent is its request, or nothing
-            if pending.data:
-                self._hand_over(selector, pending, len(pending.data))
+            if reading.data:
+                self._hand_over(reading, len(reading.data))
             else:
-                self._drop(selector, pending, answer=None)
+                self._drop(reading.conn, answer=None)
             return
-        pending.data += chunk
-        end = self._head_end(pending.data, pending.scanned)
+        reading.data += chunk
+        end = self._head_end(reading.data, reading.scanned)
         if 0 <= end <= self.limits.max_head_bytes:
-            self._hand_over(selector, pending, end)
-        elif len(pending.data) > self.limits.max_head_bytes:
-            self._drop(selector, pending, answer=Refusal.TOO_LARGE)
+            self._hand_over(reading, end)
+        elif len(reading.data) > self.limits.max_head_bytes:
+            self._drop(reading.conn, answer=Refusal.TOO_LARGE)
         else:
-            pending.scanned = len(pending.data)
+            reading.scanned = len(reading.data)
 
-    def _expire(self, selector: selectors.BaseSelector) -> None:
-        now = self._clock()
-        while self._pending:
-            first = next(iter(self._pending.values()))
-            if first.until > now:
+    def _take_replies(self) -> None:
+        """Answers the workers could not write at once: the gate writes them as clients read."""
+        with contextlib.suppress(OSError):
+            while self._wake_gate.recv(4096):
+                pass
+        while True:
+            try:
+                conn, left = self._replies.get_nowait()
+            except queue.Empty:
                 return
-            self._drop(selector, first, answer=Refusal.LATE)
+            self._writing[conn.fileno()] = _Writing(conn, self._clock() + self.limits.answer_s, left)
+            self._selector.register(conn, selectors.EVENT_WRITE, conn.fileno())
 
-    def _forget(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
-        del self._pending[pending.conn.fileno()]
-        selector.unregister(pending.conn)
+    def _write(self, fd: int) -> None:
+        writing = self._writing[fd]
+        try:
+            writing.left = writing.left[writing.conn.send(writing.left) :]
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(writing.conn, answer=None)
+            return
+        if not writing.left:
+            self._drop(writing.conn, answer=None)
 
-    def _drop(self, selector: selectors.BaseSelector, pending: _Pending, *, answer: Refusal | None) -> None:
-        self._forget(selector, pending)
+    def _expire(self) -> None:
+        now = self._clock()
+        for held, why in ((self._reading, Refusal.LATE), (self._writing, None)):
+            while held:
+                first = next(iter(held.values()))
+                if first.until > now:
+                    break
+                self._drop(first.conn, answer=why)
+
+    def _forget(self, conn: socket.socket) -> None:
+        fd = conn.fileno()
+        self._reading.pop(fd, None)
+        self._writing.pop(fd, None)
+        self._selector.unregister(conn)
+
+    def _drop(self, conn: socket.socket, *, answer: Refusal | None) -> None:
+        """Close a connection the gate holds, after ``answer``'s words if any; its place is free."""
+        self._forget(conn)
         if answer is not None:
-            _send_now(pending.conn, self._refuse(answer))
-        _close(pending.conn)
+            _send_now(conn, self._refuse(answer))
+        _close(conn)
         self._release()
 
-    def _hand_over(self, selector: selectors.BaseSelector, pending: _Pending, end: int) -> None:
-        self._forget(selector, pending)
-        self._workers.submit(self._answer, pending.conn, bytes(pending.data[:end]))
+    def _hand_over(self, reading: _Reading, end: int) -> None:
+        self._forget(reading.conn)
+        self._workers.submit(self._answer, reading.conn, bytes(reading.data[:end]))
 
     def _release(self) -> None:
         with self._open_lock:
@@ -220,24 +278,31 @@ class Gate:
 
     # ---- a worker --------------------------------------------------------------------------------
     def _answer(self, conn: socket.socket, head: bytes) -> None:
+        """Write what the socket takes now; the rest goes back to the gate (no wait on a client)."""
         try:
-            answer = self._serve(head)
-            conn.settimeout(ANSWER_TIMEOUT_S)
-            conn.sendall(answer)
-        except OSError:
-            log.info("%s: the client went away before its answer", self._name)
+            answer = memoryview(self._serve(head))
         except Exception:  # a bug costs this connection, never the listener
             log.exception("%s: answering a request failed", self._name)
-        finally:
-            _close(conn)
-            self._release()
+            answer = memoryview(b"")
+        sent = _send_now(conn, answer)
+        if sent < len(answer):
+            self._replies.put((conn, answer[sent:]))
+            with contextlib.suppress(OSError):  # full: the gate is awake already
+                self._waker.send(b"\0")
+            return
+        _close(conn)
+        self._release()
 
 
-def _send_now(conn: socket.socket, answer: bytes) -> None:
-    """Write a short answer without waiting; a client that cannot take it now goes without."""
-    with contextlib.suppress(OSError):
-        conn.setblocking(False)
-        conn.send(answer)
+def _send_now(conn: socket.socket, answer: bytes | memoryview) -> int:
+    """Write what the socket takes without waiting (a short answer: all of it); bytes written.
+    A client gone counts as written: there is nobody to wait for."""
+    try:
+        return conn.send(answer) if answer else 0
+    except BlockingIOError:
+        return 0
+    except OSError:
+        return len(answer)
 
 
 def _close(conn: socket.socket) -> None:
@@ -245,7 +310,6 @@ def _close(conn: socket.socket) -> None:
     closes with FIN, and the answer is not lost to a reset), close."""
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_WR)
-        conn.setblocking(False)
         left = DRAIN_BYTES
         while left > 0 and (chunk := conn.recv(min(left, 65536))):
             left -= len(chunk)

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from deviceplugin.metrics import metrics_listener
 from gpuweave.simulate.cluster_objects import cluster_list
 from netio.gate import GateLimits
-from netio.probe_http import PROBE_LIMITS, ProbeListener
+from netio.probe_http import PROBE_LIMITS, TEXT, ProbeListener
 from scheduler_ext.app import build_snapshot_extender
 from tests.support.waiting import wait_until
 
@@ -85,16 +85,16 @@ def test_slow_clients_hold_no_thread_and_a_probe_still_answers(make_probes: Call
     probes: Probes = make_probes()
     status, body = _get(probes.address, probes.path)  # the first answer starts a worker
     assert status == 200 and probes.expect in body
-    before = threading.active_count()
+    before = set(threading.enumerate())
     with ExitStack() as stack:
         _slow_clients(stack, probes.address, SLOW_CLIENTS)
         accepted = lambda: probes.listener.open_connections() == SLOW_CLIENTS  # noqa: E731
         wait_until("the slow clients are accepted", accepted)
-        assert threading.active_count() <= before + PROBE_LIMITS.workers  # no thread per client
         status, body = _get(probes.address, probes.path)  # the kubelet's probe meanwhile
         assert status == 200 and probes.expect in body
         assert _get(probes.address, "/nope")[0] == 404
-        assert threading.active_count() <= before + PROBE_LIMITS.workers
+        started = [t.name for t in threading.enumerate() if t not in before]
+        assert len(started) <= PROBE_LIMITS.workers, started  # no thread per client
 
 
 def test_a_client_trickling_its_head_is_cut_at_the_deadline(make_probes: Callable[..., Probes]) -> None:
@@ -132,3 +132,28 @@ def test_past_the_cap_a_new_connection_displaces_the_oldest_unfinished_head(
         assert oldest.startswith(b"HTTP/1.1 503 ")
         assert probes.listener.open_connections() <= 8
     wait_until("every closed client is let go", lambda: probes.listener.open_connections() == 0)
+
+
+def test_clients_that_never_read_their_answer_hold_no_worker() -> None:
+    """Ten clients ask for 8 MiB and read none of it: the gate holds their answers (sockets, not
+    workers), and a probe is still answered by the two workers."""
+    big = b"x" * (8 << 20)
+    routes = {"/big": lambda: (200, big, TEXT), "/healthz": lambda: (200, b"ok\n", TEXT)}
+    listener = ProbeListener(("127.0.0.1", 0), routes, name="test-probes")
+    listener.start()
+    try:
+        with ExitStack() as stack:
+            for _ in range(10):
+                conn = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that stays shut
+                conn.connect(listener.server_address)
+                conn.sendall(b"GET /big HTTP/1.1\r\nHost: probe\r\n\r\n")
+            before = set(threading.enumerate())
+            wait_until("ten answers are being written", lambda: listener.open_connections() == 10)
+            assert _get(listener.server_address, "/healthz") == (200, b"ok\n")
+            held = lambda: listener.open_connections() == 10  # noqa: E731
+            wait_until("the probe's connection let go, the ten unread answers still held", held)
+            started = [t.name for t in threading.enumerate() if t not in before]
+            assert len(started) <= PROBE_LIMITS.workers, started
+    finally:
+        listener.stop()
