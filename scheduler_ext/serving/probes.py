@@ -6,8 +6,8 @@ reach loopback; this listener answers only ``GET /healthz``, ``/readyz`` and ``/
 be bound to the pod's address (``--probe-listen``) without exposing any verb that changes state.
 Bound there, any client on the pod network can reach it, so it runs under the gate's bounds
 (``netio.probe_http.PROBE_LIMITS``): slow clients hold no thread, a request head has a deadline,
-and open connections are capped without keeping a probe out (manifests' NetworkPolicy, with
-``scheduler.probeNetworkPolicy`` in the chart, narrows who may connect at all).
+and open connections are capped without keeping a probe out. The chart's NetworkPolicy (value
+``scheduler.probeNetworkPolicy``) narrows who may connect at all.
 """
 
 from __future__ import annotations
