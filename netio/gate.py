@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -67,18 +67,27 @@ Refuse = Callable[[Refusal], bytes]  # why a connection is refused -> its answer
 
 
 @dataclass
-class _Reading:
+class _Held:
+    """A connection the gate holds, until a deadline."""
+
     conn: socket.socket
     until: float
+
+
+@dataclass
+class _Reading(_Held):
     data: bytearray
     scanned: int = 0
 
 
 @dataclass
-class _Writing:
-    conn: socket.socket
-    until: float
+class _Writing(_Held):
     left: memoryview
+
+
+def _first(held: Mapping[int, _Held]) -> _Held | None:
+    """The one with the earliest deadline (each map is kept in deadline order)."""
+    return next(iter(held.values()), None)
 
 
 class Gate:
@@ -162,8 +171,8 @@ class Gate:
             self._selector.close()
 
     def _wait_s(self) -> float:
-        firsts = [next(iter(d.values())).until for d in (self._reading, self._writing) if d]
-        return max(0.0, min([TICK_S, *(until - self._clock() for until in firsts)]))
+        dues = [held.until for held in (_first(self._reading), _first(self._writing)) if held is not None]
+        return max(0.0, min([TICK_S, *(until - self._clock() for until in dues)]))
 
     def _accept(self) -> None:
         while True:
@@ -248,10 +257,7 @@ class Gate:
     def _expire(self) -> None:
         now = self._clock()
         for held, why in ((self._reading, Refusal.LATE), (self._writing, None)):
-            while held:
-                first = next(iter(held.values()))
-                if first.until > now:
-                    break
+            while (first := _first(held)) is not None and first.until <= now:
                 self._drop(first.conn, answer=why)
 
     def _forget(self, conn: socket.socket) -> None:
