@@ -31,6 +31,7 @@ from devicemodel.contracts import (
 )
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import evicts_whole_gang, gang_key
+from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from health.badlist import BadGpu
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
@@ -134,7 +135,7 @@ class KubeCluster:
             ),
             involved_object=involved,
             reason=reason,
-            message=message[:1024],
+            message=safe_text(message, limit=MAX_EVENT_CHARS),  # a gang's name is the pod's text
             type="Warning" if warning else "Normal",
             source=client.V1EventSource(component=COMPONENT, host=self.node_name),
             first_timestamp=now,

@@ -26,9 +26,10 @@ from devicemodel.gangs import (
     LABEL_JOBSET_RESTART,
     LABEL_REPLICATED_JOB,
 )
+from devicemodel.text import MAX_EVENT_CHARS
 from health.badlist import BadGpu
 from health.kube import KubeCluster, bad_hardware_name
-from health.remediation import EvictionOutcome
+from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
@@ -250,6 +251,16 @@ def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube.add_bad_hardware(entry)  # 409 is fine: already listed
     assert list(api.bad) == [bad_hardware_name("GPU-AB-5")]
     assert kube.list_bad_hardware() == {"GPU-AB-5": entry}
+
+
+def test_an_event_naming_a_pods_gang_is_escaped_and_clipped(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    gang = "default/gang:g\x1b[2J\u202eexe" + "x" * 5000  # the pod's own annotation, as evictions word it
+    pod = PodRef("default", "p", frozenset(), gang=gang)
+    kube.post_event(reason="GpuweaveGangEvicted", message=f"evicted with its gang {gang}", pod=pod)
+    message = api.events[-1]["message"]
+    assert len(message) <= MAX_EVENT_CHARS and "\x1b" not in message and "\u202e" not in message
+    assert "gang:g\\x1b[2J\\u202eexe" in message and message.endswith("characters)")
 
 
 def test_gang_pods_are_found_on_every_node_by_the_gang_their_labels_name(
