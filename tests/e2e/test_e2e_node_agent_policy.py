@@ -154,17 +154,17 @@ def test_an_agent_writes_only_its_own_inventory(plane: ControlPlane, agent: clie
     custom = client.CustomObjectsApi(agent)
     message = f"the node agent of node {NODE_A} may write only its own GpuNodeInventory"
     before = _inventory(plane, NODE_B)
-    unhealthy = {"status": {"devices": [{**d, "health": "Unhealthy"} for d in before["status"]["devices"]]}}
+    unhealthy = {"status": {"unhealthyDevices": [gpu["uuid"] for gpu in before["spec"]["gpus"]]}}
     _refused(partial(custom.patch_cluster_custom_object_status, *INVENTORY, NODE_B, unhealthy), message)
     _refused(
         partial(custom.patch_cluster_custom_object, *INVENTORY, NODE_B, {"spec": {"numaNodes": 1}}), message
     )
-    other = {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuNodeInventory", "metadata": {"name": "np-c"}}
+    other = {"apiVersion": before["apiVersion"], "kind": before["kind"], "metadata": {"name": "e2e-np-c"}}
+    other["spec"] = before["spec"]
     _refused(partial(custom.create_cluster_custom_object, *INVENTORY, other), message)
     after = _inventory(plane, NODE_B)
     assert (after["spec"], after["status"]) == (before["spec"], before["status"])
-    own = _inventory(plane, NODE_A)["status"]["devices"]
-    mine = {"status": {"devices": [{**own[0], "health": "Unhealthy"}, *own[1:]]}}
+    mine = {"status": {"unhealthyDevices": [_inventory(plane, NODE_A)["spec"]["gpus"][0]["uuid"]]}}
     assert outcome(partial(custom.patch_cluster_custom_object_status, *INVENTORY, NODE_A, mine)) == "ok"
 
 
