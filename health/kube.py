@@ -11,7 +11,8 @@
   and retried by the caller next round; 404, or 409 (another pod holds the name now), as gone.
 - Conditions go to the node status; Events to the node or the pod; taints on ``spec.taints``, the
   other taints sent back exactly as read and the patch preconditioned on the Node's
-  resourceVersion, so a taint another writer changed meanwhile is never undone (409: next round).
+  resourceVersion, so a taint another writer changed meanwhile is never undone (a conflict is
+  read again a few times, then left to the next round).
 - The bad-hardware list is shared as cluster-scoped ``GpuBadHardware`` objects, one per GPU
   (``manifests/crds/gpubadhardware.yaml``).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "gpuweave-health"
 CORDON_ANNOTATION = "gpuweave.io/cordoned-by-health"
 EVICTION_LABEL = "gpuweave.io/node-agent-eviction"  # on every Eviction the agent sends
+NODE_PATCH_ATTEMPTS = 4  # reads and preconditioned patches of the Node before a conflict waits a round
 
 
 def _now() -> datetime.datetime:
@@ -185,30 +188,45 @@ class KubeCluster:
 
     def set_taint(self, key: str, *, present: bool, value: str = "") -> None:
         """Add or remove one of the agent's taints; every other taint goes back exactly as read
-        (``timeAdded`` included), and the Node's resourceVersion makes a concurrent change a 409."""
-        node: Any = self._core.read_node(self.node_name)
-        taints: list[Any] = [t for t in (node.spec.taints or []) if t.key != key]
-        if present:
-            taints.append(client.V1Taint(key=key, value=value or None, effect="NoSchedule"))
-        elif len(taints) == len(node.spec.taints or []):
-            return
-        serialize = self._core.api_client.sanitize_for_serialization
-        body = {
-            "metadata": {"resourceVersion": node.metadata.resource_version},
-            "spec": {"taints": [serialize(t) for t in taints]},
-        }
-        self._core.patch_node(self.node_name, body)
+        (``timeAdded`` included)."""
+
+        def body(node: Any) -> dict[str, Any] | None:
+            taints: list[Any] = [t for t in (node.spec.taints or []) if t.key != key]
+            if present:
+                taints.append(client.V1Taint(key=key, value=value or None, effect="NoSchedule"))
+            elif len(taints) == len(node.spec.taints or []):
+                return None
+            serialize = self._core.api_client.sanitize_for_serialization
+            return {"spec": {"taints": [serialize(t) for t in taints]}}
+
+        self._patch_node(body)
 
     def set_cordon(self, cordoned: bool) -> None:
-        node: Any = self._core.read_node(self.node_name)
-        ours = (node.metadata.annotations or {}).get(CORDON_ANNOTATION) == "true"
-        if not cordoned and not ours:
-            return  # someone else cordoned the node: not ours to undo
-        metadata = {
-            "annotations": {CORDON_ANNOTATION: "true" if cordoned else None},
-            "resourceVersion": node.metadata.resource_version,
-        }
-        self._core.patch_node(self.node_name, {"spec": {"unschedulable": cordoned}, "metadata": metadata})
+        def body(node: Any) -> dict[str, Any] | None:
+            ours = (node.metadata.annotations or {}).get(CORDON_ANNOTATION) == "true"
+            if not cordoned and not ours:
+                return None  # someone else cordoned the node: not ours to undo
+            annotations = {CORDON_ANNOTATION: "true" if cordoned else None}
+            return {"spec": {"unschedulable": cordoned}, "metadata": {"annotations": annotations}}
+
+        self._patch_node(body)
+
+    def _patch_node(self, body: Callable[[Any], dict[str, Any] | None]) -> None:
+        """Read the Node, patch what ``body`` makes of it (None: nothing to do) with the Node's
+        resourceVersion as a precondition, so a change made in between (the kubelet's status, an
+        operator's taint) is never undone: on a conflict, read again, up to ``NODE_PATCH_ATTEMPTS``."""
+        for attempt in range(1, NODE_PATCH_ATTEMPTS + 1):
+            node: Any = self._core.read_node(self.node_name)
+            patch = body(node)
+            if patch is None:
+                return
+            patch.setdefault("metadata", {})["resourceVersion"] = node.metadata.resource_version
+            try:
+                self._core.patch_node(self.node_name, patch)
+                return
+            except ApiException as exc:
+                if status_of(exc) != CONFLICT or attempt == NODE_PATCH_ATTEMPTS:
+                    raise
 
     # --- bad hardware ---------------------------------------------------------------------------
 

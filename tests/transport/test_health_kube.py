@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
@@ -28,7 +29,7 @@ from devicemodel.gangs import (
     LABEL_REPLICATED_JOB,
 )
 from health.badlist import BadGpu
-from health.kube import EVICTION_LABEL, KubeCluster, bad_hardware_name
+from health.kube import EVICTION_LABEL, NODE_PATCH_ATTEMPTS, KubeCluster, bad_hardware_name
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
 
@@ -58,6 +59,7 @@ class ApiState:
         self.bad: dict[str, dict[str, Any]] = {}
         self.evictions: list[tuple[str, str, int]] = []
         self.eviction_bodies: list[dict[str, Any]] = []
+        self.writes_in_between = 0  # Node patches that find the Node changed since it was read
         self.lock = threading.Lock()
 
 
@@ -105,7 +107,15 @@ def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
             assert self.headers["Content-Type"] == "application/strategic-merge-patch+json"
             with api.lock:
                 node = api.nodes[parts[3]]
-                merge(node, self.body())
+                if api.writes_in_between:  # another writer changed the Node since the client read it
+                    api.writes_in_between -= 1
+                    node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+                patch = self.body()
+                wanted = patch.get("metadata", {}).pop("resourceVersion", None)
+                if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
+                    return self.reply(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                merge(node, patch)
+                node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
                 self.reply(200, node)
 
         def do_POST(self) -> None:
@@ -147,7 +157,7 @@ def cluster() -> Iterator[tuple[KubeCluster, ApiState]]:
         api.nodes[name] = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "resourceVersion": "1"},
             "spec": {},
             "status": {},
         }
@@ -270,6 +280,21 @@ def test_taints_counts_and_cordon(cluster: tuple[KubeCluster, ApiState]) -> None
     api.nodes["node-a"]["spec"]["unschedulable"] = True  # an operator's cordon is left alone
     kube.set_cordon(False)
     assert api.nodes["node-a"]["spec"]["unschedulable"] is True
+
+
+def test_a_node_changed_between_read_and_patch_is_read_again_never_overwritten(
+    cluster: tuple[KubeCluster, ApiState],
+) -> None:
+    """The taint patch carries the resourceVersion it read: a concurrent write is a conflict, the
+    agent reads again (a few times), and what the other writer put there stays."""
+    kube, api = cluster
+    api.writes_in_between = 1
+    kube.set_taint("gpuweave.io/health-pending", present=True)
+    assert [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]] == ["gpuweave.io/health-pending"]
+    api.writes_in_between = NODE_PATCH_ATTEMPTS
+    with pytest.raises(ApiException) as refused:
+        kube.set_cordon(True)
+    assert refused.value.status == 409 and not api.nodes["node-a"]["spec"].get("unschedulable")
 
 
 def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
