@@ -215,8 +215,9 @@ def test_an_agents_eviction_names_the_pod_and_carries_its_label(
     core = client.CoreV1Api(agent)
     pod = victims["unlabelled-on-a"]
     name = pod.metadata.name
-    for body in (_eviction(pod, labelled=False), _eviction(pod, uid="")):
-        _refused(partial(core.create_namespaced_pod_eviction, name, WORK, body), "must label")
+    unlabelled, without_uid = _eviction(pod, labelled=False), _eviction(pod, uid="")
+    _refused(partial(core.create_namespaced_pod_eviction, name, WORK, unlabelled), "must label")
+    _refused(partial(core.create_namespaced_pod_eviction, name, WORK, without_uid), "UID")
     wrong = _eviction(pod, uid="0b2d8c2e-0000-4000-8000-000000000000")
     _refused(partial(core.create_namespaced_pod_eviction, name, WORK, wrong), "must name the UID")
     assert not _evicting(plane, pod.metadata.name)
