@@ -1,5 +1,5 @@
 """Each node agent held to its own node by the real kube-apiserver: the ValidatingAdmissionPolicies
-of manifests/admission-node-agent.yaml (in the kustomize base the session's control plane was
+of manifests/admission-node-agent.yaml (in the kustomize base the e2e control plane was
 given), with a token bound to an agent pod on node A, as the kubelet projects one into the
 DaemonSet's pod. RBAC lets that identity write every Node, every GpuNodeInventory and evict any
 pod; the policies refuse what touches node B, and the agent's own code (health.kube.KubeCluster,
