@@ -28,6 +28,7 @@ from devicemodel.contracts import (
 )
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
+from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
@@ -148,7 +149,7 @@ class EventReporter:
                 kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid, api_version="v1"
             ),
             reason=reason,
-            message=message[:1000],
+            message=safe_text(message, limit=MAX_EVENT_CHARS),  # it names the pod's devices
             type="Warning",
             source=client.V1EventSource(component="gpuweave-node-agent", host=self._node),
             first_timestamp=now,

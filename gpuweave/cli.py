@@ -2,7 +2,8 @@
 
 Each command module exposes ``register(subparsers)`` which adds its parser and sets
 ``handler`` (a callable taking the parsed namespace and returning an exit code). Errors derived
-from ``GpuweaveError`` print as one line on stderr with exit code 2; no traceback.
+from ``GpuweaveError`` print as one line on stderr with exit code 2; no traceback. Log records
+and those lines are escaped and clipped (``devicemodel.text``): they may quote a pod's text.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from devicemodel.errors import GpuweaveError
+from devicemodel.text import MAX_SHOWN_CHARS, EscapingFormatter, safe_text
 from gpuweave import __version__
 
 # Imported on demand: a long-running command (the node agent) then loads only its own
@@ -49,19 +51,24 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def log_to_stderr(level: int) -> None:
+    """The process's one log handler: every message through ``devicemodel.text`` (escaped, one
+    line, clipped), since pod names, annotations and selectors reach log lines."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=_command_named(arguments))
     args = parser.parse_args(arguments)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_to_stderr(getattr(logging, str(args.log_level).upper(), logging.WARNING))
     handler = cast(Handler, args.handler)
     try:
         return handler(args)
-    except GpuweaveError as exc:
-        print(f"gpuweave {args.command}: {exc}", file=sys.stderr)
+    except GpuweaveError as exc:  # its message may quote a pod's or a file's text: escaped, one line
+        print(f"gpuweave {args.command}: {safe_text(str(exc), limit=MAX_SHOWN_CHARS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

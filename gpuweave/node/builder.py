@@ -42,7 +42,7 @@ from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.dra import start_node_dra
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
-from gpuweave.node.imex import ImexConfigWriter, ImexReconciler, ImexSource
+from gpuweave.node.imex import ImexConfigWriter, ImexMetrics, ImexReconciler, ImexSource
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
 from hardware.backend import GpuBackend
@@ -268,6 +268,7 @@ class NodeAgentBuilder:
             clique=lambda: node_clique(agent),
             peers=kube.clique_peers(),
             writer=writer,
+            metrics=ImexMetrics(self.metrics.registry),
         )
         reconciler.start()
         return reconciler.stop

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.errors import InvalidInputError
+from devicemodel.text import safe_text
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.pods.requests import BadPodRequestError, pod_request
 
@@ -263,4 +264,5 @@ def verdict_for_admission(needs: Sequence[PodSetNeed], free: Mapping[str, int]) 
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+    """A check's message as it leaves (``devicemodel.text``): it names pods and pod sets."""
+    return safe_text(text, limit=MAX_MESSAGE)

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from devicemodel.errors import InvalidInputError, echo
+from devicemodel.errors import InvalidInputError, clip, echo
 from scheduler_ext.decide.by_state import RejectedNames
 from scheduler_ext.serving.metrics import ExtenderMetrics
 from scheduler_ext.serving.request_head import (
@@ -408,7 +408,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
     def _bind(self, body: object) -> bytes:
         args = parse(ExtenderBindingArgs, body)
-        error = self.server.service.bind(args)
+        error = clip(self.server.service.bind(args))  # it may quote the pod's own text
         self.server.metrics.bind_outcome("error" if error else "bound").inc()
         if error:
             LOG.info("bind %s/%s on %s refused: %s", args.PodNamespace, args.PodName, args.Node, error)

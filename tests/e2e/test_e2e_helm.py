@@ -174,6 +174,16 @@ OPERATOR_VALUES: dict[str, Any] = {
             "gangHoldPerNamespace": "25%",
             "claims": {"enabled": True},
         },
+        "probeNetworkPolicy": {
+            "enabled": True,
+            "metricsFrom": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "nodeCIDRs": ["10.0.0.0/16", "fd00:10::/64"],
+        },
     },
 }
 
@@ -250,6 +260,30 @@ def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
         } in containers[name]["volumeMounts"]
 
 
+def test_helm_probe_network_policy_lets_only_the_scraper_and_nodes_reach_the_probe_port(
+    tmp_path: Path,
+) -> None:
+    docs = render_chart(OPERATOR_VALUES, work=tmp_path)
+    policy = _one(docs, "NetworkPolicy", "gpuweave-scheduler-probes")
+    deployment = _one(docs, "Deployment")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= deployment["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    extender = {c["name"]: c for c in deployment["spec"]["containers"]}["extender"]
+    probe_port = {p["name"]: p["containerPort"] for p in extender["ports"]}["probes"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": probe_port}]
+    scraper = OPERATOR_VALUES["scheduler"]["probeNetworkPolicy"]["metricsFrom"][0]
+    nodes = [{"ipBlock": {"cidr": "10.0.0.0/16"}}, {"ipBlock": {"cidr": "fd00:10::/64"}}]
+    assert rule["from"] == [scraper, *nodes]
+    only_probes = render_chart(sets=["scheduler.probeNetworkPolicy.enabled=true"])
+    assert _one(only_probes, "NetworkPolicy")["spec"]["ingress"] == []  # the node's probes only
+    assert not [d for d in render_chart() if d["kind"] == "NetworkPolicy"]  # off by default, as the base
+    with pytest.raises(RenderError, match="nodeCIDRs"):
+        render_chart(sets=["scheduler.probeNetworkPolicy.nodeCIDRs={10.0.0.1}"])
+    with pytest.raises(RenderError, match="additional properties"):
+        render_chart(sets=["scheduler.probeNetworkPolicy.metricsFrom[0].namespace=monitoring"])
+
+
 def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, tmp_path: Path) -> None:
     """Server-side apply as a dry run: validated and defaulted by kube-apiserver, nothing stored (the
     session's cluster keeps the base the other tests run against)."""
@@ -259,7 +293,7 @@ def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, 
     for doc in docs:
         ControlPlane.apply_one(dyn, doc, manager="gpuweave-e2e-helm", dry_run=True)
         accepted.append(doc["kind"])
-    assert "DaemonSet" in accepted and "Deployment" in accepted
+    assert {"DaemonSet", "Deployment", "NetworkPolicy"} <= set(accepted)
     agent = dyn.resources.get(api_version="apps/v1", kind="DaemonSet").get(
         name="gpuweave-node-agent", namespace=NAMESPACE
     )

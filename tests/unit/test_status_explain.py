@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
+from devicemodel.text import MAX_JSON_CHARS
 from deviceplugin.published import inventory_object
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
@@ -157,3 +158,32 @@ def test_explain_text_fits_80_columns_and_json_parses(
     assert "pod train/quad runs on node gpu-v100" in capsys.readouterr().out
     assert main(["status", "--snapshot", str(path), "--explain", "quad"]) == 2
     assert "give NAMESPACE/POD" in capsys.readouterr().err
+
+
+def test_explain_escapes_pod_text_and_clips_a_1_mb_scheduler_message(
+    inventories: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the pod's author and kube-scheduler wrote reaches the terminal escaped and cut."""
+    hostile = "\x1b[2J\x1b]0;pwned\x07\u202etxt.exe\u2066"
+    pod = pod_object("stuck", namespace="train", limits={RESOURCE_GPU: 9})
+    pod["metadata"]["annotations"][ANNOTATION_GPU_SELECTOR] = (
+        f'device.attributes["gpuweave.io"].productName != "{hostile}"'
+    )
+    said = "0/3 nodes are available: " + hostile + "\n" + "y" * (1 << 20)
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}
+    ]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"kind": "List", "items": [*cluster(inventories), pod]}))
+    assert main(["status", "--snapshot", str(path), "--explain", "train/stuck"]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\u202e\u2066"), "a raw control or bidi character"
+    assert len(out) < 20_000 and max(len(line) for line in out.splitlines()) <= WIDTH
+    shown = "\\x1b[2J\\x1b]0;pwned\\x07\\u202etxt.exe\\u2066"
+    assert "gpu-selector" in out and shown in out.replace("\n  ", "")
+    said_lines = out.split("kube-scheduler said: ", 1)[1].split("what would make it fit:", 1)[0]
+    assert "\\n" in said_lines and f"of {len(said)} characters)" in said_lines.replace("\n  ", " ")
+    assert main(["status", "--snapshot", str(path), "--explain", "train/stuck", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schedulerSaid"].startswith(said[:40])
+    assert len(document["schedulerSaid"]) <= MAX_JSON_CHARS

@@ -190,3 +190,18 @@ def test_cli_reads_a_snapshot(tmp_path: Any, cluster: Any, capsys: pytest.Captur
     assert "NODE gpu-h100" in out and "NODE gpu-a100" not in out
     assert main(["status", "--snapshot", str(path), "--node", "nope"]) == 2
     assert "node nope is not in the cluster" in capsys.readouterr().err
+
+
+def test_text_escapes_what_pods_and_agents_wrote(cluster: Any) -> None:
+    """A pod name from a snapshot and a bad-hardware reason carrying escapes reach the screen escaped."""
+    objects, h100, _ = cluster
+    objects = [o for o in objects if o.get("kind") != "GpuBadHardware"]
+    hostile = "\x1b]0;pwned\x07\u202eevil\x1b[2J"
+    reason = hostile + "r" * 100_000
+    objects.append(bound(f"pod{hostile}", "gpu-h100", {RESOURCE_GPU: [h100.gpus[4].uuid]}))
+    bad = {"uuid": h100.gpus[5].uuid, "node": "gpu-h100", "reason": reason, "strikes": 3}
+    objects.append({"kind": "GpuBadHardware", "metadata": {"name": "x"}, "spec": bad})
+    text = status_text(cluster_status(ClusterView.of(objects)))
+    assert not any(c in text for c in "\x1b\x07\u202e")
+    assert "train/pod\\x1b]0;pwned" in text and "\\x1b]0;pwned\\x07\\u202eevil\\x1b[2J" in text
+    assert len(text) < 10_000 and f"of {len(reason)} characters)" in text.replace("\n      ", " ")
