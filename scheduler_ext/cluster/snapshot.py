@@ -38,7 +38,18 @@ def read_objects(path: Path) -> list[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot read snapshot {path}: {exc.strerror}; check --snapshot") from None
-    return list(_documents(text, source=str(path)))
+    objects = list(_documents(text, source=str(path)))
+    kinds = sorted({str(obj.get("kind")) for obj in objects})
+    if not CLUSTER_KINDS.intersection(kinds):
+        held = ", ".join(echo(kind, limit=40) for kind in kinds[:5]) or "no object"
+        raise InvalidInputError(
+            f"snapshot {path} holds no Node, {NODE_INVENTORY_KIND} or Pod (it holds {held}); {_GIVE}"
+        )
+    return objects
+
+
+# A snapshot holds the cluster: at least one of these, else it is some other file
+CLUSTER_KINDS = frozenset({"Node", NODE_INVENTORY_KIND, "Pod"})
 
 
 def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> dict[str, int]:
