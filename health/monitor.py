@@ -130,8 +130,8 @@ class HealthMonitor:
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         self._beats[name] = self._clock()
         thread = threading.Thread(target=self._guard(name, target), name=f"health-{name}", daemon=True)
+        thread.start()  # registered once started: a loop that looks it up never sees it not yet alive
         self._threads[name] = thread
-        thread.start()
 
     def _guard(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
