@@ -40,15 +40,15 @@ def read_objects(path: Path) -> list[Mapping[str, Any]]:
         raise InvalidInputError(f"cannot read snapshot {path}: {exc.strerror}; check --snapshot") from None
     objects = list(_documents(text, source=str(path)))
     kinds = sorted({str(obj.get("kind")) for obj in objects})
-    if not CLUSTER_KINDS.intersection(kinds):
-        held = ", ".join(echo(kind, limit=40) for kind in kinds[:5]) or "no object"
+    if kinds and not CLUSTER_KINDS.intersection(kinds):  # an empty List is a cluster with nothing yet
+        held = ", ".join(echo(kind, limit=40) for kind in kinds[:5])
         raise InvalidInputError(
             f"snapshot {path} holds no Node, {NODE_INVENTORY_KIND} or Pod (it holds {held}); {_GIVE}"
         )
     return objects
 
 
-# A snapshot holds the cluster: at least one of these, else it is some other file
+# A snapshot that holds objects holds at least one of these, else it is some other file
 CLUSTER_KINDS = frozenset({"Node", NODE_INVENTORY_KIND, "Pod"})
 
 

@@ -81,7 +81,6 @@ NOT_A_LIST = [
     ('{"kind": "List", "items": [{"kind": "List", "items": [7]}]}', "of its List holds int 7"),
     ("kind: List\nitems: []\n---\nreplicas: 3\n", "document 2, is not a Kubernetes List or object"),
     ("kind: ConfigMap\ndata: {a: b}\n", "holds no Node, GpuNodeInventory or Pod \\(it holds 'ConfigMap'\\)"),
-    ("kind: List\nitems: []\n", "holds no Node, GpuNodeInventory or Pod \\(it holds no object\\)"),
 ]
 
 
