@@ -49,6 +49,7 @@ _UNSAFE = re.compile(r"[^a-z0-9]+")
 
 class DraKind(StrEnum):
     GPU = "gpu"
+    GPU_SHARE = "gpu-share"  # a fractional GPU, shared by claims through consumable capacity
     MIG = "mig"
     EFA = "efa"
     IMEX_CHANNEL = "imex-channel"
@@ -82,6 +83,8 @@ class DraDevice:
     lost: bool = False  # a GPU the driver counts but cannot reach: published tainted, never prepared
     mig_profile: str | None = None
     placement_start: int | None = None
+    allow_multiple: bool = False  # consumable capacity: several claims share it (``dradriver.shares``)
+    request_policy: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)  # capacity -> policy
 
     @property
     def health_keys(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan
 from dradriver.devices import (
     DRIVER,
     DraDevice,
@@ -30,6 +31,7 @@ from dradriver.devices import (
     dra_devices,
     gpu_counters,
 )
+from dradriver.shares import with_shares
 from dradriver.validate import check_slices
 
 API_VERSION = "resource.k8s.io/v1"
@@ -68,10 +70,15 @@ def _quantity(value: int | str) -> dict[str, str]:
 
 
 def device_wire(device: DraDevice, taints: Sequence[Taint] = ()) -> dict[str, Any]:
-    """One ``Device`` of a slice: name, attributes, capacity, counter consumption, taints."""
+    """One ``Device`` of a slice: name, attributes, capacity (with its request policy on a device
+    several claims share), counter consumption, taints."""
     wire: dict[str, Any] = {"name": device.name, "attributes": dict(device.attributes)}
     if device.capacity:
         wire["capacity"] = {name: _quantity(value) for name, value in device.capacity.items()}
+        for name, policy in device.request_policy.items():
+            wire["capacity"][name]["requestPolicy"] = dict(policy)
+    if device.allow_multiple:
+        wire["allowMultipleAllocations"] = True
     if device.consumes and device.gpu_uuid:
         wire["consumesCounters"] = [
             {
@@ -147,10 +154,13 @@ def pool_slices(
     generation: int = 1,
     taints: Mapping[str, Sequence[Taint]] | None = None,
     owner: Mapping[str, Any] | None = None,
+    sharing: SharingPlan | None = None,
 ) -> list[dict[str, Any]]:
-    """The node's pool as the agent publishes it, checked against the API server's limits."""
-    slices = build_resource_slices(
-        inventory, dra_devices(inventory, mig=mig), generation=generation, taints=taints, owner=owner
-    )
+    """The node's pool as the agent publishes it (``sharing``: its fractional GPUs as shared
+    devices, ``dradriver.shares``), checked against the API server's limits."""
+    devices = dra_devices(inventory, mig=mig)
+    if sharing is not None:
+        devices = with_shares(devices, inventory, sharing)
+    slices = build_resource_slices(inventory, devices, generation=generation, taints=taints, owner=owner)
     check_slices(slices)
     return slices

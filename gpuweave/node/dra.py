@@ -12,7 +12,9 @@ hands devices out as CDI devices, so it needs a CDI spec directory (``--cdi-spec
 and removes it at unprepare (``dradriver.mig_demand``); MIG demand mode, which reshapes for
 device-plugin pod requests, is refused beside it. A claim that holds the node's IMEX channel and
 names a GpuImexDomain joins it at prepare (``dradriver.imex_domains``); the builder runs the node's
-IMEX reconciler over that (``NodeDra.imex``) instead of the pod view.
+IMEX reconciler over that (``NodeDra.imex``) instead of the pod view. A GPU the sharing
+configuration makes fractional is published as one device claims share (``dradriver.shares``);
+prepare gives each share the MPS pipe directory and limits of the GPU's supervised daemon.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
 from dradriver.plugin import DraPluginServer
 from dradriver.prepare import ClaimPreparer
+from dradriver.shares import ShareEdits, with_shares
 from dradriver.slices import Taint, build_resource_slices
 from dradriver.taints import carry_time_added, conditions_from, device_taints
 from dradriver.validate import check_slices
@@ -144,7 +147,7 @@ def start_node_dra(
 
     def devices() -> tuple[NodeInventory, tuple[DraDevice, ...]]:
         inventory = agent.inventory
-        return inventory, dra_devices(inventory, mig=mig)
+        return inventory, with_shares(dra_devices(inventory, mig=mig), inventory, agent.config.sharing)
 
     def clique() -> str | None:
         fabric = agent.inventory.nvswitch
@@ -165,6 +168,9 @@ def start_node_dra(
             else None
         ),
         imex=imex,
+        share_edits=ShareEdits(
+            sharing=lambda: (agent.inventory, agent.config.sharing), pipes=lambda: agent.mps_pipes
+        ),
     )
     owner = _node_owner(api, node)
 
