@@ -71,6 +71,16 @@ def _with_extra(edits: Mapping[str, Any], extra: Mapping[str, Any] | None) -> di
     return merged
 
 
+def _visible_uuid(device: DraDevice) -> str | None:
+    """The GPU or MIG UUID the container sees for a device of the claim (None: not a GPU)."""
+    plugin = device.plugin
+    if plugin is None:
+        return None
+    if device.kind in (DraKind.GPU_SHARE, DraKind.GPU_COMPUTE, DraKind.GPU_MEMORY):
+        return device.gpu_uuid
+    return plugin.id if plugin.kind in (DeviceKind.GPU, DeviceKind.MIG) else None
+
+
 def claim_spec(
     claim_uid: str,
     inventory: NodeInventory,
@@ -78,10 +88,13 @@ def claim_spec(
     *,
     host: HostDeviceNodes,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
+    unit_groups: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The claim's CDI spec and the problems found (a MIG device without ``nvidia-caps`` minors,
     an EFA adapter without device numbers), which the caller reports. ``extra``: device name ->
-    more edits of that device (``env``, ``mounts``: a GPU share's, ``dradriver.shares``)."""
+    more edits of that device (``env``, ``mounts``: a GPU share's, ``dradriver.shares``);
+    ``unit_groups``: CDI device name -> (its GPU's UUID, its edits), one per request of a
+    fractional GPU's units (``dradriver.share_units``), which get no device of their own."""
     extra = extra or {}
     served = [d.plugin for d in devices if d.plugin is not None]
     built = build_specs(inventory, served, host=host)
@@ -91,11 +104,7 @@ def claim_spec(
         edits |= {str(entry["name"]): entry["containerEdits"] for entry in file_spec["devices"]}
         common += file_spec.get("containerEdits", {}).get("deviceNodes", [])
     edits |= {d.id: imex_edits(d) for d in served if d.kind is DeviceKind.IMEX}
-    visible = [
-        d.plugin.id
-        for d in devices
-        if d.plugin and (d.plugin.kind in (DeviceKind.GPU, DeviceKind.MIG) or d.kind is DraKind.GPU_SHARE)
-    ]
+    visible = list(dict.fromkeys(uuid for d in devices if (uuid := _visible_uuid(d)) is not None))
     spec_devices = [
         {
             "name": claim_device_name(claim_uid, d.name),
@@ -103,6 +112,10 @@ def claim_spec(
         }
         for d in devices
         if d.plugin is not None and d.plugin.id in edits
+    ]
+    spec_devices += [
+        {"name": claim_device_name(claim_uid, name), "containerEdits": _with_extra(edits[gpu], more)}
+        for name, (gpu, more) in (unit_groups or {}).items()
     ]
     container_edits: dict[str, Any] = {"deviceNodes": common} if common else {}
     if visible:

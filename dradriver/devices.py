@@ -50,6 +50,8 @@ _UNSAFE = re.compile(r"[^a-z0-9]+")
 class DraKind(StrEnum):
     GPU = "gpu"
     GPU_SHARE = "gpu-share"  # a fractional GPU, shared by claims through consumable capacity
+    GPU_COMPUTE = "gpu-compute"  # one 1% unit of a fractional GPU (gpuweave.io/gpu-compute)
+    GPU_MEMORY = "gpu-memory"  # one GiB unit of a fractional GPU (gpuweave.io/gpu-memory)
     MIG = "mig"
     EFA = "efa"
     IMEX_CHANNEL = "imex-channel"

@@ -58,6 +58,7 @@ from dradriver.devices import DraDevice, DraKind
 from dradriver.imex_domain import DomainRef, ImexDomainError, channel_domain
 from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
+from dradriver.share_units import UNIT_KINDS, units_by_request
 from dradriver.shares import ShareAllocation, ShareEdits, ShareError, share_allocations
 from hardware.device_nodes import HostDeviceNodes
 
@@ -95,6 +96,7 @@ class ClaimPreparer:
         self._mig = mig
         self._imex = imex
         self._share_edits = share_edits
+        self.listeners: list[Callable[[], None]] = []  # called after each prepare and unprepare
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = self._load()
         self._restore()
@@ -227,6 +229,33 @@ class ClaimPreparer:
                 raise ClaimError(f"{ref.describe()}: {exc}") from None
         return extra
 
+    def _unit_groups(
+        self, ref: ClaimRef, units: Mapping[str, Sequence[DraDevice]]
+    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, tuple[str, ...]]]:
+        """Per request of fractional-GPU units (an extended-resource claim): one CDI device with
+        Allocate's edits for those unit IDs, named by the request's first unit."""
+        gpus = {d.gpu_uuid for devices in units.values() for d in devices}
+        if len(gpus) > 1:
+            raise ClaimError(
+                f"{ref.describe()}: its GPU units come from {len(gpus)} GPUs; MPS serves a container "
+                "from one GPU (the agent keeps one GPU's units open at a time: allocated meanwhile?)"
+            )
+        if units and self._share_edits is None:
+            raise ClaimError(f"{ref.describe()} holds GPU units, but this agent shares no GPU through MPS")
+        groups: dict[str, tuple[str, dict[str, Any]]] = {}
+        cdi: dict[str, tuple[str, ...]] = {}
+        for request, devices in units.items():
+            name = f"units-{request}"
+            resource = UNIT_KINDS[devices[0].kind][1]
+            ids = [d.plugin.id for d in devices if d.plugin is not None]
+            try:
+                edits = self._share_edits.unit_edits(resource, ids) if self._share_edits else {}
+            except ShareError as exc:
+                raise ClaimError(f"{ref.describe()}: request {request}: {exc}") from None
+            groups[name] = (str(devices[0].gpu_uuid), edits)
+            cdi[devices[0].name] = (cdi_id(ref.uid, name),)
+        return groups, cdi
+
     def _domain_of(
         self, ref: ClaimRef, claim: Mapping[str, Any], wanted: Sequence[tuple[str, str]]
     ) -> DomainRef | None:
@@ -299,7 +328,10 @@ class ClaimPreparer:
         inventory, devices = self._devices()
         chosen = resolve_devices(ref, wanted, devices)
         extra = self._share_extra(ref, chosen, shares or {})
-        spec, problems = claim_spec(ref.uid, inventory, chosen, host=self._host(), extra=extra)
+        groups, unit_cdi = self._unit_groups(ref, units_by_request(wanted, {d.name: d for d in chosen}))
+        spec, problems = claim_spec(
+            ref.uid, inventory, chosen, host=self._host(), extra=extra, unit_groups=groups
+        )
         for problem in problems:
             log.warning("CDI spec of %s: %s", ref.describe(), problem)
         requests: dict[str, list[str]] = {}
@@ -311,7 +343,7 @@ class ClaimPreparer:
                 tuple(requests[d.name]),
                 self.pool,
                 d.name,
-                (cdi_id(ref.uid, d.name),),
+                unit_cdi.get(d.name, ()) if d.kind in UNIT_KINDS else (cdi_id(ref.uid, d.name),),
                 share_ids.get(d.name),
             )
             for d in chosen
@@ -333,7 +365,12 @@ class ClaimPreparer:
                 self._specs.remove(ref.uid)
                 raise ClaimError(f"{ref.describe()}: cannot checkpoint it in {self._path} ({exc})") from None
         log.info("prepared %s: %s", ref.describe(), ", ".join(d.name for d in chosen))
+        self._changed()
         return prepared
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:
@@ -370,3 +407,4 @@ class ClaimPreparer:
                 ) from None
             self._specs.remove(ref.uid)
         log.info("unprepared %s", ref.describe())
+        self._changed()

@@ -51,6 +51,7 @@ from deviceplugin.allocation import (
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
 from deviceplugin.errors import AllocationRejectedError
 from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
+from dradriver.share_units import share_counter_set_name, share_counters, unit_devices
 
 SHARE_CLASS = "gpu-share.gpuweave.io"
 CAPACITY_COMPUTE = "compute"
@@ -91,8 +92,8 @@ def share_device(whole: DraDevice, gpu: Gpu) -> DraDevice:
         attributes={**whole.attributes, ATTR_TYPE: {"string": DraKind.GPU_SHARE.value}},
         capacity={CAPACITY_COMPUTE: str(COMPUTE_UNITS_PER_GPU), CAPACITY_MEMORY: memory},
         plugin=plugin,
-        consumes={},
-        counter_set=None,
+        consumes=share_counters(gpu),  # all of the GPU's: charged once, however many claims share it
+        counter_set=share_counter_set_name(gpu),
         allow_multiple=True,
         request_policy={
             CAPACITY_COMPUTE: _range_policy(str(COMPUTE_UNITS_PER_GPU), "1"),
@@ -113,8 +114,9 @@ def fractional_gpus(inventory: NodeInventory, plan: SharingPlan) -> dict[str, Gp
 def with_shares(
     devices: Sequence[DraDevice], inventory: NodeInventory, plan: SharingPlan
 ) -> tuple[DraDevice, ...]:
-    """The pool with each fractional GPU's whole device replaced by its shared device. A GPU is
-    offered under one mode, so its MIG placements (``--dra-mig dynamic``) are left out too."""
+    """The pool with each fractional GPU's whole device replaced by its shared device and its
+    units (``dradriver.share_units``). A GPU is offered under one mode, so its MIG placements
+    (``--dra-mig dynamic``) are left out too."""
     fractional = fractional_gpus(inventory, plan)
     out: list[DraDevice] = []
     for device in devices:
@@ -122,7 +124,7 @@ def with_shares(
         if gpu is None or device.lost:
             out.append(device)
         elif device.kind is DraKind.GPU:
-            out.append(share_device(device, gpu))
+            out += [share_device(device, gpu), *unit_devices(gpu, inventory, plan)]
     return tuple(out)
 
 
@@ -219,28 +221,33 @@ class ShareEdits:
         self._pipes = pipes
 
     def edits(self, gpu_uuid: str, share: ShareAllocation) -> dict[str, Any]:
-        inventory, plan = self._sharing()
-        catalogue = build_catalogue(inventory, plan)
-        grants: list[ContainerGrant] = []
-        for resource, kind, units in (
-            (RESOURCE_GPU_COMPUTE, DeviceKind.COMPUTE, share.compute),
-            (RESOURCE_GPU_MEMORY, DeviceKind.MEMORY, share.memory_gib),
-        ):
-            if units <= 0:
-                continue
-            devices = {d.id: d for d in catalogue.get(resource, ())}
-            ids = [device_id_share(gpu_uuid, kind.value, unit) for unit in range(units)]
-            try:
-                grants.append(
-                    grant_for(
-                        resource,
-                        ids,
-                        devices=devices,
-                        unhealthy={},
-                        mps_pipe_dir=self._pipes(),
-                        listing=_ENV_ONLY,
-                    )
-                )
-            except AllocationRejectedError as exc:
-                raise ShareError(f"share of GPU {gpu_uuid}: {exc}") from None
+        """A share's edits: those of as many compute and memory units of its GPU."""
+        grants = [
+            self._grant(resource, [device_id_share(gpu_uuid, kind.value, unit) for unit in range(units)])
+            for resource, kind, units in (
+                (RESOURCE_GPU_COMPUTE, DeviceKind.COMPUTE, share.compute),
+                (RESOURCE_GPU_MEMORY, DeviceKind.MEMORY, share.memory_gib),
+            )
+            if units > 0
+        ]
         return _merged(grants)
+
+    def unit_edits(self, resource: str, device_ids: Sequence[str]) -> dict[str, Any]:
+        """The edits of the units one request of an extended-resource claim holds
+        (``dradriver.share_units``): exactly Allocate's for those IDs."""
+        return _merged([self._grant(resource, device_ids)])
+
+    def _grant(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
+        inventory, plan = self._sharing()
+        devices = {d.id: d for d in build_catalogue(inventory, plan).get(resource, ())}
+        try:
+            return grant_for(
+                resource,
+                device_ids,
+                devices=devices,
+                unhealthy={},
+                mps_pipe_dir=self._pipes(),
+                listing=_ENV_ONLY,
+            )
+        except AllocationRejectedError as exc:
+            raise ShareError(str(exc)) from None

@@ -18,7 +18,6 @@ than looking incomplete.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from devicemodel.inventory import NodeInventory
@@ -31,7 +30,9 @@ from dradriver.devices import (
     dra_devices,
     gpu_counters,
 )
+from dradriver.share_units import share_counter_set_name, share_counters
 from dradriver.shares import with_shares
+from dradriver.taint import Taint
 from dradriver.validate import check_slices
 
 API_VERSION = "resource.k8s.io/v1"
@@ -41,22 +42,6 @@ MAX_COUNTER_SETS_PER_SLICE = 8
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpuweave-node-agent"
 _MAX_NAME = 253
-
-
-@dataclass(frozen=True)
-class Taint:
-    """A device taint as ResourceSlices carry it (``effect``: NoSchedule, NoExecute or None)."""
-
-    key: str
-    value: str
-    effect: str
-    time_added: str | None = None  # RFC 3339; the API server sets it when absent
-
-    def to_wire(self) -> dict[str, str]:
-        wire = {"key": self.key, "value": self.value, "effect": self.effect}
-        if self.time_added:
-            wire["timeAdded"] = self.time_added
-        return wire
 
 
 def slice_name(node: str, suffix: str) -> str:
@@ -92,18 +77,19 @@ def device_wire(device: DraDevice, taints: Sequence[Taint] = ()) -> dict[str, An
 
 
 def counter_sets(inventory: NodeInventory, devices: Iterable[DraDevice]) -> list[dict[str, Any]]:
-    """The counter set of every GPU some device consumes from, by GPU index."""
+    """The counter sets of every GPU some device consumes from, by GPU index: its MIG slices, or a
+    fractional GPU's compute and memory units."""
     used = {d.counter_set for d in devices if d.consumes}
     sets = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        counters = gpu_counters(gpu)
-        if counters is not None and counter_set_name(gpu) in used:
-            sets.append(
-                {
-                    "name": counter_set_name(gpu),
-                    "counters": {name: _quantity(value) for name, value in counters.items()},
-                }
-            )
+        for name, counters in (
+            (counter_set_name(gpu), gpu_counters(gpu)),  # MIG slices (--dra-mig dynamic)
+            (share_counter_set_name(gpu), share_counters(gpu)),  # a fractional GPU's units
+        ):
+            if counters is not None and name in used:
+                sets.append(
+                    {"name": name, "counters": {k: _quantity(value) for k, value in counters.items()}}
+                )
     return sets
 
 

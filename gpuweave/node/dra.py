@@ -13,8 +13,11 @@ and removes it at unprepare (``dradriver.mig_demand``); MIG demand mode, which r
 device-plugin pod requests, is refused beside it. A claim that holds the node's IMEX channel and
 names a GpuImexDomain joins it at prepare (``dradriver.imex_domains``); the builder runs the node's
 IMEX reconciler over that (``NodeDra.imex``) instead of the pod view. A GPU the sharing
-configuration makes fractional is published as one device claims share (``dradriver.shares``);
-prepare gives each share the MPS pipe directory and limits of the GPU's supervised daemon.
+configuration makes fractional is published as one device claims share (``dradriver.shares``)
+and as its units, for pods that ask ``gpuweave.io/gpu-compute`` / ``gpu-memory`` through a
+DeviceClass's ``extendedResourceName`` (``dradriver.share_units``: one GPU's units open at a time,
+the others tainted closed, moved after each prepare and unprepare); prepare gives each share the
+MPS pipe directory and limits of the GPU's supervised daemon.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
 from dradriver.plugin import DraPluginServer
 from dradriver.prepare import ClaimPreparer
+from dradriver.share_units import closed_unit_taints
 from dradriver.shares import ShareEdits, with_shares
-from dradriver.slices import Taint, build_resource_slices
+from dradriver.slices import build_resource_slices
+from dradriver.taint import Taint
 from dradriver.taints import carry_time_added, conditions_from, device_taints
 from dradriver.validate import check_slices
 from gpuweave.node.cdi import host_root, spec_dir
@@ -182,6 +187,9 @@ def start_node_dra(
 
     def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
         inventory, pool, taints = taints_now()
+        held = {d.device_name for prepared in preparer.prepared().values() for d in prepared}
+        closed = closed_unit_taints(pool, held=held, tainted=set(taints))
+        taints = {name: (*taints.get(name, ()), *closed.get(name, ())) for name in {*taints, *closed}}
         kept = carry_time_added(taints, published)
         slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=owner)
         check_slices(slices)
@@ -211,6 +219,7 @@ def start_node_dra(
         pod_resources.resolve_dra_with(device_id)
     stream = HealthStream(report, pool=node)
     publisher = SlicePublisher(api, node=node, build=build)
+    preparer.listeners.append(publisher.changed)  # the open GPU of share units follows the claims
     server = DraPluginServer(
         preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.resync
     )

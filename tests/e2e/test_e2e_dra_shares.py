@@ -1,5 +1,5 @@
 """Shares of fractional GPUs through DRA, end to end: `gpuweave node-agent --dra` with a sharing
-configuration on a simulated L40S node (GPUs 0 and 1 fractional, each with its supervised MPS
+configuration on a simulated L40S node (GPUs 0, 1 and 2 fractional, each with its supervised MPS
 daemon), kube-scheduler's DynamicResources plugin allocating consumable capacity, the ResourceClaim
 controller, and the kubelet's DRA manager (`harness node`) preparing claims through the agent.
 
@@ -8,6 +8,12 @@ GPU (the allocator packs the GPU's shared device while a claim fits; memory, whi
 name, is charged at its default of 0), the third goes to the other fractional GPU. Each prepared
 claim's CDI edits, resolved by the CDI library, give its container that GPU's MPS pipe directory
 (the daemon the agent supervises for it, from `mps.status`), mounted, and its own limit.
+
+Pod specs written for the device plugin run unchanged: `nvidia.com/gpu: 1` and
+`gpuweave.io/gpu-compute: 30` are served through the DeviceClasses' extendedResourceName
+(kube-scheduler makes the pod's claim; the kubelet's DRA manager prepares it): a whole GPU, and 30
+units of one fractional GPU (the one whose units are open, with no share on it) with its MPS pipe
+directory and the limit 30.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ TAINT = {"key": "e2e.gpuweave.io/dra-shares", "value": "only", "effect": "NoSche
 SHARING = {
     "apiVersion": "gpuweave.io/v1alpha1",
     "kind": "SharingConfig",
-    "gpus": {"0": {"mode": "fractional"}, "1": {"mode": "fractional"}},
+    "gpus": {"0": {"mode": "fractional"}, "1": {"mode": "fractional"}, "2": {"mode": "fractional"}},
 }
 
 
@@ -193,3 +199,57 @@ def test_two_claims_share_one_gpu_and_daemon_with_their_own_limits_and_a_third_g
         assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env  # memory was not asked for
         assert f"{own}:{own}" in mounts, mounts
     assert pipe["gpu-0-share"] != pipe["gpu-1-share"]
+
+
+def test_device_plugin_pod_specs_run_unchanged_through_device_classes(shares_node: SimNode) -> None:
+    plane = shares_node.plane
+    plane.core.create_namespaced_pod(NAMESPACE, _pod("whole-gpu", resources={"nvidia.com/gpu": "1"}))
+    plane.core.create_namespaced_pod(
+        NAMESPACE, _pod("gpu-compute", resources={"gpuweave.io/gpu-compute": "30"})
+    )
+    whole, units = _running(plane, "whole-gpu"), _running(plane, "gpu-compute")
+    pool = _pool(plane)
+    (gpu,) = [d["device"] for d in whole["claimDevices"]]
+    assert pool[gpu].attributes["type"].string == "gpu" and not whole["devices"]  # not the device plugin's
+    pod = plane.core.read_namespaced_pod("gpu-compute", NAMESPACE)
+    assert (
+        pod.status.extended_resource_claim_status.request_mappings[0].resource_name
+        == "gpuweave.io/gpu-compute"
+    )
+    held = [d["device"] for d in units["claimDevices"]]
+    indexes = {pool[name].attributes["index"].int for name in held}
+    assert len(held) == 30 and len(indexes) == 1, held  # 30 units, all of one GPU
+    (index,) = indexes
+    assert all(pool[name].attributes["type"].string == "gpu-compute" for name in held)
+    assert not [t for name in held for t in pool[name].taints or [] if t.value != "closed"]
+    env, mounts = _injected(shares_node, units)
+    uuid = pool[f"gpu-{index}-share"].attributes["uuid"].string
+    daemon = call_agent(shares_node.state_dir, "mps.status", {})["gpus"][uuid]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == daemon["pipeDirectory"] and daemon["up"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert f"{daemon['pipeDirectory']}:{daemon['pipeDirectory']}" in mounts
+    # a GPU that serves claims' shares takes no units, and only one GPU's free units stay open
+    results = {n: _result(plane, n).device for n in ("share-a", "share-c") if _claim_exists(plane, n)}
+    assert f"gpu-{index}-share" not in results.values()
+
+    def closed_elsewhere() -> bool:
+        fresh = _pool(plane)
+        open_units = {
+            d.attributes["index"].int
+            for name, d in fresh.items()
+            if d.attributes["type"].string == "gpu-compute" and not d.taints
+        }
+        return len(open_units) <= 1
+
+    wait_for("one GPU's units open", closed_elsewhere, timeout=30)
+
+
+def _claim_exists(plane: ControlPlane, name: str) -> bool:
+    try:
+        client.ResourceV1Api(plane.api).read_namespaced_resource_claim(name, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
