@@ -58,8 +58,8 @@ from dradriver.devices import DraDevice, DraKind
 from dradriver.imex_domain import DomainRef, ImexDomainError, channel_domain
 from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
-from dradriver.share_units import UNIT_KINDS, units_by_request
-from dradriver.shares import ShareAllocation, ShareEdits, ShareError, share_allocations
+from dradriver.share_units import UNIT_KINDS, UnitsError, unit_groups, units_by_request
+from dradriver.shares import ShareAllocation, ShareEdits, ShareError, share_allocations, shares_wire
 from hardware.device_nodes import HostDeviceNodes
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,15 @@ class ClaimPreparer:
     def _save(self) -> None:
         write_json_atomically(self._path, {"version": CHECKPOINT_VERSION, "claims": self._claims})
 
+    def share_of(self, namespace: str, name: str, device: str) -> tuple[str, int] | None:
+        """A prepared claim's share of a fractional GPU: (GPU UUID, memory GiB; 0: no limit)."""
+        with self._lock:
+            for entry in self._claims.values():
+                share = (entry.get("shares") or {}).get(device)
+                if share and (entry.get("namespace"), entry.get("name")) == (namespace, name):
+                    return str(share["gpu"]), int(share["memoryGiB"])
+        return None
+
     def prepared(self) -> dict[str, list[PreparedDevice]]:
         with self._lock:
             return {
@@ -233,28 +242,17 @@ class ClaimPreparer:
         self, ref: ClaimRef, units: Mapping[str, Sequence[DraDevice]]
     ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, tuple[str, ...]]]:
         """Per request of fractional-GPU units (an extended-resource claim): one CDI device with
-        Allocate's edits for those unit IDs, named by the request's first unit."""
-        gpus = {d.gpu_uuid for devices in units.values() for d in devices}
-        if len(gpus) > 1:
-            raise ClaimError(
-                f"{ref.describe()}: its GPU units come from {len(gpus)} GPUs; MPS serves a container "
-                "from one GPU (the agent keeps one GPU's units open at a time: allocated meanwhile?)"
-            )
+        Allocate's edits for those unit IDs (``share_units.unit_groups``)."""
         if units and self._share_edits is None:
             raise ClaimError(f"{ref.describe()} holds GPU units, but this agent shares no GPU through MPS")
-        groups: dict[str, tuple[str, dict[str, Any]]] = {}
-        cdi: dict[str, tuple[str, ...]] = {}
-        for request, devices in units.items():
-            name = f"units-{request}"
-            resource = UNIT_KINDS[devices[0].kind][1]
-            ids = [d.plugin.id for d in devices if d.plugin is not None]
-            try:
-                edits = self._share_edits.unit_edits(resource, ids) if self._share_edits else {}
-            except ShareError as exc:
-                raise ClaimError(f"{ref.describe()}: request {request}: {exc}") from None
-            groups[name] = (str(devices[0].gpu_uuid), edits)
-            cdi[devices[0].name] = (cdi_id(ref.uid, name),)
-        return groups, cdi
+        try:
+            return unit_groups(
+                units,
+                edits=self._share_edits.unit_edits if self._share_edits else None,
+                name=lambda n: cdi_id(ref.uid, n),
+            )
+        except UnitsError as exc:
+            raise ClaimError(f"{ref.describe()}: {exc}") from None
 
     def _domain_of(
         self, ref: ClaimRef, claim: Mapping[str, Any], wanted: Sequence[tuple[str, str]]
@@ -355,7 +353,12 @@ class ClaimPreparer:
                 ]  # a concurrent call
             self._specs.write(ref.uid, spec)
             entry = {"namespace": ref.namespace, "name": ref.name, "devices": [p.to_wire() for p in prepared]}
-            self._claims[ref.uid] = {**entry, "spec": spec, "mig": made}
+            self._claims[ref.uid] = {
+                **entry,
+                "spec": spec,
+                "mig": made,
+                "shares": shares_wire(chosen, shares),
+            }
             if domain is not None:
                 self._claims[ref.uid]["imex"] = domain.to_wire()
             try:

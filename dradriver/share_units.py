@@ -34,10 +34,12 @@ unit; its other units carry no CDI ID.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import Gpu, NodeInventory
 from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB, SharingPlan
 from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
@@ -163,3 +165,36 @@ def units_by_request(
         if device is not None and device.kind in UNIT_KINDS:
             requests.setdefault(request, []).append(device)
     return requests
+
+
+UnitEdits = Callable[[str, Sequence[str]], dict[str, Any]]  # resource, unit IDs -> Allocate's edits
+
+
+def unit_groups(
+    units: Mapping[str, Sequence[DraDevice]], *, edits: UnitEdits | None, name: Callable[[str], str]
+) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, tuple[str, ...]]]:
+    """Per request: its CDI device (``units-<request>``: its GPU and Allocate's edits for its unit
+    IDs), and the CDI ID each request's first unit answers with (``name``); the other units answer
+    none. Units on more than one GPU are refused: MPS serves a container from one GPU."""
+    gpus = {d.gpu_uuid for devices in units.values() for d in devices}
+    if len(gpus) > 1:
+        raise UnitsError(
+            f"its GPU units come from {len(gpus)} GPUs; MPS serves a container from one GPU (the "
+            "agent keeps one GPU's units open at a time: were they allocated while it moved?)"
+        )
+    groups: dict[str, tuple[str, dict[str, Any]]] = {}
+    cdi: dict[str, tuple[str, ...]] = {}
+    for request, devices in units.items():
+        group = f"units-{request}"
+        resource = UNIT_KINDS[devices[0].kind][1]
+        ids = [d.plugin.id for d in devices if d.plugin is not None]
+        try:
+            groups[group] = (str(devices[0].gpu_uuid), edits(resource, ids) if edits else {})
+        except GpuweaveError as exc:
+            raise UnitsError(f"request {request}: {exc}") from None
+        cdi[devices[0].name] = (name(group),)
+    return groups, cdi
+
+
+class UnitsError(GpuweaveError):
+    """Units of a claim this node cannot prepare (the caller names the claim)."""

@@ -251,3 +251,15 @@ class ShareEdits:
             )
         except AllocationRejectedError as exc:
             raise ShareError(str(exc)) from None
+
+
+def shares_wire(
+    chosen: Sequence[DraDevice], shares: Mapping[str, ShareAllocation] | None
+) -> dict[str, dict[str, Any]]:
+    """What the claim checkpoint keeps of a claim's shares: per device its GPU and amounts (the
+    per-pod memory check reads the limit from there)."""
+    gpus = {d.name: d.gpu_uuid for d in chosen}
+    return {
+        name: {"gpu": gpus.get(name), "compute": share.compute, "memoryGiB": share.memory_gib}
+        for name, share in (shares or {}).items()
+    }

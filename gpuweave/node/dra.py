@@ -108,6 +108,7 @@ class NodeDra:
     server: DraPluginServer
     publisher: SlicePublisher
     imex: NodeImexDomains  # the GpuImexDomain the node's IMEX channel joined: the IMEX reconciler's source
+    preparer: ClaimPreparer  # its prepared claims' shares: the per-pod memory check's limits
 
     def stop(self) -> None:
         self.publisher.stop()
@@ -230,4 +231,4 @@ def start_node_dra(
             health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
     publisher.start()
     log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
-    return NodeDra(server, publisher, imex)
+    return NodeDra(server, publisher, imex, preparer)
