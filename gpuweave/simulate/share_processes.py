@@ -47,7 +47,7 @@ class ShareProcesses:
             for device_id in ids:
                 gpu = parent_gpu_of_share(device_id)
                 kind = device_id.rpartition("::")[2].partition("-")[0]
-                if gpu in gpu_index and kind in ("compute", "memory"):
+                if gpu is not None and gpu in gpu_index and kind in ("compute", "memory"):
                     counts = units.setdefault(gpu, {"compute": 0, "memory": 0})
                     counts[kind] += 1
         pod_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuweave-sim-pod/{pod_id}"))

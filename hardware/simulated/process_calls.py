@@ -10,7 +10,8 @@ pynvml does:
 
 - ``nvmlDeviceGetComputeRunningProcesses`` / ``nvmlDeviceGetMPSComputeRunningProcesses``: objects
   with ``pid``, ``usedGpuMemory`` (bytes), ``gpuInstanceId`` and ``computeInstanceId`` (0xFFFFFFFF
-  off MIG); MPS clients are listed by the second call only, as NVML lists them;
+  off MIG); MPS clients are listed by the second call only, and while a GPU has any, the first
+  lists its MPS server (a process in no pod), as NVML lists them;
 - ``nvmlDeviceGetProcessUtilization(handle, timeStamp)``: ``c_nvmlProcessUtilizationSample_t``
   structures (``pid``, ``timeStamp`` in microseconds, ``smUtil``, ``memUtil``, ``encUtil``,
   ``decUtil`` in percent), one per process sampled after ``timeStamp``; NVML_ERROR_NOT_FOUND when
@@ -34,7 +35,8 @@ from hardware.simulated.health_calls import NO_INSTANCE, HealthCallsMixin, SimHe
 
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
-SAMPLE_PERIOD_US = 166_667  # NVML keeps a sample of each process about every 1/6 s
+MPS_SERVER_PID_BASE = 7000  # + GPU index: the nvidia-cuda-mps-server of a GPU with MPS clients
+MPS_SERVER_MEMORY = 256 * 2**20
 
 
 class c_nvmlProcessUtilizationSample_t(ctypes.Structure):  # noqa: N801 (pynvml's name)
@@ -144,13 +146,17 @@ class ProcessCallsMixin(HealthCallsMixin):
         return self.processes.on(self._health_index(handle))
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        known = {p.pid: p for p in self._running(handle)}
+        running = self._running(handle)
+        known = {p.pid: p for p in running}
         pids = self._health_gpu(handle).processes  # busy pids injected without usage count too
-        return [
+        listed = [
             SimProcess(pid, known[pid].memory_bytes if pid in known else 0)
             for pid in pids
             if pid not in known or not known[pid].mps
         ]
+        if any(p.mps for p in running):  # MPS clients run in the GPU's MPS server, which NVML lists
+            listed.append(SimProcess(MPS_SERVER_PID_BASE + self._health_index(handle), MPS_SERVER_MEMORY))
+        return listed
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
         return [SimProcess(p.pid, p.memory_bytes) for p in self._running(handle) if p.mps]
