@@ -148,6 +148,7 @@ class PodUsageService:
         self._evictor = evictor
         self._clock = clock
         self._watch = MemoryLimitWatch(settings.memory_grace_s)
+        self._last_error = ""
         self._lock = threading.Lock()
         self._rows: tuple[PodGpuUsage, ...] = ()
         self._stop = threading.Event()
@@ -224,8 +225,11 @@ class PodUsageService:
             containers = self._containers()
         except GpuweaveError as exc:
             self.metrics.read_errors.labels("pod-resources").inc()
-            log.warning("per-pod GPU limits unknown this round: %s", exc)
+            if str(exc) != self._last_error:  # once per cause, not every round
+                log.warning("per-pod GPU limits unknown (no share is evicted meanwhile): %s", exc)
+            self._last_error = str(exc)
             return {}
+        self._last_error = ""
         defaults = {
             g.uuid: mib * MIB
             for g in inventory.gpus

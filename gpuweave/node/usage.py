@@ -1,7 +1,8 @@
 """Per-pod GPU use for the node agent (``deviceplugin.usage_service``), started by the builder.
 
-The processes come from the backend's NVML session (its ``NvmlCaller``, so a hung driver costs a
-deadline), their cgroups from ``/proc`` (the host's: the DaemonSet runs with ``hostPID``; with a
+The processes come from the backend's NVML session through an ``NvmlCaller`` of their own (a read
+stuck in the driver costs a deadline and holds up the next usage rounds only, never discovery's
+calls), their cgroups from ``/proc`` (the host's: the DaemonSet runs with ``hostPID``; with a
 simulated backend, the simulated host's ``proc/``), the pods from the agent's pod watch, the
 limits from the kubelet's pod-resources API and, in DRA mode, the prepared claims' shares. With an
 API server the rows are published for ``gpuweave status`` and over-limit pods are evicted.
@@ -23,6 +24,7 @@ from deviceplugin.usage_service import Evictor, PodUsageService, UsageSettings
 from hardware.backend import GpuBackend
 from hardware.gpu_processes import GpuProcessReader
 from hardware.nvml import NvmlBackend
+from hardware.nvml_call import NvmlCaller
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.node import SimulatedNode
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # the kubernetes client only with an API server
     from deviceplugin.kube import KubeParts
 
 HOST_PROC = Path("/proc")
+READ_TIMEOUT_S = 5.0
 
 
 def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +52,14 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _reader_and_proc(backend: GpuBackend) -> tuple[GpuProcessReader, Path]:
+def _caller_and_proc(backend: GpuBackend) -> tuple[NvmlCaller, Path]:
+    """A caller of its own over the backend's NVML session: a process read stuck in the driver
+    then holds up the next usage round only, not discovery's calls."""
     if isinstance(backend, SimulatedBackend):
         proc = SimulatedNode.proc_root(backend.sysfs_root)
-        return GpuProcessReader(backend.nvml.caller), proc or HOST_PROC
+        return NvmlCaller(backend.lib, timeout_s=READ_TIMEOUT_S), proc or HOST_PROC
     if isinstance(backend, NvmlBackend):
-        return GpuProcessReader(backend.caller), HOST_PROC
+        return NvmlCaller(backend.lib, timeout_s=READ_TIMEOUT_S), HOST_PROC
     raise GpuweaveError(f"no GPU process reader for a {type(backend).__name__} backend")
 
 
@@ -71,10 +76,10 @@ def start_pod_usage(
     """Start the service (unless ``--pod-usage-interval 0``); returns what stops it."""
     if args.pod_usage_interval <= 0:
         return lambda: None
-    reader, proc_root = _reader_and_proc(backend)
+    caller, proc_root = _caller_and_proc(backend)
     evictor, publisher = _kube_side(kube, agent)
     service = PodUsageService(
-        reader=reader,
+        reader=GpuProcessReader(caller),
         proc_root=proc_root,
         node=lambda: (agent.inventory, agent.config.sharing),
         identities=kube.identities if kube is not None else PodIdentities(),
@@ -88,7 +93,12 @@ def start_pod_usage(
         publisher.attach(service)
     agent.control.add_route("usage.pods", lambda _params: service.status())
     service.start()
-    return service.stop
+
+    def stop() -> None:
+        service.stop()
+        caller.close()
+
+    return stop
 
 
 class _Publishing:

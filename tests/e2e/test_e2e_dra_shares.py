@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from deviceplugin.control import call_agent
@@ -253,3 +253,16 @@ def _claim_exists(plane: ControlPlane, name: str) -> bool:
             return False
         raise
     return True
+
+
+def test_the_example_share_claims_are_accepted(shares_node: SimNode) -> None:
+    """manifests/dra/example-claims-shares.yaml as the API server stores it: capacity requests kept."""
+    dyn = dynamic.DynamicClient(shares_node.plane.api)  # type: ignore[no-untyped-call]
+    docs = list(yaml.safe_load_all((REPO / "manifests" / "dra" / "example-claims-shares.yaml").read_text()))
+    for doc in docs:
+        ControlPlane.apply_one(dyn, {**doc, "metadata": {**doc["metadata"], "namespace": NAMESPACE}})
+    stored = client.ResourceV1Api(shares_node.plane.api).read_namespaced_resource_claim_template(
+        "gpu-share-30-10gi", NAMESPACE
+    )
+    (request,) = stored.spec.spec.devices.requests
+    assert request.exactly.capacity.requests == {"compute": "30", "memory": "10Gi"}

@@ -19,7 +19,9 @@ from dradriver.prepare import ClaimError, ClaimPreparer, ClaimRef
 from dradriver.share_units import CLOSED_TAINT, closed_unit_taints, open_gpu
 from dradriver.shares import ShareEdits, with_shares
 from dradriver.slices import pool_slices
+from dradriver.taints import DeviceCondition, device_taints
 from hardware.device_nodes import CharDevice, HostDeviceNodes
+from health.policy import DeviceState
 from tests.support.small_inventory import gpu_uuid, small_inventory
 
 REPO = Path(__file__).parents[2]
@@ -148,3 +150,10 @@ def test_device_classes_map_the_device_plugins_resource_names() -> None:
     assert names["gpu-compute.gpuweave.io"] == "gpuweave.io/gpu-compute"
     assert names["gpu-memory.gpuweave.io"] == "gpuweave.io/gpu-memory"
     assert names["gpu-share.gpuweave.io"] is None  # claims ask it for capacity, not a count
+
+
+def test_a_failed_gpu_taints_its_shared_device_and_units_so_every_claim_on_it_is_evicted() -> None:
+    taints = device_taints(POOL, {gpu_uuid(2): DeviceCondition(DeviceState.FAILED, "Xid 79")})
+    assert taints["gpu-2-share"][0].effect == "NoExecute"  # every claim sharing it: evicted
+    assert taints["gpu-2-compute-5"][0].effect == "NoExecute"
+    assert "gpu-3-share" not in taints and "gpu-3-memory-0" not in taints  # never a sibling
