@@ -40,9 +40,9 @@ from typing import Any
 
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.errors import GpuweaveError
-from devicemodel.inventory import Gpu, NodeInventory
-from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB, SharingPlan
-from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
+from devicemodel.inventory import Gpu
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB
+from deviceplugin.devices import DeviceKind, PluginDevice
 from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
 from dradriver.taint import Taint
 
@@ -83,9 +83,9 @@ def _unit(gpu: Gpu, kind: DraKind, plugin: PluginDevice) -> DraDevice:
     )
 
 
-def unit_devices(gpu: Gpu, inventory: NodeInventory, plan: SharingPlan) -> list[DraDevice]:
-    """The GPU's compute units, then its memory units, each the device plugin's unit device."""
-    catalogue = build_catalogue(inventory, plan)
+def unit_devices(gpu: Gpu, catalogue: Mapping[str, Sequence[PluginDevice]]) -> list[DraDevice]:
+    """The GPU's compute units, then its memory units, each the device plugin's unit device
+    (``catalogue``: ``deviceplugin.devices.build_catalogue`` under the node's sharing plan)."""
     units: list[DraDevice] = []
     for kind, (_, resource, _) in UNIT_KINDS.items():
         mine = [d for d in catalogue.get(resource, ()) if d.gpu_uuid == gpu.uuid]

@@ -118,13 +118,16 @@ def with_shares(
     units (``dradriver.share_units``). A GPU is offered under one mode, so its MIG placements
     (``--dra-mig dynamic``) are left out too."""
     fractional = fractional_gpus(inventory, plan)
+    if not fractional:
+        return tuple(devices)
+    catalogue = build_catalogue(inventory, plan)
     out: list[DraDevice] = []
     for device in devices:
         gpu = fractional.get(device.gpu_uuid or "")
         if gpu is None or device.lost:
             out.append(device)
         elif device.kind is DraKind.GPU:
-            out += [share_device(device, gpu), *unit_devices(gpu, inventory, plan)]
+            out += [share_device(device, gpu), *unit_devices(gpu, catalogue)]
     return tuple(out)
 
 
