@@ -205,6 +205,12 @@ class NodeAgent:
         """Grant each share its own GPU's MPS pipe directory (``deviceplugin.mps``), not one for all."""
         self._mps_pipes = lookup
 
+    @property
+    def mps_pipes(self) -> str | MpsPipeLookup | None:
+        """Where a share's grant takes its MPS pipe directory from: each GPU's live daemon, else the
+        configured directory (Allocate here, NodePrepareResources in DRA mode)."""
+        return self._mps_pipes or self.config.sharing.mps_pipe_directory
+
     def _prepare_chooser(self) -> None:
         """Prepare the topology chooser once registration is done, so neither start-up nor the
         first GetPreferredAllocation waits for it (a request before then prepares it itself)."""
@@ -325,7 +331,7 @@ class NodeAgent:
                 device_ids,
                 devices=resource.state.devices(),
                 unhealthy=resource.state.unhealthy(),
-                mps_pipe_dir=self._mps_pipes or self.config.sharing.mps_pipe_directory,
+                mps_pipe_dir=self.mps_pipes,
                 listing=self.config.device_listing,
             )
         except AllocationRejectedError:

@@ -32,6 +32,7 @@ from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.pod_usage import PodIdentities
 from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
 from kubeio.client import api_client
@@ -179,8 +180,11 @@ class PodWatcher:
     A relist after 410 Gone arrives as events too (a pod that vanished meanwhile as DELETED), so
     pods the view already knew keep their arrival order and the resourceVersion they were bound at."""
 
-    def __init__(self, api: client.ApiClient, *, node: str, view: PodView) -> None:
+    def __init__(
+        self, api: client.ApiClient, *, node: str, view: PodView, identities: PodIdentities | None = None
+    ) -> None:
         self._view = view
+        self._identities = identities  # every pod by UID, for per-pod GPU use (``pod_usage``)
         self.watch = ListWatch(
             client.CoreV1Api(api).list_pod_for_all_namespaces,
             on_event=self._event,
@@ -196,10 +200,15 @@ class PodWatcher:
         self.watch.stop()
 
     def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
         if kind == "DELETED":
-            self._view.remove(str((pod.get("metadata") or {}).get("uid") or ""))
+            self._view.remove(uid)
+            if self._identities is not None:
+                self._identities.remove(uid)
         else:
             _upsert(self._view, pod)
+            if self._identities is not None:
+                self._identities.upsert(pod)
 
 
 AUDIT_DELAYS_S = (0.5, 2.0, 5.0)  # after an Allocate: the kubelet lists a container's devices soon after
@@ -342,7 +351,8 @@ class KubeParts:
         self.handoff = HandoffMatcher(
             self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
         )
-        self.pods = PodWatcher(self.api, node=node, view=self.view)
+        self.identities = PodIdentities()
+        self.pods = PodWatcher(self.api, node=node, view=self.view, identities=self.identities)
         self.publisher: Publisher | None = None
         self.audit: AssignmentAuditor | None = None
         self._metrics = metrics

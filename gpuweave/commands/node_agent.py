@@ -29,6 +29,7 @@ from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_argume
 from gpuweave.node.dra import add_dra_arguments, check_dra_arguments
 from gpuweave.node.health import load_settings
 from gpuweave.node.mps import process_daemons
+from gpuweave.node.usage import add_usage_arguments
 from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
 from health.persist import require_writable_dir
@@ -93,6 +94,7 @@ def register(subparsers: Any) -> None:
     )
     add_cdi_arguments(parser)
     add_dra_arguments(parser)
+    add_usage_arguments(parser)
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"

@@ -10,7 +10,8 @@ MIG-managed node, the MIG manager, whose busy devices are the pods this pool adm
 kubelet's pod-resources view). It serves its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
-extender chose), so a device the agent refuses shows up as an admission failure. Faults are
+extender chose), so a device the agent refuses shows up as an admission failure; a share pod then
+runs an MPS client process on its GPU (``share_processes``), which the simulated NVML lists. Faults are
 injected into the simulated NVML (``inject_xid``), and the time until the kubelet sees the GPU
 Unhealthy is measured: event, health policy, agent and ListAndWatch, end to end. An NVLink tray
 fault sets the node's simulated fabric state (as ``gpuweave sim inject --fabric-state`` does) and
@@ -42,6 +43,7 @@ from gpuweave.node.health import SIM_KMSG_FILE
 from gpuweave.node.mps import NodeMps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
+from gpuweave.simulate.share_processes import ShareProcess, ShareProcesses
 from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend, scratch_parent
@@ -86,6 +88,7 @@ class _Node:
     fabric: FabricGate | None = None  # built at the node's first fabric change (NVLink tray fault)
     mps: NodeMps | None = None  # its MPS supervisor (a restarter thread), stopped with the node
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
+    shares: ShareProcesses | None = None  # its share pods' processes on their GPUs
 
     def held_devices(self) -> frozenset[str]:
         """What the kubelet's pod-resources API would list: devices of pods still running."""
@@ -173,7 +176,8 @@ class NodeAgentPool:
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
         health = builder.health(agent, settings=self._health, mps=mps)
         _first_round_done(health)
-        started = _Node(agent, kubelet, backend, health, mps=mps)
+        shares = ShareProcesses(backend.node.processes)
+        started = _Node(agent, kubelet, backend, health, mps=mps, shares=shares)
         if node.mig_managed:  # busy devices: what this pool admitted and has not released
             started.mig = builder.mig(agent, inventory=agent.inventory, held_by_pods=started.held_devices)
             started.mig.start()
@@ -211,13 +215,25 @@ class NodeAgentPool:
                 self.admission_failures.append(f"{self._fleet[node].name}: {exc}")
                 return False
         self.admitted += 1
+        started = self._nodes[node]
         if pod_id:
-            self._nodes[node].held[pod_id] = tuple(d for ids in devices.values() for d in ids)
+            started.held[pod_id] = tuple(d for ids in devices.values() for d in ids)
+            if started.shares is not None:  # a share pod runs an MPS client on its GPU
+                gpus = {g.uuid: g.index for g in started.agent.inventory.gpus}
+                started.shares.start(pod_id, devices, gpu_index=gpus)
         return True
 
     def release(self, node: int, pod_id: str) -> None:
-        """The pod ended: its devices leave the kubelet's pod-resources list."""
-        self._nodes[node].held.pop(pod_id, None)
+        """The pod ended: its devices leave the kubelet's pod-resources list, its processes end."""
+        started = self._nodes[node]
+        started.held.pop(pod_id, None)
+        if started.shares is not None:
+            started.shares.end(pod_id)
+
+    def share_processes(self, node: int) -> list[ShareProcess]:
+        """The processes the node's share pods run now (what NVML lists on its GPUs)."""
+        shares = self._nodes[node].shares
+        return shares.running() if shares is not None else []
 
     def inventory(self, node: int) -> NodeInventory:
         """What the node agent discovered last (MIG devices included): what it publishes."""

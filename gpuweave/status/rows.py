@@ -4,7 +4,9 @@ Built from a ``ClusterView`` (the extender's own cache over the listed objects),
 as not healthy exactly when the extender keeps new work off it (labelled with the health
 state the node agent's reason names: failed, suspect, probation ...), and a pod holds the devices its
 assignment annotation names. Per GPU: product, sharing mode, holders (whole GPU, MIG device or
-share units), health and its reason, the MIG layout, whether the bad-hardware list names it.
+share units), health and its reason, the MIG layout, whether the bad-hardware list names it, and
+what each container's processes use of it (the inventory's ``status.podUsage``, which the node
+agent publishes).
 Per node and cluster-wide: free GPUs and the fragment F_n(M) the scorer weighs
 (``shares.node_fragment``, FGD's measure for the learned workload mix). No I/O and no text
 layout here: the command renders these rows as a table or JSON.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from devicemodel.assignment import parent_gpu_of_share
@@ -34,6 +36,17 @@ HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.H
 class Holder:
     pod: str  # namespace/name
     holds: str  # "whole", "MIG 1g.10gb", "40% compute, 10 GiB", "1 replica"
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """What one container's processes use of the GPU, as its node agent last published it."""
+
+    pod: str  # namespace/name
+    container: str
+    utilization: float  # 0..1 of the GPU's SMs
+    memory_bytes: int
+    memory_limit_bytes: int | None  # its share's limit; None without one
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,7 @@ class GpuRow:
     free: str  # "free", "held", "60% free", "2/4 free" (replicas or MIG devices)
     holders: tuple[Holder, ...]
     migs: tuple[MigRow, ...]
+    usage: tuple[UsageRow, ...] = ()  # the inventory's status.podUsage for this GPU
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,8 @@ def _node_row(
         _gpu_row(state, slot, records=records, health=health, bad=bad.get(state.index.gpu_uuids[slot.index]))
         for slot in state.layout.gpus
     )
+    usage = _usage_rows(view.inventories.get(state.name))
+    gpus = tuple(replace(g, usage=usage.get(g.uuid, ())) for g in gpus)
     nics = tuple((nic, health.reason(nic)) for nic in state.index.nic_names if nic in state.unhealthy)
     labels = (view.inventories.get(state.name, {}).get("metadata") or {}).get("labels") or {}
     return NodeRow(
@@ -133,6 +149,24 @@ def _node_row(
         idle_milli=idle,
         unhealthy_nics=nics,
     )
+
+
+def _usage_rows(inventory: Mapping[str, Any] | None) -> dict[str, tuple[UsageRow, ...]]:
+    """GPU UUID -> its containers' use, from the inventory's ``status.podUsage`` (bad entries left out)."""
+    found: dict[str, list[UsageRow]] = {}
+    for entry in ((inventory or {}).get("status") or {}).get("podUsage") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("gpu"), str):
+            continue
+        limit = entry.get("memoryLimitBytes")
+        row = UsageRow(
+            pod=f"{entry.get('namespace') or '?'}/{entry.get('pod') or '?'}",
+            container=str(entry.get("container") or ""),
+            utilization=float(entry.get("utilization") or 0.0),
+            memory_bytes=int(entry.get("memoryUsedBytes") or 0),
+            memory_limit_bytes=int(limit) if isinstance(limit, int) else None,
+        )
+        found.setdefault(entry["gpu"], []).append(row)
+    return {gpu: tuple(rows) for gpu, rows in found.items()}
 
 
 @dataclass(frozen=True)

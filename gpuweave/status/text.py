@@ -111,6 +111,10 @@ def _gpu_lines(gpu: GpuRow, *, mixed: bool) -> list[str]:
         lines.append(fit(f"      {gpu.product}"))
     if gpu.reason:
         lines += _wrapped(gpu.reason, first="      ", rest="      ")
+    for use in gpu.usage:
+        limit = f" of {use.memory_limit_bytes / 2**30:.1f}" if use.memory_limit_bytes is not None else ""
+        used = f"{use.utilization:.0%} SMs, {use.memory_bytes / 2**30:.1f}{limit} GiB"
+        lines += _wrapped(f"{use.pod}/{use.container}: {used}", first="      use ", rest="          ")
     for mig in gpu.migs:
         lines.append(_row(GPU_COLUMNS, ["", f" {mig.profile}", mig.health, "held" if mig.holder else
                                         "free" if mig.health == HEALTHY else "-", mig.holder]))

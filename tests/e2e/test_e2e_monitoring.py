@@ -95,7 +95,7 @@ def test_dashboard_variables_read_exported_series(series: dict[str, frozenset[st
 
 def test_dashboard_covers_the_operator_questions() -> None:
     """Allocation per node kind, withheld and retired devices, MIG reshapes, extender latency per
-    verb, handoff mismatches."""
+    verb, handoff mismatches, per-pod GPU use and the share's memory limit."""
     text = " ".join(dashboard_expressions(json.loads(DASHBOARD.read_text())).values())
     for needle in [
         "gpuweave_extender_free_gpus",
@@ -104,6 +104,8 @@ def test_dashboard_covers_the_operator_questions() -> None:
         "gpuweave_mig_reshapes_total",
         "sum by (verb, le) (rate(gpuweave_extender_request_seconds_bucket",
         'outcome=~"mismatch|admitted_mismatch"',
+        "gpuweave_pod_gpu_utilization_ratio",
+        "gpuweave_pod_gpu_memory_limit_bytes",
     ]:
         assert needle in text
 
@@ -117,13 +119,14 @@ def test_alert_rules_parse_and_read_exported_series(series: dict[str, frozenset[
         "gpuweave-scheduling/GpuweaveExtenderSlow",
         "gpuweave-scheduling/GpuweaveExtenderBindSlow",
         "gpuweave-scheduling/GpuweaveAssignmentMismatch",
+        "gpuweave-shares/GpuweaveShareOverMemoryLimit",
     }
     assert _unknown_reads(parse_promql(expressions), series) == []
 
 
 def test_alert_rules_load_as_prometheus_loads_them() -> None:
     loaded = load_rules(yaml.safe_load(ALERTS.read_text())["spec"])
-    assert (loaded.groups, loaded.rules, loaded.errors) == (2, 5, ())
+    assert (loaded.groups, loaded.rules, loaded.errors) == (3, 6, ())
     broken = {
         "groups": [
             {
