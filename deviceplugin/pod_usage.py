@@ -89,6 +89,7 @@ class PodGpuUsage:
     memory_bytes: int  # device memory its processes hold
     memory_limit_bytes: int | None  # its share's limit; None: no limit of its own (a whole GPU)
     pids: tuple[int, ...]
+    pod_uid: str = ""  # from its processes' cgroup: the UID an eviction is bound to
 
     @property
     def over_limit(self) -> bool:
@@ -113,12 +114,14 @@ def pod_usage(
 ) -> list[PodGpuUsage]:
     """One row per container and GPU that runs a process in a pod, sorted by GPU and container."""
     summed: dict[tuple[ContainerKey, str], tuple[float, int, list[int]]] = {}
+    uids: dict[ContainerKey, str] = {}
     for gpu, processes in samples.items():
         for process in processes:
             cgroup = cgroups.get(process.pid)
             if cgroup is None:
                 continue  # the MPS server, the agent, a host process: not a pod's
             key = (_key_of(cgroup, pods), gpu)
+            uids[key[0]] = cgroup.pod_uid
             util, memory, pids = summed.get(key, (0.0, 0, []))
             summed[key] = (
                 util + (process.sm_utilization or 0.0),
@@ -127,7 +130,14 @@ def pod_usage(
             )
     rows = [
         PodGpuUsage(
-            key, gpu, gpu_index.get(gpu, -1), min(1.0, util), memory, limits.get((key, gpu)), tuple(pids)
+            key,
+            gpu,
+            gpu_index.get(gpu, -1),
+            min(1.0, util),
+            memory,
+            limits.get((key, gpu)),
+            tuple(pids),
+            pod_uid=uids[key],
         )
         for (key, gpu), (util, memory, pids) in summed.items()
     ]

@@ -66,8 +66,9 @@ class KubeEvictor:
     def __init__(self, cluster: KubeCluster) -> None:
         self._cluster = cluster
 
-    def evict_pod(self, namespace: str, name: str, *, grace_s: int) -> str:
-        return self._cluster.evict(PodRef(namespace, name, frozenset()), grace_s=grace_s)
+    def evict_pod(self, namespace: str, name: str, *, uid: str, grace_s: int) -> str:
+        """The pod its processes' cgroup names, by UID: a pod re-created under the name is not it."""
+        return self._cluster.evict(PodRef(namespace, name, frozenset(), uid=uid), grace_s=grace_s)
 
     def pod_event(self, namespace: str, name: str, *, reason: str, message: str) -> None:
         try:

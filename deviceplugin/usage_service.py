@@ -63,7 +63,7 @@ class UsageSettings:
 class Evictor(Protocol):
     """The API server's side: evict a pod, post an Event on it (``health.kube.KubeCluster``'s)."""
 
-    def evict_pod(self, namespace: str, name: str, *, grace_s: int) -> str: ...
+    def evict_pod(self, namespace: str, name: str, *, uid: str, grace_s: int) -> str: ...
 
     def pod_event(self, namespace: str, name: str, *, reason: str, message: str) -> None: ...
 
@@ -242,7 +242,7 @@ class PodUsageService:
             if self._evictor is None or not row.key.namespace:
                 continue  # no API server, or a pod the watch does not know: nothing to evict
             outcome = self._evictor.evict_pod(
-                row.key.namespace, row.key.pod, grace_s=self.settings.eviction_grace_s
+                row.key.namespace, row.key.pod, uid=row.pod_uid, grace_s=self.settings.eviction_grace_s
             )
             self.metrics.evictions.labels(outcome).inc()
             if outcome in ("evicted", "gone"):

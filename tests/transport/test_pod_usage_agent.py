@@ -181,6 +181,9 @@ def test_two_pods_on_one_gpu_measured_exported_shown_and_the_one_over_its_limit_
     assert len({who for (_, who) in metrics}) == 2  # the MPS server is no pod's
     evictions = [(m, p) for m, p, _ in Api.requests if p.endswith("/eviction")]
     assert evictions == [("POST", "/api/v1/namespaces/team/pods/infer-b/eviction")]
+    (body,) = [b for m, p, b in Api.requests if p.endswith("/eviction")]
+    assert body["deleteOptions"]["preconditions"]["uid"] == PODS["infer-b"][0]  # that pod, by its UID
+    assert body["metadata"]["labels"] == {"gpuweave.io/node-agent-eviction": "true"}  # the policy's mark
     (event,) = [b for m, p, b in Api.requests if p.endswith("/events")]
     assert event["reason"] == "GpuShareMemoryExceeded" and event["involvedObject"]["name"] == "infer-b"
     assert "6.0 GiB" in event["message"] and "5.0 GiB" in event["message"]

@@ -126,7 +126,8 @@ def test_rows_sum_a_containers_processes_and_leave_out_processes_in_no_pod() -> 
         limits={(key, "GPU-0"): 4 * GIB},
         gpu_index={"GPU-0": 0, "GPU-1": 1},
     )
-    assert rows[0] == PodGpuUsage(key, "GPU-0", 0, pytest.approx(0.3), 3 * GIB, 4 * GIB, (1, 2))  # type: ignore[arg-type]
+    expected = PodGpuUsage(key, "GPU-0", 0, pytest.approx(0.3), 3 * GIB, 4 * GIB, (1, 2), pod_uid=UID)  # type: ignore[arg-type]
+    assert rows[0] == expected  # the UID its cgroup gives: what an eviction is bound to
     assert rows[1].key == ContainerKey("", "f" * 32, "b" * 12)  # a pod the watch does not know yet
     assert rows[1].memory_limit_bytes is None and not rows[1].over_limit
 
