@@ -330,3 +330,45 @@ def test_helm_monitoring_objects_carry_the_monitoring_files(tmp_path: Path) -> N
     assert relabel == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     kustomized = _by_key(_kustomize(MONITORING))
     assert {k[1] for k in kustomized} == {"PrometheusRule", "ConfigMap"}
+
+
+def _monitoring_kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    wanted = {"ServiceMonitor", "PrometheusRule"}
+    return {
+        (d["kind"], d["metadata"]["name"])
+        for d in docs
+        if d["kind"] in wanted or d["metadata"]["name"].endswith(("-metrics", "-grafana-dashboard"))
+    }
+
+
+def test_helm_one_monitoring_value_turns_on_metrics_and_what_reads_them() -> None:
+    """monitoring.enabled alone: the agents serve /metrics and every object that reads them is
+    there; the dashboard and the ServiceMonitor without nodeAgent.metrics (the values that used to
+    leave the health panels and alerts empty) now turn the agents' metrics on too."""
+    everything = {
+        ("Service", "gpuweave-scheduler-metrics"),
+        ("ServiceMonitor", "gpuweave-scheduler"),
+        ("Service", "gpuweave-node-agent-metrics"),
+        ("ServiceMonitor", "gpuweave-node-agent"),
+        ("PrometheusRule", "gpuweave"),
+        ("ConfigMap", "gpuweave-grafana-dashboard"),
+    }
+    one = render_chart(sets=["monitoring.enabled=true"])
+    assert _monitoring_kinds(one) == everything
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(one)
+    parts = render_chart(sets=["monitoring.serviceMonitor.enabled=true", "monitoring.dashboard.enabled=true"])
+    assert _monitoring_kinds(parts) == everything - {("PrometheusRule", "gpuweave")}
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(parts)
+    rule_only = render_chart(sets=["monitoring.prometheusRule.enabled=true", "nodeAgent.metrics.port=9500"])
+    assert "--metrics-address=0.0.0.0:9500" in _agent_args(rule_only)
+    agent_only = render_chart(sets=["nodeAgent.metrics.enabled=true"])  # as before: no scrape objects
+    assert _monitoring_kinds(agent_only) == set()
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(agent_only)
+    assert "--metrics-address=0.0.0.0:9402" not in _agent_args(render_chart())
+
+
+def test_helm_log_level_in_extra_args_reaches_a_parser_that_takes_it() -> None:
+    docs = render_chart(sets=["nodeAgent.extraArgs={--log-level=INFO}"])
+    args = _agent_args(docs)
+    assert args[-1] == "--log-level=INFO"
+    assert build_parser().parse_args(args).log_level == "INFO"

@@ -23,6 +23,20 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end -}}
 
+{{/*
+What monitoring renders, as JSON: monitoring.enabled turns every part on; any part on turns the
+node agents' /metrics on (the dashboard's health panels and the alerts read them), as does
+nodeAgent.metrics.enabled alone.
+*/}}
+{{- define "gpuweave.monitoring" -}}
+{{- $m := .Values.monitoring -}}
+{{- $all := $m.enabled -}}
+{{- $parts := dict "serviceMonitor" (or $all $m.serviceMonitor.enabled) "prometheusRule" (or $all $m.prometheusRule.enabled) "dashboard" (or $all $m.dashboard.enabled) -}}
+{{- $any := or $parts.serviceMonitor $parts.prometheusRule $parts.dashboard -}}
+{{- $_ := set $parts "agentMetrics" (or $any .Values.nodeAgent.metrics.enabled) -}}
+{{- toJson $parts -}}
+{{- end -}}
+
 {{/* Node-agent configuration files (ConfigMap gpuweave-node-agent-config), by file name. */}}
 {{- define "gpuweave.nodeAgentConfig" -}}
 {{- $files := dict -}}
