@@ -51,6 +51,20 @@ nodeAgent.metrics.enabled alone.
 {{- end -}}
 
 {{/*
+The named sharing configurations (ConfigMap gpuweave-node-agent-sharing, mounted as
+--sharing-config-dir): <name>.yaml per entry of nodeAgent.sharingConfigs; a Node labelled
+gpuweave.io/sharing-config=<name> is served with it.
+*/}}
+{{- define "gpuweave.nodeAgentSharingConfigs" -}}
+{{- $files := dict -}}
+{{- range $name, $config := .Values.nodeAgent.sharingConfigs -}}
+{{- $sharing := merge (dict "apiVersion" "gpuweave.io/v1alpha1" "kind" "SharingConfig" "mpsPipeDirectory" "/run/gpuweave/mps") (deepCopy $config) -}}
+{{- $_ := set $files (printf "%s.yaml" $name) (toYaml $sharing) -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{/*
 The scheduler configuration: manifests/scheduler/scheduler-config.yaml, with
 scheduler.extender.claims.enabled the entry of manifests/scheduler/claims-extender.yaml appended
 to its extenders, the extender's weight (the first entry's; the claims entry's weight line carries
