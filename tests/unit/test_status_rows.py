@@ -124,6 +124,18 @@ def test_rows_show_holders_health_and_mig_layout_as_the_extender_sees_them(clust
     assert a[0].product == a100.gpus[0].product and nodes["gpu-a100"].topology == "nvswitch-8"
 
 
+def test_an_inventory_without_its_node_shows_nothing_free(cluster: Any) -> None:
+    """After a scale-down the Node is gone; its GpuNodeInventory (and a bound pod's record) may
+    stay behind until the garbage collector deletes it: none of its GPUs is shown or counted."""
+    objects, _, _ = cluster
+    gone = [o for o in objects if not (o["kind"] == "Node" and o["metadata"]["name"] == "gpu-h100")]
+    before = cluster_status(ClusterView.of(objects))
+    status = cluster_status(ClusterView.of(gone))
+    assert [n.name for n in status.nodes] == ["gpu-a100"]
+    assert status.without_inventory == ("cpu-only",)
+    assert status.idle_milli < before.idle_milli
+
+
 def test_fragment_is_fgd_of_the_free_gpus_for_the_mix(cluster: Any) -> None:
     objects, _, _ = cluster
     status = cluster_status(ClusterView.of(objects))
