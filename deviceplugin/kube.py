@@ -96,7 +96,7 @@ class Publisher:
         args = (API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL)
         # the Node's labels first, so a reader that sees this round's status sees its labels; the
         # answer is the Node, whose UID the inventory's owner reference names
-        node = self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+        node: Any = self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
         owner = node_owner(name, uid=str(node.metadata.uid))
         current: dict[str, Any]
         try:
