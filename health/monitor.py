@@ -278,7 +278,7 @@ class HealthMonitor:
 
     def run_round(self) -> None:
         """One round: kernel log, GPU checks (parallel, time-boxed), EFA, hooks, close the round."""
-        self._read_kernel_log()
+        self.read_kernel_log()
         findings, completed, temps = self._check_gpus()
         findings = self._add_temperature(findings, temps)
         efa_ok = self._check_efa()
@@ -295,8 +295,10 @@ class HealthMonitor:
             self.rounds_completed += 1
         self.publish()
 
-    def _read_kernel_log(self) -> None:
-        """Act on new kernel-log lines one by one; the cursor moves past each line once handled."""
+    def read_kernel_log(self) -> None:
+        """Act on new kernel-log lines one by one; the cursor moves past each line once handled.
+        Each round starts with it; the simulation calls it right after an Xid it injects, as a
+        round would read the line within ``round_interval_s``."""
         if self._kernel_log is None:
             return
         at_boot = self._first_kernel_read and self._kernel_log.fresh_start
