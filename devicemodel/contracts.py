@@ -43,6 +43,8 @@ NODE_INVENTORY_PLURAL: Final = "gpunodeinventories"
 BAD_HARDWARE_KIND: Final = "GpuBadHardware"
 BAD_HARDWARE_PLURAL: Final = "gpubadhardwares"
 MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG layout (node annotation)
+LABEL_SHARING_CONFIG: Final = "gpuweave.io/sharing-config"  # node label: its named sharing configuration
+SCHEDULER_NAME: Final = "gpuweave-scheduler"  # pods opt in with spec.schedulerName
 
 
 def mig_resource_name(profile: str) -> str:

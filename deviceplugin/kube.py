@@ -95,27 +95,44 @@ class Publisher:
         body = inventory_object(inventory, sharing=self._sharing, faults=faults, withheld=withheld)
         name = inventory.name
         args = (API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL)
+        # the Node's labels first, so a reader that sees this round's status sees its labels; the
+        # answer is the Node, whose UID the inventory's owner reference names
+        node: Any = self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+        owner = node_owner(name, uid=str(node.metadata.uid))
         current: dict[str, Any]
         try:
             current = cast(dict[str, Any], self._custom.get_cluster_custom_object(*args, name))
         except ApiException as exc:
             if status_of(exc) != NOT_FOUND:
                 raise
-            created = self._custom.create_cluster_custom_object(
-                *args, {k: v for k, v in body.items() if k != "status"}
-            )
-            current = cast(dict[str, Any], created)
+            created = {k: v for k, v in body.items() if k != "status"}
+            created["metadata"] = {**body["metadata"], "ownerReferences": [owner]}
+            current = cast(dict[str, Any], self._custom.create_cluster_custom_object(*args, created))
+        metadata = current.get("metadata") or {}
+        owners = owned_by(metadata.get("ownerReferences"), owner)
         if (
             current.get("spec") != body["spec"]
-            or current.get("metadata", {}).get("labels") != body["metadata"]["labels"]
+            or metadata.get("labels") != body["metadata"]["labels"]
+            or owners != metadata.get("ownerReferences")
         ):
-            self._custom.patch_cluster_custom_object(
-                *args, name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
-            )
-        # the Node's labels before the status: a reader that sees this round's status sees its labels
-        self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+            patch = {"labels": body["metadata"]["labels"], "ownerReferences": owners}
+            self._custom.patch_cluster_custom_object(*args, name, {"metadata": patch, "spec": body["spec"]})
         self._custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
         self.published += 1
+
+
+def node_owner(node: str, *, uid: str) -> dict[str, Any]:
+    """The owner reference to the agent's Node: the garbage collector deletes the node's
+    GpuNodeInventory with its Node (a scale-down), so no inventory outlives its node."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
+def owned_by(current: object, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``current`` owner references with the Node's one in place of any other Node reference (a
+    Node of that name deleted and created again has a new UID); other owners are kept."""
+    listed = current if isinstance(current, list) else []
+    kept = [dict(r) for r in listed if isinstance(r, Mapping) and r.get("kind") != "Node"]
+    return [*kept, dict(owner)]
 
 
 def clique_peers(api: client.ApiClient) -> Callable[[str], dict[str, str]]:

@@ -27,6 +27,7 @@ COMMAND_MODULE_NAMES = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+LOG_LEVEL_HELP = "logging level: DEBUG, INFO, WARNING, ERROR (default WARNING); before or after the command"
 
 
 def _command_named(argv: Sequence[str]) -> str | None:
@@ -44,11 +45,30 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Share GPUs in Kubernetes and place GPU work by hardware topology.",
     )
     parser.add_argument("--version", action="version", version=f"gpuweave {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="Python logging level (default WARNING)")
+    parser.add_argument("--log-level", default="WARNING", help=LOG_LEVEL_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in (only,) if only else COMMAND_MODULE_NAMES:
         importlib.import_module(f"gpuweave.commands.{name}").register(subparsers)
+    _log_level_everywhere(parser)
     return parser
+
+
+def _log_level_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` after any sub-command too (``gpuweave node-agent ... --log-level INFO``, as
+    a chart's extraArgs append it). SUPPRESS: a sub-command sets it only when it is given there,
+    so a level given before the sub-command stands otherwise."""
+    for action in parser._actions:  # argparse has no public view of its sub-parsers
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in dict.fromkeys(action.choices.values()):  # aliases name one parser twice
+            sub.add_argument("--log-level", default=argparse.SUPPRESS, help=LOG_LEVEL_HELP)
+            _log_level_everywhere(sub)
+
+
+def log_level(name: str) -> int | None:
+    """The logging level ``name`` names (any case), None for a name that is no level."""
+    level = logging.getLevelName(name.upper())
+    return level if isinstance(level, int) else None
 
 
 def log_to_stderr(level: int) -> None:
@@ -63,7 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=_command_named(arguments))
     args = parser.parse_args(arguments)
-    log_to_stderr(getattr(logging, str(args.log_level).upper(), logging.WARNING))
+    level = log_level(str(args.log_level))
+    log_to_stderr(logging.WARNING if level is None else level)
+    if level is None:  # a typo in a level never stops a command (a DaemonSet's agent): said, then WARNING
+        logging.getLogger("gpuweave").warning(
+            "unknown --log-level %s; logging at WARNING (give DEBUG, INFO, WARNING or ERROR)", args.log_level
+        )
     handler = cast(Handler, args.handler)
     try:
         return handler(args)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
+from health.engine import Clock
 from health.service import HealthService
 from health.signals.fabric import FabricGate
 from mig.service import HeldByPods, MigService
@@ -174,9 +176,11 @@ class NodeAgentBuilder:
         kube_api: Any | None = None,
         pod_resources: PodResourcesClient | None = None,
         taints_evict: bool = False,
+        clock: Clock = time.monotonic,
     ) -> HealthService:
         """Health for a started agent, started; stop it before the agent. With ``mig`` a failed MIG
-        device is recreated through the MIG manager and a GPU reset never runs inside a reshape."""
+        device is recreated through the MIG manager and a GPU reset never runs inside a reshape;
+        ``clock`` times health (the simulation's agents run on its simulated clock)."""
         return start_node_health(
             agent,
             backend=self.backend,
@@ -192,6 +196,7 @@ class NodeAgentBuilder:
             kill_mps=mps.kill,
             taints_evict=taints_evict,
             held_by_pods=HeldDevices(pod_resources, agent.allocations),
+            clock=clock,
         )
 
     def fabric(self, agent: NodeAgent, *, interval_s: float) -> FabricGate:

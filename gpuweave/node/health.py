@@ -12,6 +12,7 @@ the agent's gate to hold the GPUs under a check, and the ``health.check`` comman
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
+from health.engine import Clock
 from health.metrics import HealthMetrics
 from health.monitor import RoundHook
 from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
@@ -75,6 +77,7 @@ def start_node_health(
     kill_mps: Callable[[int], str] | None = None,
     taints_evict: bool = False,
     held_by_pods: HeldByPods | None = None,
+    clock: Clock = time.monotonic,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
@@ -85,7 +88,8 @@ def start_node_health(
     remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
     ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
     eviction controller. ``held_by_pods`` names the devices pods hold (``HeldDevices``), which active
-    checks leave alone; by default the agent's recent Allocate grants."""
+    checks leave alone; by default the agent's recent Allocate grants. ``clock`` times health (fault
+    windows, remediation, probation): the simulation passes its simulated clock."""
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         root = backend.sysfs_root
@@ -117,6 +121,7 @@ def start_node_health(
             exerciser=exerciser_for(backend, settings.active),
             hold=hold_for(agent),
             busy=busy_for(held_by_pods or HeldDevices(None, agent.allocations)),
+            clock=clock,
         )
     )
     if isinstance(backend, SimulatedBackend):

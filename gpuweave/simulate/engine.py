@@ -54,6 +54,7 @@ from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
+DrainHook = Callable[[int], None]  # jobs still queued or running: at the drain's start and after each tick
 # A preemptor's pods start once its victims are gone: their terminationGracePeriodSeconds
 # (Kubernetes' default, 30 s), as the victims' containers are asked to stop and given that long
 PREEMPTION_GRACE_S = 30.0
@@ -164,10 +165,11 @@ class Simulation:
         )
         self.result.cliques = tuple(sorted({c for n in self.state.fleet if (c := clique_name(n))}))
 
-    def run(self, *, on_tick: TickHook | None = None) -> RunResult:
-        """The arrival window (sampled every tick), then the drain: the loop runs on without
-        arrivals until every job has finished (at most ``DRAIN_LIMIT_S`` more), so every policy's
-        job completion times cover the same jobs; the cluster metrics stay the window's."""
+    def run(self, *, on_tick: TickHook | None = None, on_drain: DrainHook | None = None) -> RunResult:
+        """The arrival window (sampled every tick, ``on_tick``), then the drain: the loop runs on
+        without arrivals until every job has finished (at most ``DRAIN_LIMIT_S`` more), so every
+        policy's job completion times cover the same jobs; the cluster metrics stay the window's.
+        ``on_drain`` hears how many jobs are left as the drain starts and after each of its ticks."""
         ticks = int(np.ceil(self._duration / self._tick))
         for tick in range(ticks + 1):
             self._advance(tick * self._tick)
@@ -175,20 +177,30 @@ class Simulation:
             if on_tick is not None:
                 on_tick(1)
         self.result.jobs_pending_at_end = len(self._queue)
+        if on_drain is not None and self._jobs_left():
+            on_drain(self._jobs_left())
         for tick in range(ticks + 1, ticks + 1 + int(np.ceil(DRAIN_LIMIT_S / self._tick))):
             if not self._queue and not self._ends:
                 break
             self._advance(tick * self._tick)
+            if on_drain is not None:
+                on_drain(self._jobs_left())
         self.result.drained_s = self._now - ticks * self._tick
-        self.result.jobs_unfinished = len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
+        self.result.jobs_unfinished = self._jobs_left()
         self.result.reshapes = list(self._mig.reshapes)
         return self.result
+
+    def _jobs_left(self) -> int:
+        """Jobs queued or with a pod running."""
+        return len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
 
     def _advance(self, now: float) -> None:
         """One tick: the extender's clock and watch, departures, faults, arrivals, MIG, scheduling."""
         self._now = now
         if isinstance(self._placer, SimulatedTime):
             self._placer.set_time(now)
+        if self._agents is not None:  # their health's clock: fault windows, remediation, probation
+            self._agents.set_time(now)
         self._deliver_published()
         self._depart(now)
         self._fire_faults(now)
@@ -327,8 +339,10 @@ class Simulation:
             return True
         self._agents.health_round(node)
         record.health_rounds += 1
+        if not self._agents.gpu_served(node, record.gpu):  # the agent's verdict, not the kubelet's timing
+            return False
         record.agent_back_s = self._agents.gpu_back(node, record.gpu)
-        return record.agent_back_s is not None
+        return True
 
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job (a fault) and queue the job again first; returns pods evicted."""

@@ -140,11 +140,30 @@ def _run_one(
         with tqdm(
             total=ticks, desc=f"{label:<34}", unit="tick", disable=not options.progress, ncols=100
         ) as bar:
-            return simulation.run(on_tick=bar.update)
+            return simulation.run(on_tick=bar.update, on_drain=DrainProgress(bar, label))
     finally:
         placer.close()
         if agents is not None:
             agents.close()
+
+
+class DrainProgress:
+    """The drain on the progress bar: once the arrival window's ticks are done, the same bar
+    counts the jobs that finished out of those still queued or running when the drain began."""
+
+    def __init__(self, bar: tqdm[Any], label: str) -> None:
+        self._bar = bar
+        self._label = label
+        self._total = 0
+
+    def __call__(self, left: int) -> None:
+        if not self._total:
+            self._total = left
+            self._bar.reset(total=left)
+            self._bar.unit = "job"
+            self._bar.set_description(f"{self._label + ' drain':<34}", refresh=False)
+        self._bar.n = self._total - left
+        self._bar.refresh()
 
 
 def agent_sample(nodes: int, wanted: int | None) -> list[int] | None:

@@ -43,7 +43,8 @@ def _row(columns: Sequence[tuple[str, int]], cells: Sequence[str]) -> str:
 
 
 def _wrapped(text: str, *, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest) or [first.rstrip()]
+    wrapped = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+    return wrapped or [first.rstrip()]
 
 
 def for_terminal(value: Any) -> Any:
@@ -83,8 +84,24 @@ def status_text(status: ClusterStatus) -> str:
         names = ", ".join(status.without_inventory)
         lines += ["", *_wrapped(f"{len(status.without_inventory)} node(s) without a GpuNodeInventory "
                                 f"(no gpuweave node agent): {names}", first="", rest="  ")]
+    lines += _pending_pod_lines(status)
     lines += _bad_hardware_lines(status)
     return "\n".join(lines)
+
+
+def _pending_pod_lines(status: ClusterStatus) -> list[str]:
+    """Each pending pod: its name and request, then kube-scheduler's reason, wrapped."""
+    if not status.pending:
+        return []
+    count = len(status.pending)
+    plural = "" if count == 1 else "s"
+    lines = ["", fit(f"PENDING ({count} pod{plural} of gpuweave-scheduler asking for GPUs)")]
+    for row in status.pending:
+        lines += _wrapped(f"{row.pod}: {row.asks}", first="  ", rest="      ")
+        since = f" (since {row.since})" if row.since else ""
+        lines += _wrapped(f"{row.reason}{since}", first="      ", rest="      ")
+    lines.append("  what would make one fit: gpuweave status --explain NAMESPACE/POD")
+    return lines
 
 
 def _node_lines(node: NodeRow) -> list[str]:

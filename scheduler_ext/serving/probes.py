@@ -38,7 +38,7 @@ def probe_listener(
         return (200, b"ok\n", TEXT) if ready else (503, b"cache not synced\n", TEXT)
 
     def metrics_text() -> Answer:
-        metrics.cached_nodes.set(len(cache.node_names()))
+        metrics.scraped(nodes=len(cache.node_names()), ready=cache.synced.is_set())
         return 200, metrics.render(), "text/plain; version=0.0.4"
 
     routes = {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics_text}

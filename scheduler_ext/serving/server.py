@@ -345,7 +345,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             ready = cache.synced.is_set()
             self._send(200 if ready else 503, b"ok\n" if ready else b"cache not synced\n", "text/plain")
         elif path.endswith("/metrics"):
-            self.server.metrics.cached_nodes.set(len(cache.node_names()))
+            self.server.metrics.scraped(nodes=len(cache.node_names()), ready=cache.synced.is_set())
             self._send(200, self.server.metrics.render(), "text/plain; version=0.0.4")
         elif path.endswith("/workload"):  # read-only: the mix the scorer places against now
             document = self.server.service.core.workload.document()

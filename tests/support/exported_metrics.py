@@ -91,3 +91,13 @@ def exported_series(work: Path) -> dict[str, frozenset[str]]:
     """Every series name gpuweave serves, with the label names it carries (scrape labels added)."""
     series = {**extender_series(work), **node_agent_series()}
     return {name: labels | SCRAPE_LABELS for name, labels in series.items()}
+
+
+# What Prometheus writes itself for every target it scrapes (its target labels only): the rules
+# that tell a component is down read them.
+SCRAPE_SERIES = {"up": SCRAPE_LABELS}
+
+
+def readable_series(work: Path) -> dict[str, frozenset[str]]:
+    """What a rule or a panel may read: the series gpuweave exports and Prometheus' own ``up``."""
+    return {**exported_series(work), **SCRAPE_SERIES}

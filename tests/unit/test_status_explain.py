@@ -120,6 +120,52 @@ def test_withheld_devices_and_size_are_named_when_nothing_can_be_freed(inventori
     assert "no node has 9 whole GPUs: the largest offers 8 (node gpu-h100)" in nine.hints
 
 
+def _share_and_mig_cluster() -> list[dict[str, Any]]:
+    a100, l40s = profile_inventory("dgx-a100", "gpu-a100"), profile_inventory("l40s-pcie-8", "gpu-l40s")
+    whole = [held(f"whole-{i}", "gpu-a100", a100, [i]) for i in range(3)]  # GPUs 0-2 busy
+    return [
+        inventory_object(a100), inventory_object(l40s), node_object("gpu-a100", gpus=8), tainted("gpu-l40s"),
+        *whole,
+        pod_object("share", namespace="ml", limits={"gpuweave.io/gpu-compute": 25}),
+        pod_object("replica", namespace="ml", limits={"gpuweave.io/gpu-shared": 1}),
+        pod_object("slices", namespace="ml", limits={"nvidia.com/mig-1g.10gb": 2}),
+        pod_object("small", namespace="ml", limits={"nvidia.com/mig-1g.5gb": 1}),
+    ]
+
+
+def test_a_share_pods_hint_names_the_node_and_the_sharing_configuration_to_give_it() -> None:
+    """Before: 'no node fits it even with every pod there ended'. The tainted l40s node is not
+    offered: kube-scheduler would keep the pod off it whatever its sharing."""
+    share = explain(_share_and_mig_cluster(), "ml/share")
+    assert isinstance(share, Pending)
+    assert share.hints[0].startswith(
+        "fits node gpu-a100 once its free GPUs are offered fractional: give its node agent a sharing "
+        "configuration with mode fractional; with the chart, an entry of nodeAgent.sharingConfigs"
+    )
+    assert "kubectl label node gpu-a100 gpuweave.io/sharing-config=shared" in share.hints[0]
+    replica = explain(_share_and_mig_cluster(), "ml/replica")
+    assert isinstance(replica, Pending) and "offered time-sliced" in replica.hints[0]
+
+
+def test_a_mig_pods_hint_names_a_layout_on_a_gpu_nothing_holds() -> None:
+    slices = explain(_share_and_mig_cluster(), "ml/slices")
+    assert isinstance(slices, Pending)
+    layout = "gpuweave.io/mig-layout='{\"gpus\": {\"3\": [\"1g.10gb\", \"1g.10gb\"]}}'"
+    assert slices.hints[0].startswith("fits node gpu-a100 once its GPU 3 (nothing runs on it) holds MIG")
+    assert f"kubectl annotate node gpu-a100 --overwrite {layout}" in slices.hints[0]
+    assert "gpuweave mig plan --simulate <the node's profile> --gpu 3 --profiles 1g.10gb,1g.10gb" in (
+        slices.hints[0]
+    )
+    small = explain(_share_and_mig_cluster(), "ml/small")  # an A100 80GB has no 1g.5gb
+    assert isinstance(small, Pending)
+    assert small.hints[0].startswith(
+        "no MIG-capable GPU of these nodes has the profile 1g.5gb: ask for one they offer "
+        "(NVIDIA A100-SXM4-80GB: 1g.10gb"
+    )
+    text = explain_text(slices)
+    assert all(len(line) <= WIDTH for line in text.splitlines()) and "mig-layout" in text
+
+
 def test_placed_pod_shows_devices_topology_and_runners_up(inventories: Any) -> None:
     answer = explain(cluster(inventories), "train/quad")
     assert isinstance(answer, Placed)
