@@ -90,14 +90,19 @@ def deltas(
 
 
 def run_with_backstop(
-    exerciser: Exerciser, plan: ExercisePlan, *, deadline_s: float, grace_s: float
+    exerciser: Exerciser,
+    plan: ExercisePlan,
+    *,
+    deadline_s: float,
+    grace_s: float,
+    cancel: threading.Event | None = None,
 ) -> ExerciseReport:
     """The backend's report; every check an error when it raised, hung when it never returned."""
     box: list[ExerciseReport | BaseException] = []
 
     def work() -> None:
         try:
-            box.append(exerciser.run(plan, deadline_s=deadline_s))
+            box.append(exerciser.run(plan, deadline_s=deadline_s, cancel=cancel))
         except Exception as exc:
             box.append(exc)
 

@@ -191,6 +191,7 @@ class NodeAgentBuilder:
             kill_mps=mps.kill,
             taints_evict=taints_evict,
             held_by_pods=HeldDevices(pod_resources, agent.allocations),
+            pods_known=pod_resources is not None,
         )
 
     def fabric(self, agent: NodeAgent, *, interval_s: float) -> FabricGate:

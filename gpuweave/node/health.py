@@ -75,6 +75,7 @@ def start_node_health(
     kill_mps: Callable[[int], str] | None = None,
     taints_evict: bool = False,
     held_by_pods: HeldByPods | None = None,
+    pods_known: bool = False,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
@@ -85,7 +86,10 @@ def start_node_health(
     remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
     ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
     eviction controller. ``held_by_pods`` names the devices pods hold (``HeldDevices``), which active
-    checks leave alone; by default the agent's recent Allocate grants."""
+    checks leave alone; by default the agent's recent Allocate grants. ``pods_known``: it names every
+    device pods hold (the kubelet's pod-resources API answers it), so idle GPUs can be checked
+    between jobs; recent grants alone cannot tell a GPU a pod still holds from an idle one."""
+    held = held_by_pods or HeldDevices(None, agent.allocations)
     if isinstance(backend, SimulatedBackend):
         sim = backend.node.health
         root = backend.sysfs_root
@@ -116,7 +120,8 @@ def start_node_health(
             taints_evict=taints_evict,
             exerciser=exerciser_for(backend, settings.active),
             hold=hold_for(agent),
-            busy=busy_for(held_by_pods or HeldDevices(None, agent.allocations)),
+            busy=busy_for(held),
+            held=held if pods_known else None,
         )
     )
     if isinstance(backend, SimulatedBackend):
@@ -125,6 +130,7 @@ def start_node_health(
         agent.control.add_route(SIM_INJECT_METHOD, inject)
     if service.active is not None:
         register_check_routes(agent, service.active)
+        agent.claim_hook = service.active.claims.claim  # a pod granted a GPU mid-check wins
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     modes = _mig_modes(agent)
@@ -220,5 +226,12 @@ def status(service: HealthService) -> dict[str, Any]:
         "rounds": service.monitor.rounds_completed,
         "badHardware": sorted(service.badlist.entries()),
         "unsavedState": service.state.unsaved(),
-        "activeChecks": service.active.status() if service.active is not None else None,
+        "activeChecks": _active_status(service),
     }
+
+
+def _active_status(service: HealthService) -> dict[str, Any] | None:
+    if service.active is None:
+        return None
+    idle = service.idle.status() if service.idle is not None else None
+    return {**service.active.status(), "betweenJobs": idle}

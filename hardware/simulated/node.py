@@ -44,6 +44,9 @@ class Hang:
         self.released.set()
 
 
+ACTIVITY_FILE = "sim-exerciser-activity.jsonl"  # beside the faults file: when each check ran
+
+
 class SimulatedNode:
     """One node's simulated GPUs: handles, NVLink wiring, MIG state, faults and call gates."""
 
@@ -70,7 +73,11 @@ class SimulatedNode:
         for gpu in inventory.gpus:
             self.health.describe(gpu.index, gpu.architecture)
         # faults only an active check finds; ``exerciser_faults`` keeps them across agent restarts
-        self.exerciser = SimExerciserState(len(inventory.gpus), faults_file=exerciser_faults)
+        self.exerciser = SimExerciserState(
+            len(inventory.gpus),
+            faults_file=exerciser_faults,
+            activity_file=exerciser_faults.with_name(ACTIVITY_FILE) if exerciser_faults else None,
+        )
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}
 
         self._lock = threading.Lock()
