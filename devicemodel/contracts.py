@@ -42,6 +42,9 @@ NODE_INVENTORY_KIND: Final = "GpuNodeInventory"
 NODE_INVENTORY_PLURAL: Final = "gpunodeinventories"
 BAD_HARDWARE_KIND: Final = "GpuBadHardware"
 BAD_HARDWARE_PLURAL: Final = "gpubadhardwares"
+PREFLIGHT_KIND: Final = "GpuPreflight"  # a gang's preflight on one node (devicemodel/preflight.py)
+PREFLIGHT_PLURAL: Final = "gpupreflights"
+LABEL_PREFLIGHT: Final = "gpuweave.io/preflight"  # node label: "agent" while its agent serves GpuPreflights
 MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG layout (node annotation)
 
 

@@ -97,6 +97,7 @@ class HealthService:
         self.engine.fault_observers.append(self._count_fault)
         self.monitor.add_listener(self._observe)
         self.active = self._active_runner() if parts.exerciser is not None else None
+        self.stoppers: list[Callable[[], None]] = []  # stopped before the monitor (gang preflights)
         idle = parts.settings.active.idle
         self.idle = None if self.active is None else IdleChecks(self.active, idle, parts.held)
 
@@ -140,6 +141,8 @@ class HealthService:
             self.active.start_burn_in()
 
     def stop(self) -> None:
+        for stop in self.stoppers:
+            stop()
         self.monitor.stop()
 
     def snapshot(self) -> HealthSnapshot:

@@ -131,6 +131,8 @@ def start_node_health(
     if service.active is not None:
         register_check_routes(agent, service.active)
         agent.claim_hook = service.active.claims.claim  # a pod granted a GPU mid-check wins
+        if kube_api is not None:
+            _serve_preflights(service, kube_api, node_name=node_name, agent=agent)
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     modes = _mig_modes(agent)
@@ -146,6 +148,19 @@ def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
     from health.kube import KubeCluster  # noqa: PLC0415 (deferred: ~13 MB and ~0.2 s of imports)
 
     return KubeCluster(kube_api, node_name=node_name)
+
+
+def _serve_preflights(service: HealthService, kube_api: Any, *, node_name: str, agent: NodeAgent) -> None:
+    """Gang preflights asked of this node (``GpuPreflight`` objects), run by its active checks;
+    started with health, stopped with it. Imported only with an API, as ``_cluster``."""
+    from health.preflight_kube import PreflightServer  # noqa: PLC0415 (deferred: the kubernetes client)
+
+    assert service.active is not None
+    server = PreflightServer(
+        kube_api, node=node_name, runner=service.active, inventory=lambda: agent.inventory
+    )
+    service.stoppers.append(server.stop)
+    server.start()
 
 
 def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:
