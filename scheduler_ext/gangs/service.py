@@ -135,8 +135,8 @@ class GangCoordinator:
             reason = f"gang {gang.key}: all {taken} planned places are claimed by other members"
             return GangAnswer([], hopeless=dict.fromkeys(names, reason))
         waiting = self._preflight(gang, reservation)
-        if waiting:
-            return GangAnswer([], hopeless=dict.fromkeys(names, waiting))
+        if waiting:  # an error, not a rejection: retried on back-off, whatever other plugins said
+            return GangAnswer([], retry=waiting)
         return self._steer(gang, slot, request, names, host)
 
     def _preflight(self, gang: Gang, reservation: Reservation) -> str:

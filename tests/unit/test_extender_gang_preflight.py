@@ -57,9 +57,11 @@ def answer(book: PreflightBook, request: PreflightRequest, phase: Phase, reason:
 
 
 def waiting_reason(extender: Extender, pod: dict[str, Any]) -> str:
+    """Why the member is not placed now: an error, so kube-scheduler retries it on its back-off
+    (a rejection would park it until some plugin's event, or five minutes)."""
     result = _filter(extender.service, pod)
-    assert not result.NodeNames
-    return str(next(iter(result.FailedAndUnresolvableNodes.values())))
+    assert not result.NodeNames and not result.FailedAndUnresolvableNodes and result.Error
+    return result.Error
 
 
 def test_members_wait_for_every_node_to_pass_then_go_to_their_planned_nodes(tmp_path: Path) -> None:
