@@ -63,9 +63,12 @@ class AgentStartError(GpuweaveError):
 
 def _first_round_done(health: HealthService, *, timeout_s: float = 20.0) -> None:
     """Wait out the round the monitor runs as it starts, so rounds the simulation drives never
-    overlap it (an overlapping round finds its checks still pending and is not clean)."""
+    overlap it (an overlapping round finds its checks still pending and is not clean), and the
+    burn-in, so the active checks the simulation runs never find it still going."""
     deadline = time.monotonic() + timeout_s
     while health.monitor.rounds_completed < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    while health.active is not None and health.active.running and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
