@@ -90,18 +90,8 @@ def start_node_health(
     device pods hold (the kubelet's pod-resources API answers it), so idle GPUs can be checked
     between jobs; recent grants alone cannot tell a GPU a pod still holds from an idle one."""
     held = held_by_pods or HeldDevices(None, agent.allocations)
-    if isinstance(backend, SimulatedBackend):
-        sim = backend.node.health
-        root = backend.sysfs_root
-        probe = NvmlHealthProbe(
-            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
-        )
-        kernel_log = state_dir / SIM_KMSG_FILE
-    elif isinstance(backend, NvmlBackend):
-        probe = NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
-        kernel_log = Path(HOST_KMSG)
-    else:
-        raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
+    probe = probe_for(backend)
+    kernel_log = state_dir / SIM_KMSG_FILE if isinstance(backend, SimulatedBackend) else Path(HOST_KMSG)
     service = HealthService(
         HealthParts(
             inventory=agent.inventory,
@@ -139,6 +129,18 @@ def start_node_health(
     agent.add_listener(lambda: _renew_events_on_mode_change(probe, agent, modes))
     service.start()
     return service
+
+
+def probe_for(backend: GpuBackend) -> NvmlHealthProbe:
+    """Health reads over the backend: the simulated NVML and sysfs tree, or the host's NVML and /sys."""
+    if isinstance(backend, SimulatedBackend):
+        sim, root = backend.node.health, backend.sysfs_root
+        return NvmlHealthProbe(
+            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
+        )
+    if isinstance(backend, NvmlBackend):
+        return NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
+    raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
 
 
 def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
