@@ -294,7 +294,7 @@ def _preflights(
     serves them)."""
     if settings.check == "off":
         return None
-    port = KubePreflights(api)
+    port = KubePreflights(api, checks=settings.checks)
     port.book = PreflightBook(
         port,
         serves=lambda node: cache.node_labels().get(node, {}).get(LABEL_PREFLIGHT) == "agent",

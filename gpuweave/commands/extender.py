@@ -116,6 +116,16 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument(
+        "--gang-preflight-checks",
+        choices=("bandwidth", "full"),
+        default="bandwidth",
+        help=(
+            "what a member node's agent runs: bandwidth (host<->device and NVLink copies: what a "
+            "multi-node job leans on; seconds) or full (memory pattern and compute kernel too) "
+            "(default bandwidth)"
+        ),
+    )
+    parser.add_argument(
         "--gang-preflight-timeout",
         type=float,
         default=TIMEOUT_S,
@@ -157,6 +167,7 @@ def _gang_settings(args: argparse.Namespace) -> GangSettings:
         hold_limit=HoldLimit.parse(args.gang_hold_per_namespace),
         preflight=PreflightSettings(
             check=args.gang_preflight,
+            checks=args.gang_preflight_checks,
             timeout_s=min(timeout_s, args.gang_ttl / 2 or timeout_s),  # inside the plan's reservation
             fresh_s=fresh_s,
         ),

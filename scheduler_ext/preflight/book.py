@@ -42,6 +42,7 @@ class PreflightSettings:
     --gang-preflight-fresh S``."""
 
     check: Literal["agent", "off"] = "agent"  # agent: the member node's own agent runs it
+    checks: Literal["bandwidth", "full"] = "bandwidth"  # what the agent runs: the copies, or every check
     timeout_s: float = TIMEOUT_S
     fresh_s: float = FRESH_S
     avoid_s: float = AVOID_S
