@@ -29,7 +29,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from devicemodel.errors import InvalidInputError
@@ -41,7 +41,7 @@ from hardware.exerciser.protocol import GPU_CHECKS, CheckKind, ExercisePlan, Exe
 from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, merged_verdicts
 from health.active_book import RunBook, RunOutcome, ordered
 from health.active_claims import CLAIMED_REASON, RunClaims
-from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop
+from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop, without_gpus
 from health.checks import Finding
 from health.config import ActiveSettings
 from health.errors import ActiveCheckBusyError
@@ -381,17 +381,6 @@ class _Shape:
     trigger: str
     checks: tuple[CheckKind, ...]
     max_gpus: int
-
-
-def without_gpus(plan: ExercisePlan, kept: Collection[str]) -> ExercisePlan:
-    """The plan with only the GPUs ``kept`` and the peer pairs between them."""
-    if len(kept) == len(plan.gpus):
-        return plan
-    return replace(
-        plan,
-        gpus=tuple(g for g in plan.gpus if g.uuid in kept),
-        pairs=tuple(p for p in plan.pairs if p.src in kept and p.dst in kept),
-    )
 
 
 def _gpu(inventory: NodeInventory, index: int) -> Gpu:

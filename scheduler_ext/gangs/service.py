@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.gangs import BadGangError, Gang, gang_of, pod_group_entry
 from scheduler_ext.cluster.cache import ClusterCache, DoubleBookingError, PodGone
 from scheduler_ext.cluster.objects import PodRecord
@@ -42,7 +41,7 @@ from scheduler_ext.gangs.plan import GangAnswer, GangMiss, GangPlan, plan_gang
 from scheduler_ext.gangs.recovery import Recovery, placed_members, room_answer, without_holders
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_request
-from scheduler_ext.preflight.book import PreflightBook, PreflightSettings
+from scheduler_ext.preflight.book import PreflightBook, PreflightSettings, gpus_of_devices
 from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
 
 LOG = logging.getLogger(__name__)
@@ -446,12 +445,6 @@ class GangCoordinator:
                 )
         finally:
             self._sweep_lock.release()
-
-
-def gpus_of_devices(devices: frozenset[str]) -> set[str]:
-    """The GPU UUIDs behind device IDs: a GPU's own, a share's GPU; MIG devices and NICs name none."""
-    gpus = {parent_gpu_of_share(d) or d for d in devices}
-    return {g for g in gpus if g.startswith("GPU-")}
 
 
 def _slot_record(slot: Slot, request: PodRequest) -> PodRecord:

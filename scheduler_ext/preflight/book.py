@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from devicemodel.assignment import parent_gpu_of_share
+
 FRESH_S = 600.0
 TIMEOUT_S = 30.0  # below the gang TTL (60 s): a plan waits for its preflights inside its reservation
 AVOID_S = 600.0
@@ -85,6 +87,12 @@ class GangPreflight:
             more = f" and {len(self.failed) - 1} more node(s)" if len(self.failed) > 1 else ""
             return f"gang {key}: preflight failed on node {node}{more} ({why}); placing it elsewhere"
         return f"gang {key}: preflight passed"
+
+
+def gpus_of_devices(devices: Collection[str]) -> set[str]:
+    """The GPU UUIDs behind device IDs: a GPU's own, a share's GPU; MIG devices and NICs name none."""
+    gpus = {parent_gpu_of_share(d) or d for d in devices}
+    return {g for g in gpus if g.startswith("GPU-")}
 
 
 class PreflightPort(Protocol):

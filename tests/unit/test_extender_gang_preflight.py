@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
 from scheduler_ext.app import Extender
-from scheduler_ext.kueue.checks import PodSetNeed, placement_nodes
+from scheduler_ext.kueue.checks import PodSetNeed, free_gpus_by_node, parse_workload, placement_nodes
+from scheduler_ext.kueue.controller import KueueChecks
 from scheduler_ext.preflight.book import GangPreflight, Phase, PreflightBook, PreflightRequest
 from tests.unit.test_extender_gangs import (
     NODES,
@@ -150,3 +153,48 @@ def test_kueue_placement_names_the_nodes_its_best_fit_takes() -> None:
     needs = [PodSetNeed("workers", 2, 8, None), PodSetNeed("launcher", 1, 2, None)]
     assert placement_nodes(needs, free) == {"a": 8, "b": 8, "d": 2}
     assert placement_nodes([PodSetNeed("w", 2, 4, frozenset({"a", "c"}))], free) == {"c": 4, "a": 4}
+
+
+def _workload(pods: int, gpus: int) -> dict[str, Any]:
+    container = {"name": "main", "image": "train", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+    return {
+        "metadata": {"name": "train", "namespace": "ml", "resourceVersion": "1"},
+        "spec": {
+            "podSets": [{"name": "workers", "count": pods, "template": {"spec": {"containers": [container]}}}]
+        },
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admission": {"clusterQueue": "gpus", "podSetAssignments": [{"name": "workers", "count": pods}]},
+            "admissionChecks": [{"name": "gpu-health", "state": "Pending"}],
+        },
+    }
+
+
+def test_the_kueue_check_turns_ready_only_once_the_workloads_nodes_passed(tmp_path: Path) -> None:
+    clock = Clock()
+    extender, book, port = with_preflight(tmp_path, clock)
+    _busy(extender, "a2", 4)
+    checks = KueueChecks(extender.cache, client.ApiClient())  # no call reaches the API here
+    checks.preflight = book
+    workload = parse_workload(_workload(2, 8))
+
+    def verdict() -> Any:
+        free = checks._not_avoided(workload, free_gpus_by_node(extender.cache.states()))
+        return checks._admission_verdict(workload, {}, free)
+
+    first = verdict()
+    assert first.state == "Pending" and "waiting for the preflight of its GPUs" in first.message
+    asked = {r.node for r in port.created}
+    assert len(asked) == 2 and all(len(r.gpus) == 8 for r in port.created)
+    failed = sorted(asked)[0]
+    for request in list(port.created):
+        answer(book, request, Phase.FAILED if request.node == failed else Phase.PASSED)
+    second = verdict()
+    assert second.state == "Pending" and f"preflight failed on node {failed}" in second.message
+    assert book.avoided("ml/train") == {failed}
+    third = verdict()  # the fit goes elsewhere; the node that passed is fresh, one new node is asked
+    assert third.state == "Pending"
+    again = [r for r in port.created if r.node not in asked]
+    assert len(again) == 1 and failed not in {r.node for r in port.created[len(asked) :]}
+    answer(book, again[0], Phase.PASSED)
+    assert verdict().state == "Ready"
