@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ import yaml
 
 from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.control import call_agent
+from hardware.profiles import load_profile
 from hardware.simulated.node import ACTIVITY_FILE
 from health.active_claims import CLAIMED_REASON
 from proto.v1beta1 import api_pb2
@@ -71,7 +71,7 @@ class Node(AgentNode):
 
     def exercised(self) -> dict[str, list[Interval]]:
         """GPU UUID -> when a check ran on it (begin, end; a check still running ends at +inf)."""
-        uuids = {int(g["index"]): u for u, g in self.gpus().items()}
+        uuids = dict(enumerate(sorted_uuids(self)))
         path = self.state_dir / ACTIVITY_FILE
         lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         open_: dict[tuple[int, str], float] = {}
@@ -86,9 +86,6 @@ class Node(AgentNode):
             out.setdefault(uuids[gpu], []).append((begun, float("inf")))
         return out
 
-    def gpus(self) -> dict[str, Any]:
-        return {u: {"index": i} for i, u in enumerate(sorted_uuids(self))}
-
     def wait(self, predicate: Any, what: str, timeout: float = WAIT) -> None:
         assert self.kubelet.wait_for(lambda: _quietly(predicate), timeout=timeout), (
             f"timed out waiting for {what}"
@@ -96,8 +93,7 @@ class Node(AgentNode):
 
 
 def sorted_uuids(node: AgentNode) -> list[str]:
-    from hardware.profiles import load_profile  # noqa: PLC0415
-
+    """The node's GPU UUIDs by index (the agent derives them from the profile and the node name)."""
     inventory = load_profile("dgx-h100").to_inventory(node_name=node.node_name)
     return [g.uuid for g in sorted(inventory.gpus, key=lambda g: g.index)]
 
