@@ -30,7 +30,7 @@ from devicemodel.inventory import NodeInventory
 from deviceplugin.agent import NodeAgent
 from deviceplugin.podresources import PodResourcesClient
 from dradriver.claim_cdi import ClaimSpecWriter
-from dradriver.devices import DRIVER, DraDevice, MigPublishing, dra_devices
+from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
 from dradriver.health_stream import HealthStream
 from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
@@ -97,8 +97,9 @@ def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
 
 class ClaimingSource:
     """The claims prepare reads, each told to active checks first, as Allocate tells them
-    (``NodeAgent.claim_hook``): the GPUs a claim was allocated here are recorded as granted, then
-    a check running on one lets go of it before the claim is prepared (``health.active_claims``)."""
+    (``NodeAgent.claim_hook``): the GPUs a claim was allocated here (MIG devices aside) are recorded
+    as granted, then a check running on one lets go of it before the claim is prepared
+    (``health.active_claims``)."""
 
     def __init__(
         self,
@@ -121,7 +122,11 @@ class ClaimingSource:
             if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("pool") == self._pool
         }
         _, published = self._devices()
-        gpus = frozenset(d.gpu_uuid for d in published if d.name in names and d.gpu_uuid)
+        # a MIG placement names its parent GPU, which a check never exercises (MIG mode) and which
+        # the MIG manager must not see as held by a pod while it makes the instance
+        gpus = frozenset(
+            d.gpu_uuid for d in published if d.name in names and d.gpu_uuid and d.kind is not DraKind.MIG
+        )
         if gpus:
             self._agent.allocations.record(gpus)
             hook = self._agent.claim_hook
