@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from devicemodel.contracts import LABEL_PREFLIGHT
 from netio.gate import GateLimits
 from netio.probe_http import PROBE_LIMITS, ProbeListener
 from scheduler_ext.cluster.cache import ClusterCache
@@ -95,7 +96,8 @@ def build_core(
     ``gangs``: its network tier labels are the node labels the cache keeps."""
     registry = LayoutRegistry()
     core = DecisionCore(registry, selectors=selectors, workload=WorkloadLearner(pinned=share_workload))
-    return ClusterCache(registry, label_keys=(gangs or GangSettings()).tier_labels), core
+    label_keys = (*(gangs or GangSettings()).tier_labels, LABEL_PREFLIGHT)  # LABEL_PREFLIGHT: who serves them
+    return ClusterCache(registry, label_keys=label_keys), core
 
 
 def gang_coordinator(

@@ -70,6 +70,14 @@ def register(subparsers: Any) -> None:
         "--no-agents", action="store_true", help="do not start the node agents (device plugins over gRPC)"
     )
     parser.add_argument(
+        "--no-latent",
+        action="store_true",
+        help=(
+            "inject no latent faults (bad memory, slow NVLink: only active checks find them) and run "
+            "no checks between jobs or gang preflights"
+        ),
+    )
+    parser.add_argument(
         "--agents",
         type=int,
         default=None,
@@ -137,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         in_process=args.in_process,
         agents=not args.no_agents,
+        latent=not args.no_latent,
         agent_nodes=args.agents,
         nodes_per_block=args.nodes_per_block,
     )

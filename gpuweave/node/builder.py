@@ -177,10 +177,13 @@ class NodeAgentBuilder:
         pod_resources: PodResourcesClient | None = None,
         taints_evict: bool = False,
         clock: Clock = time.monotonic,
+        held_by_pods: HeldByPods | None = None,
     ) -> HealthService:
         """Health for a started agent, started; stop it before the agent. With ``mig`` a failed MIG
         device is recreated through the MIG manager and a GPU reset never runs inside a reshape;
-        ``clock`` times health (the simulation's agents run on its simulated clock)."""
+        ``clock`` times health (the simulation's agents run on its simulated clock).
+        ``held_by_pods``: the devices pods hold (default: the kubelet's pod-resources API and the
+        agent's recent grants); the simulation's kubelet gives its own."""
         return start_node_health(
             agent,
             backend=self.backend,
@@ -195,7 +198,8 @@ class NodeAgentBuilder:
             round_hooks=(MpsRoundHook(mps),),
             kill_mps=mps.kill,
             taints_evict=taints_evict,
-            held_by_pods=HeldDevices(pod_resources, agent.allocations),
+            held_by_pods=held_by_pods or HeldDevices(pod_resources, agent.allocations),
+            pods_known=pod_resources is not None,
             clock=clock,
         )
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,8 +35,9 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 from deviceplugin.agent import NodeAgent
 from deviceplugin.podresources import PodResourcesClient
+from dradriver.claim_allocation import ClaimSource
 from dradriver.claim_cdi import ClaimSpecWriter
-from dradriver.devices import DRIVER, DraDevice, MigPublishing, dra_devices
+from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
 from dradriver.health_stream import HealthStream
 from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
@@ -102,6 +103,46 @@ def check_dra_arguments(args: argparse.Namespace, *, with_kube: bool) -> None:
             "--dra-mig dynamic makes MIG instances for allocated claims; --mig-mode demand would reshape "
             "for nvidia.com/mig-* pod requests on the same GPUs: use --mig-mode off or declared"
         )
+
+
+class ClaimingSource:
+    """The claims prepare reads, each told to active checks first, as Allocate tells them
+    (``NodeAgent.claim_hook``): the GPUs a claim was allocated here (MIG devices aside) are recorded
+    as granted, then a check running on one lets go of it before the claim is prepared
+    (``health.active_claims``)."""
+
+    def __init__(
+        self,
+        source: ClaimSource,
+        *,
+        pool: str,
+        devices: Callable[[], tuple[NodeInventory, Sequence[DraDevice]]],
+        agent: NodeAgent,
+    ) -> None:
+        self._source, self._pool, self._devices, self._agent = source, pool, devices, agent
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        claim = self._source.get_claim(namespace, name)
+        allocation = (claim.get("status") or {}).get("allocation")
+        devices = (allocation.get("devices") or {}) if isinstance(allocation, Mapping) else {}
+        results = devices.get("results") or []
+        names = {
+            str(r.get("device", ""))
+            for r in results
+            if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("pool") == self._pool
+        }
+        _, published = self._devices()
+        # a MIG placement names its parent GPU, which a check never exercises (MIG mode) and which
+        # the MIG manager must not see as held by a pod while it makes the instance
+        gpus = frozenset(
+            d.gpu_uuid for d in published if d.name in names and d.gpu_uuid and d.kind is not DraKind.MIG
+        )
+        if gpus:
+            self._agent.allocations.record(gpus)
+            hook = self._agent.claim_hook
+            if hook is not None:
+                hook(gpus)
+        return claim
 
 
 @dataclass
@@ -172,7 +213,7 @@ def start_node_dra(
     preparer = ClaimPreparer(
         pool=node,
         state_dir=args.state_dir,
-        source=KubeClaimSource(api),
+        source=ClaimingSource(KubeClaimSource(api), pool=node, devices=devices, agent=agent),
         devices=devices,
         specs=ClaimSpecWriter(directory),
         host=partial(read_host_device_nodes, host_root(backend)),

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.contracts import mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
@@ -56,10 +57,12 @@ from gpuweave.node.mps import NodeMps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
 from gpuweave.simulate.share_processes import ShareProcess, ShareProcesses
+from hardware.exerciser.protocol import BANDWIDTH_CHECKS, GPU_CHECKS
 from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend, scratch_parent
-from health.config import HealthSettings
+from health.config import ActiveSettings, HealthSettings, IdleSettings
+from health.errors import ActiveCheckBusyError
 from health.policy import DeviceState
 from health.scope import HealthSnapshot
 from health.service import HealthService
@@ -112,11 +115,13 @@ def settle(what: str, done: Callable[[], bool]) -> None:
 
 def _started(health: HealthService, *, node: str) -> None:
     """Wait out the round the monitor runs as it starts and the burn-in, so rounds the simulation
-    drives never overlap them (an overlapping round finds its checks pending and is not clean)."""
+    drives never overlap them (an overlapping round finds its checks pending and is not clean), and
+    the active checks the simulation runs never find the burn-in still going."""
 
     def done() -> bool:
         burning = health.active is not None and bool(health.active.status()["burnInPending"])
-        return health.monitor.rounds_completed >= 1 and not burning
+        running = health.active is not None and health.active.running
+        return health.monitor.rounds_completed >= 1 and not burning and not running
 
     settle(f"the first health round and burn-in of {node}'s agent", done)
 
@@ -149,7 +154,12 @@ class _Node:
 
     def held_devices(self) -> frozenset[str]:
         """What the kubelet's pod-resources API would list: devices of pods still running."""
-        return frozenset(d for ids in self.held.values() for d in ids)
+        return _devices_of(self.held)
+
+
+def _devices_of(held: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+    devices = {d for ids in list(held.values()) for d in ids}
+    return frozenset(devices | {p for p in (parent_gpu_of_share(d) for d in devices) if p is not None})
 
 
 # Agents stopped at once at the end of a run: each stop mostly waits for its threads' loops
@@ -165,6 +175,9 @@ SAMPLED_POLL_INTERVAL_S = 1.0
 # The agents' own round timer is set past any run: the simulation runs each health round itself
 # (``health_round``) at simulated times, so remediation and probation follow the simulated clock.
 DRIVEN_ROUND_INTERVAL_S = 86_400.0
+LATENT_CELL = 1 << 20  # a latent memory fault's byte offset: inside the 2 % a level-1 pattern covers
+# The simulation schedules checks between jobs itself, on the simulated clock (``latent``)
+DRIVEN_ACTIVE = ActiveSettings(idle=IdleSettings(interval_s=0))
 
 
 def driven_health_settings() -> HealthSettings:
@@ -172,6 +185,7 @@ def driven_health_settings() -> HealthSettings:
     read (a read slowed by machine load is no hung GPU: the simulation injects no hang), no stall."""
     return HealthSettings(
         round_interval_s=DRIVEN_ROUND_INTERVAL_S,
+        active=DRIVEN_ACTIVE,
         check_timeout_s=SETTLE_TIMEOUT_S,
         stall_after_s=NEVER_STALLED_S,
     )
@@ -242,10 +256,17 @@ class NodeAgentPool:
             kubelet.stop()
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
-        health = builder.health(agent, settings=self._health, mps=mps, clock=self.clock)
+        held: dict[str, tuple[str, ...]] = {}  # pod -> devices: what the kubelet's pod-resources lists
+        health = builder.health(
+            agent,
+            settings=self._health,
+            mps=mps,
+            clock=self.clock,
+            held_by_pods=lambda: _devices_of(held),
+        )
         _started(health, node=node.name)
         shares = ShareProcesses(backend.node.processes)
-        started = _Node(agent, kubelet, backend, health, mps=mps, shares=shares)
+        started = _Node(agent, kubelet, backend, health, mps=mps, held=held, shares=shares)
         health.engine.fault_observers.append(started.fault_applied)
         if node.mig_managed:  # busy devices: what this pool admitted and has not released
             started.mig = builder.mig(agent, inventory=agent.inventory, held_by_pods=started.held_devices)
@@ -407,6 +428,33 @@ class NodeAgentPool:
             else:
                 seen.append(held.kubelet.wait_unhealthy(gpu.uuid, since=started, timeout=5.0))
         return None if any(s is None for s in seen) else max(s for s in seen if s is not None)
+
+    def inject_latent(self, node: int, gpus: Sequence[int], *, slow_nvlink: bool) -> None:
+        """A fault only an active check finds, in the node's simulated hardware (``gpuweave sim
+        inject --bad-memory`` / ``--slow-nvlink``): a stuck memory cell 1 MiB into the GPU, or the
+        NVLink pair of two GPUs at half its lanes."""
+        faults = self._nodes[node].backend.node.exerciser
+        if slow_nvlink:
+            faults.slow_pair(gpus[0], gpus[1])
+        else:
+            faults.add_bad_cell(gpus[0], LATENT_CELL)
+
+    def active_check(
+        self, node: int, gpus: Sequence[int], *, trigger: str, max_gpus: int, bandwidth: bool = False
+    ) -> set[int]:
+        """One active-check run of the node's agent (its runner, exerciser and health engine, as a
+        check between jobs or a gang's preflight runs it), now; the GPUs it failed. The agent's
+        health withholds them, as after any run."""
+        health = self._nodes[node].health
+        if health is None or health.active is None or not gpus:
+            return set()
+        checks = BANDWIDTH_CHECKS if bandwidth else GPU_CHECKS
+        run = health.active.run
+        try:
+            outcome = run(sorted(gpus), level=1, trigger=trigger, checks=checks, max_gpus=max_gpus)
+        except ActiveCheckBusyError:  # the burn-in still runs: the next tick checks
+            return set()
+        return {g.index for g in outcome.gpus.values() if g.verdict == "failed"}
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""

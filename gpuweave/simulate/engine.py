@@ -33,6 +33,7 @@ from gpuweave.simulate.faults import (
 )
 from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
+from gpuweave.simulate.latent import LatentFaults
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
 from gpuweave.simulate.placers import (
@@ -96,6 +97,7 @@ class RunResult:
     drained_s: float = 0.0  # simulated time run on after the arrival window until every job ended
     jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
     cliques: tuple[str, ...] = ()  # the fleet's NVLink cliques (``clique_name``); () without any
+    latent: LatentFaults | None = None  # latent faults: caught by active checks, or hit by jobs
 
 
 @dataclass
@@ -119,8 +121,10 @@ class Simulation:
         share_nodes: frozenset[int] | None = None,
         agents: NodeAgentPool | None = None,
         step: TrainingStep | None = None,
+        latent: LatentFaults | None = None,
     ) -> None:
         self.state = SimState.create(fleet, metric_model)
+        self._latent = latent  # faults only active checks find, and (with agents) those checks
         self._step = step or TrainingStep()
         self._now = 0.0
         self._fault: FaultContext | None = None  # the fault whose evictions are being made
@@ -150,7 +154,7 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
-        self.result = RunResult(policy=placer.name, transport=placer.transport)
+        self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
         if agents is not None and agents.sampled:
             self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
         elif agents is not None:
@@ -204,6 +208,9 @@ class Simulation:
         self._deliver_published()
         self._depart(now)
         self._fire_faults(now)
+        if self._latent is not None:
+            self._latent.fire(self.state, now)
+            self._deliver_published(*self._latent.check_idle(self.state, now))
         while self._next_job < len(self._jobs) and self._jobs[self._next_job].arrival_s <= now:
             self._queue.append(_Queued(self._jobs[self._next_job], self._jobs[self._next_job].arrival_s))
             self._next_job += 1
@@ -430,7 +437,6 @@ class Simulation:
             return self._start_mig(job, now)
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
         allowed = self._allowed(job)
-        started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
         # a training job names its gang, a one-pod job too (a gang of one, ``gpuweave.io/gang-size:
         # 1``: placed as any pod, preempting only when re-created after its attempt ran); any other
@@ -444,18 +450,21 @@ class Simulation:
         if gang is not None and gang.named and job.pods > 1 and isinstance(self._placer, PodWatcher):
             # a gang's pods all exist before the first is scheduled (its plan waits for them)
             self._placer.created([f"{job.job_id}-{i}" for i in range(job.pods)], request, gang)
-        for index in range(job.pods):
-            pod_id = f"{job.job_id}-{index}"
-            placement = self._placer.place(
-                self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id, gang=gang
-            )
-            pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now) if placement else None
-            if pod is None or placement is None or not self._try_start(pod, placement, outcomes):
+        placed = self._place_all(job, request, allowed, gang)
+        if placed is None or not self._preflight(placed, now):
+            return False
+        started: list[RunningPod] = []
+        for index, (pod_id, placement) in enumerate(placed):
+            pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now)
+            if not self._try_start(pod, placement, outcomes):
                 for done in started:
                     self._stop(done.pod_id)
+                for later_id, _ in placed[index + 1 :]:
+                    self._placer.forget(later_id)
                 return False
             started.append(pod)
-            allowed[placement.node] = False  # one pod of a gang per node
+        if self._latent is not None:
+            self._latent.pods_started(started, now + delay_s)
         timing = job_timing([(self.state.fleet[p.node], p.gpus) for p in started], step=self._step)
         run_s = job.duration_s * timing.stretch
         for pod in started:
@@ -471,6 +480,37 @@ class Simulation:
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         return True
+
+    def _place_all(
+        self, job: Job, request: Request, allowed: np.ndarray, gang: Gang | None
+    ) -> list[tuple[str, PodPlacement]] | None:
+        """Where the scheduler puts every pod of the job, one pod per node (None: one did not fit,
+        and the ones placed are forgotten)."""
+        placed: list[tuple[str, PodPlacement]] = []
+        for index in range(job.pods):
+            pod_id = f"{job.job_id}-{index}"
+            placement = self._placer.place(
+                self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id, gang=gang
+            )
+            if placement is None:
+                for earlier, _ in placed:
+                    self._placer.forget(earlier)
+                return None
+            placed.append((pod_id, placement))
+            allowed[placement.node] = False  # one pod of a gang per node
+        return placed
+
+    def _preflight(self, placed: list[tuple[str, PodPlacement]], now: float) -> bool:
+        """A multi-node gang starts only when its nodes' agents pass the GPUs planned for it
+        (``latent``); a failed node's GPUs are withheld and the gang is placed again next tick."""
+        if self._latent is None or self._latent.preflight(
+            self.state, [(p.node, p.gpus) for _, p in placed], now
+        ):
+            return True
+        for pod_id, _ in placed:
+            self._placer.forget(pod_id)
+        self._deliver_published(*{p.node for _, p in placed})
+        return False
 
     def _try_start(self, pod: RunningPod, placement: PodPlacement, outcomes: list[TopologyOutcome]) -> bool:
         """Record the pod where the scheduler put it; a choice the node cannot honour is counted."""
@@ -507,7 +547,10 @@ class Simulation:
             return False
         node, gpu = where
         self.result.mig_pods_started += 1
-        self.state.start_pod(RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu))
+        pod = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
+        self.state.start_pod(pod)
+        if self._latent is not None:
+            self._latent.pods_started([pod], now)
         self._ends[pod_id] = now + job.duration_s
         return True
 

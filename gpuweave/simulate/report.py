@@ -148,7 +148,16 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         }
         | _job_figures(result)
         | clique_figures(result)
+        | latent_figures(result)
     )
+
+
+def latent_figures(result: RunResult) -> dict[str, Any]:
+    """Latent faults (``latent``): caught by active checks before a job, hit by a job first, the
+    jobs that ran on one; none when the run injected none (``--no-latent``)."""
+    if result.latent is None:
+        return {}
+    return result.latent.summary() | {"latent_records": [r.to_json() for r in result.latent.records]}
 
 
 def _median_parts(parts: list[dict[str, float]]) -> dict[str, float] | None:
@@ -212,6 +221,8 @@ ROWS = (
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
     ("pods preempted", "pods_preempted", "{}"),
     ("GPU-hours lost to faults", "gpu_hours_lost_to_faults", "{:.1f}"),
+    ("latent faults: caught before a job / after / not", "latent", ""),
+    ("  jobs that ran on a latent fault", "latent_jobs_hit", "{}"),
     ("gang recovery: median (back / evicted)", "", ""),
     ("  detection + waiting + grace (median s)", "gang_recovery_parts_median_s", "parts"),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
@@ -255,7 +266,16 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         if key == "pods_evicted_by_faults":
             for clique_label, clique_cells in _clique_rows(summaries):
                 lines.append(f"{clique_label:<{width}}" + "".join(f"{c:>22}" for c in clique_cells))
-        if key is None:
+        if key == "latent":
+            if not all("latent_faults" in s for s in summaries):
+                continue
+            cells = [
+                f"{s['latent_caught_before_job']} / {s['latent_found_after_job']} / {s['latent_not_found']}"
+                for s in summaries
+            ]
+        elif key == "latent_jobs_hit" and not all(key in s for s in summaries):
+            continue
+        elif key is None:
             cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
         elif not key:
             cells = [_recovery_cell(s) for s in summaries]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import resource
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from gpuweave.simulate.fleet import (
     parse_profiles,
     share_pool,
 )
+from gpuweave.simulate.latent import LatentFaults
 from gpuweave.simulate.outcomes import GangRecovery
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
@@ -67,6 +69,7 @@ class SimulateOptions:
     agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
     agent_nodes: int | None = None  # how many nodes run one (None: ``agent_sample``'s default)
     nodes_per_block: int = DEFAULT_NODES_PER_BLOCK  # nodes of one profile per layer-3 network block
+    latent: bool = True  # inject latent faults; with agents, the active checks that look for them
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -134,6 +137,11 @@ def _run_one(
             seed=options.seed,
             agents=agents,
             faults=faults_for(fleet),
+            latent=(
+                LatentFaults(fleet, duration_s=options.duration_s, seed=options.seed, agents=agents)
+                if options.latent
+                else None
+            ),
         )
         ticks = int(options.duration_s // TICK_S) + 1
         label = f"{policy} ({placer.transport})"
@@ -190,6 +198,9 @@ def _agents(fleet: tuple[FleetNode, ...], options: SimulateOptions) -> NodeAgent
 
 
 def run_simulation(options: SimulateOptions) -> int:
+    # the agents' active-check runs log each finding; the report's latent-fault rows count them
+    logging.getLogger("health.active_runner").setLevel(logging.ERROR)
+    logging.getLogger("health.active_claims").setLevel(logging.ERROR)
     if options.policy not in SIMULATE_POLICIES:
         raise InvalidInputError(
             f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"

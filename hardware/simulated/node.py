@@ -46,6 +46,9 @@ class Hang:
         self.released.set()
 
 
+ACTIVITY_FILE = "sim-exerciser-activity.jsonl"  # beside the faults file: when each check ran
+
+
 class SimulatedNode:
     """One node's simulated GPUs: handles, NVLink wiring, MIG state, faults and call gates."""
 
@@ -72,7 +75,11 @@ class SimulatedNode:
         for gpu in inventory.gpus:
             self.health.describe(gpu.index, gpu.architecture)
         # faults only an active check finds; ``exerciser_faults`` keeps them across agent restarts
-        self.exerciser = SimExerciserState(len(inventory.gpus), faults_file=exerciser_faults)
+        self.exerciser = SimExerciserState(
+            len(inventory.gpus),
+            faults_file=exerciser_faults,
+            activity_file=exerciser_faults.with_name(ACTIVITY_FILE) if exerciser_faults else None,
+        )
         # processes on the GPUs, with their pods' cgroups under the fake /proc (``proc_root``)
         self.processes = SimProcessTable(self.health, proc_root=self.proc_root(sysfs_root))
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}

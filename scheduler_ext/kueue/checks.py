@@ -263,6 +263,25 @@ def verdict_for_admission(needs: Sequence[PodSetNeed], free: Mapping[str, int]) 
     return Verdict("Ready", _clip(f"{total} GPUs fit on healthy free devices"))
 
 
+def placement_nodes(needs: Sequence[PodSetNeed], free: Mapping[str, int]) -> dict[str, int]:
+    """Node -> GPUs the Workload's pods would take there, by the same best fit as
+    ``verdict_for_admission`` with nodes named (ties: the name); for a Workload that fits. The
+    gang preflight asks these nodes to prove their GPUs before the check turns ``Ready``."""
+    left = dict(free)
+    used: dict[str, int] = {}
+    for need in sorted(needs, key=lambda n: -n.gpus):
+        if need.gpus == 0:
+            continue
+        names = sorted(left if need.nodes is None else (n for n in need.nodes if n in left))
+        for _ in range(need.count):
+            fit = min((n for n in names if left[n] >= need.gpus), key=lambda n: (left[n], n), default=None)
+            if fit is None:
+                break
+            left[fit] -= need.gpus
+            used[fit] = used.get(fit, 0) + need.gpus
+    return used
+
+
 def _clip(text: str) -> str:
     """A check's message as it leaves (``devicemodel.text``): it names pods and pod sets."""
     return safe_text(text, limit=MAX_MESSAGE)

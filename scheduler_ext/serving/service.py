@@ -96,6 +96,9 @@ class ExtenderService:
             self.gangs.sweep()
             if gang is not None:
                 answer = self.gangs.filter(gang, request, names, parsed.host)
+                if answer is not None and answer.retry:  # e.g. its nodes' preflight is running
+                    self._observe("filter", 0, {clip(answer.retry): len(names)})
+                    return ExtenderFilterResult(NodeNames=[], Error=clip(answer.retry))
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
                     failed, hopeless = leaving(answer.failed), leaving(answer.hopeless)
                     rejected = Counter([*failed.values(), *hopeless.values()])
