@@ -454,7 +454,14 @@ class NodeAgentPool:
             outcome = run(sorted(gpus), level=1, trigger=trigger, checks=checks, max_gpus=max_gpus)
         except ActiveCheckBusyError:  # the burn-in still runs: the next tick checks
             return set()
-        return {g.index for g in outcome.gpus.values() if g.verdict == "failed"}
+        failed = {g.index for g in outcome.gpus.values() if g.verdict == "failed"}
+        # the agent tells its kubelet over ListAndWatch, a stream of its own: the run goes on once
+        # the kubelet sees them withheld, whatever the machine's load
+        settle(
+            f"the kubelet of node {node} seeing GPUs {sorted(failed)} withheld",
+            lambda: not any(self.gpu_healthy(node, gpu) for gpu in failed),
+        )
+        return failed
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""
