@@ -24,9 +24,11 @@ from tests.support.waiting import poll_until
 @pytest.fixture
 def h100() -> Iterator[AgentNode]:
     node = AgentNode("dgx-h100")
-    assert node.kubelet.wait_for(lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8, timeout=60)
-    yield node
-    node.stop_all()
+    try:
+        assert node.kubelet.wait_for(lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8, timeout=60)
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.stop_all()
 
 
 def accepted_connections(socket_path: Path) -> int:

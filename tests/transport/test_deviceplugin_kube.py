@@ -65,9 +65,11 @@ class Running(AgentNode):
 @pytest.fixture
 def running(kubeconfig: str) -> Iterator[Running]:
     node = Running(kubeconfig)
-    wait("GPUs registered", lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8)
-    yield node
-    node.close()
+    try:
+        wait("GPUs registered", lambda: len(node.kubelet.devices(RESOURCE_GPU)) == 8)
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.close()
 
 
 def test_publishes_inventory_labels_and_health(running: Running) -> None:

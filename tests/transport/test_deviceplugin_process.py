@@ -54,9 +54,11 @@ class Node(AgentNode):
 @pytest.fixture
 def p5() -> Iterator[Node]:
     node = Node("p5.48xlarge")
-    assert node.kubelet.wait_for(node.all_registered, timeout=30)
-    yield node
-    node.close()
+    try:
+        assert node.kubelet.wait_for(node.all_registered, timeout=30)
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.close()
 
 
 @pytest.mark.parametrize("profile", builtin_profile_names())

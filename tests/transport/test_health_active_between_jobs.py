@@ -108,9 +108,11 @@ def _quietly(predicate: Any) -> bool:
 @pytest.fixture
 def churn() -> Iterator[Node]:
     node = Node({"interval_s": 0.4, "settle_s": 0.1, "max_gpus": 2})
-    node.wait(lambda: len(node.kubelet.healthy(RESOURCE_GPU)) == 8, "8 healthy GPUs")
-    yield node
-    node.close()
+    try:
+        node.wait(lambda: len(node.kubelet.healthy(RESOURCE_GPU)) == 8, "8 healthy GPUs")
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.close()
 
 
 def overlaps(a: Interval, b: Interval) -> bool:

@@ -72,9 +72,11 @@ def ready(node: Node) -> bool:
 @pytest.fixture
 def p5() -> Iterator[Node]:
     node = Node("p5.48xlarge")
-    node.wait(lambda: ready(node), "the agent to pass two check rounds")
-    yield node
-    node.close()
+    try:
+        node.wait(lambda: ready(node), "the agent to pass two check rounds")
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.close()
 
 
 def test_xid_79_withholds_only_that_gpu_and_a_reset_brings_it_back(p5: Node) -> None:
@@ -177,9 +179,11 @@ def shared_node() -> Iterator[Node]:
     }
     (root / "sharing.yaml").write_text(yaml.safe_dump(sharing))
     node = Node(str(root / "node.yaml"), root=root, extra=("--sharing-config", str(root / "sharing.yaml")))
-    node.wait(lambda: ready_shared(node), "the shared node to be ready")
-    yield node
-    node.close()
+    try:
+        node.wait(lambda: ready_shared(node), "the shared node to be ready")
+        yield node
+    finally:  # a setup that fails stops the agent too
+        node.close()
 
 
 def ready_shared(node: Node) -> bool:
