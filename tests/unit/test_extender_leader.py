@@ -3,15 +3,23 @@ GpuPreflight objects, and the leader metrics."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from devicemodel.errors import InvalidInputError
 from gpuweave.cli import build_parser
 from gpuweave.commands.extender import _lease
+from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.decide.registry import LayoutRegistry
+from scheduler_ext.kueue.checks import CONTROLLER_NAME
+from scheduler_ext.kueue.controller import KueueChecks
 from scheduler_ext.leader import (
+    AlwaysLeading,
+    Leadership,
     Transition,
     default_identity,
     default_namespace,
@@ -138,3 +146,35 @@ def test_the_leader_gauge_is_read_at_scrape_and_transitions_are_counted() -> Non
     assert b"gpuweave_extender_leader 1.0" in text
     assert b'gpuweave_extender_leader_transitions_total{to="leader"} 1.0' in text
     assert b'gpuweave_extender_controller_writes_total{controller="kueue-check"} 3.0' in text
+
+
+class Standby:
+    """Another replica holds the Lease."""
+
+    def leading(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("leader", "tries_to_write"), [(Standby(), False), (AlwaysLeading(), True)])
+def test_only_the_leader_writes_kueue_check_state(
+    leader: Leadership, tries_to_write: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An AdmissionCheck of ours not yet Active: the leader marks it (here against a closed port,
+    so the write fails and says so); a standby does not try."""
+    configuration = client.Configuration()
+    configuration.host = "http://127.0.0.1:1"
+    configuration.retries = 0
+    api = client.ApiClient(configuration)
+    cache = ClusterCache(LayoutRegistry())
+    cache.synced.set()
+    checks = KueueChecks(cache, api, leader=leader)
+    check = {"metadata": {"name": "gpuweave-gpu-health"}, "spec": {"controllerName": CONTROLLER_NAME}}
+    checks._on_check("ADDED", check)
+    with caplog.at_level(logging.WARNING, logger="scheduler_ext.kueue.controller"):
+        checks.reconcile()
+    tried = any(
+        "cannot mark AdmissionCheck gpuweave-gpu-health Active" in r.getMessage() for r in caplog.records
+    )
+    assert tried is tries_to_write
+    assert checks.writes == 0
+    api.close()  # type: ignore[no-untyped-call]
