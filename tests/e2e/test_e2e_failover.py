@@ -266,13 +266,14 @@ def test_the_standby_takes_over_within_the_lease_and_nothing_is_written_twice(
 
     # 2. A dies without giving the Lease up; B takes it once A's last renewal is a lease duration
     # old by B's clock: never sooner than DURATION - RETRY after the kill (A may have renewed up to
-    # a retry period before it), and within DURATION + 2 * RETRY (+ slack for a loaded machine).
+    # a retry period before it; sooner would mean two leaders), and by the rules within DURATION +
+    # 2 * RETRY, here given twice that for a loaded machine's scheduling delays.
     replicas.a.popen.kill()
     replicas.a.popen.wait()
     killed = time.monotonic()
     wait_for("replica B to hold the Lease", lambda: _lease(plane).holder_identity == "replica-b", every=0.05)
     takeover_s = time.monotonic() - killed
-    assert DURATION_S - RETRY_S - 0.25 <= takeover_s <= DURATION_S + 4 * RETRY_S, takeover_s
+    assert DURATION_S - RETRY_S - 0.25 <= takeover_s <= 2 * (DURATION_S + 2 * RETRY_S), takeover_s
     wait_for("replica B to lead", lambda: _metric(replicas.url_b, LEADER) == 1.0, timeout=10)
     assert _lease(plane).lease_transitions == 1
 
