@@ -7,6 +7,9 @@ Bind is one API call: the Binding carries the assignment annotation, which kube-
 onto the pod in the same update as spec.nodeName, under the pod's UID as a precondition; a
 refused Binding changes nothing, so there is nothing to roll back. Decision Events on pods
 (``events``) are written as core/v1 Events by ``KubeEventSink`` on the event writer thread.
+The controllers (Kueue checks, the GpuPreflight sweep) act only while this replica holds the
+extender's Lease (``scheduler_ext.leader``); each change of leadership is logged, counted and
+written as an Event on the Lease (``LeaderReporter``).
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from devicemodel.contracts import (
 from devicemodel.gangs import POD_GROUP_GROUP, POD_GROUP_PLURAL, POD_GROUP_VERSION
 from kubeio.client import Writer, api_client, finish
 from kubeio.errors import KubeApiError, describe, status_of
+from kubeio.lease import LeaseElector
 from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.cluster.objects import pod_disrupted
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.kueue.controller import KueueChecks
+from scheduler_ext.leader import AlwaysLeading, LeaderLoop, Leadership, LeaseSettings, Transition
 from scheduler_ext.preflight.book import PreflightBook, PreflightSettings
 from scheduler_ext.preflight.kube import KubePreflights
 from scheduler_ext.serving.events import PodEvent
@@ -287,14 +292,14 @@ class KubeFeed:
 
 
 def _preflights(
-    api: client.ApiClient, cache: ClusterCache, settings: PreflightSettings
+    api: client.ApiClient, cache: ClusterCache, settings: PreflightSettings, *, leader: Leadership
 ) -> KubePreflights | None:
     """Gang preflights through ``GpuPreflight`` objects (``--gang-preflight agent``), started; None
     when off. A node is asked only while it carries ``gpuweave.io/preflight=agent`` (its agent
-    serves them)."""
+    serves them); stale objects are swept by the replica that leads."""
     if settings.check == "off":
         return None
-    port = KubePreflights(api, checks=settings.checks)
+    port = KubePreflights(api, checks=settings.checks, leader=leader, timeout_s=settings.timeout_s)
     port.book = PreflightBook(
         port,
         serves=lambda node: cache.node_labels().get(node, {}).get(LABEL_PREFLIGHT) == "agent",
@@ -306,6 +311,71 @@ def _preflights(
     return port
 
 
+class LeaderReporter:
+    """What a change of leadership leaves behind: a WARNING log line, and a core/v1 Event on the
+    Lease (reason ``LeaderElection``, as kube-scheduler's), from the leader loop's thread."""
+
+    def __init__(self, api: client.ApiClient, lease: LeaseSettings) -> None:
+        self._writer = Writer(api)
+        self._lease = lease
+
+    def __call__(self, change: Transition) -> None:
+        lease = self._lease
+        where = f"Lease {lease.namespace}/{lease.name}"
+        if change is Transition.ACQUIRED:
+            message = f"{lease.identity} became leader"
+            LOG.warning(
+                "%s: %s; the Kueue check controller and the GpuPreflight sweep run here", where, message
+            )
+        else:
+            message = f"{lease.identity} stopped leading"
+            LOG.warning("%s: %s; its controllers stand by", where, message)
+        self._event(message)
+
+    def _event(self, message: str) -> None:
+        lease = self._lease
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{lease.name}.{time.time_ns():x}", "namespace": lease.namespace},
+            "involvedObject": {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "name": lease.name,
+                "namespace": lease.namespace,
+            },
+            "reason": "LeaderElection",
+            "message": message,
+            "type": "Normal",
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": lease.identity,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self._writer.post(f"/api/v1/namespaces/{quote(lease.namespace, safe='')}/events", body)
+        except (ApiException, HTTPError) as exc:
+            LOG.info("no LeaderElection Event on %s/%s: %s", lease.namespace, lease.name, describe(exc))
+
+
+def leader_loop(api: client.ApiClient, lease: LeaseSettings) -> LeaderLoop | None:
+    """The election for ``lease``, not started; None when ``--no-leader-elect``."""
+    if not lease.enabled:
+        return None
+    elector = LeaseElector(
+        client.CoordinationV1Api(api),
+        namespace=lease.namespace,
+        name=lease.name,
+        identity=lease.identity,
+        duration_s=lease.duration_s,
+        renew_s=lease.retry_s,
+    )
+    return LeaderLoop(elector, retry_s=lease.retry_s)
+
+
 def build_kube_extender(
     *,
     kubeconfig: str | None,
@@ -313,30 +383,40 @@ def build_kube_extender(
     workload: TargetWorkload | None = None,
     keep: int = 0,
     gangs: GangSettings | None = None,
+    lease: LeaseSettings | None = None,
 ) -> Extender:
+    """``lease``: leader election for the controllers (default: off, every write made here)."""
     api = api_client(kubeconfig)
     settings = replace(gangs or GangSettings(), pod_groups=PodGroupSizes())
     cache, core = build_core(share_workload=workload, gangs=settings)
     feed = KubeFeed(cache, api, watch_timeout_s=watch_timeout_s, pod_groups=settings.pod_groups)
     feed.start()
-    checks = KueueChecks(cache, api)  # Kueue's AdmissionChecks gpuweave.io/gpu-health, once served
+    lease = lease or LeaseSettings(enabled=False)
+    loop = leader_loop(api, lease)
+    leader: Leadership = loop if loop is not None else AlwaysLeading()
+    # Kueue's AdmissionChecks of controllerName gpuweave.io/gpu-health, once served, while leading
+    checks = KueueChecks(cache, api, leader=leader)
     checks.start()
+    preflights = _preflights(api, cache, settings.preflight, leader=leader)
+    # stopped in this order: the controllers, then the Lease given up, then the watches and client
+    stoppers = (checks, *([preflights] if preflights else []), *([loop] if loop else []), feed)
     extender = assemble(
         cache,
         core,
         KubeBinder(api),
-        stoppers=(checks, feed),
+        stoppers=stoppers,
         event_sink=KubeEventSink(api),
         keep=keep,
         gangs=settings,
     )
     coordinator = extender.gangs
-    preflights = _preflights(api, cache, settings.preflight)
+    extender.metrics.watch_controller_writes("kueue-check", lambda: checks.writes)
     if preflights is not None:
         checks.preflight = preflights.book
         if coordinator is not None:
             coordinator.preflight = preflights.book
-        extender.stoppers = (*extender.stoppers, preflights)
+    if loop is not None:
+        _elect(loop, extender, reporter=LeaderReporter(api, lease), preflights=preflights)
     if coordinator is not None:  # partly bound gangs' places are held again once the lists are in
         threading.Thread(
             target=lambda: cache.synced.wait() and coordinator.rebuild(),
@@ -344,3 +424,19 @@ def build_kube_extender(
             daemon=True,
         ).start()
     return extender
+
+
+def _elect(
+    loop: LeaderLoop, extender: Extender, *, reporter: LeaderReporter, preflights: KubePreflights | None
+) -> None:
+    """Start the election with its listeners: metrics, the reporter, a sweep on taking over."""
+    metrics = extender.metrics
+    metrics.watch_leader(loop.leading)
+
+    def on_change(change: Transition) -> None:
+        metrics.leader_transition(change.value)
+        if change is Transition.ACQUIRED and preflights is not None:
+            preflights.sweep_soon()
+
+    loop.listeners = (on_change, reporter)
+    loop.start()

@@ -17,6 +17,13 @@ from scheduler_ext.gangs.book import DEFAULT_TTL_S
 from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.leader import (
+    DEFAULT_DURATION_S,
+    DEFAULT_LEASE_NAME,
+    DEFAULT_RETRY_S,
+    LeaseSettings,
+    lease_settings,
+)
 from scheduler_ext.preflight.book import FRESH_S, TIMEOUT_S, PreflightSettings
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
 
@@ -142,9 +149,70 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help=f"GPUs that passed a preflight this recently are not asked again (default {FRESH_S:g})",
     )
+    _leader_flags(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
+
+
+def _leader_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=(
+            "run the controllers (the Kueue admission check, the sweep of stale GpuPreflight objects) "
+            "only while this replica holds a coordination.k8s.io Lease, so two replicas never both "
+            "write; filter, prioritize and bind are served either way (default on)"
+        ),
+    )
+    parser.add_argument(
+        "--leader-elect-namespace",
+        metavar="NAMESPACE",
+        help="namespace of the Lease (default $POD_NAMESPACE, else the service account's, else default)",
+    )
+    parser.add_argument(
+        "--leader-elect-name",
+        default=DEFAULT_LEASE_NAME,
+        metavar="NAME",
+        help=f"the Lease (default {DEFAULT_LEASE_NAME})",
+    )
+    parser.add_argument(
+        "--leader-elect-identity",
+        metavar="ID",
+        help="this replica's name in the Lease; unique per replica (default $POD_NAME, else the host name)",
+    )
+    parser.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        default=DEFAULT_DURATION_S,
+        metavar="SECONDS",
+        help=(
+            "a standby takes the Lease once its holder has not renewed it for this long, by the "
+            f"standby's own clock (default {DEFAULT_DURATION_S})"
+        ),
+    )
+    parser.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=DEFAULT_RETRY_S,
+        metavar="SECONDS",
+        help=(
+            "how often the holder renews and a standby looks; a holder that could not renew for the "
+            f"lease duration minus this stops acting (default {DEFAULT_RETRY_S:g})"
+        ),
+    )
+
+
+def _lease(args: argparse.Namespace) -> LeaseSettings:
+    return lease_settings(
+        enabled=args.leader_elect,
+        namespace=args.leader_elect_namespace,
+        name=args.leader_elect_name,
+        identity=args.leader_elect_identity,
+        duration_s=args.leader_elect_lease_duration,
+        retry_s=args.leader_elect_retry_period,
+    )
 
 
 def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
@@ -185,7 +253,11 @@ def _build(args: argparse.Namespace) -> Extender:
         )
     if args.kubeconfig or args.in_cluster:
         return build_kube_extender(
-            kubeconfig=args.kubeconfig, workload=workload, keep=args.shortlist, gangs=gangs
+            kubeconfig=args.kubeconfig,
+            workload=workload,
+            keep=args.shortlist,
+            gangs=gangs,
+            lease=_lease(args),
         )
     raise InvalidInputError("give --kubeconfig FILE, --in-cluster or --snapshot FILE")
 

@@ -19,6 +19,10 @@ of health eviction (``gpuweave.io/no-health-eviction=true``) or asks to be moved
 (``gpuweave.io/gang-eviction: pod``) requeues nothing, as the node agent does not move its gang.
 Pods are matched to Workloads of their own namespace only: a pod's labels and annotations are
 written by whoever creates it, and a namespace is the boundary of that trust.
+
+With two extender replicas, only the one that leads (``scheduler_ext.leader``) decides and
+writes: a pass is skipped, and each write checked again, while ``leader.leading()`` is False. The
+standby keeps its watches, so it answers within one pass of taking over.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from scheduler_ext.kueue.checks import (
     verdict_for_admission,
     verdict_for_faults,
 )
+from scheduler_ext.leader import AlwaysLeading, Leadership
 from scheduler_ext.preflight.book import PreflightBook
 
 LOG = logging.getLogger(__name__)
@@ -88,8 +93,17 @@ def _name(obj: Mapping[str, Any]) -> str:
 class KueueChecks:
     """Serves gpuweave's Kueue AdmissionChecks until ``stop``."""
 
-    def __init__(self, cache: ClusterCache, api: client.ApiClient, *, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        api: client.ApiClient,
+        *,
+        interval_s: float = INTERVAL_S,
+        leader: Leadership | None = None,
+    ) -> None:
         self._cache = cache
+        self.leader: Leadership = leader or AlwaysLeading()
+        self.writes = 0  # status writes the API accepted (gpuweave_extender_kueue_check_writes)
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._interval_s = interval_s
@@ -209,8 +223,9 @@ class KueueChecks:
 
     def reconcile(self) -> None:
         """One pass: mark our AdmissionChecks Active, then answer every Workload that has one
-        (once the cache's first lists are in: before, every node would look empty)."""
-        if not self._cache.synced.is_set():
+        (once the cache's first lists are in: before, every node would look empty); nothing while
+        another replica leads."""
+        if not self._cache.synced.is_set() or not self.leader.leading():
             return
         with self._lock:
             inactive = [name for name, active in self._checks.items() if not active]
@@ -360,7 +375,8 @@ class KueueChecks:
             "resourceVersion": workload.metadata.resource_version,
         }
         try:
-            self._apply_status("Workload", metadata, {"admissionChecks": [entry]})
+            if not self._apply_status("Workload", metadata, {"admissionChecks": [entry]}):
+                return
         except (ApiException, HTTPError) as exc:
             if status_of(exc) == CONFLICT:
                 LOG.info("Workload %s changed since it was read; deciding again", workload.key)
@@ -382,9 +398,13 @@ class KueueChecks:
         except (ApiException, HTTPError) as exc:
             LOG.warning("cannot mark AdmissionCheck %s Active: %s", name, describe(exc))
 
-    def _apply_status(self, kind: str, metadata: dict[str, str], status: dict[str, Any]) -> None:
+    def _apply_status(self, kind: str, metadata: dict[str, str], status: dict[str, Any]) -> bool:
         """Server-side apply of ``status`` (only the fields given, as field manager
-        ``gpuweave-kueue-check``) to a Kueue object: a Workload (namespaced) or an AdmissionCheck."""
+        ``gpuweave-kueue-check``) to a Kueue object: a Workload (namespaced) or an AdmissionCheck.
+        False, writing nothing, once this replica stopped leading during the pass."""
+        if not self.leader.leading():
+            LOG.info("%s %s not written: this extender no longer leads", kind, metadata.get("name"))
+            return False
         body = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
             "kind": kind,
@@ -410,6 +430,8 @@ class KueueChecks:
             self._custom.patch_cluster_custom_object_status(
                 KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", metadata["name"], body, **options
             )
+        self.writes += 1
+        return True
 
 
 def _free_gpu_uuids(state: NodeState | None) -> list[str]:

@@ -3,9 +3,13 @@
 
 Writes go through one worker thread, so a filter that asks for a preflight returns at once; a
 write the API refuses is logged and the request then times out in the book (the gang goes
-elsewhere). At start every object an earlier extender left behind (label
-``app.kubernetes.io/managed-by=gpuweave-extender``) is deleted: the gangs that asked for them were
-planned by that process and are planned again here.
+elsewhere). Each replica creates and deletes only its own requests (their names are unique), and
+objects left behind (label ``app.kubernetes.io/managed-by=gpuweave-extender``: an extender that
+stopped, another replica's that it no longer needs) are deleted by the replica that leads
+(``scheduler_ext.leader``) once they are older than ``stale_after_s``: a book stops waiting for
+an answer after its ``timeout_s``, so an object older than twice that (plus a minute of clock
+skew) is read by nobody. Deleting a live replica's objects at start, as a lone extender could,
+would cut another replica's gangs short.
 
 The status is written by the node agent of ``spec.nodeName`` (RBAC: ``gpupreflights/status`` is
 the agent's alone); it is read with ``devicemodel.preflight.read_status``, and one that does not
@@ -17,7 +21,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -29,20 +35,61 @@ from devicemodel.errors import InvalidInputError
 from devicemodel.preflight import MANAGED_BY, Checks, PreflightSpec, preflight_object, read_spec, read_status
 from kubeio.errors import NOT_FOUND, describe, status_of
 from kubeio.listwatch import ListWatch
-from scheduler_ext.preflight.book import Phase, PreflightBook, PreflightRequest
+from scheduler_ext.leader import AlwaysLeading, Leadership
+from scheduler_ext.preflight.book import TIMEOUT_S, Phase, PreflightBook, PreflightRequest
 
 LOG = logging.getLogger(__name__)
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 MAX_QUEUED = 4096
+SWEEP_EVERY_S = 60.0
+SKEW_MARGIN_S = 60.0
+
+
+def stale_after_s(timeout_s: float) -> float:
+    """Age past which no book reads a preflight object any more."""
+    return 2 * timeout_s + SKEW_MARGIN_S
+
+
+def stale_preflights(items: Iterable[Mapping[str, Any]], *, now: datetime, older_than_s: float) -> list[str]:
+    """Names of the listed objects created more than ``older_than_s`` before ``now`` (an object
+    without a readable ``creationTimestamp`` counts as stale: no book of ours wrote it so)."""
+    names: list[str] = []
+    for item in items:
+        metadata = item.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        if not name:
+            continue
+        try:
+            created = datetime.fromisoformat(
+                str(metadata.get("creationTimestamp") or "").replace("Z", "+00:00")
+            )
+            age = (now - created).total_seconds()
+        except (ValueError, TypeError):
+            age = float("inf")
+        if age > older_than_s:
+            names.append(name)
+    return names
 
 
 class KubePreflights:
     """``PreflightPort`` over the API server; ``book`` is set once the book exists (it needs a port)."""
 
-    def __init__(self, api: client.ApiClient, *, checks: Checks = "bandwidth") -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        checks: Checks = "bandwidth",
+        leader: Leadership | None = None,
+        timeout_s: float = TIMEOUT_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._custom = client.CustomObjectsApi(api)
         self._checks = checks
         self.book: PreflightBook | None = None
+        self.leader: Leadership = leader or AlwaysLeading()  # only the leader sweeps stale objects
+        self._stale_after_s = stale_after_s(timeout_s)
+        self._monotonic = monotonic
+        self._swept_at: float | None = None
         self._writes: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=MAX_QUEUED)
         self._halt = threading.Event()
         self._worker = threading.Thread(target=self._work, name="gpuweave-preflight-writes", daemon=True)
@@ -54,7 +101,6 @@ class KubePreflights:
         return self._custom.list_cluster_custom_object(API_GROUP, API_VERSION, PREFLIGHT_PLURAL, **kwargs)
 
     def start(self) -> None:
-        self._writes.put(("sweep", None))
         self._worker.start()
         self.watch.start()
 
@@ -77,15 +123,31 @@ class KubePreflights:
         except queue.Full:
             LOG.error("preflight writes queue full (%d): dropping a %s; it times out", MAX_QUEUED, what)
 
+    def sweep_soon(self) -> None:
+        """Sweep stale objects at the worker's next turn (this replica just took the lead)."""
+        self._queue("sweep", None)
+
+    def _next(self) -> tuple[str, Any]:
+        """The next write, or a sweep when one is due and this replica leads."""
+        now = self._monotonic()
+        due = self._swept_at is None or now - self._swept_at >= SWEEP_EVERY_S
+        if due and self.leader.leading():
+            self._swept_at = now
+            return ("sweep", None)
+        try:
+            return self._writes.get(timeout=SWEEP_EVERY_S)
+        except queue.Empty:
+            return ("idle", None)
+
     def _work(self) -> None:
         while not self._halt.is_set():
-            what, item = self._writes.get()
+            what, item = self._next()
             try:
                 if what == "create":
                     self._create(item)
                 elif what == "delete":
                     self._delete(item)
-                elif what == "sweep":
+                elif what == "sweep" and self.leader.leading():
                     self._sweep()
             except (ApiException, HTTPError) as exc:
                 LOG.warning("GpuPreflight %s failed: %s", what, describe(exc))
@@ -112,8 +174,15 @@ class KubePreflights:
         listed: Any = self._custom.list_cluster_custom_object(
             API_GROUP, API_VERSION, PREFLIGHT_PLURAL, label_selector=SELECTOR
         )
-        for item in listed.get("items") or []:
-            self._delete(str((item.get("metadata") or {}).get("name") or ""))
+        stale = stale_preflights(
+            listed.get("items") or [], now=datetime.now(UTC), older_than_s=self._stale_after_s
+        )
+        for name in stale:
+            if not self.leader.leading():  # lost the lead mid-sweep: the new leader finishes it
+                return
+            self._delete(name)
+        if stale:
+            LOG.info("deleted %d GpuPreflight object(s) older than %g s", len(stale), self._stale_after_s)
 
     # ---- answers ------------------------------------------------------------------------------
     def _on_event(self, kind: str, obj: Mapping[str, Any]) -> None:

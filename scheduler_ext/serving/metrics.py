@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from devicemodel.sharing import MILLI_PER_GPU
@@ -103,6 +103,14 @@ class ExtenderMetrics:
             registry=self.registry,
         )
 
+        self.leader_transitions = Counter(
+            "gpuweave_extender_leader_transitions",
+            "Changes of this replica's leadership of the extender's Lease, by what it became "
+            "(leader, standby)",
+            ["to"],
+            registry=self.registry,
+        )
+
     def scraped(self, *, nodes: int, ready: bool) -> None:
         """The cache's figures, set as a scrape reads them (no timer keeps them fresh)."""
         self.cached_nodes.set(nodes)
@@ -133,6 +141,17 @@ class ExtenderMetrics:
     def watch_capacity(self, kinds: KindTotals) -> None:
         """Export GPU capacity and idle GPU per node kind from ``kinds`` (the cache's running totals)."""
         self.registry.register(CapacityCollector(kinds))
+
+    def watch_leader(self, leading: Callable[[], bool]) -> None:
+        """Export ``gpuweave_extender_leader``: 1 while this replica's controllers run."""
+        self.registry.register(LeaderCollector(leading))
+
+    def leader_transition(self, to: str) -> None:
+        self.leader_transitions.labels(to).inc()
+
+    def watch_controller_writes(self, controller: str, writes: Callable[[], int]) -> None:
+        """Export ``gpuweave_extender_controller_writes``: the API writes ``controller`` made here."""
+        self.registry.register(WritesCollector(controller, writes))
 
     def decided(self, verb: str, *, passed: int, rejected: Mapping[str, int]) -> None:
         """``rejected``: nodes rejected per reason (counted per distinct reason, not per node)."""
@@ -228,3 +247,46 @@ class GangCollector(Collector):
             "Nodes kept for waiting gangs from pods that fit elsewhere",
             value=kept,
         )
+
+
+class LeaderCollector(Collector):
+    """``gpuweave_extender_leader``, read at scrape time (the Lease can lapse between two renewals)."""
+
+    def __init__(self, leading: Callable[[], bool]) -> None:
+        self._leading = leading
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [self._family(0)]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family(1 if self._leading() else 0)
+
+    @staticmethod
+    def _family(value: int) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gpuweave_extender_leader",
+            "1 while this replica holds the extender's Lease and runs its controllers, else 0",
+            value=value,
+        )
+
+
+class WritesCollector(Collector):
+    """A controller's API writes, counted by the controller itself and read at scrape time."""
+
+    def __init__(self, controller: str, writes: Callable[[], int]) -> None:
+        self._controller, self._writes = controller, writes
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [self._family(0)]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield self._family(self._writes())
+
+    def _family(self, value: int) -> CounterMetricFamily:
+        family = CounterMetricFamily(
+            "gpuweave_extender_controller_writes",
+            "Writes to the API server a controller of this replica made (status of Kueue objects)",
+            labels=["controller"],
+        )
+        family.add_metric([self._controller], value)
+        return family

@@ -387,9 +387,20 @@ def start_extender(
     name: str = "extender",
 ) -> tuple[Process, str]:
     """``gpuweave extender`` on a loopback port (a free one unless given; a restart reuses its
-    port, as kube-scheduler's configuration names it); returns it once /readyz answers."""
+    port, as kube-scheduler's configuration names it); returns it once /readyz answers.
+
+    Each extender leads a Lease of its own in the gpuweave namespace (its service account may
+    write Leases there; named after the port, so a restart takes its own Lease back at once),
+    unless ``extra_args`` name one: extenders of different tests never wait for each other."""
     port = port or free_port()
     listen = ["--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig)]
+    if not any(arg.startswith("--leader-elect") for arg in extra_args):
+        listen += [
+            "--leader-elect-namespace",
+            NAMESPACE,
+            "--leader-elect-name",
+            f"gpuweave-e2e-extender-{port}",
+        ]
     process = Process(name, [*gpuweave_command(), "extender", *listen, *extra_args], log_dir=plane.work)
     url = f"http://127.0.0.1:{port}"
     wait_for("extender /readyz", lambda: process.alive_and(lambda: _http_ok(f"{url}/readyz")), timeout=60)

@@ -433,3 +433,52 @@ def test_helm_named_sharing_configs_reach_the_agent_by_node_label(tmp_path: Path
     assert SharingConfigModel.model_validate(yaml.safe_load(chosen.read_text())).default.replicas == 8
     assert chosen_sharing_config(args, labels=lambda: labelled(None)) == args.sharing_config
     assert not [d for d in render_chart() if d["metadata"]["name"] == "gpuweave-node-agent-sharing"]
+
+
+def test_helm_scheduler_replicas_spread_keep_one_up_and_elect_one_extender(tmp_path: Path) -> None:
+    """Defaults: preferred anti-affinity by host, a PDB of at most one down, the extender's Lease
+    flags; antiAffinity required, an affinity of one's own, the budget and the election turned off."""
+    docs = render_chart()
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    (preferred,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    budget = _one(docs, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"] == _one(docs, "Deployment")["spec"]["selector"]
+    extender = {c["name"]: c for c in pod["containers"]}["extender"]
+    args = build_parser().parse_args(extender["args"])
+    assert (args.leader_elect, args.leader_elect_lease_duration, args.leader_elect_retry_period) == (
+        True,
+        15,
+        5,
+    )
+    assert {e["name"] for e in extender["env"]} == {"POD_NAME", "POD_NAMESPACE"}
+
+    values = {
+        "scheduler": {
+            "antiAffinity": "required",
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+            },
+            "podDisruptionBudget": {"enabled": False},
+            "extender": {"leaderElection": {"enabled": False}},
+        }
+    }
+    docs = render_chart(values, work=tmp_path)
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert set(pod["affinity"]) == {"nodeAffinity", "podAntiAffinity"}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    extender = {c["name"]: c for c in pod["containers"]}["extender"]
+    assert build_parser().parse_args(extender["args"]).leader_elect is False
+
+    own = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    docs = render_chart({"scheduler": {"affinity": own}}, work=tmp_path)
+    assert _one(docs, "Deployment")["spec"]["template"]["spec"]["affinity"] == own
+
+
+def test_helm_refuses_a_lease_whose_leader_cannot_miss_a_renewal() -> None:
+    with pytest.raises(RenderError, match="retryPeriodSeconds"):
+        render_chart(sets=["scheduler.extender.leaderElection.retryPeriodSeconds=6"])
+    with pytest.raises(RenderError, match="antiAffinity"):
+        render_chart(sets=["scheduler.antiAffinity=sometimes"])

@@ -123,6 +123,7 @@ def test_alert_rules_parse_and_read_exported_series(series: dict[str, frozenset[
         "gpuweave-components/GpuweaveNodeAgentDown",
         "gpuweave-components/GpuweaveExtenderDown",
         "gpuweave-components/GpuweaveNoHealthyExtender",
+        "gpuweave-components/GpuweaveNoExtenderLeader",
     }
     assert _unknown_reads(parse_promql(expressions), series) == []
 
@@ -146,12 +147,13 @@ def test_component_alerts_select_the_jobs_the_charts_service_monitors_scrape() -
         "GpuweaveNodeAgentDown": {"gpuweave-node-agent-metrics"},
         "GpuweaveExtenderDown": {"gpuweave-scheduler-metrics"},
         "GpuweaveNoHealthyExtender": {"gpuweave-scheduler-metrics"},
+        "GpuweaveNoExtenderLeader": {"gpuweave-scheduler-metrics"},
     }
 
 
 def test_alert_rules_load_as_prometheus_loads_them() -> None:
     loaded = load_rules(yaml.safe_load(ALERTS.read_text())["spec"])
-    assert (loaded.groups, loaded.rules, loaded.errors) == (4, 9, ())
+    assert (loaded.groups, loaded.rules, loaded.errors) == (4, 10, ())
     broken = {
         "groups": [
             {

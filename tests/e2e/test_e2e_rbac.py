@@ -11,6 +11,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from kubeio.lease import LeaseElector
 from tests.e2e.cluster import NAMESPACE, ControlPlane
 from tests.support.waiting import wait_until
 
@@ -186,3 +187,44 @@ def test_assignment_correction_rbac_grants_pod_patch_only_while_applied(
         "the base role refuses pod patches again",
         lambda: _status_of(lambda: core.patch_namespaced_pod(name, workload_namespace, patch)) == 403,
     )
+
+
+def test_the_extenders_lease_role_lets_it_elect_on_its_own_lease_only(plane: ControlPlane) -> None:
+    """Role gpuweave-extender-leader-election alone (bound to an account of its own, as the
+    scheduler's broader Role would hide a gap): the extender's elector creates and renews the Lease
+    gpuweave-extender; another Lease it may create (RBAC cannot limit create by name) but neither
+    read nor renew."""
+    account = "e2e-extender-lease-only"
+    plane.core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": account}})
+    binding = {
+        "metadata": {"name": account, "namespace": NAMESPACE},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "gpuweave-extender-leader-election",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}],
+    }
+    client.RbacAuthorizationV1Api(plane.api).create_namespaced_role_binding(NAMESPACE, binding)
+    api = config.new_client_from_config(str(plane.service_account_kubeconfig(account)))
+    leases = client.CoordinationV1Api(api)
+    elector = LeaseElector(leases, namespace=NAMESPACE, name="gpuweave-extender", identity="rbac-check")
+    try:
+        wait_until("the Role's grants to take effect", elector.try_once, timeout=30)
+        assert elector.try_once()  # read and renewed: get and update on its own Lease
+        assert _status_of(lambda: leases.read_namespaced_lease("gpuweave-scheduler", NAMESPACE)) == 403
+        other = {"metadata": {"name": "e2e-not-the-extenders"}, "spec": {"holderIdentity": "x"}}
+        leases.create_namespaced_lease(NAMESPACE, other)
+        assert _status_of(lambda: leases.read_namespaced_lease("e2e-not-the-extenders", NAMESPACE)) == 403
+    finally:
+        elector.release()
+        admin = client.CoordinationV1Api(plane.api)
+        for name in ("gpuweave-extender", "e2e-not-the-extenders"):
+            try:
+                admin.delete_namespaced_lease(name, NAMESPACE)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        client.RbacAuthorizationV1Api(plane.api).delete_namespaced_role_binding(account, NAMESPACE)
+        plane.core.delete_namespaced_service_account(account, NAMESPACE)
+        api.close()

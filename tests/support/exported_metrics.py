@@ -1,7 +1,8 @@
 """The series gpuweave exports, read from the registries its processes serve on /metrics.
 
 The extender's registry is built the way ``gpuweave extender`` builds it (``scheduler_ext.app``,
-here over a one-node snapshot so per-kind collectors have a sample); the node agent's is
+here over a one-node snapshot so per-kind collectors have a sample, with the leader election's
+collectors that ``scheduler_ext.kube`` adds in cluster mode); the node agent's is
 ``AgentMetrics`` with ``HealthMetrics``, ``MigMetrics`` and the per-pod ``UsageMetrics`` on the same
 registry, as ``gpuweave/node/health.py``, ``gpuweave/node/mig.py`` and ``gpuweave/node/usage.py`` wire
 them. A renamed or removed metric
@@ -69,6 +70,8 @@ def extender_series(work: Path) -> dict[str, frozenset[str]]:
     items = [node_object("metrics-node", gpus=len(inventory.gpus)), inventory_object(inventory)]
     snapshot.write_text(json.dumps(cluster_list(items)))
     extender = build_snapshot_extender(snapshot)
+    extender.metrics.watch_leader(lambda: True)  # as scheduler_ext.kube wires them
+    extender.metrics.watch_controller_writes("kueue-check", lambda: 0)
     try:
         return _series(extender.metrics.registry)
     finally:
