@@ -1,0 +1,122 @@
+"""`gpuweave uninstall`: every node agent cleans its node, then a sweep of what none reached.
+
+The Helm chart runs it as its pre-delete hook; with kustomize run it before ``kubectl delete -k``.
+Why it works this way, and not as a hook per node or on the agent's SIGTERM, is
+``gpuweave.node.uninstall``'s docstring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+from devicemodel.errors import GpuweaveError
+from gpuweave.node.cleanup import leftovers
+from gpuweave.node.cleanup_run import clean_node_objects, delete_inventory
+from gpuweave.node.uninstall import cleaned_nodes, cleanup_daemonset, is_cleanup, rollout
+from kubeio.client import api_client
+from kubeio.errors import NOT_FOUND, describe, status_of
+
+log = logging.getLogger(__name__)
+POLL_S = 2.0
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "uninstall",
+        help="before removing gpuweave: every node agent removes what it left on its node (docs/deploy.md)",
+        description="Turn the node-agent DaemonSet into its cleanup (node-agent --cleanup on every node), "
+        "wait for it, then remove from the API what no agent reached. The Helm chart runs it as its "
+        "pre-delete hook; it deletes none of the release's own objects.",
+    )
+    kube = parser.add_mutually_exclusive_group()
+    kube.add_argument("--kubeconfig", type=Path, default=None, help="the API server's kubeconfig")
+    kube.add_argument("--in-cluster", action="store_true", help="the pod's own service account")
+    parser.add_argument("--namespace", default="gpuweave-system", help="the node agent's namespace")
+    parser.add_argument("--daemonset", default="gpuweave-node-agent", help="the node agent's DaemonSet")
+    parser.add_argument(
+        "--timeout", type=float, default=240.0, help="seconds to wait for the nodes' cleanup (default 240)"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise GpuweaveError(f"--timeout must be positive, not {args.timeout}")
+    api = api_client(args.kubeconfig)
+    try:
+        reached = clean_through_daemonset(
+            api, namespace=args.namespace, name=args.daemonset, timeout=args.timeout
+        )
+        unreached = sweep(api, reached=reached)
+    finally:
+        api.close()
+    if unreached:
+        print(
+            f"WARNING: no node agent cleaned {', '.join(sorted(unreached))}: their Node objects are clean, "
+            "their host state is not; run `gpuweave node-agent --cleanup --no-kube` there",
+            flush=True,
+        )
+    return 0
+
+
+def clean_through_daemonset(api: client.ApiClient, *, namespace: str, name: str, timeout: float) -> set[str]:
+    """Roll the DaemonSet into its cleanup and wait; the nodes whose cleanup succeeded."""
+    apps = client.AppsV1Api(api)
+    try:
+        current: dict[str, Any] = api.sanitize_for_serialization(
+            apps.read_namespaced_daemon_set(name, namespace)
+        )
+    except ApiException as exc:
+        if status_of(exc) != NOT_FOUND:
+            raise
+        print(f"no DaemonSet {namespace}/{name}: no node is cleaned by its agent", flush=True)
+        return set()
+    if not is_cleanup(current["spec"]["template"]):
+        apps.replace_namespaced_daemon_set(name, namespace, cleanup_daemonset(current))
+        print(f"DaemonSet {namespace}/{name}: every node agent replaced by its cleanup", flush=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        state = rollout(api.sanitize_for_serialization(apps.read_namespaced_daemon_set(name, namespace)))
+        if state.done or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    print(f"DaemonSet {namespace}/{name}: {state.describe()}", flush=True)
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=_selector(current))
+    return cleaned_nodes(api.sanitize_for_serialization(pods).get("items") or [])
+
+
+def _selector(daemonset: dict[str, Any]) -> str:
+    labels = daemonset["spec"]["selector"].get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def sweep(api: client.ApiClient, *, reached: set[str]) -> set[str]:
+    """Remove the agent's marks from every Node still carrying them and every GpuNodeInventory;
+    the nodes that carried something and no agent cleaned."""
+    core = client.CoreV1Api(api)
+    unreached = set()
+    for node in api.sanitize_for_serialization(core.list_node()).get("items") or []:
+        name = node["metadata"]["name"]
+        found = leftovers(node)
+        if found:
+            clean_node_objects(api, node_name=name)
+            print(f"node {name}: removed {found.describe()}", flush=True)
+        if name not in reached and (found or delete_inventory(api, name)):
+            unreached.add(name)
+    listed: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
+        API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
+    )
+    for item in listed.get("items") or []:
+        try:
+            delete_inventory(api, item["metadata"]["name"])
+        except ApiException as exc:
+            log.warning("GpuNodeInventory %s: %s", item["metadata"]["name"], describe(exc))
+    return unreached
