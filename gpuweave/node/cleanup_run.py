@@ -68,9 +68,11 @@ def remove_host_state(places: HostPlaces) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
         removed.append(path)
-    if places.state_dir.is_dir() and not os.listdir(places.state_dir):
-        places.state_dir.rmdir()
-        removed.append(places.state_dir)
+    state = places.state_dir
+    # the chart mounts the state directory into the container: the empty mount point stays
+    if state.is_dir() and not os.listdir(state) and not os.path.ismount(state):
+        state.rmdir()
+        removed.append(state)
     return removed
 
 
