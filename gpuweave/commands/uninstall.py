@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from devicemodel.errors import GpuweaveError
 from gpuweave.node.cleanup import leftovers
-from gpuweave.node.cleanup_run import clean_node_objects, delete_inventory
+from gpuweave.node.cleanup_run import as_dict, clean_node_objects, delete_inventory
 from gpuweave.node.uninstall import cleaned_nodes, cleanup_daemonset, is_cleanup, rollout
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         )
         unreached = sweep(api, reached=reached)
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]
     if unreached:
         print(
             f"WARNING: no node agent cleaned {', '.join(sorted(unreached))}: their Node objects are clean, "
@@ -71,26 +71,24 @@ def clean_through_daemonset(api: client.ApiClient, *, namespace: str, name: str,
     """Roll the DaemonSet into its cleanup and wait; the nodes whose cleanup succeeded."""
     apps = client.AppsV1Api(api)
     try:
-        current: dict[str, Any] = api.sanitize_for_serialization(
-            apps.read_namespaced_daemon_set(name, namespace)
-        )
+        current: dict[str, Any] = as_dict(api, apps.read_namespaced_daemon_set(name, namespace))
     except ApiException as exc:
         if status_of(exc) != NOT_FOUND:
             raise
         print(f"no DaemonSet {namespace}/{name}: no node is cleaned by its agent", flush=True)
         return set()
     if not is_cleanup(current["spec"]["template"]):
-        apps.replace_namespaced_daemon_set(name, namespace, cleanup_daemonset(current))
+        apps.replace_namespaced_daemon_set(name, namespace, cleanup_daemonset(current))  # type: ignore[arg-type]
         print(f"DaemonSet {namespace}/{name}: every node agent replaced by its cleanup", flush=True)
     deadline = time.monotonic() + timeout
     while True:
-        state = rollout(api.sanitize_for_serialization(apps.read_namespaced_daemon_set(name, namespace)))
+        state = rollout(as_dict(api, apps.read_namespaced_daemon_set(name, namespace)))
         if state.done or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
     print(f"DaemonSet {namespace}/{name}: {state.describe()}", flush=True)
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=_selector(current))
-    return cleaned_nodes(api.sanitize_for_serialization(pods).get("items") or [])
+    return cleaned_nodes(as_dict(api, pods).get("items") or [])
 
 
 def _selector(daemonset: dict[str, Any]) -> str:
@@ -103,7 +101,7 @@ def sweep(api: client.ApiClient, *, reached: set[str]) -> set[str]:
     the nodes that carried something and no agent cleaned."""
     core = client.CoreV1Api(api)
     unreached = set()
-    for node in api.sanitize_for_serialization(core.list_node()).get("items") or []:
+    for node in as_dict(api, core.list_node()).get("items") or []:
         name = node["metadata"]["name"]
         found = leftovers(node)
         if found:

@@ -57,7 +57,7 @@ def run_cleanup(args: argparse.Namespace, *, node: str) -> int:
         try:
             found = clean_node_objects(api, node_name=node)
         finally:
-            api.close()
+            api.close()  # type: ignore[no-untyped-call]
         print(f"node {node}: removed {found.describe()} from the Node, and its GpuNodeInventory", flush=True)
     places = HostPlaces(
         state_dir=args.state_dir,

@@ -120,5 +120,10 @@ def _patch_node(core: client.CoreV1Api, node_name: str) -> NodeLeftovers:
 
 
 def _as_dict(core: client.CoreV1Api, node: Any) -> dict[str, Any]:
-    serialized: dict[str, Any] = core.api_client.sanitize_for_serialization(node)
+    return as_dict(core.api_client, node)
+
+
+def as_dict(api: client.ApiClient, obj: Any) -> dict[str, Any]:
+    """An object of the client as the API server serves it (camelCase keys)."""
+    serialized: dict[str, Any] = api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
     return serialized
