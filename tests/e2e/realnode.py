@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,12 @@ class RealNode:
         taints: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         agent_image: bool = False,
+        more_images: Sequence[Path] = (),
     ) -> None:
         """``profile``: the simulated hardware whose device nodes the node's /dev holds;
         ``agent_image``: also import the node agent's image and route the kubernetes Service's
-        address to the API server, for the chart's DaemonSet."""
+        address to the API server, for the chart's DaemonSet; ``more_images``: image archives to
+        import as well."""
         self.name = name
         self.agent: Process | None = None
         self.agent_handle: Any = None  # the test module's handle on the node agent
@@ -123,6 +126,7 @@ class RealNode:
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.cdi_dir = self.dir / "cdi"
         images = build_images(self.dir) + ([build_agent_image(self.dir)] if agent_image else [])
+        images += more_images
         argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
         argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
         argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]

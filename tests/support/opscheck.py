@@ -47,11 +47,13 @@ def render_chart(
     namespace: str = "gpuweave-system",
     work: Path | None = None,
     hooks: bool = False,
+    chart: Path = CHART,
 ) -> list[dict[str, Any]]:
     """The chart's objects for ``values`` (a values file's content) and ``--set`` strings: the
     release's objects, as ``helm install`` creates them; with ``hooks`` its hooks as well (the
-    uninstall Job and its RBAC), which ``helm template`` also prints."""
-    argv = [str(opscheck_binary()), "render", str(CHART), "--namespace", namespace]
+    uninstall Job and its RBAC), which ``helm template`` also prints. ``chart``: another copy of
+    the chart (an earlier commit's, for an upgrade)."""
+    argv = [str(opscheck_binary()), "render", str(chart), "--namespace", namespace]
     if values is not None:
         if work is None:
             raise ValueError("render_chart: values need a work directory for the values file")
