@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from devicemodel.errors import GpuweaveError
-from gpuweave.node.cleanup import leftovers
+from gpuweave.node.cleanup import leftovers, marked_by_gpuweave
 from gpuweave.node.cleanup_run import as_dict, clean_node_objects, delete_inventory
 from gpuweave.node.uninstall import cleaned_nodes, cleanup_daemonset, is_cleanup, rollout
 from kubeio.client import api_client
@@ -97,24 +97,26 @@ def _selector(daemonset: dict[str, Any]) -> str:
 
 
 def sweep(api: client.ApiClient, *, reached: set[str]) -> set[str]:
-    """Remove the agent's marks from every Node still carrying them and every GpuNodeInventory;
-    the nodes that carried something and no agent cleaned."""
-    core = client.CoreV1Api(api)
+    """Remove the agent's marks from every Node gpuweave ran on (one with a GpuNodeInventory or a
+    mark only gpuweave writes: ``marked_by_gpuweave``) and delete every GpuNodeInventory; the nodes
+    that carried something and no agent cleaned."""
+    custom = client.CustomObjectsApi(api)
+    listed: Any = custom.list_cluster_custom_object(API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL)
+    inventories = {item["metadata"]["name"] for item in listed.get("items") or []}
     unreached = set()
-    for node in as_dict(api, core.list_node()).get("items") or []:
+    for node in as_dict(api, client.CoreV1Api(api).list_node()).get("items") or []:
         name = node["metadata"]["name"]
         found = leftovers(node)
+        if name not in inventories and not marked_by_gpuweave(found):
+            continue  # not a node of gpuweave's, whatever nvidia.com labels another tool wrote
         if found:
             clean_node_objects(api, node_name=name)
             print(f"node {name}: removed {found.describe()}", flush=True)
-        if name not in reached and (found or delete_inventory(api, name)):
+        if name not in reached:
             unreached.add(name)
-    listed: Any = client.CustomObjectsApi(api).list_cluster_custom_object(
-        API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
-    )
-    for item in listed.get("items") or []:
+    for name in sorted(inventories):  # those of nodes that are gone too
         try:
-            delete_inventory(api, item["metadata"]["name"])
+            delete_inventory(api, name)
         except ApiException as exc:
-            log.warning("GpuNodeInventory %s: %s", item["metadata"]["name"], describe(exc))
+            log.warning("GpuNodeInventory %s: %s", name, describe(exc))
     return unreached

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.cdi import SPEC_FILE_PREFIX
-from deviceplugin.published import AGENT_LABEL_KEYS
+from deviceplugin.published import AGENT_LABEL_KEYS, LABEL_TOPOLOGY
 from dradriver.claim_cdi import CLAIM_FILE_PREFIX
 from health.badlist import BAD_HARDWARE_FILE, STRIKES_FILE
 from health.kube import CORDON_ANNOTATION
@@ -84,6 +84,16 @@ def leftovers(node: Mapping[str, Any]) -> NodeLeftovers:
         annotations=tuple(sorted(k for k in annotations if k in AGENT_ANNOTATIONS)),
         conditions=tuple(c for c in AGENT_CONDITIONS if c in conditions),
         cordoned_by_agent=ours and bool(spec.get("unschedulable")),
+    )
+
+
+def marked_by_gpuweave(found: NodeLeftovers) -> bool:
+    """Whether a Node carries a mark only gpuweave writes (``gpuweave.io/topology``, its taints,
+    annotation or ``Gpuweave*`` conditions). The GFD-style ``nvidia.com/*`` labels alone do not say
+    so: NVIDIA's GPU Feature Discovery writes the same ones on nodes gpuweave never ran on."""
+    ours = found.taints or found.annotations or found.cordoned_by_agent
+    return bool(
+        ours or LABEL_TOPOLOGY in found.labels or any(c.startswith("Gpuweave") for c in found.conditions)
     )
 
 

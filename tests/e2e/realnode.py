@@ -97,6 +97,20 @@ def simulated_device_nodes(profile: str, out: Path) -> Path:
     return path
 
 
+def fresh_dir(parent: Path, name: str) -> Path:
+    """``parent/name``, or ``name-2``, ``-3``... when a node of that name ran before in this session
+    (the chart, upgrade and uninstall modules each start the chart's node in turn)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 100):
+        path = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RuntimeError(f"too many nodes named {name} under {parent}")
+
+
 class RealNode:
     """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
 
@@ -120,8 +134,7 @@ class RealNode:
         self.agent: Process | None = None
         self.agent_handle: Any = None  # the test module's handle on the node agent
         self.plane = plane
-        self.dir = plane.work / "realnodes" / name
-        self.dir.mkdir(parents=True)
+        self.dir = fresh_dir(plane.work / "realnodes", name)
         self.kubelet_dir = self.dir / "kubelet"
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.cdi_dir = self.dir / "cdi"

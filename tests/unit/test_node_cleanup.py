@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from gpuweave.cli import main
-from gpuweave.node.cleanup import HostPlaces, conditions_patch, host_paths, leftovers, node_patch
+from gpuweave.node.cleanup import (
+    HostPlaces,
+    conditions_patch,
+    host_paths,
+    leftovers,
+    marked_by_gpuweave,
+    node_patch,
+)
 from gpuweave.node.cleanup_run import refuse_if_agent_runs, remove_host_state
 from gpuweave.node.uninstall import UNINSTALL_ANNOTATION, cleaned_nodes, cleanup_daemonset, rollout
 
@@ -270,3 +277,14 @@ def test_cleaned_nodes_are_those_whose_cleanup_pod_is_ready() -> None:
 
     pods = [pod("a", ready=True), pod("b", ready=False), pod("c", ready=True, cleanup=False)]
     assert cleaned_nodes(pods) == {"a"}
+
+
+def test_gfd_labels_alone_do_not_make_a_node_gpuweaves() -> None:
+    """The uninstall sweep leaves nodes alone whose nvidia.com labels NVIDIA's GFD wrote."""
+    gfd = {"metadata": {"labels": {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "H100"}}}
+    assert leftovers(gfd) and not marked_by_gpuweave(leftovers(gfd))
+    assert marked_by_gpuweave(leftovers(_node()))
+    topology_only = {"metadata": {"labels": {"gpuweave.io/topology": "nvswitch-8"}}}
+    assert marked_by_gpuweave(leftovers(topology_only))
+    condition_only = {"status": {"conditions": [{"type": "GpuweaveHealthStateSaved", "status": "True"}]}}
+    assert marked_by_gpuweave(leftovers(condition_only))
