@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             api, namespace=args.namespace, name=args.daemonset, timeout=args.timeout
         )
         unreached = sweep(api, reached=reached)
+    except ApiException as exc:  # RBAC, an outage: one line naming the call, not a traceback
+        raise GpuweaveError(f"the API server refused: {describe(exc)}") from None
     finally:
         api.close()  # type: ignore[no-untyped-call]
     if unreached:
