@@ -23,6 +23,25 @@ from topology.network import LABEL_GPU_CLIQUE
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 LABEL_TOPOLOGY = "gpuweave.io/topology"
+# Every label key ``node_labels`` may write (the node agent's own on a Node): what
+# manifests/admission-node-agent.yaml lets it change and what ``node-agent --cleanup`` removes.
+AGENT_LABEL_KEYS = frozenset(
+    {
+        LABEL_TOPOLOGY,
+        LABEL_GPU_CLIQUE,
+        "nvidia.com/gpu.count",
+        "nvidia.com/gpu.product",
+        "nvidia.com/gpu.memory",
+        "nvidia.com/gpu.family",
+        "nvidia.com/gpu.compute.major",
+        "nvidia.com/gpu.compute.minor",
+        "nvidia.com/mig.capable",
+        "nvidia.com/mig.strategy",
+        *(f"nvidia.com/cuda.driver-version.{p}" for p in ("major", "minor", "revision", "full")),
+        *(f"nvidia.com/cuda.driver.{p}" for p in ("major", "minor", "rev")),
+        *(f"nvidia.com/cuda.runtime-version.{p}" for p in ("major", "minor", "full")),
+    }
+)
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -26,6 +26,7 @@ from deviceplugin.metrics import AgentMetrics
 from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from gpuweave.node.builder import NodeAgentBuilder, open_backend
 from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
+from gpuweave.node.cleanup_command import add_cleanup_arguments, run_cleanup
 from gpuweave.node.dra import add_dra_arguments, check_dra_arguments
 from gpuweave.node.health import load_settings
 from gpuweave.node.mps import process_daemons
@@ -136,6 +137,7 @@ def register(subparsers: Any) -> None:
         help="patch a pod's gpuweave.io/assignment to the devices the kubelet really allocated when "
         "they differ (needs pods patch: manifests/rbac-node-agent-assignments.yaml; docs/device-plugin.md)",
     )
+    add_cleanup_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -208,6 +210,8 @@ def check_args(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cleanup or args.then_wait or args.remove_bad_hardware:
+        return run_cleanup(args, node=node_name(args))
     with_kube = check_args(args)
     health_settings = load_settings(args.health_config)  # every configuration read before any start
     node = node_name(args)

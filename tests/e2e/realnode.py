@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ from hardware.profiles import load_profile
 from hardware.simulated.node import SimulatedNode
 from hardware.simulated.sysfs_tree import write_fake_sysfs
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
+from release.image import build_image
+from release.oci_image import ImageFile, write_image_archive
 from tests.e2e.pods import inventory
 from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
-from tests.support.oci_image import ImageFile, write_image_archive
 
 REALNODE_DIR = REPO / "tests" / "e2e" / "realnode"
 BIN_DIR = REALNODE_DIR / "bin"
@@ -37,47 +39,16 @@ REALNODE_TAINT = {"key": "e2e.gpuweave.io/realnode", "value": "only", "effect": 
 
 
 AGENT_IMAGE = "gpuweave.test/gpuweave:dev"
-SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"  # Debian's python3.11 reads it
-PACKAGE_DATA = (".py", ".yaml", ".proto", ".pyi")  # pyproject's package-data, plus the code
-
-
-def dockerfile_sources() -> list[str]:
-    """The directories the Dockerfile copies into its build (``COPY dir/ dir/``): the agent image
-    here is made of the same inputs."""
-    sources = []
-    for line in (REPO / "Dockerfile").read_text().splitlines():
-        words = line.split()
-        if len(words) == 3 and words[0] == "COPY" and words[1].endswith("/") and words[1] == words[2]:
-            sources.append(words[1].rstrip("/"))
-    return sources
 
 
 def build_agent_image(out: Path) -> Path:
-    """``gpuweave.test/gpuweave:dev``: the Python base layer tests/e2e/realnode/agent-base.sh
-    built (Debian's python3.11 and the runtime dependencies) and a layer with the packages the
-    Dockerfile copies, installed where pip puts them, and the ``gpuweave`` entry point."""
+    """``gpuweave.test/gpuweave:dev``: the release image (``release.image``, as scripts/build-image
+    builds it) over the base layer tests/e2e/realnode/build.sh built (release/image-base.sh)."""
     base = realnode_binaries() / "agent-base.tar"
     if not base.exists():
         raise RuntimeError(f"{base} is missing: run tests/e2e/realnode/build.sh (scripts/test runs it)")
-    files: dict[str, ImageFile] = {}
-    for source in dockerfile_sources():
-        for path in sorted((REPO / source).rglob("*")):
-            wanted = path.suffix in PACKAGE_DATA or path.name == "py.typed"
-            if path.is_file() and wanted and "__pycache__" not in path.parts:
-                files[f"{SITE_PACKAGES}/{path.relative_to(REPO)}"] = ImageFile(path, 0o644)
-    entry = out / "gpuweave-entry-point"
-    entry.write_text("#!/usr/bin/python3.11\nimport sys\nfrom gpuweave.cli import main\nsys.exit(main())\n")
-    files["usr/local/bin/gpuweave"] = ImageFile(entry, 0o755)
     path = out / "gpuweave-dev.tar"
-    write_image_archive(
-        path,
-        name=AGENT_IMAGE,
-        files=files,
-        entrypoint=["/usr/local/bin/gpuweave"],
-        cmd=["--help"],
-        env=("PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
-        base_layers=[base],
-    )
+    build_image(path, name=AGENT_IMAGE, base=base)
     return path
 
 
@@ -126,6 +97,20 @@ def simulated_device_nodes(profile: str, out: Path) -> Path:
     return path
 
 
+def fresh_dir(parent: Path, name: str) -> Path:
+    """``parent/name``, or ``name-2``, ``-3``... when a node of that name ran before in this session
+    (the chart, upgrade and uninstall modules each start the chart's node in turn)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 100):
+        path = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RuntimeError(f"too many nodes named {name} under {parent}")
+
+
 class RealNode:
     """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
 
@@ -139,20 +124,22 @@ class RealNode:
         taints: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         agent_image: bool = False,
+        more_images: Sequence[Path] = (),
     ) -> None:
         """``profile``: the simulated hardware whose device nodes the node's /dev holds;
         ``agent_image``: also import the node agent's image and route the kubernetes Service's
-        address to the API server, for the chart's DaemonSet."""
+        address to the API server, for the chart's DaemonSet; ``more_images``: image archives to
+        import as well."""
         self.name = name
         self.agent: Process | None = None
         self.agent_handle: Any = None  # the test module's handle on the node agent
         self.plane = plane
-        self.dir = plane.work / "realnodes" / name
-        self.dir.mkdir(parents=True)
+        self.dir = fresh_dir(plane.work / "realnodes", name)
         self.kubelet_dir = self.dir / "kubelet"
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.cdi_dir = self.dir / "cdi"
         images = build_images(self.dir) + ([build_agent_image(self.dir)] if agent_image else [])
+        images += more_images
         argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
         argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
         argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]

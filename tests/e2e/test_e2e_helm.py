@@ -16,7 +16,7 @@ from devicemodel.sharing import SharingConfigModel
 from gpuweave.cli import build_parser
 from gpuweave.node.health import load_settings
 from tests.e2e.cluster import NAMESPACE, REPO, ControlPlane, harness_binary
-from tests.support.opscheck import RenderError, render_chart
+from tests.support.opscheck import RenderError, is_hook, render_chart
 
 pytestmark = pytest.mark.e2e
 
@@ -482,3 +482,31 @@ def test_helm_refuses_a_lease_whose_leader_cannot_miss_a_renewal() -> None:
         render_chart(sets=["scheduler.extender.leaderElection.retryPeriodSeconds=6"])
     with pytest.raises(RenderError, match="antiAffinity"):
         render_chart(sets=["scheduler.antiAffinity=sometimes"])
+def test_helm_uninstall_hook_runs_gpuweave_uninstall_with_the_rights_it_uses() -> None:
+    """The pre-delete hook: a Job whose arguments the real CLI parses, run by a service account whose
+    RBAC grants what ``gpuweave uninstall`` calls (the DaemonSet, its pods, Nodes, inventories);
+    hooks, not release objects, so the defaults still render the kustomize base."""
+    docs = render_chart(hooks=True)
+    hooks = [d for d in docs if is_hook(d)]
+    assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in hooks} == {"pre-delete"}
+    job = _one(hooks, "Job", "gpuweave-uninstall")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    parsed = build_parser().parse_args(container["args"])
+    assert parsed.command == "uninstall" and parsed.in_cluster and parsed.daemonset == "gpuweave-node-agent"
+    assert (
+        parsed.timeout + 60 == job["spec"]["activeDeadlineSeconds"] <= 300
+    )  # under helm's default --timeout
+    assert pod["serviceAccountName"] == _one(hooks, "ServiceAccount")["metadata"]["name"]
+    role = {
+        (r["apiGroups"][0], res): set(r["verbs"])
+        for r in _one(hooks, "Role")["rules"]
+        for res in r["resources"]
+    }
+    assert role == {("apps", "daemonsets"): {"get", "update"}, ("", "pods"): {"list"}}
+    cluster = _one(hooks, "ClusterRole", "gpuweave-uninstall")["rules"]
+    granted = {(r["apiGroups"][0], res): set(r["verbs"]) for r in cluster for res in r["resources"]}
+    assert granted[("gpuweave.io", "gpunodeinventories")] == {"list", "delete"}
+    assert {"list", "patch"} <= granted[("", "nodes")] and "patch" in granted[("", "nodes/status")]
+    assert not any(is_hook(d) for d in render_chart())
+    assert not [d for d in render_chart(sets=["uninstall.cleanupNodes=false"], hooks=True) if is_hook(d)]

@@ -14,7 +14,8 @@ address (the harness routes it: no kube-proxy runs here).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,22 @@ def realnode(
     """The chart (rendered by Helm with test values) applied over the base; the real node labelled
     for the DaemonSet, with the agent image; the DaemonSet controller; a scheduler of its own."""
     repository, tag = AGENT_IMAGE.rsplit(":", 1)
-    work = tmp_path_factory.mktemp("chart")
-    objects = render_chart(chart_values(repository, tag), work=work)
+    objects = render_chart(chart_values(repository, tag), work=tmp_path_factory.mktemp("chart"))
+    with installed_chart(plane, scheduler_kubeconfig, objects) as node:
+        yield node
+
+
+@contextmanager
+def installed_chart(
+    plane: ControlPlane,
+    scheduler_kubeconfig: Path,
+    objects: list[dict[str, Any]],
+    *,
+    more_images: Sequence[Path] = (),
+) -> Iterator[RealNode]:
+    """``objects`` (a rendering of a chart) applied, and the real node running its agent: the node
+    with the agent image (and ``more_images``), the DaemonSet controller, the schedulers; on exit
+    all stopped and the session's base applied again."""
     plane.apply(objects)
     plane.apply(
         [
@@ -109,6 +124,7 @@ def realnode(
             taints=REALNODE_TAINT,
             labels={"gpuweave.io/gpu-node": "true"},
             agent_image=True,
+            more_images=more_images,
         )
         started.append(node)
         started.append(start_controllers(plane, daemonsets=True))

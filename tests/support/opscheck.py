@@ -46,9 +46,14 @@ def render_chart(
     sets: Sequence[str] = (),
     namespace: str = "gpuweave-system",
     work: Path | None = None,
+    hooks: bool = False,
+    chart: Path = CHART,
 ) -> list[dict[str, Any]]:
-    """The chart's objects for ``values`` (a values file's content) and ``--set`` strings."""
-    argv = [str(opscheck_binary()), "render", str(CHART), "--namespace", namespace]
+    """The chart's objects for ``values`` (a values file's content) and ``--set`` strings: the
+    release's objects, as ``helm install`` creates them; with ``hooks`` its hooks as well (the
+    uninstall Job and its RBAC), which ``helm template`` also prints. ``chart``: another copy of
+    the chart (an earlier commit's, for an upgrade)."""
+    argv = [str(opscheck_binary()), "render", str(chart), "--namespace", namespace]
     if values is not None:
         if work is None:
             raise ValueError("render_chart: values need a work directory for the values file")
@@ -62,7 +67,12 @@ def render_chart(
         raise RenderError(
             done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
         )
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return docs if hooks else [d for d in docs if not is_hook(d)]
+
+
+def is_hook(doc: Mapping[str, Any]) -> bool:
+    return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
 
 
 @dataclass(frozen=True)

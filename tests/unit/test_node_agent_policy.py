@@ -21,7 +21,7 @@ from devicemodel.gangs import (
     LABEL_POD_GROUP,
     LABEL_REPLICATED_JOB,
 )
-from deviceplugin.published import node_labels
+from deviceplugin.published import AGENT_LABEL_KEYS, node_labels
 from gpuweave.simulate.cluster_objects import profile_inventory
 from hardware.profiles import builtin_profile_names
 from health.kube import CORDON_ANNOTATION, EVICTION_LABEL
@@ -55,6 +55,15 @@ def _strings(expression: str) -> set[str]:
 def test_every_label_the_agent_publishes_is_one_the_policy_lets_it_change(profile: str) -> None:
     published = set(node_labels(profile_inventory(profile, "n0")))
     assert published <= _strings(_variable("gpuweave-node-agent-nodes", "labels"))
+
+
+def test_the_policy_names_exactly_the_labels_the_agent_may_publish_and_cleanup_removes() -> None:
+    assert _strings(_variable("gpuweave-node-agent-nodes", "labels")) == AGENT_LABEL_KEYS
+
+
+@pytest.mark.parametrize("profile", builtin_profile_names())
+def test_every_label_the_agent_publishes_is_one_cleanup_removes(profile: str) -> None:
+    assert set(node_labels(profile_inventory(profile, "n0"))) <= AGENT_LABEL_KEYS
 
 
 def test_the_policy_names_exactly_the_agents_annotation_taints_and_conditions() -> None:

@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from tests.support.oci_image import ImageFile, write_image_archive
+from release.oci_image import ImageFile, write_image_archive
 
 
 def _members(path: Path) -> dict[str, bytes]:

@@ -31,6 +31,6 @@ if ! pkg-config --exists libseccomp 2>/dev/null; then
     export CGO_LDFLAGS="${CGO_LDFLAGS:--O2 -g} -L$PWD/.seccomp/usr/lib/x86_64-linux-gnu"
 fi
 go build -p "$P" -buildvcs=false -tags seccomp -o bin/ github.com/opencontainers/runc
-./agent-base.sh  # the node agent image's Python base layer (Debian packages + pip), ~25 s when inputs change
+../../../release/image-base.sh bin/agent-base.tar  # the gpuweave image's Python base layer (Debian packages + pip), ~25 s when inputs change
 CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w" -o bin/seer ./seer
 echo "built $(pwd)/bin (containerd $(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2), runc $(go list -m -f '{{.Version}}' github.com/opencontainers/runc))"

@@ -12,9 +12,9 @@ the base install the same text. A missing file fails the render instead of rende
 {{- $content | replace "namespace: gpuweave-system" (printf "namespace: %s" .root.Release.Namespace) | replace "serviceaccount:gpuweave-system:" (printf "serviceaccount:%s:" .root.Release.Namespace) -}}
 {{- end -}}
 
-{{/* The gpuweave image (node agent and extender). */}}
+{{/* The gpuweave image (node agent, extender, uninstall hook): an empty tag is the chart's appVersion. */}}
 {{- define "gpuweave.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
 {{- define "gpuweave.pullPolicy" -}}
