@@ -47,12 +47,20 @@ from typing import Any
 from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory, unique_uuids
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cluster.objects import InventoryRecord
-from scheduler_ext.cluster.snapshot import SnapshotBinder
-from scheduler_ext.decide.shortlist import DEFAULT_KEEP
-from scheduler_ext.serving.server import PriorityEncoder, decode_body, encode_filter_result
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from scheduler_ext.api import (
+    DEFAULT_KEEP,
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    InventoryRecord,
+    PriorityEncoder,
+    SnapshotBinder,
+    assemble,
+    build_core,
+    decode_body,
+    encode_filter_result,
+    parse,
+)
 
 RESULTS = Path(__file__).parent / "results" / "extender.json"
 PROFILES = (

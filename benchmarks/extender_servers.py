@@ -35,9 +35,15 @@ from aiohttp import web
 from benchmarks.extender import build_cluster, percentile
 from devicemodel.contracts import RESOURCE_GPU
 from gpuweave.simulate.cluster_objects import pod_object
-from scheduler_ext.app import Extender
-from scheduler_ext.serving.server import decode_body, encode_filter_result
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, parse
+from scheduler_ext.api import (
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    decode_body,
+    encode_filter_result,
+    parse,
+)
 
 RESULTS = Path(__file__).parent / "results" / "extender_servers.json"
 
