@@ -14,22 +14,19 @@ p99 <= 5 ms. Writes ``benchmarks/results/deviceplugin.json`` and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from proto.v1beta1 import api_pb2
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 
-RESULTS = Path(__file__).parent / "results" / "deviceplugin.json"
 TARGETS = {"start_to_registered_s": 2.0, "rss_mb": 80.0, "allocate_p99_ms": 5.0, "preferred_p99_ms": 5.0}
 SHARING = "gpus:\n" + "".join(f"  '{i}': {{mode: fractional}}\n" for i in (4, 5, 6, 7))
 
@@ -171,13 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "calls": args.calls,
         "targets": TARGETS,
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": platform.platform(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
     report(result)
-    print(f"\nwrote {RESULTS}")
+    write_results("deviceplugin", result, module="benchmarks.deviceplugin", argv=argv)
     return 0
 
 

@@ -34,9 +34,7 @@ node count) and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import ssl
 import statistics
@@ -50,12 +48,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from benchmarks.results_file import RESULTS_DIR, write_results
 from deviceplugin.published import inventory_object
 from gpuweave.simulate.cluster_objects import profile_inventory
 from kubeio.listwatch import ListWatch
@@ -69,7 +67,6 @@ from tests.e2e.cluster import (
     start_scheduler,
 )
 
-RESULTS_DIR = Path(__file__).parent / "results"
 PROFILES = ("dgx-h100", "dgx1-v100", "l40s-pcie-8", "dgx-a100")
 GPU_MIX = (1, 1, 2, 2, 4, 8)
 NAMESPACE = "bench"
@@ -554,7 +551,13 @@ def cost_per_pod(results: list[PhaseResult]) -> dict[str, Any]:
     return cost
 
 
-def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, nodes: int) -> None:
+def report(
+    results: list[PhaseResult],
+    verbs: dict[str, dict[str, float]],
+    *,
+    nodes: int,
+    argv: list[str] | None = None,
+) -> None:
     baseline_rate, extender_rate = median_rate(results, "baseline"), median_rate(results, "extender")
     ratio = extender_rate / baseline_rate if baseline_rate else 0.0
     per_round = [
@@ -628,17 +631,8 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
                 for verb, q in r.extender_verb_ms.items()
             )
         )
-    path = results_path(nodes)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "e2e_throughput",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": platform.python_version(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-            "load_average": list(os.getloadavg()),
-        },
         "nodes": nodes,
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
@@ -647,8 +641,7 @@ def report(results: list[PhaseResult], verbs: dict[str, dict[str, float]], *, no
         "extender_mean_ms_per_verb": verbs["mean_ms"],
         "extender_calls_per_verb": verbs["calls"],
     }
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_results(results_path(nodes).stem, payload, module="benchmarks.e2e_throughput", argv=argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory(prefix="gpuweave-e2e-bench-") as work:
         results, verbs = run(args.nodes, args.pods, Path(work), rounds=args.rounds, profile=args.profile)
-    report(results, verbs, nodes=args.nodes)
+    report(results, verbs, nodes=args.nodes, argv=argv)
     return 0
 
 

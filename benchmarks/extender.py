@@ -33,28 +33,33 @@ import gc
 import http.client
 import json
 import multiprocessing
-import platform
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import write_results
 from devicemodel.contracts import ANNOTATION_PLACEMENT, RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory, unique_uuids
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cluster.objects import InventoryRecord
-from scheduler_ext.cluster.snapshot import SnapshotBinder
-from scheduler_ext.decide.shortlist import DEFAULT_KEEP
-from scheduler_ext.serving.server import PriorityEncoder, decode_body, encode_filter_result
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse
+from scheduler_ext.api import (
+    DEFAULT_KEEP,
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    InventoryRecord,
+    PriorityEncoder,
+    SnapshotBinder,
+    assemble,
+    build_core,
+    decode_body,
+    encode_filter_result,
+    parse,
+)
 
-RESULTS = Path(__file__).parent / "results" / "extender.json"
 PROFILES = (
     "p5.48xlarge",
     "p4d.24xlarge",
@@ -336,14 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row.nodes:>6} {row.mode:<11} {row.samples:>7} {row.p50_ms:>8.2f} {row.p99_ms:>8.2f} "
             f"{row.mean_ms:>8.2f} {ratio:>9.2f} {over_bare:>8.2f}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "extender filter+prioritize",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-        },
         "shortlist": args.shortlist,
         "targets": {
             "http_p99_ms_at_5000": 20.0,
@@ -357,8 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": [asdict(r) for r in rows],
     }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
+    write_results("extender", report, module="benchmarks.extender", argv=argv)
     return 0
 
 

@@ -27,19 +27,23 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from benchmarks.extender import build_cluster, percentile
+from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU
 from gpuweave.simulate.cluster_objects import pod_object
-from scheduler_ext.app import Extender
-from scheduler_ext.serving.server import decode_body, encode_filter_result
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, parse
-
-RESULTS = Path(__file__).parent / "results" / "extender_servers.json"
+from scheduler_ext.api import (
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    decode_body,
+    encode_filter_result,
+    parse,
+)
 
 
 def serve_stdlib(extender: Extender, ready: Any, stop: Any) -> None:
@@ -178,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:8} {ka['requests_per_s']:8.0f} {ka['p50_ms']:8.2f} {ka['p99_ms']:8.2f} "
             f"{int(b['answered']):>9}/{int(b['of']):<5} {b['wall_s']:8.2f}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    report = {"args": vars(args), "results": results}
+    write_results("extender_servers", report, module="benchmarks.extender_servers", argv=argv)
     return 0
 
 

@@ -19,18 +19,15 @@ Target (issue 6): ``xid-event`` p99 <= 1 s. Writes ``benchmarks/results/health.j
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU
 from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
@@ -38,7 +35,6 @@ from hardware.simulated.health_calls import xid_kernel_line
 from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir
 
-RESULTS = Path(__file__).parent / "results" / "health.json"
 TARGET_P99_S = 1.0
 
 
@@ -132,21 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results)
     report = {
         "benchmark": "health fault-to-withheld latency",
-        "when": datetime.now(UTC).isoformat(),
-        "machine": platform.platform(),
         "profile": args.profile,
         "round_interval_s": args.round_s,
         "target_p99_ms": TARGET_P99_S * 1000,
         "met": summary["xid-event"]["p99_ms"] <= TARGET_P99_S * 1000,
         "paths": summary,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{'path':16} {'samples':>7} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for path, row in summary.items():
         print(f"{path:16} {row['samples']:7d} {row['p50_ms']:9.1f} {row['p99_ms']:9.1f} {row['max_ms']:9.1f}")
     print(f"target xid-event p99 <= {TARGET_P99_S * 1000:.0f} ms: {'met' if report['met'] else 'NOT met'}")
-    print(f"wrote {RESULTS}")
+    write_results("health", report, module="benchmarks.health", argv=argv)
     return 0
 
 

@@ -18,18 +18,16 @@ Writes ``benchmarks/results/mig.json`` and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from benchmarks.results_file import write_results
 from hardware.mig_catalog import GpuModel, default_catalog
 from hardware.profiles import load_profile
 from hardware.simulated.lib import SimulatedNvmlLib
@@ -38,7 +36,6 @@ from mig.planner import Instance, MigPlanError, TargetEntry, plan_layout
 from tests.support.sim_mig import mig_reconciler
 
 T = TypeVar("T")
-RESULTS = Path(__file__).parent / "results" / "mig.json"
 CYCLES = {
     "dgx-h100": [["3g.40gb", "3g.40gb"], ["3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb"], ["1g.10gb"] * 7, None],
     "dgx-a100": [["3g.40gb", "3g.40gb"], ["4g.40gb", "2g.20gb", "1g.10gb"], ["7g.80gb"], None],
@@ -193,22 +190,8 @@ def main() -> None:
     reshape = bench_reshape(latencies, args.rounds)
     plan = bench_plan(args.plans, args.seed)
     print_tables(reshape, plan)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "mig",
-                "when": datetime.now(UTC).isoformat(timespec="seconds"),
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "reshape_one_gpu": reshape,
-                "plan_8_gpus": plan,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    print(f"\nwrote {RESULTS}")
+    report = {"benchmark": "mig", "reshape_one_gpu": reshape, "plan_8_gpus": plan}
+    write_results("mig", report, module="benchmarks.mig")
 
 
 if __name__ == "__main__":

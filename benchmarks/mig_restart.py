@@ -17,7 +17,6 @@ The simulated driver's latency per MIG call is a parameter.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
 from deviceplugin.agent import AgentConfig, NodeAgent
 from gpuweave.node.mig import build_mig_service
@@ -34,7 +34,6 @@ from mig.planner import TargetEntry
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
 
-RESULTS = Path(__file__).parent / "results" / "mig_restart.json"
 LAYOUT = [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")]
 
 
@@ -93,10 +92,8 @@ def main() -> None:
     print(f"{'order':<14} {'7 GPUs served':>14} {'GPU 3 restored':>15}")
     for order, row in rows.items():
         print(f"{order:<14} {row['others_served_s']:>14.2f} {row['gpu3_restored_s']:>15.2f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"latency_ms": args.latency_ms, "rounds": args.rounds, "orders": rows}, indent=2)
-    )
+    report = {"latency_ms": args.latency_ms, "rounds": args.rounds, "orders": rows}
+    write_results("mig_restart", report, module="benchmarks.mig_restart")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ runs against any checkout: ``PYTHONPATH=CHECKOUT python benchmarks/mps_quit_tena
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.results_file import RESULTS_DIR, write_results
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from hardware.mps import simulated_command
 from hardware.simulated import mps_control
@@ -40,7 +40,7 @@ from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode
 from tests.support.small_inventory import gpu_uuid
 
-RESULTS = Path(__file__).parent / "results" / "mps_quit_tenant.json"
+RESULTS = RESULTS_DIR / "mps_quit_tenant.json"
 
 
 def quit_daemon(pipe: Path) -> None:
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     every = {"quit_every": args.quit_every, "allocate_every": args.allocate_every}
     row = run(args.seconds, **every, round_s=args.round)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(row, indent=1) + "\n")
+    module = "benchmarks.mps_quit_tenant"
+    write_results(args.out.stem, row, module=module, argv=argv, directory=args.out.parent)
     print(f"{row['seconds']:.1f} s, {row['quits']} quits of GPU 0's daemon, restarts {row['restarts']}")
     header = f"{'GPU':>4} {'withheld':>9} {'allocates':>10} {'refused':>8}"
     print(f"{header} {'latency med':>12} {'latency max':>12}")

@@ -18,12 +18,11 @@ control program on its own. Run at each health round interval given (the agent's
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from hardware.mps import MpsDaemonSpec, simulated_command
 from hardware.mps_process import ProcessMpsDaemons
@@ -33,8 +32,6 @@ from tests.support.device_watch import Watch
 from tests.support.mps_node import MpsNode, shares_healthy
 from tests.support.small_inventory import gpu_uuid
 from tests.support.waiting import poll_until
-
-RESULTS = Path(__file__).parent / "results" / "mps_restart.json"
 
 
 def one_kill(node: MpsNode, watch: Watch, *, delay_s: float) -> dict[str, float]:
@@ -108,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.round or [5.0, 1.0]
     start = daemon_start(args.trials)
     kills = [at_round(r, args.trials) for r in rounds]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"daemon_start": start, "kills": kills}, indent=1) + "\n")
+    report = {"daemon_start": start, "kills": kills}
+    write_results("mps_restart", report, module="benchmarks.mps_restart", argv=argv)
     print(f"daemon start (simulated -f to answer, limits set): median {start['start_s_median']:.3f} s")
     print(f"{'round s':>8} {'restart med':>12} {'restart max':>12} {'withheld lists max':>19}")
     for row in kills:

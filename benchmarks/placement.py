@@ -47,7 +47,7 @@ from gpuweave.simulate.fgd.experiment import (
 )
 from gpuweave.simulate.fgd.packing import PackingCurves, run_packing
 from gpuweave.simulate.fgd.trace import DEFAULT_TRACE_DIR
-from scheduler_ext.decide.workload import workload_document
+from scheduler_ext.api import workload_document
 
 DEFAULT_PUBLISHED_DIR = DEFAULT_TRACE_DIR.parents[1] / "fgd-atc23-results"
 DEFAULT_OUT = Path("benchmarks/results/placement")

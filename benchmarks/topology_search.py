@@ -16,17 +16,15 @@ of placement quality. Writes ``benchmarks/results/topology_search.json`` and pri
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.results_file import RESULTS_DIR, write_results
 from devicemodel.inventory import Architecture, Gpu, NodeInventory, NvSwitchFabric, PcieSwitch
 from hardware.profiles import load_profile
 from topology.baselines import clear_baseline_caches, go_gpuallocator_like
@@ -34,7 +32,7 @@ from topology.graph import TopologyGraph
 from topology.scoring import score_set
 from topology.search import LOOKAHEAD_TOLERANCE, best_set, clear_search_caches
 
-RESULTS = Path(__file__).parent / "results" / "topology_search.json"
+RESULTS = RESULTS_DIR / "topology_search.json"
 SIZES = (1, 2, 4, 8)
 
 
@@ -156,20 +154,17 @@ def print_table(rows: list[Row], shares: dict[tuple[str, int], float]) -> None:
 
 
 def write_report(output: Path, rows: list[Row], shares: dict[tuple[str, int], float], *,
-                 requests: int, seed: int) -> None:
+                 requests: int, seed: int, argv: list[str] | None = None) -> None:
     report = {
         "benchmark": "topology_search",
-        "generated": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
         "requests_per_cell": requests,
         "seed": seed,
         "rows": [asdict(row) for row in rows],
         "go_gpuallocator_best_share": [{"node": node, "size": size, "share": share}
                                        for (node, size), share in shares.items()],
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    module = "benchmarks.topology_search"
+    write_results(output.stem, report, module=module, argv=argv, directory=output.parent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += measure(graph, requests)
             shares[(graph.name, size)] = baseline_best_share(graph, requests)
             print(f"measured {graph.name} size {size}", flush=True)
-    write_report(args.output, rows, shares, requests=args.requests, seed=args.seed)
+    write_report(args.output, rows, shares, requests=args.requests, seed=args.seed, argv=argv)
     print()
     print_table(rows, shares)
     print(f"\nwrote {args.output}")

@@ -10,21 +10,27 @@ from typing import Any
 
 from devicemodel.errors import GpuweaveError, InvalidInputError
 from gpuweave.stopping import stop_on_signals, wait_for
-from scheduler_ext.app import Extender, build_snapshot_extender
-from scheduler_ext.decide.shortlist import DEFAULT_KEEP
-from scheduler_ext.decide.workload import load_workload_file
-from scheduler_ext.gangs.book import DEFAULT_TTL_S
-from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
-from scheduler_ext.gangs.service import GangSettings
-from scheduler_ext.kube import build_kube_extender
-from scheduler_ext.leader import (
+from scheduler_ext.api import (
     DEFAULT_DURATION_S,
+    DEFAULT_HOLD_SHARE,
+    DEFAULT_KEEP,
     DEFAULT_LEASE_NAME,
     DEFAULT_RETRY_S,
+    DEFAULT_TTL_S,
+    FRESH_S,
+    HOLD_LIMIT_FLAG,
+    PERCENT_FLOOR_GPUS,
+    TIMEOUT_S,
+    Extender,
+    GangSettings,
+    HoldLimit,
     LeaseSettings,
+    PreflightSettings,
+    build_kube_extender,
+    build_snapshot_extender,
     lease_settings,
+    load_workload_file,
 )
-from scheduler_ext.preflight.book import FRESH_S, TIMEOUT_S, PreflightSettings
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
 
 

@@ -19,8 +19,7 @@ from gpuweave.status.explain import explain
 from gpuweave.status.rows import cluster_status
 from gpuweave.status.text import explain_text, status_text, to_json
 from kubeio.client import api_client
-from scheduler_ext.cluster.snapshot import read_objects
-from scheduler_ext.decide.workload import load_workload_file
+from scheduler_ext.api import load_workload_file, read_objects
 
 DEFAULT_KUBECONFIG = Path.home() / ".kube" / "config"
 

@@ -50,11 +50,19 @@ from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.decide.shortlist import DEFAULT_KEEP
-from scheduler_ext.gangs.service import GangSettings
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, parse
+from scheduler_ext.api import (
+    DEFAULT_KEEP,
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    GangSettings,
+    SnapshotBinder,
+    apply_objects,
+    assemble,
+    build_core,
+    parse,
+)
 from topology.fragmentation import TargetWorkload
 
 _NAME = re.compile(r"[^a-z0-9.-]+")

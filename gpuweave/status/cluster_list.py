@@ -18,7 +18,7 @@ from urllib3.exceptions import HTTPError
 
 from devicemodel.contracts import API_GROUP, API_VERSION, BAD_HARDWARE_KIND, BAD_HARDWARE_PLURAL
 from kubeio.errors import NOT_FOUND, api_error, status_of
-from scheduler_ext.kube import list_calls
+from scheduler_ext.api import list_calls
 
 FORBIDDEN = 403
 

@@ -21,12 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, BAD_HARDWARE_KIND, NODE_INVENTORY_KIND
-from scheduler_ext.app import build_core
-from scheduler_ext.cluster.cache import ClusterCache
-from scheduler_ext.cluster.snapshot import apply_objects
-from scheduler_ext.decide.core import DecisionCore
-from scheduler_ext.decide.workload import pod_shape
-from scheduler_ext.pods.requests import BadPodRequestError, pod_is_ours, pod_request
+from scheduler_ext.api import (
+    BadPodRequestError,
+    ClusterCache,
+    DecisionCore,
+    apply_objects,
+    build_core,
+    pod_is_ours,
+    pod_request,
+    pod_shape,
+)
 from topology.fragmentation import TargetWorkload
 
 Object = Mapping[str, Any]

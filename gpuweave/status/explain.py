@@ -27,15 +27,23 @@ from devicemodel.sharing import SharingMode
 from gpuweave.status.cluster_view import ClusterView, Object, unbound
 from gpuweave.status.fixes import mig_fix, sharing_fix
 from gpuweave.status.node_rules import excluded_by_scheduler
-from scheduler_ext.cluster.objects import PodRecord
-from scheduler_ext.cluster.snapshot import SnapshotBinder
-from scheduler_ext.decide.state import NodeState
-from scheduler_ext.decide.summary import DeviceGroup, device_groups, generic_reason, reason_counts
-from scheduler_ext.decide.verdict import Verdict
-from scheduler_ext.pods.host import host_requests
-from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
-from scheduler_ext.serving.service import ExtenderService
-from scheduler_ext.serving.wire import ExtenderArgs
+from scheduler_ext.api import (
+    BadPodRequestError,
+    DeviceGroup,
+    ExtenderArgs,
+    ExtenderService,
+    NodeState,
+    PodRecord,
+    PodRequest,
+    SnapshotBinder,
+    Verdict,
+    device_groups,
+    generic_reason,
+    host_requests,
+    pod_is_ours,
+    pod_request,
+    reason_counts,
+)
 from topology.fragmentation import TargetWorkload
 from topology.scoring import SetScore, score_set
 from topology.search import best_set

@@ -25,10 +25,7 @@ from devicemodel.sharing import GpuSharing, SharingMode
 from gpuweave.status.cluster_view import ClusterView
 from hardware.mig_catalog import default_catalog
 from mig.planner import Instance, plan_layout
-from scheduler_ext.cluster.objects import inventory_record
-from scheduler_ext.decide.state import NodeState
-from scheduler_ext.decide.verdict import Verdict
-from scheduler_ext.pods.requests import PodRequest
+from scheduler_ext.api import NodeState, PodRequest, Verdict, inventory_record
 
 MAX_TRIED_NODES = 64  # nodes asked about in their changed form: one decision each
 

@@ -26,11 +26,18 @@ from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MILLI_PER_GPU, SharingMod
 from gpuweave.status.cluster_view import BadHardware, ClusterView
 from gpuweave.status.explain import asks_text
 from health.policy import DeviceState
-from scheduler_ext.cluster.objects import PodRecord
-from scheduler_ext.decide.layout import GpuSlot
-from scheduler_ext.decide.shares import ModelFor, fragment_models, node_fragment
-from scheduler_ext.decide.state import NodeState, share_capacity
-from scheduler_ext.pods.requests import BadPodRequestError, pod_is_ours, pod_request
+from scheduler_ext.api import (
+    BadPodRequestError,
+    GpuSlot,
+    ModelFor,
+    NodeState,
+    PodRecord,
+    fragment_models,
+    node_fragment,
+    pod_is_ours,
+    pod_request,
+    share_capacity,
+)
 
 HEALTHY, WITHHELD, UNHEALTHY, RETIRED = "healthy", "withheld", "unhealthy", "retired"
 HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.HEALTHY)

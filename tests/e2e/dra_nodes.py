@@ -19,6 +19,7 @@ from devicemodel.spec import NodeProfile
 from dradriver.slices import pool_slices
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import ControlPlane
+from tests.support.pods import pod_body
 
 
 def create_dra_node(
@@ -47,20 +48,15 @@ def claim_pod(
     name: str, claim: str, *, scheduler: str, selector: dict[str, str], taint: dict[str, str]
 ) -> Any:
     """A pod whose one container uses the ResourceClaim ``claim`` (as request ``gpus``)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": scheduler,
-            "nodeSelector": selector,
-            "tolerations": [{**taint, "operator": "Equal"}],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-            "containers": [
-                {"name": "main", "image": "e2e/none", "resources": {"claims": [{"name": "gpus"}]}}
-            ],
-        },
-    }
+    return pod_body(
+        name,
+        scheduler=scheduler,
+        node_selector=selector,
+        tolerations=[taint],
+        claims={"gpus": claim},
+        container="main",
+        image="e2e/none",
+    )
 
 
 class DraCleanup:

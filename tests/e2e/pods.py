@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.cluster import ControlPlane, wait_for
+from tests.support.pods import pod_body
 
 FAULT_NODE = "e2e-h100"
 HANDOFF_NODE = "e2e-a100"
@@ -29,23 +30,18 @@ def gpu_pod(
     placement: str | None = None,
     only_on: str | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "schedulerName": SCHEDULER_NAME,
-        "terminationGracePeriodSeconds": grace_s,
-        "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {resource: str(gpus)}}}],
-    }
-    if fault_node:
-        only_on = FAULT_NODE
-    if only_on:
-        spec["tolerations"] = [{**FAULT_TAINT, "operator": "Equal"}]
-        spec["nodeSelector"] = {"kubernetes.io/hostname": only_on}
-    annotations = {"gpuweave.io/placement": placement} if placement else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": spec,
-    }
+    only_on = FAULT_NODE if fault_node else only_on
+    return pod_body(
+        name,
+        scheduler=SCHEDULER_NAME,
+        grace_s=grace_s,
+        limits={resource: gpus},
+        tolerations=[FAULT_TAINT] if only_on else (),
+        node_selector={"kubernetes.io/hostname": only_on} if only_on else None,
+        annotations={"gpuweave.io/placement": placement} if placement else None,
+        container="main",
+        image="e2e/none",
+    )
 
 
 def wait_admitted(plane: ControlPlane, namespace: str, name: str) -> tuple[Any, dict[str, Any]]:

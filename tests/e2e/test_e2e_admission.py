@@ -17,6 +17,7 @@ from kubernetes import client, config
 
 from tests.e2e.cluster import NAMESPACE, ControlPlane
 from tests.support.api_outcome import outcome as _outcome
+from tests.support.pods import pod_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -25,13 +26,6 @@ SPACE = "e2e-admission"
 PLAIN = "e2e-plain-user"
 KEY = "gpuweave.io/assignment"
 REFUSED = "cannot be set or changed here"
-
-
-def _pod(name: str, *, node: str = "", annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
 
 
 def _refused(call: Callable[[], Any]) -> bool:
@@ -75,7 +69,7 @@ def plain(plane: ControlPlane) -> Iterator[client.CoreV1Api]:
     )
     with _api(plane.service_account_kubeconfig(PLAIN, namespace=SPACE)) as api:
         core = client.CoreV1Api(api)
-        probe = _pod("probe", annotations={KEY: "{}"})
+        probe = pod_body("probe", annotations={KEY: "{}"})
         attempt = partial(core.create_namespaced_pod, SPACE, probe, dry_run="All")
         wait_until(  # the API server loads a new policy through an informer, a moment after it exists
             "the assignment admission policy in force", partial(_refused, attempt)
@@ -84,15 +78,16 @@ def plain(plane: ControlPlane) -> Iterator[client.CoreV1Api]:
 
 
 def test_a_plain_user_cannot_create_a_pod_with_an_assignment(plain: client.CoreV1Api) -> None:
-    refused = _outcome(lambda: plain.create_namespaced_pod(SPACE, _pod("forged", annotations={KEY: "{}"})))
+    forged = pod_body("forged", annotations={KEY: "{}"})
+    refused = _outcome(lambda: plain.create_namespaced_pod(SPACE, forged))
     assert REFUSED in refused and "gpuweave-assignment-writers" in refused
-    assert _outcome(lambda: plain.create_namespaced_pod(SPACE, _pod("honest"))) == "ok"
+    assert _outcome(lambda: plain.create_namespaced_pod(SPACE, pod_body("honest"))) == "ok"
 
 
 def test_a_plain_user_cannot_add_or_change_an_assignment(
     plane: ControlPlane, plain: client.CoreV1Api
 ) -> None:
-    plain.create_namespaced_pod(SPACE, _pod("patched"))
+    plain.create_namespaced_pod(SPACE, pod_body("patched"))
     forged = {"metadata": {"annotations": {KEY: '{"node": "n", "containers": {}}'}}}
     assert REFUSED in _outcome(lambda: plain.patch_namespaced_pod("patched", SPACE, forged))
     other = {"metadata": {"annotations": {"example.com/note": "fine"}}}
@@ -116,7 +111,7 @@ def test_only_the_extenders_identity_binds_with_an_assignment(
     plane: ControlPlane, plain: client.CoreV1Api, scheduler_kubeconfig: Path
 ) -> None:
     for name in ("bound-by-plain", "bound-by-extender"):
-        plane.core.create_namespaced_pod(SPACE, _pod(name))
+        plane.core.create_namespaced_pod(SPACE, pod_body(name))
     uid = plane.core.read_namespaced_pod("bound-by-plain", SPACE).metadata.uid
     forged = _binding("bound-by-plain", uid, "node-a", assignment="{}")
     refused = _outcome(
@@ -137,12 +132,12 @@ def test_the_node_agent_corrects_assignments_only_on_its_own_node(plane: Control
     optional = Path(__file__).parents[2] / "manifests" / "rbac-node-agent-assignments.yaml"
     plane.apply([doc for doc in yaml.safe_load_all(optional.read_text()) if doc])
     try:
-        host = _pod("gpuweave-node-agent-x", node="node-a")
+        host = pod_body("gpuweave-node-agent-x", node="node-a")
         host["spec"]["serviceAccountName"] = "gpuweave-node-agent"
         agent_pod = plane.core.create_namespaced_pod(NAMESPACE, host)
         kubeconfig = plane.service_account_kubeconfig("gpuweave-node-agent", bound_pod=agent_pod)
         for name, node in (("on-node-a", "node-a"), ("on-node-b", "node-b")):
-            plane.core.create_namespaced_pod(SPACE, _pod(name, node=node))
+            plane.core.create_namespaced_pod(SPACE, pod_body(name, node=node))
         patch = {"metadata": {"annotations": {KEY: '{"node": "node-a", "containers": {}}'}}}
         with _api(kubeconfig) as api:
             agent = client.CoreV1Api(api)

@@ -42,6 +42,7 @@ from tests.e2e.cluster import (
 from tests.e2e.conftest import add_taint
 from tests.e2e.test_e2e_cdi import resolve
 from tests.support.agent_process import short_temp_dir
+from tests.support.pods import pod_body
 
 pytestmark = pytest.mark.e2e
 
@@ -117,20 +118,17 @@ def _share_claim(name: str, compute: str) -> dict[str, Any]:
 
 
 def _pod(name: str, *, claim: str | None = None, resources: dict[str, str] | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "e2e/none"}
-    spec: dict[str, Any] = {
-        "schedulerName": SCHEDULER,
-        "terminationGracePeriodSeconds": 1,
-        "nodeSelector": {"kubernetes.io/hostname": NODE},
-        "tolerations": [{**TAINT, "operator": "Equal"}],
-        "containers": [container],
-    }
-    if claim is not None:
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
-        container["resources"] = {"claims": [{"name": "gpu"}]}
-    if resources is not None:
-        container["resources"] = {"limits": resources}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    return pod_body(
+        name,
+        scheduler=SCHEDULER,
+        grace_s=1,
+        node_selector={"kubernetes.io/hostname": NODE},
+        tolerations=[TAINT],
+        claims={"gpu": claim} if claim is not None else None,
+        limits=resources,
+        container="main",
+        image="e2e/none",
+    )
 
 
 def _running(plane: ControlPlane, name: str) -> dict[str, Any]:

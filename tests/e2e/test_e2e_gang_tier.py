@@ -52,6 +52,7 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.gpu_nodes import create_gpu_node, held_devices, publish_inventory
 from tests.e2e.pods import GPU, scheduling_failure
+from tests.support.pods import pod_body
 from topology.network import LABEL_GPU_CLIQUE
 
 pytestmark = pytest.mark.e2e
@@ -116,18 +117,17 @@ def _pod(name: str, *, gpus: int = 4, gang: str | None = None) -> dict[str, Any]
         else {}
     )
     limits = {GPU: str(gpus), RESOURCE_IMEX_CHANNEL: "1"} if gang else {GPU: str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [{**TAINT, "operator": "Equal"}],
-            "nodeSelector": {NODE_LABEL: "true"},
-            "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": limits}}],
-        },
-    }
+    return pod_body(
+        name,
+        scheduler=SCHEDULER,
+        grace_s=0,
+        tolerations=[TAINT],
+        node_selector={NODE_LABEL: "true"},
+        limits=limits,
+        annotations=annotations,
+        container="main",
+        image="e2e/none",
+    )
 
 
 def _bound_one_gpu_pod(name: str, inventory: NodeInventory) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.gpu_nodes import create_gpu_node, held_devices
 from tests.e2e.pods import GPU, scheduling_failure
+from tests.support.pods import pod_body
 from topology.network import LABEL_AWS_LAYER_3
 
 pytestmark = pytest.mark.e2e
@@ -114,18 +115,17 @@ def _pod(
 ) -> dict[str, Any]:
     annotations = {ANNOTATION_GANG: gang, ANNOTATION_GANG_SIZE: str(size)} if gang else {}
     selector = {NODE_LABEL: "true", **({"kubernetes.io/hostname": only_on} if only_on else {})}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [{**TAINT, "operator": "Equal"}],
-            "nodeSelector": selector,
-            "containers": [{"name": "main", "image": "e2e/none", "resources": {"limits": {GPU: str(gpus)}}}],
-        },
-    }
+    return pod_body(
+        name,
+        scheduler=SCHEDULER,
+        grace_s=0,
+        tolerations=[TAINT],
+        node_selector=selector,
+        limits={GPU: gpus},
+        annotations=annotations,
+        container="main",
+        image="e2e/none",
+    )
 
 
 def _bound_filler(

@@ -482,6 +482,8 @@ def test_helm_refuses_a_lease_whose_leader_cannot_miss_a_renewal() -> None:
         render_chart(sets=["scheduler.extender.leaderElection.retryPeriodSeconds=6"])
     with pytest.raises(RenderError, match="antiAffinity"):
         render_chart(sets=["scheduler.antiAffinity=sometimes"])
+
+
 def test_helm_uninstall_hook_runs_gpuweave_uninstall_with_the_rights_it_uses() -> None:
     """The pre-delete hook: a Job whose arguments the real CLI parses, run by a service account whose
     RBAC grants what ``gpuweave uninstall`` calls (the DaemonSet, its pods, Nodes, inventories);

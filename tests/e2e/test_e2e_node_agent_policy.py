@@ -25,6 +25,7 @@ from health.scope import TAINT_HEALTH_PENDING, TAINT_NODE_FAULT, NodeCondition
 from tests.e2e.cluster import NAMESPACE, ControlPlane
 from tests.support.api_outcome import outcome
 from tests.support.control_plane import create_gpu_node
+from tests.support.pods import pod_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -38,8 +39,7 @@ FOREIGN_TAINT = {"key": "example.com/maintenance", "value": "soon", "effect": "N
 
 
 def _pod(name: str, node: str, *, labels: dict[str, str] | None = None, **annotations: str) -> dict[str, Any]:
-    meta = {"name": name, "labels": labels or {}, "annotations": annotations}
-    return {"metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
+    return pod_body(name, node=node, labels=labels, annotations=annotations)
 
 
 def _eviction(pod: Any, *, labelled: bool = True, uid: str | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from kubernetes.client.rest import ApiException
 
 from kubeio.lease import LeaseElector
 from tests.e2e.cluster import NAMESPACE, ControlPlane
+from tests.support.pods import pod_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -54,10 +55,6 @@ def _status_of(call: Callable[[], Any]) -> int:
     return 200
 
 
-def _pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-
-
 def test_node_agent_may_do_its_job(agent_api: client.ApiClient, rbac_node: str) -> None:
     core = client.CoreV1Api(agent_api)
     custom = client.CustomObjectsApi(agent_api)
@@ -76,11 +73,11 @@ def test_node_agent_is_refused(
 ) -> None:
     core = client.CoreV1Api(agent_api)
     name = f"victim-{action.replace(' ', '-')}"
-    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    plane.core.create_namespaced_pod(workload_namespace, pod_body(name))
     binding = {"metadata": {"name": name}, "target": {"kind": "Node", "name": rbac_node}}
     calls: dict[str, Callable[[], Any]] = {
         "delete pod": lambda: core.delete_namespaced_pod(name, workload_namespace),
-        "create pod": lambda: core.create_namespaced_pod(workload_namespace, _pod(name + "-new")),
+        "create pod": lambda: core.create_namespaced_pod(workload_namespace, pod_body(name + "-new")),
         "bind pod": lambda: core.create_namespaced_binding(workload_namespace, binding),
         "read secrets": lambda: core.list_namespaced_secret(NAMESPACE),
         "delete node": lambda: core.delete_node(rbac_node),
@@ -114,7 +111,7 @@ def test_scheduler_identity_is_refused(
     core = client.CoreV1Api(scheduler_api)
     custom = client.CustomObjectsApi(scheduler_api)
     name = f"sched-victim-{action.replace(' ', '-')}"
-    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    plane.core.create_namespaced_pod(workload_namespace, pod_body(name))
     inventory = {
         "apiVersion": "gpuweave.io/v1alpha1",
         "kind": "GpuNodeInventory",
@@ -150,7 +147,7 @@ def test_scheduler_identity_may_bind_with_the_assignment(
     """The extender's bind: one pods/binding call whose annotations kube-apiserver writes onto the pod."""
     core = client.CoreV1Api(scheduler_api)
     name = "bind-me"
-    created = plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    created = plane.core.create_namespaced_pod(workload_namespace, pod_body(name))
     binding = client.V1Binding(
         metadata=client.V1ObjectMeta(
             name=name, uid=created.metadata.uid, annotations={"gpuweave.io/assignment": "{}"}
@@ -169,7 +166,7 @@ def test_assignment_correction_rbac_grants_pod_patch_only_while_applied(
     """``--correct-assignments`` needs rbac-node-agent-assignments.yaml; the base role stays without it."""
     core = client.CoreV1Api(agent_api)
     name = "victim-correction"
-    plane.core.create_namespaced_pod(workload_namespace, _pod(name))
+    plane.core.create_namespaced_pod(workload_namespace, pod_body(name))
     patch = {"metadata": {"annotations": {"gpuweave.io/assignment": "{}"}}}
     optional = Path(__file__).parents[2] / "manifests" / "rbac-node-agent-assignments.yaml"
     plane.apply([doc for doc in yaml.safe_load_all(optional.read_text()) if doc])

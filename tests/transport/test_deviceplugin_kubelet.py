@@ -22,6 +22,7 @@ from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
 from hardware.profiles import load_profile
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import ControlPlane, harness_binary
+from tests.support.pods import pod_body
 from tests.support.waiting import wait_until as wait
 
 pytestmark = pytest.mark.e2e
@@ -124,15 +125,7 @@ def node(control_plane: ControlPlane) -> Iterator[Node]:
 
 
 def pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
-        },
-    }
+    return pod_body(name, node=NODE, limits=limits, container="main")
 
 
 def test_kubelet_admits_a_numa_aligned_gpu_and_efa_pod(node: Node) -> None:

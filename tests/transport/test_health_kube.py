@@ -33,6 +33,7 @@ from health.badlist import BadGpu
 from health.kube import EVICTION_LABEL, NODE_PATCH_ATTEMPTS, KubeCluster, bad_hardware_name
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
+from tests.support.pods import pod_body
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
 
@@ -186,19 +187,18 @@ def add_pod(
     assignment = PodAssignment(
         node=node, containers={"main": ContainerAssignment(devices={"nvidia.com/gpu": devices})}
     )
-    api.pods[("ml", name)] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "uid": f"uid-{name}",
-            "labels": labels or {},
-            "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation(), **(annotations or {})},
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": "Running"},
-    }
+    written = {ANNOTATION_ASSIGNMENT: assignment.to_annotation(), **(annotations or {})}
+    pod = pod_body(
+        name,
+        namespace="ml",
+        uid=f"uid-{name}",
+        node=node,
+        labels=labels,
+        annotations=written,
+        container="main",
+        image="x",
+    )
+    api.pods[("ml", name)] = {**pod, "status": {"phase": "Running"}}
 
 
 def test_pods_and_evictions(cluster: tuple[KubeCluster, ApiState]) -> None:

@@ -32,6 +32,7 @@ from mig.service import MigService
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import REPO, ControlPlane, wait_for
 from tests.support.kubelet_emulator import KubeletEmulator
+from tests.support.pods import pod_body
 
 pytestmark = pytest.mark.e2e
 
@@ -122,8 +123,7 @@ def _declare_mig_on_gpu3(plane: ControlPlane) -> None:
 
 
 def _pending_pod(plane: ControlPlane, name: str, *, selector: dict[str, str], resource: str = MIG_1G) -> None:
-    container = {"name": "main", "image": "cuda", "resources": {"limits": {resource: "1"}}}
-    body = {"metadata": {"name": name}, "spec": {"containers": [container], "nodeSelector": selector}}
+    body = pod_body(name, limits={resource: 1}, node_selector=selector, container="main", image="cuda")
     plane.core.create_namespaced_pod(NAMESPACE, body)
     condition = {
         "type": "PodScheduled",

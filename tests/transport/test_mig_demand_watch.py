@@ -25,6 +25,7 @@ from mig.kube import NodeWatch
 from mig.kube_demand import PodCache
 from mig.service import LayoutFollower, MigService
 from tests.support.expiring_api import Collection, expiring_api
+from tests.support.pods import pod_body
 from tests.support.sim_mig import sim_mig_service
 from tests.support.waiting import poll_until
 
@@ -81,14 +82,13 @@ def test_node_watch_relists_after_410_and_applies_the_new_layout(serve, tmp_path
 
 def pod(name: str) -> dict[str, Any]:
     limits = {"nvidia.com/mig-1g.10gb.me": "1", "cpu": "500m"}
-    return {
-        "metadata": {"name": name, "namespace": "w", "uid": f"uid-{name}", "resourceVersion": "3"},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], "nodeSelector": {"a": "b"}},
-        "status": {
-            "phase": "Pending",
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-        },
+    body = pod_body(name, namespace="w", uid=f"uid-{name}", limits=limits, node_selector={"a": "b"})
+    body["metadata"]["resourceVersion"] = "3"
+    body["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
     }
+    return body
 
 
 def test_pod_watch_relists_after_410_and_reads_pods_as_demand_mode_sees_them(serve, caplog):

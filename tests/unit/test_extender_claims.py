@@ -27,6 +27,7 @@ from scheduler_ext.cluster.claims import (
     summarize,
 )
 from scheduler_ext.kube import dra_kinds
+from tests.support.pods import pod_body
 
 REPO = Path(__file__).parents[2]
 
@@ -102,11 +103,8 @@ def _efa(count: int = 1) -> dict[str, Any]:
 
 
 def _pod(*claims: str, template: dict[str, str] | None = None) -> dict[str, Any]:
-    refs: list[dict[str, str]] = [{"name": c, "resourceClaimName": c} for c in claims]
-    pod: dict[str, Any] = {
-        "metadata": {"name": "p", "namespace": "default", "uid": "pod-uid"},
-        "spec": {"containers": [{"name": "c"}], "resourceClaims": refs},
-    }
+    pod = pod_body("p", namespace="default", uid="pod-uid", claims={c: c for c in claims})
+    refs: list[dict[str, str]] = pod["spec"].setdefault("resourceClaims", [])
     if template:
         for ref, claim in template.items():
             refs.append({"name": ref, "resourceClaimTemplateName": "t"})

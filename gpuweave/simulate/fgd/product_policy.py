@@ -27,10 +27,16 @@ from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fgd.policies import Placement
 from gpuweave.simulate.fgd.product import ProductPathError, objects_for, pod_for, trace_inventory
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
-from scheduler_ext.app import Extender, assemble, build_core
-from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects
-from scheduler_ext.decide.shortlist import DEFAULT_KEEP
-from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler_ext.api import (
+    DEFAULT_KEEP,
+    Extender,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    SnapshotBinder,
+    apply_objects,
+    assemble,
+    build_core,
+)
 from topology.fragmentation import IntArray, TargetWorkload
 
 
