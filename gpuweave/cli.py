@@ -22,6 +22,7 @@ from gpuweave import __version__
 # dependencies, which keeps its start-up time and resident memory down.
 COMMAND_MODULE_NAMES = (
     "simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig", "status", "gpu_check", "check",
+    "lifecycle",
 )
 
 Handler = Callable[[argparse.Namespace], int]
