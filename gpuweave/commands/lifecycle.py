@@ -18,6 +18,8 @@ from typing import Any
 from kubernetes import client
 
 from devicemodel.errors import InvalidInputError
+from gpuweave.lifecycle.capacity_config import load_capacity_config
+from gpuweave.lifecycle.kube_capacity import KubeCapacity
 from gpuweave.lifecycle.kube_replace import KubeReplacement
 from gpuweave.lifecycle.lease import LeaseElector
 from gpuweave.lifecycle.replace import ReplacementPolicy
@@ -78,6 +80,21 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="hand a failed node over even when a PodDisruptionBudget allows no eviction now",
     )
+    parser.add_argument(
+        "--capacity-config",
+        type=Path,
+        metavar="FILE",
+        help="run the capacity controller: pending shares, MIG profiles and tier-bound gangs become "
+        "CapacityBuffers for the node pools this file lists (kind CapacityConfig)",
+    )
+    parser.add_argument(
+        "--capacity-cooldown",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a buffer whose machines came up while its pods still fit nowhere is not asked for "
+        "again for this long (default 600)",
+    )
     lease = parser.add_argument_group("leader election")
     lease.add_argument("--lease-namespace", default="gpuweave-system", help="the Lease's namespace")
     lease.add_argument("--lease-name", default="gpuweave-lifecycle", help="the Lease's name")
@@ -93,8 +110,11 @@ def build_service(args: argparse.Namespace, api: client.ApiClient) -> LifecycleS
             cap_fraction=args.disruption_cap, reboot=args.reboot, pdb_override=args.pdb_override
         )
         controllers.append(ReplacementController(KubeReplacement(api, engine_mode=args.engine), policy))
+    if args.capacity_config is not None:
+        config = load_capacity_config(args.capacity_config)
+        controllers.append(KubeCapacity(api, config, cooldown_s=args.capacity_cooldown))
     if not controllers:
-        raise InvalidInputError("every controller is off: drop --no-replacement")
+        raise InvalidInputError("every controller is off: drop --no-replacement or give --capacity-config")
     elector = None
     if not args.no_leader_election:
         identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"

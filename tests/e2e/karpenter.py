@@ -148,6 +148,7 @@ def node_pool(
     consolidation_policy: str = "WhenEmptyOrUnderutilized",
     startup_taints: Sequence[Mapping[str, str]] = (),
     gpu_limit: int = 64,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A NodePool of the kwok NodeClass, limited to ``instance_types`` and ``gpu_limit`` GPUs."""
     requirements = [
@@ -160,7 +161,7 @@ def node_pool(
         "metadata": {"name": name},
         "spec": {
             "template": {
-                "metadata": {"labels": dict(labels)},
+                "metadata": {"labels": dict(labels), "annotations": dict(annotations or {})},
                 "spec": {
                     "requirements": requirements,
                     "taints": [dict(t) for t in taints],

@@ -44,23 +44,33 @@ class LifecycleCluster:
     """The processes above; ``stop`` ends them in reverse order."""
 
     def __init__(
-        self, work: Path, *, pools: Sequence[Mapping[str, Any]], lifecycle_args: Sequence[str]
+        self,
+        work: Path,
+        *,
+        pools: Sequence[Mapping[str, Any]],
+        lifecycle_args: Sequence[str],
+        agent_args: Mapping[str, tuple[str, ...]] | None = None,
+        manifests: Sequence[str] = (),
     ) -> None:
+        """``agent_args``: NodePool -> extra node-agent arguments of its machines; ``manifests``:
+        files under manifests/ applied besides the base and the lifecycle RBAC."""
         self.plane = ControlPlane(work)
         self._stack: list[Any] = [self.plane]
+        self.agent_args = dict(agent_args or {})
         try:
-            self._start(pools, lifecycle_args)
+            self._start(pools, lifecycle_args, manifests)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, pools: Sequence[Mapping[str, Any]], lifecycle_args: Sequence[str]) -> None:
+    def _start(
+        self, pools: Sequence[Mapping[str, Any]], lifecycle_args: Sequence[str], manifests: Sequence[str]
+    ) -> None:
         plane = self.plane
         plane.apply(plane.kustomize(REPO / "manifests"))
         plane.apply(kp.karpenter_crds())
-        plane.apply(
-            [d for d in yaml.safe_load_all((REPO / "manifests/lifecycle/rbac.yaml").read_text()) if d]
-        )
+        for name in ("lifecycle/rbac.yaml", *manifests):
+            plane.apply([d for d in yaml.safe_load_all((REPO / "manifests" / name).read_text()) if d])
         plane.ensure_namespace(NAMESPACE)
         self.custom = client.CustomObjectsApi(plane.api)
         self.custom.create_cluster_custom_object(*kp.NODECLASSES, kp.node_class())
@@ -85,6 +95,7 @@ class LifecycleCluster:
                 plane,
                 agent_kubeconfig=plane.service_account_kubeconfig("gpuweave-node-agent"),
                 health_config=health,
+                agent_args=self.agent_args,
             )
         )
         lifecycle_kubeconfig = plane.service_account_kubeconfig("gpuweave-lifecycle")
@@ -115,23 +126,26 @@ class LifecycleCluster:
 
     # --- objects ----------------------------------------------------------------------------------
 
-    def create_job(self, name: str, *, members: int, gpus: int, annotations: Mapping[str, str]) -> None:
-        """An Indexed Job of ``members`` pods with ``gpus`` GPUs each, as a training gang runs; an
-        eviction (the pod's DisruptionTarget condition) is not counted as a failure."""
+    def create_job(
+        self,
+        name: str,
+        *,
+        members: int,
+        limits: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        tolerations: Sequence[Mapping[str, str]] = TOLERATIONS,
+    ) -> None:
+        """An Indexed Job of ``members`` pods, each with ``limits``, as a training gang or a batch
+        of small jobs runs; an eviction (the pod's DisruptionTarget condition) is not counted as a
+        failure."""
         template = {
-            "metadata": {"annotations": dict(annotations)},
+            "metadata": {"annotations": dict(annotations or {})},
             "spec": {
                 "schedulerName": "gpuweave-scheduler",
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 5,
-                "tolerations": TOLERATIONS,
-                "containers": [
-                    {
-                        "name": "worker",
-                        "image": "trainer",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                    }
-                ],
+                "tolerations": [dict(t) for t in tolerations],
+                "containers": [{"name": "worker", "image": "trainer", "resources": {"limits": dict(limits)}}],
             },
         }
         job: Any = {

@@ -137,7 +137,7 @@ def test_a_node_whose_gpu_cannot_be_reset_is_replaced_through_its_nodeclaim(
     cluster: LifecycleCluster,
 ) -> None:
     plane = cluster.plane
-    cluster.create_job("train", members=2, gpus=8, annotations=GANG)
+    cluster.create_job("train", members=2, limits={"nvidia.com/gpu": "8"}, annotations=GANG)
     before = cluster.wait_job_running("train", 2)
     broken, survivor = sorted(p.spec.node_name for p in before)
     assert broken != survivor
