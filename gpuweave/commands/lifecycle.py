@@ -21,11 +21,11 @@ from devicemodel.errors import InvalidInputError
 from gpuweave.lifecycle.capacity_config import load_capacity_config
 from gpuweave.lifecycle.kube_capacity import KubeCapacity
 from gpuweave.lifecycle.kube_replace import KubeReplacement
-from gpuweave.lifecycle.lease import LeaseElector
 from gpuweave.lifecycle.replace import ReplacementPolicy
 from gpuweave.lifecycle.service import Controller, LifecycleService, ReplacementController
 from gpuweave.stopping import stop_on_signals, wait_for
 from kubeio.client import api_client
+from kubeio.lease import LeaseElector
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,14 @@ def register(subparsers: Any) -> None:
         help="a buffer whose machines came up while its pods still fit nowhere is not asked for "
         "again for this long (default 600)",
     )
+    parser.add_argument(
+        "--gang-settle",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="a gang's members ask for whole GPUs, which the autoscaler acts on by itself: buffer only "
+        "what its machines leave missing from one tier, once the gang has waited this long (default 20)",
+    )
     lease = parser.add_argument_group("leader election")
     lease.add_argument("--lease-namespace", default="gpuweave-system", help="the Lease's namespace")
     lease.add_argument("--lease-name", default="gpuweave-lifecycle", help="the Lease's name")
@@ -112,7 +120,9 @@ def build_service(args: argparse.Namespace, api: client.ApiClient) -> LifecycleS
         controllers.append(ReplacementController(KubeReplacement(api, engine_mode=args.engine), policy))
     if args.capacity_config is not None:
         config = load_capacity_config(args.capacity_config)
-        controllers.append(KubeCapacity(api, config, cooldown_s=args.capacity_cooldown))
+        controllers.append(
+            KubeCapacity(api, config, cooldown_s=args.capacity_cooldown, gang_settle_s=args.gang_settle)
+        )
     if not controllers:
         raise InvalidInputError("every controller is off: drop --no-replacement or give --capacity-config")
     elector = None

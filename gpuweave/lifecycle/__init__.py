@@ -5,5 +5,5 @@ says only a reboot or a new machine helps are handed to their engine now (pure);
 reads the cluster and hands them over (a Karpenter NodeClaim or Cluster API Machine deleted, the
 node condition Karpenter's repair reads, an Event, the bad-hardware list). ``capacity`` turns
 pending demand the autoscaler cannot read into CapacityBuffers it can (pure), ``kube_capacity``
-writes them. ``lease`` keeps one active replica; ``service`` runs the controllers.
+writes them. ``kubeio.lease`` keeps one active replica; ``service`` runs the controllers.
 """

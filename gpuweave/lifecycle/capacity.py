@@ -65,11 +65,12 @@ class MigDemand:
 class GangDemand:
     gang: str  # the gang's key
     members: tuple[str, ...]  # its pending pods
-    size: int
+    missing: int  # members its best domain cannot hold yet
     gpus_per_member: int
     tier_label: str
     pools: tuple[str, ...]
     cpu_milli: int = 0  # a member's CPU request
+    domain: str = ""  # the tier domain to grow ("" for any one domain)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class BufferPlan:
     tier_label: str = ""  # a gang's: every machine in one domain of this label
     reason: str = ""
     member_cpu_milli: int = 0  # a gang's chunks ask for more CPU than a member: placed first
+    tier_value: str = ""  # a gang's: that domain of ``tier_label`` ("" for any one)
 
 
 def buffer_name(kind: str, key: str) -> str:
@@ -135,11 +137,12 @@ def plan_buffers(
         if pool is None or pool.gpus < gang.gpus_per_member:
             continue
         per_node = max(1, pool.gpus // max(1, gang.gpus_per_member))
-        nodes = math.ceil(gang.size / per_node)
+        nodes = math.ceil(gang.missing / per_node)
         if nodes > left:
-            continue  # a gang gets its whole tier or waits
+            continue  # a gang gets what its domain lacks, or waits
         left -= nodes
-        reason = f"gang {gang.gang}: {gang.size} x {gang.gpus_per_member} GPUs in one {gang.tier_label}"
+        where = f"{gang.tier_label}={gang.domain}" if gang.domain else f"one {gang.tier_label}"
+        reason = f"gang {gang.gang}: {gang.missing} more x {gang.gpus_per_member} GPUs in {where}"
         name = buffer_name(KIND_GANG, gang.gang)
         plans.append(
             BufferPlan(
@@ -152,6 +155,7 @@ def plan_buffers(
                 gang.tier_label,
                 reason,
                 member_cpu_milli=gang.cpu_milli,
+                tier_value=gang.domain,
             )
         )
     by_pool: list[tuple[str, str, int, tuple[str, ...]]] = []  # (kind, pool, GPUs, pods)

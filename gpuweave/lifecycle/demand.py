@@ -194,24 +194,53 @@ def _gang(
     machines: NewMachines,
     nodepools: Mapping[str, Object],
 ) -> GangDemand | None:
-    """The gang's demand when all its members are pending and no domain of its tier holds them now."""
+    """What the gang still lacks in its best domain, when all its members are pending.
+
+    A domain of its tier holds, for each member, a node the member fits now, or a place on a
+    pool machine still starting there (the autoscaler launched it for what it reads of the
+    members: their whole GPUs). The domain that holds most wins; what it lacks is the demand, and
+    only that is asked for, in that domain. None when a domain holds them all already."""
     pod, request = members[0]
     found = gang_of(pod, min_members={}, tier_labels=DEFAULT_TIER_LABELS)
     if found is None or len(members) < found.size:
         return None  # not all members exist (or some are placed): the extender plans around them
-    domains: dict[str, int] = {}
-    for name in fitting_nodes(view, pod, request):
-        value = ((view.nodes[name].get("metadata") or {}).get("labels") or {}).get(found.tier)
-        if value:
-            domains[value] = domains.get(value, 0) + 1
-    if any(count >= found.size for count in domains.values()):
-        return None
     pools = machines.pools_for(request, pod, offers=("exclusive",), nodepools=nodepools)
     if not pools:
         return None
+    per_machine = max(1, machines.config.pools[pools[0]].gpus // max(1, request.pod_gpus()))
+    held: dict[str, int] = {}
+    for name in fitting_nodes(view, pod, request):
+        value = _labels(view.nodes[name]).get(found.tier)
+        if value:
+            held[value] = held.get(value, 0) + 1
+    for labels in starting_machines(view, pools[0]):
+        value = labels.get(found.tier)
+        if value:
+            held[value] = held.get(value, 0) + per_machine
+    domain, have = max(sorted(held.items()), key=lambda item: item[1], default=("", 0))
+    if have >= found.size:
+        return None
     keys = tuple(sorted(_key(member) for member, _ in members))
     cpu = max(host_requests(member)[0] for member, _ in members)
-    return GangDemand(gang, keys, found.size, request.pod_gpus(), found.tier, pools, cpu)
+    return GangDemand(gang, keys, found.size - have, request.pod_gpus(), found.tier, pools, cpu, domain)
+
+
+def starting_machines(view: ClusterView, pool: str) -> list[Mapping[str, str]]:
+    """Labels of the pool's machines still on their way: registered, without an inventory yet or
+    still behind their start-up taint, not being deleted."""
+    starting = []
+    for name, node in view.nodes.items():
+        metadata = node.get("metadata") or {}
+        if _labels(node).get(LABEL_NODEPOOL) != pool or metadata.get("deletionTimestamp"):
+            continue
+        taints = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+        if name not in view.inventories or taints & COMING_TAINTS:
+            starting.append(_labels(node))
+    return starting
+
+
+def _labels(node: Object) -> Mapping[str, str]:
+    return (node.get("metadata") or {}).get("labels") or {}
 
 
 def _key(pod: Object) -> str:

@@ -44,7 +44,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devicemodel.errors import clip
-from gpuweave.lifecycle.capacity import BufferPlan, plan_buffers
+from gpuweave.lifecycle.capacity import BufferPlan, GangDemand, plan_buffers
 from gpuweave.lifecycle.capacity_config import CapacityConfig
 from gpuweave.lifecycle.demand import NewMachines, read_demand, shares_stuck
 from gpuweave.status.cluster_list import list_cluster
@@ -77,9 +77,11 @@ class KubeCapacity:
     config: CapacityConfig
     cooldown_s: float = 600.0
     stale_s: float = 120.0
+    gang_settle_s: float = 20.0
     monotonic: Callable[[], float] = time.monotonic
     name: str = "capacity"
     _up_since: dict[str, float] = field(default_factory=dict)  # buffer -> when all its machines were up
+    _gang_seen: dict[str, float] = field(default_factory=dict)  # gang -> when its demand was first seen
     _cool: dict[str, float] = field(default_factory=dict)  # buffer -> monotonic time it may return
     _core: Any = field(init=False)
     _custom: Any = field(init=False)
@@ -97,13 +99,22 @@ class KubeCapacity:
         plans = plan_buffers(
             shares=demand.shares,
             migs=demand.migs,
-            gangs=demand.gangs,
+            gangs=self._settled(demand.gangs),
             pools=self.config.pools,
             max_nodes=self.config.max_nodes,
         )
         now = self.monotonic()
         self._sync([p for p in plans if self._cool.get(p.name, 0.0) <= now], view, nodepools)
         self._protect(view)
+
+    def _settled(self, gangs: Sequence[GangDemand]) -> list[GangDemand]:
+        """Gangs whose demand has stood ``gang_settle_s``: their members ask for whole GPUs, which
+        the autoscaler reads and acts on by itself first; what its machines leave missing from one
+        domain is asked for only once they show."""
+        now = self.monotonic()
+        seen = {g.gang: self._gang_seen.get(g.gang, now) for g in gangs}
+        self._gang_seen = seen
+        return [g for g in gangs if now - seen[g.gang] >= self.gang_settle_s]
 
     # --- buffers --------------------------------------------------------------------------------
 
@@ -310,7 +321,14 @@ def chunk_template(plan: BufferPlan, pool: Object, *, existing: Sequence[str] = 
             "requiredDuringSchedulingIgnoredDuringExecution": [{**mine, "topologyKey": LABEL_HOSTNAME}]
         },
     }
-    if plan.tier_label:
+    if plan.tier_label and plan.tier_value:
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        terms[0]["matchExpressions"].append(
+            {"key": plan.tier_label, "operator": "In", "values": [plan.tier_value]}
+        )
+    elif plan.tier_label:
         affinity["podAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [{**mine, "topologyKey": plan.tier_label}]
         }

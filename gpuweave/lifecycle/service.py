@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuweave.lifecycle.kube_replace import KubeReplacement
-from gpuweave.lifecycle.lease import LeaseElector
 from gpuweave.lifecycle.replace import ReplacementPolicy, decide
+from kubeio.lease import LeaseElector
 
 log = logging.getLogger(__name__)
 

@@ -134,6 +134,7 @@ class LifecycleCluster:
         limits: Mapping[str, str],
         annotations: Mapping[str, str] | None = None,
         tolerations: Sequence[Mapping[str, str]] = TOLERATIONS,
+        node_selector: Mapping[str, str] | None = None,
     ) -> None:
         """An Indexed Job of ``members`` pods, each with ``limits``, as a training gang or a batch
         of small jobs runs; an eviction (the pod's DisruptionTarget condition) is not counted as a
@@ -145,6 +146,7 @@ class LifecycleCluster:
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 5,
                 "tolerations": [dict(t) for t in tolerations],
+                "nodeSelector": dict(node_selector or {}),
                 "containers": [{"name": "worker", "image": "trainer", "resources": {"limits": dict(limits)}}],
             },
         }

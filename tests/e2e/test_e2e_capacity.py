@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import karpenter as kp
 from tests.e2e.cluster import wait_for
-from tests.e2e.lifecycle_cluster import NAMESPACE, STARTUP_TAINT, LifecycleCluster
+from tests.e2e.lifecycle_cluster import BLOCKS, NAMESPACE, STARTUP_TAINT, LifecycleCluster
 from tests.support.agent_process import remove_tree, short_temp_dir
 from topology.network import LABEL_AWS_LAYER_3
 
@@ -78,12 +78,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LifecycleClust
             annotations={"gpuweave.io/mig-layout": layout},
             **common,
         ),
-        kp.node_pool(GANG, taints=[_taint(GANG)], instance_types=["p5.48xlarge"], **common),
+        kp.node_pool(
+            GANG, taints=[_taint(GANG)], instance_types=["p5.48xlarge"], consolidate_after="5s", **common
+        ),
     ]
     started = LifecycleCluster(
         work / "cluster",
         pools=pools,
-        lifecycle_args=("--capacity-config", str(config), "--no-replacement"),
+        lifecycle_args=("--capacity-config", str(config), "--no-replacement", "--gang-settle", "8"),
         agent_args={SHARES: ("--sharing-config", str(sharing)), MIG: ("--mig-mode", "demand")},
         manifests=("rbac-node-agent-mig-demand.yaml",),
     )
@@ -112,12 +114,14 @@ class Seen:
     def __init__(self, cluster: LifecycleCluster) -> None:
         self.cluster = cluster
         self.buffers: dict[str, int] = {}
+        self.last: dict[str, Any] = {}  # buffer name -> its last status (for failure messages)
 
     def look(self) -> None:
         self.cluster.check()
         for buffer in _buffers(self.cluster):
             name, replicas = buffer["metadata"]["name"], int(buffer["spec"].get("replicas") or 0)
             self.buffers[name] = max(replicas, self.buffers.get(name, 0))
+            self.last[name] = buffer.get("status")
 
 
 def _running(
@@ -128,7 +132,11 @@ def _running(
         pods = cluster.job_pods(job)
         return pods if len(pods) == count and cluster.running(pods) else None
 
-    pods: list[Any] = wait_for(f"Job {job}'s {count} pods Running", check, timeout=timeout)
+    try:
+        pods: list[Any] = wait_for(f"Job {job}'s {count} pods Running", check, timeout=timeout)
+    except BaseException:
+        print(f"buffers seen: {seen.buffers}; their last status: {seen.last}")
+        raise
     return pods
 
 
@@ -202,7 +210,22 @@ def test_mig_pods_get_a_machine_the_mig_manager_reshapes(cluster: LifecycleClust
     _no_buffers(cluster)
 
 
-def test_a_gang_that_must_share_a_block_gets_two_machines_in_one(cluster: LifecycleCluster) -> None:
+def test_a_gang_that_must_share_a_block_gets_the_machine_its_block_lacks(cluster: LifecycleCluster) -> None:
+    """One free 8-GPU machine in each block (each kept by a CPU-only pod): by what Karpenter reads,
+    the 2 x 8-GPU gang fits them, so it launches nothing; no block holds both members, so the gang
+    waits. gpuweave asks for the one machine block A lacks; the gang runs there."""
+    blocks = {}
+    for block in BLOCKS:
+        job = f"keep-{block[-1]}"
+        cluster.create_job(
+            job,
+            members=1,
+            limits={"cpu": "1"},
+            tolerations=_tolerate(GANG),
+            node_selector={LABEL_AWS_LAYER_3: block},
+        )
+        (pod,) = _running(cluster, job, 1, Seen(cluster))
+        blocks[block] = pod.spec.node_name
     seen = Seen(cluster)
     annotations = {
         "gpuweave.io/gang": "train",
@@ -217,8 +240,12 @@ def test_a_gang_that_must_share_a_block_gets_two_machines_in_one(cluster: Lifecy
         tolerations=_tolerate(GANG),
     )
     pods = _running(cluster, "gang", 2, seen, timeout=240)
-    nodes = [cluster.plane.core.read_node(p.spec.node_name) for p in pods]
-    assert len({n.metadata.name for n in nodes}) == 2
-    assert len({n.metadata.labels[LABEL_AWS_LAYER_3] for n in nodes}) == 1
-    print("\ngang machines booted:", _booted(cluster, GANG), "buffers seen:", seen.buffers)
+    placed = {p.spec.node_name for p in pods}
+    assert len(placed) == 2
+    assert {cluster.plane.core.read_node(n).metadata.labels[LABEL_AWS_LAYER_3] for n in placed} == {BLOCKS[0]}
+    assert blocks[BLOCKS[0]] in placed
+    booted = _booted(cluster, GANG)
+    print("\ngang pool machines booted:", booted, "buffers seen:", seen.buffers)
+    assert len(booted) == 3, booted  # the two kept machines and the one block A lacked
+    assert list(seen.buffers.values()) == [1], seen.buffers
     _no_buffers(cluster)

@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from gpuweave.lifecycle.lease import LeaseRecord, LeaseStep, micro_time, step
+from kubeio.lease import LeaseRecord, LeaseStep, micro_time, step
 
 
 def record(holder: str, *, duration: int = 15) -> LeaseRecord:

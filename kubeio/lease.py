@@ -1,4 +1,5 @@
-"""One active lifecycle controller: leader election through a ``coordination.k8s.io`` Lease.
+"""One active controller: leader election through a ``coordination.k8s.io`` Lease (the lifecycle
+controller and the extender's controllers run under it).
 
 The rules are client-go's: a holder renews the Lease every ``renew_s``; a candidate takes it only
 once ``leaseDurationSeconds`` passed since the last renewal it observed *on its own clock* (so
