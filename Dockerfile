@@ -12,6 +12,7 @@ COPY pyproject.toml README.md ./
 COPY devicemodel/ devicemodel/
 COPY topology/ topology/
 COPY kubeio/ kubeio/
+COPY netio/ netio/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/

@@ -42,7 +42,12 @@ NODE_INVENTORY_KIND: Final = "GpuNodeInventory"
 NODE_INVENTORY_PLURAL: Final = "gpunodeinventories"
 BAD_HARDWARE_KIND: Final = "GpuBadHardware"
 BAD_HARDWARE_PLURAL: Final = "gpubadhardwares"
+PREFLIGHT_KIND: Final = "GpuPreflight"  # a gang's preflight on one node (devicemodel/preflight.py)
+PREFLIGHT_PLURAL: Final = "gpupreflights"
+LABEL_PREFLIGHT: Final = "gpuweave.io/preflight"  # node label: "agent" while its agent serves GpuPreflights
 MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG layout (node annotation)
+LABEL_SHARING_CONFIG: Final = "gpuweave.io/sharing-config"  # node label: its named sharing configuration
+SCHEDULER_NAME: Final = "gpuweave-scheduler"  # pods opt in with spec.schedulerName
 
 # The node lifecycle (docs/node-lifecycle.md). The node agent publishes its node-level verdict as a
 # node condition (Ready polarity: True while every fault can be handled on the node; False with

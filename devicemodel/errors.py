@@ -6,6 +6,8 @@ numbers involved and the next step, so the CLI prints them as one line with no t
 
 from __future__ import annotations
 
+from devicemodel.text import safe_text
+
 
 class GpuweaveError(Exception):
     """Base of every error gpuweave raises on purpose."""
@@ -33,7 +35,6 @@ def echo(value: object, *, limit: int = ECHO_CHARS) -> str:
 
 
 def clip(text: str, *, limit: int = MAX_REASON_CHARS) -> str:
-    """A message cut to ``limit`` characters (the whole length said), for any text that may carry input."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
+    """A message that may carry input, as ``devicemodel.text.safe_text`` writes it: control and
+    format characters escaped, at most ``limit`` characters, a cut marked."""
+    return safe_text(text, limit=limit)

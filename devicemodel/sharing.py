@@ -10,10 +10,15 @@ A fractional GPU's limits are enforced by its own MPS control daemon (``devicepl
 ``mpsPipeDirectory`` is the base path under which each such GPU gets ``<uuid>/pipe`` and
 ``<uuid>/log``, and a GPU's ``mps`` entry sets the defaults its daemon gives a client that sets
 no limit of its own.
+
+A cluster can hold several named configurations (one file ``<name>.yaml`` each in a directory);
+a node picks one with its label ``gpuweave.io/sharing-config`` (``named_sharing_file``), as
+NVIDIA's device plugin picks one per node by ``nvidia.com/device-plugin.config``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -22,7 +27,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from devicemodel.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError, clip
 from devicemodel.gpu_keys import canonical_keys
 from devicemodel.inventory import Gpu
 from devicemodel.spec_derive import normalize_bus_id
@@ -130,3 +135,31 @@ def load_sharing_plan(path: Path) -> SharingPlan:
     except ValidationError as exc:
         where, problem = first_problem(exc, whole="value")
         raise InvalidInputError(f"bad sharing config {path} at {where}: {problem}") from exc
+
+
+# A named sharing configuration is chosen by a node label's value: the same characters, 63 at most
+SHARING_CONFIG_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+SHARING_CONFIG_SUFFIX = ".yaml"
+
+
+def named_sharing_configs(directory: Path) -> list[str]:
+    """The names of the sharing configurations in ``directory`` (``<name>.yaml`` each), sorted."""
+    try:
+        files = sorted(directory.glob(f"*{SHARING_CONFIG_SUFFIX}"))
+    except OSError as exc:
+        raise InvalidInputError(f"cannot list sharing configurations in {directory}: {exc}") from exc
+    return [f.name.removesuffix(SHARING_CONFIG_SUFFIX) for f in files if SHARING_CONFIG_NAME.match(f.stem)]
+
+
+def named_sharing_file(directory: Path, name: str, *, label: str) -> Path:
+    """The file of the configuration ``name`` (a node's ``label`` value) in ``directory``; a name
+    that is no configuration there is refused, naming those there are."""
+    names = named_sharing_configs(directory)
+    if not SHARING_CONFIG_NAME.match(name) or name not in names:
+        there = ", ".join(names) or "none"
+        raise InvalidInputError(
+            f"node label {label}={clip(name, limit=80)!r} names no sharing configuration in {directory} "
+            f"(there: {there}); add it (the chart's nodeAgent.sharingConfigs) or label the node with one "
+            "of those"
+        )
+    return directory / f"{name}{SHARING_CONFIG_SUFFIX}"

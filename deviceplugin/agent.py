@@ -17,6 +17,10 @@
 - ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
 - ``allocations`` holds the device IDs granted in Allocate since start, with when (a second source
   of "held by a pod" next to the kubelet's pod-resources API).
+- ``claim_hook`` (health's active checks) is told the GPUs of every Allocate, after the grant is
+  recorded in ``allocations`` and before it is validated: a check running on one of them lets go
+  of it first, so a pod the kubelet admitted before a check's withholding reached it still gets
+  its GPU (``health.active_claims``).
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class NodeAgent:
     ) -> None:
         self.config = config
         self.allocations = allocations or AllocationLog()
+        self.claim_hook: Callable[[frozenset[str]], None] | None = None  # GPU UUIDs a pod is granted
         self.metrics = metrics or AgentMetrics()
         self.control = ControlServer(config.state_dir)
         self._discover = discover
@@ -204,6 +209,12 @@ class NodeAgent:
     def use_mps_pipes(self, lookup: MpsPipeLookup) -> None:
         """Grant each share its own GPU's MPS pipe directory (``deviceplugin.mps``), not one for all."""
         self._mps_pipes = lookup
+
+    @property
+    def mps_pipes(self) -> str | MpsPipeLookup | None:
+        """Where a share's grant takes its MPS pipe directory from: each GPU's live daemon, else the
+        configured directory (Allocate here, NodePrepareResources in DRA mode)."""
+        return self._mps_pipes or self.config.sharing.mps_pipe_directory
 
     def _prepare_chooser(self) -> None:
         """Prepare the topology chooser once registration is done, so neither start-up nor the
@@ -319,25 +330,41 @@ class NodeAgent:
     def _grant(self, resource_name: str, device_ids: Sequence[str]) -> ContainerGrant:
         with self._lock:
             resource = self._resources[resource_name]
+        self.allocations.record(device_ids)  # first: a check that withholds one after this sees it
+        self._claim(resource, device_ids)
         try:
             grant = grant_for(
                 resource_name,
                 device_ids,
                 devices=resource.state.devices(),
                 unhealthy=resource.state.unhealthy(),
-                mps_pipe_dir=self._mps_pipes or self.config.sharing.mps_pipe_directory,
+                mps_pipe_dir=self.mps_pipes,
                 listing=self.config.device_listing,
             )
         except AllocationRejectedError:
             self.metrics.allocations.labels(resource_name, "rejected").inc()
             raise
         self.metrics.allocations.labels(resource_name, "granted").inc()
-        self.allocations.record(device_ids)
         granted = resource.state.devices()
         self._siblings.remember(resource_name, [granted[i] for i in device_ids if i in granted])
         if self._handoff is not None:
             self._handoff.observe_allocation(resource_name, list(device_ids))
         return grant
+
+    def _claim(self, resource: _Resource, device_ids: Sequence[str]) -> None:
+        """An active check on the GPUs behind ``device_ids`` lets go of them before this returns."""
+        hook = self.claim_hook
+        if hook is None:
+            return
+        devices = resource.state.devices()
+        gpus = frozenset(
+            uuid for uuid in (devices[i].gpu_uuid if i in devices else None for i in device_ids) if uuid
+        )
+        if gpus:
+            try:
+                hook(gpus)
+            except Exception:  # never the kubelet's failure: the grant goes on
+                log.exception("the active-check claim of %s failed", sorted(gpus))
 
     # ---- introspection ---------------------------------------------------------------------
     def _servers(self) -> list[ResourceServer]:

@@ -5,73 +5,59 @@ One request per connection: ``{"method": "mig.apply", "params": {...}}`` answere
 Parts of the agent add their own commands with ``ControlServer.add_route`` (the MIG manager adds
 ``mig.apply``, fault injection adds ``sim.inject``); ``call_agent`` is the client for tools and tests.
 The socket is mode 0600: only the node's root (the agent's user) may steer the agent.
-A client must send its whole request line within ``REQUEST_DEADLINE_S``, so idle or slow clients
-hold a worker for at most that long, and every request line that is not a request (not UTF-8, not
-JSON, too deep, too long, late) still gets the documented ``bad_request`` answer before the close.
-At most ``MAX_CONNECTIONS`` connections are served or queued; one more is answered ``busy`` at once.
+Connections go through ``netio.gate`` (``CONTROL_LIMITS``), the bounds every gpuweave listener
+shares: a client must send its whole request line within ``REQUEST_DEADLINE_S``, so idle or slow
+clients hold no worker at all and a connection for at most that long, and every request line
+that is not a request (not UTF-8, not JSON, too deep, too long, late) still gets the documented
+``bad_request`` answer before the close. At most ``MAX_CONNECTIONS`` connections are open at
+once; one more is answered ``busy`` at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError
 from deviceplugin.errors import ControlError
+from netio.gate import Gate, GateLimits, Refusal, line_end
 
 log = logging.getLogger(__name__)
 
 CONTROL_SOCKET = "agent.sock"
 MAX_REQUEST_BYTES = 1 << 20
 REQUEST_DEADLINE_S = 2.0  # for the whole request line: a local tool sends it at once
-MAX_CONNECTIONS = 16  # served or queued at once; one more is answered busy
-ANSWER_TIMEOUT_S = 30.0  # for the answer to be taken
+MAX_CONNECTIONS = 16  # open at once; one more is answered busy
+CONTROL_LIMITS = GateLimits(
+    max_connections=MAX_CONNECTIONS,
+    deadline_s=REQUEST_DEADLINE_S,
+    max_head_bytes=MAX_REQUEST_BYTES + 1,  # the line and its newline
+    workers=4,
+)
 Params = dict[str, Any]
 Route = Callable[[Params], dict[str, Any]]
 
 
-def _read_line(conn: socket.socket, *, deadline_s: float = REQUEST_DEADLINE_S) -> bytes:
-    """The request line, which must arrive whole within ``deadline_s`` (not per read: a client
-    sending a byte at a time gets no longer)."""
-    data = bytearray()
-    until = time.monotonic() + deadline_s
-    while b"\n" not in data:
-        left = until - time.monotonic()
-        if left <= 0:
-            raise ControlError(f"no whole request line within {deadline_s:g} s")
-        conn.settimeout(left)
-        try:
-            chunk = conn.recv(65536)
-        except TimeoutError:
-            raise ControlError(f"no whole request line within {deadline_s:g} s") from None
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > MAX_REQUEST_BYTES:
-            raise ControlError(f"request larger than {MAX_REQUEST_BYTES} bytes")
-    return bytes(data).split(b"\n", 1)[0]
+def _encode(response: dict[str, Any]) -> bytes:
+    return json.dumps(response).encode() + b"\n"
 
 
-def _answer_busy(conn: socket.socket) -> None:
-    """Answer a connection beyond ``MAX_CONNECTIONS`` at once, from the accept thread."""
-    busy = {
-        "ok": False,
-        "error": f"the control socket already holds {MAX_CONNECTIONS} connections; retry in a few seconds",
-        "code": "busy",
-    }
-    with conn:
-        conn.settimeout(0.1)  # a few bytes fit the socket buffer; never wait on the client
-        with contextlib.suppress(OSError):  # a client gone already needs no answer
-            conn.sendall(json.dumps(busy).encode() + b"\n")
+def _refusal(why: Refusal) -> bytes:
+    """The answer to a connection the gate refuses, in the protocol's own form."""
+    if why is Refusal.BUSY:
+        error = f"the control socket already holds {MAX_CONNECTIONS} connections; retry in a few seconds"
+        return _encode({"ok": False, "error": error, "code": "busy"})
+    if why is Refusal.LATE:
+        error = f"no whole request line within {REQUEST_DEADLINE_S:g} s"
+    else:
+        error = f"request larger than {MAX_REQUEST_BYTES} bytes"
+    return _encode({"ok": False, "error": error, "code": "bad_request"})
 
 
 class ControlServer:
@@ -81,11 +67,8 @@ class ControlServer:
         self.socket_path = state_dir / CONTROL_SOCKET
         self._routes: dict[str, Route] = {}
         self._routes_lock = threading.Lock()
-        self._stop = threading.Event()
         self._listener: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="control")
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # served or queued connections
+        self._gate: Gate | None = None
 
     def add_route(self, method: str, handler: Route) -> None:
         """Add a command; ``handler(params)`` returns a JSON-able dict or raises ``GpuweaveError``."""
@@ -103,40 +86,24 @@ class ControlServer:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
-        listener.listen(16)
-        listener.settimeout(0.2)
+        listener.listen(64)
         self._listener = listener
-        self._thread = threading.Thread(target=self._accept_loop, name="control-accept", daemon=True)
-        self._thread.start()
+        self._gate = Gate(
+            listener,
+            name="control",
+            limits=CONTROL_LIMITS,
+            head_end=line_end,
+            serve=self._answer_line,
+            refuse=_refusal,
+        )
+        self._gate.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._gate is not None:
+            self._gate.stop(wait=True)
         if self._listener is not None:
             self._listener.close()
-        self._workers.shutdown(wait=True)
         self.socket_path.unlink(missing_ok=True)
-
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            if self._slots.acquire(blocking=False):
-                self._workers.submit(self._serve_slot, conn)
-            else:
-                _answer_busy(conn)
-
-    def _serve_slot(self, conn: socket.socket) -> None:
-        try:
-            self._serve(conn)
-        finally:
-            self._slots.release()
 
     def dispatch(self, request: object) -> dict[str, Any]:
         """Answer one decoded request (also usable in-process)."""
@@ -168,23 +135,14 @@ class ControlServer:
             log.exception("control method %s failed", method)
             return {"ok": False, "error": f"{method} failed: {exc}", "code": "internal"}
 
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                line = _read_line(conn)
-                try:
-                    request = json.loads(line)
-                except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
-                    response = {"ok": False, "error": f"request is not JSON: {exc}", "code": "bad_request"}
-                else:
-                    response = self.dispatch(request)
-            except (ControlError, OSError) as exc:
-                response = {"ok": False, "error": str(exc), "code": "bad_request"}
-            conn.settimeout(ANSWER_TIMEOUT_S)
-            try:
-                conn.sendall(json.dumps(response).encode() + b"\n")
-            except OSError:
-                log.warning("control client went away before the answer")
+    def _answer_line(self, head: bytes) -> bytes:
+        """The answer line to one request line (``head``, its newline included when it came)."""
+        line = head.split(b"\n", 1)[0]
+        try:
+            request = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
+            return _encode({"ok": False, "error": f"request is not JSON: {exc}", "code": "bad_request"})
+        return _encode(self.dispatch(request))
 
 
 def call_agent(

@@ -28,9 +28,11 @@ from devicemodel.contracts import (
 )
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
+from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.pod_usage import PodIdentities
 from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
 from deviceplugin.published import inventory_object, node_labels
 from kubeio.client import api_client
@@ -93,27 +95,44 @@ class Publisher:
         body = inventory_object(inventory, sharing=self._sharing, faults=faults, withheld=withheld)
         name = inventory.name
         args = (API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL)
+        # the Node's labels first, so a reader that sees this round's status sees its labels; the
+        # answer is the Node, whose UID the inventory's owner reference names
+        node: Any = self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+        owner = node_owner(name, uid=str(node.metadata.uid))
         current: dict[str, Any]
         try:
             current = cast(dict[str, Any], self._custom.get_cluster_custom_object(*args, name))
         except ApiException as exc:
             if status_of(exc) != NOT_FOUND:
                 raise
-            created = self._custom.create_cluster_custom_object(
-                *args, {k: v for k, v in body.items() if k != "status"}
-            )
-            current = cast(dict[str, Any], created)
+            created = {k: v for k, v in body.items() if k != "status"}
+            created["metadata"] = {**body["metadata"], "ownerReferences": [owner]}
+            current = cast(dict[str, Any], self._custom.create_cluster_custom_object(*args, created))
+        metadata = current.get("metadata") or {}
+        owners = owned_by(metadata.get("ownerReferences"), owner)
         if (
             current.get("spec") != body["spec"]
-            or current.get("metadata", {}).get("labels") != body["metadata"]["labels"]
+            or metadata.get("labels") != body["metadata"]["labels"]
+            or owners != metadata.get("ownerReferences")
         ):
-            self._custom.patch_cluster_custom_object(
-                *args, name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]}
-            )
-        # the Node's labels before the status: a reader that sees this round's status sees its labels
-        self._core.patch_node(name, {"metadata": {"labels": node_labels(inventory)}})
+            patch = {"labels": body["metadata"]["labels"], "ownerReferences": owners}
+            self._custom.patch_cluster_custom_object(*args, name, {"metadata": patch, "spec": body["spec"]})
         self._custom.patch_cluster_custom_object_status(*args, name, {"status": body["status"]})
         self.published += 1
+
+
+def node_owner(node: str, *, uid: str) -> dict[str, Any]:
+    """The owner reference to the agent's Node: the garbage collector deletes the node's
+    GpuNodeInventory with its Node (a scale-down), so no inventory outlives its node."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
+def owned_by(current: object, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``current`` owner references with the Node's one in place of any other Node reference (a
+    Node of that name deleted and created again has a new UID); other owners are kept."""
+    listed = current if isinstance(current, list) else []
+    kept = [dict(r) for r in listed if isinstance(r, Mapping) and r.get("kind") != "Node"]
+    return [*kept, dict(owner)]
 
 
 def clique_peers(api: client.ApiClient) -> Callable[[str], dict[str, str]]:
@@ -148,7 +167,7 @@ class EventReporter:
                 kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid, api_version="v1"
             ),
             reason=reason,
-            message=message[:1000],
+            message=safe_text(message, limit=MAX_EVENT_CHARS),  # it names the pod's devices
             type="Warning",
             source=client.V1EventSource(component="gpuweave-node-agent", host=self._node),
             first_timestamp=now,
@@ -178,8 +197,11 @@ class PodWatcher:
     A relist after 410 Gone arrives as events too (a pod that vanished meanwhile as DELETED), so
     pods the view already knew keep their arrival order and the resourceVersion they were bound at."""
 
-    def __init__(self, api: client.ApiClient, *, node: str, view: PodView) -> None:
+    def __init__(
+        self, api: client.ApiClient, *, node: str, view: PodView, identities: PodIdentities | None = None
+    ) -> None:
         self._view = view
+        self._identities = identities  # every pod by UID, for per-pod GPU use (``pod_usage``)
         self.watch = ListWatch(
             client.CoreV1Api(api).list_pod_for_all_namespaces,
             on_event=self._event,
@@ -195,10 +217,15 @@ class PodWatcher:
         self.watch.stop()
 
     def _event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
         if kind == "DELETED":
-            self._view.remove(str((pod.get("metadata") or {}).get("uid") or ""))
+            self._view.remove(uid)
+            if self._identities is not None:
+                self._identities.remove(uid)
         else:
             _upsert(self._view, pod)
+            if self._identities is not None:
+                self._identities.upsert(pod)
 
 
 AUDIT_DELAYS_S = (0.5, 2.0, 5.0)  # after an Allocate: the kubelet lists a container's devices soon after
@@ -341,7 +368,8 @@ class KubeParts:
         self.handoff = HandoffMatcher(
             self.view, node=node, metrics=metrics, report=EventReporter(self.api, node=node)
         )
-        self.pods = PodWatcher(self.api, node=node, view=self.view)
+        self.identities = PodIdentities()
+        self.pods = PodWatcher(self.api, node=node, view=self.view, identities=self.identities)
         self.publisher: Publisher | None = None
         self.audit: AssignmentAuditor | None = None
         self._metrics = metrics

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+from netio.gate import GateLimits
+from netio.probe_http import PROBE_LIMITS, TEXT, Answer, ProbeListener
 
 
 class AgentMetrics:
@@ -43,13 +46,31 @@ class AgentMetrics:
         )
 
 
+def metrics_listener(
+    registry: CollectorRegistry, *, host: str, port: int, limits: GateLimits = PROBE_LIMITS
+) -> ProbeListener:
+    """``GET /metrics`` (and ``/healthz``) on the node's address, bound, not yet started. It listens
+    on the host network, where no NetworkPolicy applies, so its bounds are the gate's: slow
+    clients hold no thread, a request head has a deadline, open connections are capped."""
+
+    def render() -> Answer:
+        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+
+    def healthz() -> Answer:
+        return 200, b"ok\n", TEXT
+
+    routes = {"/metrics": render, "/healthz": healthz}
+    return ProbeListener(
+        (host, port),
+        routes,
+        name="gpuweave-node-agent-metrics",
+        not_found=b"not found: this port serves GET /metrics, /healthz\n",
+        limits=limits,
+    )
+
+
 def serve_metrics(registry: CollectorRegistry, *, host: str, port: int) -> Callable[[], None]:
     """Serve ``/metrics`` over HTTP; returns the function that stops the server."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-    return stop
+    listener = metrics_listener(registry, host=host, port=port)
+    listener.start()
+    return listener.stop

@@ -56,6 +56,17 @@ class PodRef:
     resource: str
 
 
+@dataclass(frozen=True)
+class ContainerDevices:
+    """One container's devices as the kubelet lists them (``PodResourcesClient.containers``)."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: tuple[str, ...]  # device-plugin IDs, and DRA devices as the IDs they stand for
+    claim_devices: tuple[tuple[str, str, str], ...] = ()  # (claim namespace, claim name, device) of ours
+
+
 def default_socket_for(kubelet_dir: Path) -> Path | None:
     """``<kubelet root>/pod-resources/kubelet.sock`` when ``kubelet_dir`` is the kubelet's
     ``.../device-plugins`` directory (as ``/var/lib/kubelet/device-plugins`` is); else None: a
@@ -112,6 +123,24 @@ class PodResourcesClient:
                 if device_id:
                     held[device_id] = ref
         return held
+
+    def containers(self) -> list[ContainerDevices]:
+        """Every container the kubelet admitted, with its device IDs (DRA devices the resolver
+        knows included) and its claims' devices; raises when it cannot tell."""
+        found: list[ContainerDevices] = []
+        for pod in self._list().pod_resources:
+            for container in pod.containers:
+                ids = [i for devices in container.devices for i in devices.device_ids]
+                ids += list(self._claimed(pod.namespace, pod.name, container))
+                claimed = tuple(
+                    (claim.claim_namespace, claim.claim_name, resource.device_name)
+                    for claim in container.dynamic_resources
+                    for resource in claim.claim_resources
+                    if self._dra is not None
+                    and self._dra(resource.driver_name, resource.pool_name, resource.device_name)
+                )
+                found.append(ContainerDevices(pod.namespace, pod.name, container.name, tuple(ids), claimed))
+        return found
 
     def pod_devices(self) -> dict[tuple[str, str], frozenset[str]]:
         """(namespace, name) -> the device IDs of all the pod's containers; raises when it cannot tell."""

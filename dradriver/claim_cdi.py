@@ -9,7 +9,9 @@ hook). The node's IMEX channel gets what Allocate gives ``gpuweave.io/imex-chann
 node (``/dev/nvidia-caps-imex-channels/channel<N>``, path only: the runtime reads its type and
 numbers from the host's node, as it does for the device plugin's DeviceSpec) and
 ``NVIDIA_IMEX_CHANNELS=<N>``, both as that device's own edits, so only the containers that use its
-request see them. The spec's kind is ``gpuweave.io/claim`` and each device is named
+request see them. A share of a fractional GPU (``dradriver.shares``) gets its GPU's device node and,
+as its own edits, the MPS pipe directory (mounted) and the share's limits in the environment.
+The spec's kind is ``gpuweave.io/claim`` and each device is named
 ``<claim-uid>-<device>``, so the kubelet hands the runtime ``gpuweave.io/claim=<claim-uid>-gpu-0``
 and two claims never share a name. The files are ``gpuweave.io-claim_<uid>.json`` in the agent's
 CDI directory: not matched by the device-plugin writer's ``gpuweave-*`` files, so neither writer
@@ -21,7 +23,7 @@ removes the other's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from devicemodel.state_file import replace_file_atomically
 from deviceplugin.allocation import VISIBLE_DEVICES_ENV
 from deviceplugin.cdi import CDI_VERSION, build_specs
 from deviceplugin.devices import DeviceKind, PluginDevice
-from dradriver.devices import DraDevice
+from dradriver.devices import DraDevice, DraKind
 from hardware.device_nodes import HostDeviceNodes
 
 CLAIM_KIND = "gpuweave.io/claim"
@@ -61,11 +63,39 @@ def imex_edits(device: PluginDevice) -> dict[str, Any]:
     }
 
 
+def _with_extra(edits: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A device's edits plus its own extra ones (a GPU share's MPS environment and mount)."""
+    merged = dict(edits)
+    for key, values in (extra or {}).items():
+        merged[key] = [*merged.get(key, []), *values]
+    return merged
+
+
+def _visible_uuid(device: DraDevice) -> str | None:
+    """The GPU or MIG UUID the container sees for a device of the claim (None: not a GPU)."""
+    plugin = device.plugin
+    if plugin is None:
+        return None
+    if device.kind in (DraKind.GPU_SHARE, DraKind.GPU_COMPUTE, DraKind.GPU_MEMORY):
+        return device.gpu_uuid
+    return plugin.id if plugin.kind in (DeviceKind.GPU, DeviceKind.MIG) else None
+
+
 def claim_spec(
-    claim_uid: str, inventory: NodeInventory, devices: Sequence[DraDevice], *, host: HostDeviceNodes
+    claim_uid: str,
+    inventory: NodeInventory,
+    devices: Sequence[DraDevice],
+    *,
+    host: HostDeviceNodes,
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+    unit_groups: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The claim's CDI spec and the problems found (a MIG device without ``nvidia-caps`` minors,
-    an EFA adapter without device numbers), which the caller reports."""
+    an EFA adapter without device numbers), which the caller reports. ``extra``: device name ->
+    more edits of that device (``env``, ``mounts``: a GPU share's, ``dradriver.shares``);
+    ``unit_groups``: CDI device name -> (its GPU's UUID, its edits), one per request of a
+    fractional GPU's units (``dradriver.share_units``), which get no device of their own."""
+    extra = extra or {}
     served = [d.plugin for d in devices if d.plugin is not None]
     built = build_specs(inventory, served, host=host)
     edits: dict[str, dict[str, Any]] = {}
@@ -74,11 +104,18 @@ def claim_spec(
         edits |= {str(entry["name"]): entry["containerEdits"] for entry in file_spec["devices"]}
         common += file_spec.get("containerEdits", {}).get("deviceNodes", [])
     edits |= {d.id: imex_edits(d) for d in served if d.kind is DeviceKind.IMEX}
-    visible = [d.plugin.id for d in devices if d.plugin and d.plugin.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+    visible = list(dict.fromkeys(uuid for d in devices if (uuid := _visible_uuid(d)) is not None))
     spec_devices = [
-        {"name": claim_device_name(claim_uid, d.name), "containerEdits": edits[d.plugin.id]}
+        {
+            "name": claim_device_name(claim_uid, d.name),
+            "containerEdits": _with_extra(edits[d.plugin.id], extra.get(d.name)),
+        }
         for d in devices
         if d.plugin is not None and d.plugin.id in edits
+    ]
+    spec_devices += [
+        {"name": claim_device_name(claim_uid, name), "containerEdits": _with_extra(edits[gpu], more)}
+        for name, (gpu, more) in (unit_groups or {}).items()
     ]
     container_edits: dict[str, Any] = {"deviceNodes": common} if common else {}
     if visible:

@@ -49,6 +49,9 @@ _UNSAFE = re.compile(r"[^a-z0-9]+")
 
 class DraKind(StrEnum):
     GPU = "gpu"
+    GPU_SHARE = "gpu-share"  # a fractional GPU, shared by claims through consumable capacity
+    GPU_COMPUTE = "gpu-compute"  # one 1% unit of a fractional GPU (gpuweave.io/gpu-compute)
+    GPU_MEMORY = "gpu-memory"  # one GiB unit of a fractional GPU (gpuweave.io/gpu-memory)
     MIG = "mig"
     EFA = "efa"
     IMEX_CHANNEL = "imex-channel"
@@ -82,6 +85,8 @@ class DraDevice:
     lost: bool = False  # a GPU the driver counts but cannot reach: published tainted, never prepared
     mig_profile: str | None = None
     placement_start: int | None = None
+    allow_multiple: bool = False  # consumable capacity: several claims share it (``dradriver.shares``)
+    request_policy: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)  # capacity -> policy
 
     @property
     def health_keys(self) -> tuple[str, ...]:

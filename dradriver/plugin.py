@@ -34,7 +34,7 @@ from devicemodel.errors import GpuweaveError
 from deviceplugin.server import decoding_handler
 from dradriver.devices import DRIVER
 from dradriver.health_stream import HealthStream
-from dradriver.prepare import ClaimError, ClaimPreparer, ClaimRef
+from dradriver.prepare import ClaimError, ClaimPreparer, ClaimRef, PreparedDevice
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.pluginregistration.v1 import api_pb2 as registration_pb2
@@ -90,20 +90,25 @@ class DraService:
                 if not ref.namespace or not ref.name:
                     raise ClaimError(f"claim uid {ref.uid}: namespace and name are required")
                 for device in self._preparer.prepare(ref):
-                    answer.devices.append(
-                        self._pb.Device(
-                            request_names=list(device.request_names),
-                            pool_name=device.pool_name,
-                            device_name=device.device_name,
-                            cdi_device_ids=list(device.cdi_device_ids),
-                        )
-                    )
+                    answer.devices.append(self._device(device))
             except ClaimError as exc:
                 answer.error = str(exc)
             except Exception as exc:  # one claim's surprise must not fail the others, nor the agent
                 log.exception("preparing %s failed", ref.describe())
                 answer.error = f"{ref.describe()}: internal error in the gpuweave node agent: {exc}"
         return response
+
+    def _device(self, device: PreparedDevice) -> Any:
+        """The kubelet's ``Device``; a share's ID only where the API version has the field (v1)."""
+        fields: dict[str, Any] = {
+            "request_names": list(device.request_names),
+            "pool_name": device.pool_name,
+            "device_name": device.device_name,
+            "cdi_device_ids": list(device.cdi_device_ids),
+        }
+        if device.share_id and "share_id" in self._pb.Device.DESCRIPTOR.fields_by_name:
+            fields["share_id"] = device.share_id
+        return self._pb.Device(**fields)
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         response = self._pb.NodeUnprepareResourcesResponse()

@@ -24,6 +24,10 @@ claim's error) joins that domain before its spec is written: recorded as pending
 entry is added to the domain's status; unprepare removes it, and so does the start after a crash
 mid-prepare. The checkpoint keeps the domain, so a restarted agent follows it again.
 
+A share of a fractional GPU (``dradriver.shares``: a device several claims share, with the amounts
+the allocator recorded in ``consumedCapacity``) gets the MPS edits the device plugin's Allocate
+gives the same units (``share_edits``), and its answer carries the allocator's share ID.
+
 A claim that cannot be prepared raises ``ClaimError`` with the reason, which becomes that claim's
 error in the response (the kubelet retries); other claims of the same call are unaffected.
 """
@@ -33,150 +37,42 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import write_json_atomically
 from dradriver.checkpoint import CHECKPOINT_VERSION, load_checkpoint
+from dradriver.claim_allocation import (
+    ClaimError,
+    ClaimRef,
+    ClaimSource,
+    Placement,
+    PreparedDevice,
+    our_results,
+    placements_to_make,
+    resolve_devices,
+)
 from dradriver.claim_cdi import ClaimSpecWriter, cdi_id, claim_spec
-from dradriver.devices import DRIVER, DraDevice, DraKind
+from dradriver.devices import DraDevice, DraKind
 from dradriver.imex_domain import DomainRef, ImexDomainError, channel_domain
 from dradriver.imex_domains import NodeImexDomains
 from dradriver.mig_demand import MigOnDemand
+from dradriver.share_units import UNIT_KINDS, UnitsError, unit_groups, units_by_request
+from dradriver.shares import ShareAllocation, ShareEdits, ShareError, share_allocations, shares_wire
 from hardware.device_nodes import HostDeviceNodes
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "dra-claims.json"
-
-
-class ClaimError(GpuweaveError):
-    """A claim this node cannot prepare (reported for that claim only)."""
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def describe(self) -> str:
-        return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One prepared device as the kubelet's ``Device`` message carries it."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "requestNames": list(self.request_names),
-            "poolName": self.pool_name,
-            "deviceName": self.device_name,
-            "cdiDeviceIDs": list(self.cdi_device_ids),
-        }
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> PreparedDevice:
-        return cls(
-            tuple(data["requestNames"]),
-            str(data["poolName"]),
-            str(data["deviceName"]),
-            tuple(data["cdiDeviceIDs"]),
-        )
-
-
-class ClaimSource(Protocol):
-    """Reads a ResourceClaim (its JSON, camelCase); raises ``ClaimError`` when it cannot."""
-
-    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]: ...
-
-
-def allocated_here(claim: Mapping[str, Any], *, ref: ClaimRef, pool: str) -> list[tuple[str, str]]:
-    """(request name, device name) of every allocation result for our driver in our pool."""
-    uid = (claim.get("metadata") or {}).get("uid")
-    if uid != ref.uid:
-        raise ClaimError(
-            f"{ref.describe()}: the API server has uid {uid}; the claim was replaced, not preparing it"
-        )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
-        raise ClaimError(f"{ref.describe()} is not allocated yet")
-    results = (allocation.get("devices") or {}).get("results") or []
-    ours = [
-        (str(r.get("request", "")), str(r.get("device", "")))
-        for r in results
-        if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("pool") == pool
-    ]
-    if not ours:
-        raise ClaimError(
-            f"{ref.describe()} has no device of driver {DRIVER} in pool {pool}: nothing to prepare here"
-        )
-    return ours
-
-
-Placement = tuple[int, str, int]  # GPU index, MIG profile, first memory slot
-
-
-def placements_to_make(wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]) -> list[Placement]:
-    """The allocated MIG placements that have no instance yet (``--dra-mig dynamic``)."""
-    by_name = {d.name: d for d in devices}
-    made: list[Placement] = []
-    for _, name in wanted:
-        device = by_name.get(name)
-        if device is None or device.plugin is not None or device.lost or device.mig_profile is None:
-            continue
-        placement = (
-            int(device.attributes["index"]["int"]),
-            device.mig_profile,
-            int(device.placement_start or 0),
-        )
-        if placement not in made:
-            made.append(placement)
-    return made
-
-
-def _resolve(
-    ref: ClaimRef, wanted: Sequence[tuple[str, str]], devices: Sequence[DraDevice]
-) -> list[DraDevice]:
-    by_name = {d.name: d for d in devices}
-    chosen: list[DraDevice] = []
-    for _, name in wanted:
-        device = by_name.get(name)
-        if device is None:
-            raise ClaimError(f"{ref.describe()}: device {name} is not in this node's pool any more")
-        if device.lost:
-            raise ClaimError(
-                f"{ref.describe()}: GPU {name} is unreachable (off the bus); it cannot be prepared"
-            )
-        if device.plugin is None and device.mig_profile is not None:
-            raise ClaimError(
-                f"{ref.describe()}: device {name} is a MIG placement with no MIG instance and none was "
-                "made for it (this agent makes MIG instances only with --dra-mig dynamic)"
-            )
-        if device.plugin is None:
-            raise ClaimError(
-                f"{ref.describe()}: GPU {name} is in MIG mode; a whole GPU is prepared only with MIG off"
-            )
-        if device not in chosen:
-            chosen.append(device)
-    return chosen
+__all__ = ["CHECKPOINT_FILE", "ClaimError", "ClaimPreparer", "ClaimRef", "PreparedDevice"]
 
 
 class ClaimPreparer:
     """Prepares and unprepares claims, checkpointed in ``state_dir``; with ``mig``, makes the MIG
     instances of allocated placements at prepare and removes them at unprepare; with ``imex``, joins
-    the GpuImexDomain a claim names for the node's IMEX channel and leaves it at unprepare."""
+    the GpuImexDomain a claim names for the node's IMEX channel and leaves it at unprepare; with
+    ``share_edits``, gives a share of a fractional GPU its MPS pipe directory and limits."""
 
     def __init__(
         self,
@@ -189,6 +85,7 @@ class ClaimPreparer:
         host: Callable[[], HostDeviceNodes],
         mig: MigOnDemand | None = None,
         imex: NodeImexDomains | None = None,
+        share_edits: ShareEdits | None = None,
     ) -> None:
         self.pool = pool
         self._path = Path(state_dir) / CHECKPOINT_FILE
@@ -198,6 +95,8 @@ class ClaimPreparer:
         self._host = host
         self._mig = mig
         self._imex = imex
+        self._share_edits = share_edits
+        self.listeners: list[Callable[[], None]] = []  # called after each prepare and unprepare
         self._lock = threading.Lock()
         self._claims: dict[str, dict[str, Any]] = self._load()
         self._restore()
@@ -265,6 +164,15 @@ class ClaimPreparer:
     def _save(self) -> None:
         write_json_atomically(self._path, {"version": CHECKPOINT_VERSION, "claims": self._claims})
 
+    def share_of(self, namespace: str, name: str, device: str) -> tuple[str, int] | None:
+        """A prepared claim's share of a fractional GPU: (GPU UUID, memory GiB; 0: no limit)."""
+        with self._lock:
+            for entry in self._claims.values():
+                share = (entry.get("shares") or {}).get(device)
+                if share and (entry.get("namespace"), entry.get("name")) == (namespace, name):
+                    return str(share["gpu"]), int(share["memoryGiB"])
+        return None
+
     def prepared(self) -> dict[str, list[PreparedDevice]]:
         with self._lock:
             return {
@@ -285,13 +193,15 @@ class ClaimPreparer:
         if done is not None:
             return done
         claim = self._source.get_claim(ref.namespace, ref.name)
-        wanted = allocated_here(claim, ref=ref, pool=self.pool)
+        results = our_results(claim, ref=ref, pool=self.pool)
+        wanted = [(str(r.get("request", "")), str(r.get("device", ""))) for r in results]
+        shares = self._shares_of(ref, results)
         domain = self._domain_of(ref, claim, wanted)
         made = self._make_mig(ref, wanted)
         try:
             if domain is not None:
                 self._join(ref, domain, made)
-            return self._finish(ref, wanted, made, domain)
+            return self._finish(ref, wanted, made, domain, shares)
         except Exception:
             self._undo_imex(ref.uid)
             if made:
@@ -301,6 +211,48 @@ class ClaimPreparer:
                     del self._claims[ref.uid]
                     self._save()
             raise
+
+    def _shares_of(self, ref: ClaimRef, results: Sequence[Mapping[str, Any]]) -> dict[str, ShareAllocation]:
+        """The claim's shares of fractional GPUs (``dradriver.shares``), by device name."""
+        shared = {d.name for d in self._devices()[1] if d.allow_multiple}
+        try:
+            shares = share_allocations(results, shared=shared)
+        except ShareError as exc:
+            raise ClaimError(f"{ref.describe()}: {exc}") from None
+        if shares and self._share_edits is None:
+            raise ClaimError(f"{ref.describe()} holds a GPU share, but this agent shares no GPU through MPS")
+        return shares
+
+    def _share_extra(
+        self, ref: ClaimRef, chosen: Sequence[DraDevice], shares: Mapping[str, ShareAllocation]
+    ) -> dict[str, dict[str, Any]]:
+        """Each share's MPS edits (pipe directory, limits), from the device plugin's Allocate code."""
+        extra: dict[str, dict[str, Any]] = {}
+        for device in chosen:
+            share = shares.get(device.name)
+            if share is None or self._share_edits is None or device.gpu_uuid is None:
+                continue
+            try:
+                extra[device.name] = self._share_edits.edits(device.gpu_uuid, share)
+            except ShareError as exc:
+                raise ClaimError(f"{ref.describe()}: {exc}") from None
+        return extra
+
+    def _unit_groups(
+        self, ref: ClaimRef, units: Mapping[str, Sequence[DraDevice]]
+    ) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, tuple[str, ...]]]:
+        """Per request of fractional-GPU units (an extended-resource claim): one CDI device with
+        Allocate's edits for those unit IDs (``share_units.unit_groups``)."""
+        if units and self._share_edits is None:
+            raise ClaimError(f"{ref.describe()} holds GPU units, but this agent shares no GPU through MPS")
+        try:
+            return unit_groups(
+                units,
+                edits=self._share_edits.unit_edits if self._share_edits else None,
+                name=lambda n: cdi_id(ref.uid, n),
+            )
+        except UnitsError as exc:
+            raise ClaimError(f"{ref.describe()}: {exc}") from None
 
     def _domain_of(
         self, ref: ClaimRef, claim: Mapping[str, Any], wanted: Sequence[tuple[str, str]]
@@ -369,17 +321,29 @@ class ClaimPreparer:
         wanted: Sequence[tuple[str, str]],
         made: list[Placement],
         domain: DomainRef | None = None,
+        shares: Mapping[str, ShareAllocation] | None = None,
     ) -> list[PreparedDevice]:
         inventory, devices = self._devices()
-        chosen = _resolve(ref, wanted, devices)
-        spec, problems = claim_spec(ref.uid, inventory, chosen, host=self._host())
+        chosen = resolve_devices(ref, wanted, devices)
+        extra = self._share_extra(ref, chosen, shares or {})
+        groups, unit_cdi = self._unit_groups(ref, units_by_request(wanted, {d.name: d for d in chosen}))
+        spec, problems = claim_spec(
+            ref.uid, inventory, chosen, host=self._host(), extra=extra, unit_groups=groups
+        )
         for problem in problems:
             log.warning("CDI spec of %s: %s", ref.describe(), problem)
         requests: dict[str, list[str]] = {}
         for request, name in wanted:
             requests.setdefault(name, []).append(request)
+        share_ids = {name: share.share_id for name, share in (shares or {}).items()}
         prepared = [
-            PreparedDevice(tuple(requests[d.name]), self.pool, d.name, (cdi_id(ref.uid, d.name),))
+            PreparedDevice(
+                tuple(requests[d.name]),
+                self.pool,
+                d.name,
+                unit_cdi.get(d.name, ()) if d.kind in UNIT_KINDS else (cdi_id(ref.uid, d.name),),
+                share_ids.get(d.name),
+            )
             for d in chosen
         ]
         with self._lock:
@@ -389,7 +353,12 @@ class ClaimPreparer:
                 ]  # a concurrent call
             self._specs.write(ref.uid, spec)
             entry = {"namespace": ref.namespace, "name": ref.name, "devices": [p.to_wire() for p in prepared]}
-            self._claims[ref.uid] = {**entry, "spec": spec, "mig": made}
+            self._claims[ref.uid] = {
+                **entry,
+                "spec": spec,
+                "mig": made,
+                "shares": shares_wire(chosen, shares),
+            }
             if domain is not None:
                 self._claims[ref.uid]["imex"] = domain.to_wire()
             try:
@@ -399,7 +368,12 @@ class ClaimPreparer:
                 self._specs.remove(ref.uid)
                 raise ClaimError(f"{ref.describe()}: cannot checkpoint it in {self._path} ({exc})") from None
         log.info("prepared %s: %s", ref.describe(), ", ".join(d.name for d in chosen))
+        self._changed()
         return prepared
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     def unprepare(self, ref: ClaimRef) -> None:
         with self._lock:
@@ -436,3 +410,4 @@ class ClaimPreparer:
                 ) from None
             self._specs.remove(ref.uid)
         log.info("unprepared %s", ref.describe())
+        self._changed()

@@ -18,10 +18,10 @@ than looking incomplete.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from devicemodel.inventory import NodeInventory
+from devicemodel.sharing import SharingPlan
 from dradriver.devices import (
     DRIVER,
     DraDevice,
@@ -30,6 +30,9 @@ from dradriver.devices import (
     dra_devices,
     gpu_counters,
 )
+from dradriver.share_units import share_counter_set_name, share_counters
+from dradriver.shares import with_shares
+from dradriver.taint import Taint
 from dradriver.validate import check_slices
 
 API_VERSION = "resource.k8s.io/v1"
@@ -39,22 +42,6 @@ MAX_COUNTER_SETS_PER_SLICE = 8
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpuweave-node-agent"
 _MAX_NAME = 253
-
-
-@dataclass(frozen=True)
-class Taint:
-    """A device taint as ResourceSlices carry it (``effect``: NoSchedule, NoExecute or None)."""
-
-    key: str
-    value: str
-    effect: str
-    time_added: str | None = None  # RFC 3339; the API server sets it when absent
-
-    def to_wire(self) -> dict[str, str]:
-        wire = {"key": self.key, "value": self.value, "effect": self.effect}
-        if self.time_added:
-            wire["timeAdded"] = self.time_added
-        return wire
 
 
 def slice_name(node: str, suffix: str) -> str:
@@ -68,10 +55,15 @@ def _quantity(value: int | str) -> dict[str, str]:
 
 
 def device_wire(device: DraDevice, taints: Sequence[Taint] = ()) -> dict[str, Any]:
-    """One ``Device`` of a slice: name, attributes, capacity, counter consumption, taints."""
+    """One ``Device`` of a slice: name, attributes, capacity (with its request policy on a device
+    several claims share), counter consumption, taints."""
     wire: dict[str, Any] = {"name": device.name, "attributes": dict(device.attributes)}
     if device.capacity:
         wire["capacity"] = {name: _quantity(value) for name, value in device.capacity.items()}
+        for name, policy in device.request_policy.items():
+            wire["capacity"][name]["requestPolicy"] = dict(policy)
+    if device.allow_multiple:
+        wire["allowMultipleAllocations"] = True
     if device.consumes and device.gpu_uuid:
         wire["consumesCounters"] = [
             {
@@ -85,18 +77,19 @@ def device_wire(device: DraDevice, taints: Sequence[Taint] = ()) -> dict[str, An
 
 
 def counter_sets(inventory: NodeInventory, devices: Iterable[DraDevice]) -> list[dict[str, Any]]:
-    """The counter set of every GPU some device consumes from, by GPU index."""
+    """The counter sets of every GPU some device consumes from, by GPU index: its MIG slices, or a
+    fractional GPU's compute and memory units."""
     used = {d.counter_set for d in devices if d.consumes}
     sets = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        counters = gpu_counters(gpu)
-        if counters is not None and counter_set_name(gpu) in used:
-            sets.append(
-                {
-                    "name": counter_set_name(gpu),
-                    "counters": {name: _quantity(value) for name, value in counters.items()},
-                }
-            )
+        for name, counters in (
+            (counter_set_name(gpu), gpu_counters(gpu)),  # MIG slices (--dra-mig dynamic)
+            (share_counter_set_name(gpu), share_counters(gpu)),  # a fractional GPU's units
+        ):
+            if counters is not None and name in used:
+                sets.append(
+                    {"name": name, "counters": {k: _quantity(value) for k, value in counters.items()}}
+                )
     return sets
 
 
@@ -147,10 +140,13 @@ def pool_slices(
     generation: int = 1,
     taints: Mapping[str, Sequence[Taint]] | None = None,
     owner: Mapping[str, Any] | None = None,
+    sharing: SharingPlan | None = None,
 ) -> list[dict[str, Any]]:
-    """The node's pool as the agent publishes it, checked against the API server's limits."""
-    slices = build_resource_slices(
-        inventory, dra_devices(inventory, mig=mig), generation=generation, taints=taints, owner=owner
-    )
+    """The node's pool as the agent publishes it (``sharing``: its fractional GPUs as shared
+    devices, ``dradriver.shares``), checked against the API server's limits."""
+    devices = dra_devices(inventory, mig=mig)
+    if sharing is not None:
+        devices = with_shares(devices, inventory, sharing)
+    slices = build_resource_slices(inventory, devices, generation=generation, taints=taints, owner=owner)
     check_slices(slices)
     return slices

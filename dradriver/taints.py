@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dradriver.devices import DraDevice
-from dradriver.slices import Taint
+from dradriver.taint import Taint
 from health.policy import DeviceState, worst
 from health.scope import HealthSnapshot
 

@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from devicemodel.inventory import Gpu, NodeInventory
@@ -90,14 +91,19 @@ def deltas(
 
 
 def run_with_backstop(
-    exerciser: Exerciser, plan: ExercisePlan, *, deadline_s: float, grace_s: float
+    exerciser: Exerciser,
+    plan: ExercisePlan,
+    *,
+    deadline_s: float,
+    grace_s: float,
+    cancel: threading.Event | None = None,
 ) -> ExerciseReport:
     """The backend's report; every check an error when it raised, hung when it never returned."""
     box: list[ExerciseReport | BaseException] = []
 
     def work() -> None:
         try:
-            box.append(exerciser.run(plan, deadline_s=deadline_s))
+            box.append(exerciser.run(plan, deadline_s=deadline_s, cancel=cancel))
         except Exception as exc:
             box.append(exc)
 
@@ -116,6 +122,17 @@ def run_with_backstop(
     detail = f"the {exerciser.name} exerciser did not return within its {deadline_s:g} s deadline"
     hung = tuple(unfinished(plan, [], hung=set(plan.checks()), detail=detail))
     return ExerciseReport(exerciser.name, plan, hung, deadline_s)
+
+
+def without_gpus(plan: ExercisePlan, kept: Collection[str]) -> ExercisePlan:
+    """The plan with only the GPUs ``kept`` and the peer pairs between them."""
+    if len(kept) == len(plan.gpus):
+        return plan
+    return replace(
+        plan,
+        gpus=tuple(g for g in plan.gpus if g.uuid in kept),
+        pairs=tuple(p for p in plan.pairs if p.src in kept and p.dst in kept),
+    )
 
 
 def _reader(probe: Readings, uuid: str, links: int) -> Callable[[], GpuReadings]:

@@ -1,13 +1,16 @@
 """Active checks on a node: which GPUs, one run at a time, results into the health engine.
 
 ``ActiveCheckRunner`` is what every trigger calls: the burn-in at start, ``gpuweave check`` through
-the control socket, and the re-check of GPUs a failed check withholds (a round hook, every
-``recheck_interval_s``); a scheduler of checks on idle GPUs between jobs calls ``start`` the same
-way. Its rules hold for every caller:
+the control socket, the re-check of GPUs a failed check withholds (a round hook, every
+``recheck_interval_s``), the checks on idle GPUs between jobs (``health.active_idle``) and a gang's
+preflight (``gpuweave.node.preflight``). Its rules hold for every caller:
 
-- **never under a pod**: a GPU something holds (``busy``: a pod's allocation, a compute process)
-  is skipped, and the GPUs being exercised are withheld (``hold``) for the run, so no pod lands on
-  one mid-check; MIG-enabled, retired and remediating GPUs are skipped too;
+- **never under a pod**: the run's GPUs are named first, then withheld (``hold``) so no new pod
+  lands on one, then every GPU something holds (``busy``: a pod's allocation, the agent's recent
+  grants, a compute process) is skipped; a pod the kubelet admitted before the withholding reached
+  it, and that claims a GPU mid-run, wins: the batch exercising it is cancelled and the GPU let go
+  before its Allocate (or DRA prepare) returns (``health.active_claims``). MIG-enabled, retired
+  and remediating GPUs are skipped too;
 - **at most ``max_gpus`` GPUs at once** (``hardware.exerciser.levels.plans`` cuts the batches);
 - **every batch has a deadline**; the exerciser fails a hung check closed, and a backend that does
   not return at all is a hung check for every GPU of the batch;
@@ -25,7 +28,7 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +37,11 @@ from devicemodel.inventory import Gpu, NodeInventory
 from hardware.exerciser.levels import level as level_spec
 from hardware.exerciser.levels import plans
 from hardware.exerciser.model import Expectations, expectations
-from hardware.exerciser.protocol import Exerciser, ExerciseReport
+from hardware.exerciser.protocol import GPU_CHECKS, CheckKind, ExercisePlan, Exerciser, ExerciseReport
 from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, merged_verdicts
 from health.active_book import RunBook, RunOutcome, ordered
-from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop
+from health.active_claims import CLAIMED_REASON, RunClaims
+from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop, without_gpus
 from health.checks import Finding
 from health.config import ActiveSettings
 from health.errors import ActiveCheckBusyError
@@ -54,6 +58,7 @@ _COUNTED = (Severity.APPLICATION, Severity.SUSPECT, Severity.FATAL)
 
 Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID -> reason); {} releases
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
+Held = Callable[[], Collection[str]]  # the device IDs pods hold now, GPU UUIDs among them (raises: unknown)
 EventSink = Callable[[str, str, bool], None]  # reason, message, warning
 
 
@@ -64,6 +69,7 @@ class ActiveParts:
     settings: ActiveSettings
     hold: Hold | None = None
     busy: Busy | None = None
+    held: Held | None = None  # for the checks between jobs: which GPUs pods hold, in one call
     events: EventSink | None = None
     runs: RunBook = field(default_factory=RunBook)
     backstop_grace_s: float = BACKSTOP_GRACE_S
@@ -78,6 +84,8 @@ class ActiveCheckRunner:
         self._counters = CounterReader(parts.probe, timeout_s=monitor.settings.check_timeout_s)
         self._xids: dict[str, int] = {}
         self._last_recheck: dict[str, float] = {}
+        self.last_checked: dict[str, float] = {}  # GPU UUID -> when a run last judged it (monitor clock)
+        self.claims = RunClaims(parts.hold, reason=HOLD_REASON)
         monitor.engine.fault_observers.append(self._count_xid)
 
     # --- triggers -----------------------------------------------------------------------------
@@ -93,9 +101,7 @@ class ActiveCheckRunner:
         whatever happened (a failed GPU is withheld on its own)."""
         if self.settings.burn_in_level <= 0:
             return None
-        return self.start(
-            None, level=self.settings.burn_in_level, trigger=BURN_IN, after=self._burn_in_ended
-        )
+        return self.start(None, level=self.settings.burn_in_level, trigger=BURN_IN, after=self._burn_in_ended)
 
     def _burn_in_ended(self) -> None:
         with self.monitor.lock:
@@ -109,8 +115,12 @@ class ActiveCheckRunner:
         level: int | None = None,
         trigger: str = "on-demand",
         after: Callable[[], None] | None = None,
+        checks: tuple[CheckKind, ...] = GPU_CHECKS,
+        max_gpus: int | None = None,
     ) -> RunOutcome:
-        """Start a run in the background; its outcome (``running``) at once, ``runs.get`` later."""
+        """Start a run in the background; its outcome (``running``) at once, ``runs.get`` later.
+        ``checks``: the per-GPU checks (a preflight's are the copies only); ``max_gpus``: fewer GPUs
+        at once than the settings' (the checks between jobs)."""
         number = level or self.settings.burn_in_level or 1
         level_spec(number)  # a bad level or GPU is refused here, not in the thread
         for index in gpus or ():
@@ -126,10 +136,11 @@ class ActiveCheckRunner:
         first = self.runs.started(
             run, trigger=trigger, level=number, backend=self.parts.exerciser.name, at=self.monitor.now()
         )
+        shape = _Shape(number, trigger, checks, max_gpus or self.settings.max_gpus)
 
         def work() -> None:
             try:
-                self._run(run, gpus, level=number, trigger=trigger)
+                self._run(run, gpus, shape)
             except Exception as exc:
                 log.exception("active check run %d failed", run)
                 self.runs.failed(run, f"{type(exc).__name__}: {exc}", at=self.monitor.now())
@@ -141,8 +152,17 @@ class ActiveCheckRunner:
         threading.Thread(target=work, name=f"active-check-{run}", daemon=True).start()
         return first
 
-    def run(self, gpus: Sequence[int] | None, *, level: int, trigger: str = "on-demand") -> RunOutcome:
-        """One run, synchronously (tests, tools); ``ActiveCheckBusyError`` while another runs."""
+    def run(
+        self,
+        gpus: Sequence[int] | None,
+        *,
+        level: int,
+        trigger: str = "on-demand",
+        checks: tuple[CheckKind, ...] = GPU_CHECKS,
+        max_gpus: int | None = None,
+    ) -> RunOutcome:
+        """One run, synchronously (tests, tools, the simulation); ``ActiveCheckBusyError`` while
+        another runs."""
         if not self._lock.acquire(blocking=False):
             raise ActiveCheckBusyError(f"an active check is already running ({self.runs.running_text()})")
         try:
@@ -150,9 +170,13 @@ class ActiveCheckRunner:
             self.runs.started(
                 run, trigger=trigger, level=level, backend=self.parts.exerciser.name, at=self.monitor.now()
             )
-            return self._run(run, gpus, level=level, trigger=trigger)
+            return self._run(run, gpus, _Shape(level, trigger, checks, max_gpus or self.settings.max_gpus))
         finally:
             self._lock.release()
+
+    @property
+    def running(self) -> bool:
+        return self._lock.locked()
 
     def __call__(self, monitor: HealthMonitor) -> None:
         """Round hook: re-check GPUs a failed check withholds, every ``recheck_interval_s``."""
@@ -176,25 +200,30 @@ class ActiveCheckRunner:
 
     # --- one run ------------------------------------------------------------------------------
 
-    def _run(self, run: int, indexes: Sequence[int] | None, *, level: int, trigger: str) -> RunOutcome:
-        """One run. The burn-in holds nothing: the startup taint keeps new work off the whole node
-        while it runs, and the agent's first device list stays as the rounds make it."""
+    def _run(self, run: int, indexes: Sequence[int] | None, shape: _Shape) -> RunOutcome:
+        """One run: name the GPUs, withhold them, confirm nothing holds them, exercise (in this order:
+        ``health.active_claims``). The burn-in holds nothing: the startup taint keeps new work off
+        the whole node while it runs, and the agent's first device list stays as the rounds make it."""
         started = self.monitor.now()
-        hold = trigger != BURN_IN
         chosen, skipped = self._select(indexes)
-        self._hold({g.uuid: HOLD_REASON for g in chosen} if hold else {})
+        self.claims.begin(chosen, hold=shape.trigger != BURN_IN)
         try:
-            chosen, skipped = self._still_idle(chosen, skipped, hold=hold)
-            reports, found, changed = self._exercise_all(chosen, level)
+            chosen, skipped = self._still_idle(chosen, skipped)
+            reports, found, changed = self._exercise_all(chosen, shape)
         finally:
-            self._hold({})
+            claimed = self.claims.claimed
+            self.claims.end()
+        verdicts = merged_verdicts(reports, found)
+        for uuid in (u for u in claimed if not found.get(u)):  # nothing found before the pod took it
+            verdicts.pop(uuid, None)
+            skipped[uuid] = CLAIMED_REASON
         outcome = self.runs.finished(
             run,
             reports=reports,
             findings=found,
             skipped=skipped,
             deltas=changed,
-            verdicts=merged_verdicts(reports, found),
+            verdicts=verdicts,
             seconds=self.monitor.now() - started,
             indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},
         )
@@ -218,9 +247,7 @@ class ActiveCheckRunner:
                 chosen.append(gpu)
         return chosen, skipped
 
-    def _still_idle(
-        self, chosen: list[Gpu], skipped: dict[str, str], *, hold: bool
-    ) -> tuple[list[Gpu], dict[str, str]]:
+    def _still_idle(self, chosen: list[Gpu], skipped: dict[str, str]) -> tuple[list[Gpu], dict[str, str]]:
         """After the hold (no new pod can land): the GPUs nothing holds; the rest are skipped."""
         busy = self.parts.busy
         idle = []
@@ -230,33 +257,48 @@ class ActiveCheckRunner:
                 skipped[gpu.uuid] = why
             else:
                 idle.append(gpu)
-        if hold:
-            self._hold({g.uuid: HOLD_REASON for g in idle})
+        self.claims.keep(idle)
         return idle, skipped
 
     def _exercise_all(
-        self, gpus: list[Gpu], level: int
+        self, gpus: list[Gpu], shape: _Shape
     ) -> tuple[list[ExerciseReport], dict[str, list[Finding]], dict[str, CounterDelta]]:
         if not gpus:
             return [], {}, {}
         inventory = self.monitor.engine.inventory
         before, xids = self._counters.read_all(inventory, gpus), dict(self._xids)
-        deadline = self.settings.deadline_s or level_spec(level).deadline_s
+        deadline = self.settings.deadline_s or level_spec(shape.level).deadline_s
         batches = plans(
             inventory,
             gpus,
-            level_number=level,
-            max_gpus=self.settings.max_gpus,
+            level_number=shape.level,
+            max_gpus=shape.max_gpus,
             memory_fraction=self.settings.memory_fraction,
+            gpu_checks=shape.checks,
         )
-        reports = [
-            run_with_backstop(
-                self.parts.exerciser, plan, deadline_s=deadline, grace_s=self.parts.backstop_grace_s
-            )
-            for plan in batches
-        ]
+        reports = [r for r in (self._batch(plan, deadline) for plan in batches) if r is not None]
         changed = deltas(before, self._counters.read_all(inventory, gpus), xids, self._xids)
         return reports, self._judge(reports, changed, expectations(inventory, pcie_links(before))), changed
+
+    def _batch(self, plan: ExercisePlan, deadline: float) -> ExerciseReport | None:
+        """One batch, without the GPUs a pod claimed meanwhile (None: nothing left of it)."""
+        kept = self.claims.unclaimed([g.uuid for g in plan.gpus])
+        plan = without_gpus(plan, kept)
+        if not plan.gpus or (plan.peer_only and not plan.pairs):
+            return None
+        cancel = self.claims.start_batch(kept)
+        if cancel is None:  # claimed between the two calls: the next try leaves it out
+            return self._batch(plan, deadline)
+        try:
+            return run_with_backstop(
+                self.parts.exerciser,
+                plan,
+                deadline_s=deadline,
+                grace_s=self.parts.backstop_grace_s,
+                cancel=cancel,
+            )
+        finally:
+            self.claims.end_batch()
 
     def _judge(
         self, reports: list[ExerciseReport], changed: dict[str, CounterDelta], expected: Expectations
@@ -280,8 +322,11 @@ class ActiveCheckRunner:
 
     def _apply(self, outcome: RunOutcome) -> None:
         engine = self.monitor.engine
+        now = self.monitor.now()
         with self.monitor.lock:
             for uuid, gpu in outcome.gpus.items():
+                if gpu.verdict in (Verdict.FAILED.value, Verdict.PASSED.value):
+                    self.last_checked[uuid] = now
                 if gpu.verdict == Verdict.FAILED.value:
                     items = ordered(outcome.findings.get(uuid, []))
                     engine.on_findings(uuid, items)
@@ -310,13 +355,6 @@ class ActiveCheckRunner:
             except Exception as exc:
                 log.warning("cannot post the active-check event: %s", exc)
 
-    def _hold(self, reasons: Mapping[str, str]) -> None:
-        if self.parts.hold is not None:
-            try:
-                self.parts.hold(dict(reasons))
-            except Exception:
-                log.exception("cannot withhold the GPUs under an active check")
-
     def _count_xid(self, device: str, fault: Fault) -> None:
         """Count the Xids graded application-level or worse (informational ones are the driver's notes)."""
         if fault.signal in ("xid", "recovery-action") and fault.severity in _COUNTED:
@@ -333,6 +371,16 @@ class ActiveCheckRunner:
             "rechecks": rechecks,
             "lastRun": self.runs.last_json(),
         }
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What a run does: its level, what triggered it, the per-GPU checks, GPUs exercised at once."""
+
+    level: int
+    trigger: str
+    checks: tuple[CheckKind, ...]
+    max_gpus: int
 
 
 def _gpu(inventory: NodeInventory, index: int) -> Gpu:

@@ -17,6 +17,21 @@ from health.xid import Action, Cause, Severity, XidOverride
 
 
 @dataclass(frozen=True)
+class IdleSettings:
+    """Checks of idle GPUs between jobs (``health.active_idle``)."""
+
+    interval_s: float = 86400.0  # each GPU at most once per this (its last check, burn-in included); 0: never
+    after_job: bool = False  # also check a GPU once a job ended on it
+    settle_s: float = 60.0  # idle at least this long before a check (the next job of a queue goes first)
+    max_gpus: int = 2  # GPUs of the node withheld for it at once
+    level: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_s > 0 or self.after_job
+
+
+@dataclass(frozen=True)
 class ActiveSettings:
     """Active checks (``health.active``): burn-in at start, on-demand runs, re-checks."""
 
@@ -31,6 +46,7 @@ class ActiveSettings:
     recheck_interval_s: float = 600.0  # re-check GPUs withheld by a failed check; 0: on demand only
     backend: str = "auto"  # auto (DCGM where its host engine answers, else CUDA), cuda, dcgm
     driver_root: str = "/"  # where the host's driver (libcuda.so.1) is mounted
+    idle: IdleSettings = field(default_factory=IdleSettings)
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,17 @@ class XidOverrideModel(BaseModel):
     cause: Cause | None = None
 
 
+class IdleConfig(BaseModel):
+    """``health.active_checks.idle``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    interval_s: float = Field(default=86400.0, ge=0)
+    after_job: bool = False
+    settle_s: float = Field(default=60.0, ge=0)
+    max_gpus: int = Field(default=2, ge=1, le=1024)
+    level: int = Field(default=1, ge=1, le=4)
+
+
 class ActiveConfig(BaseModel):
     """``health.active_checks``."""
 
@@ -88,9 +115,11 @@ class ActiveConfig(BaseModel):
     recheck_interval_s: float = Field(default=600.0, ge=0)
     backend: Literal["auto", "cuda", "dcgm"] = "auto"
     driver_root: str = Field(default="/", min_length=1, max_length=4096)
+    idle: IdleConfig = IdleConfig()  # frozen: one shared default is safe
 
     def to_settings(self) -> ActiveSettings:
-        return ActiveSettings(**self.model_dump())
+        idle = IdleSettings(**self.idle.model_dump())
+        return ActiveSettings(**self.model_dump(exclude={"idle"}), idle=idle)
 
 
 class HealthConfig(BaseModel):

@@ -4,9 +4,15 @@
   on pods bound to this node, joined by remediation with what the kubelet's pod-resources API says
   (``Remediator.pod_devices``), so pods placed without the extender are found too. Pods without
   the annotation are listed with no devices: the join adds theirs and keeps their opt-out label.
-- Eviction uses ``policy/v1`` Eviction with ``gracePeriodSeconds``; HTTP 429 (a PodDisruptionBudget
-  refused) is reported as blocked and retried by the caller next round.
-- Conditions go to the node status; Events to the node or the pod; taints on ``spec.taints``.
+- Eviction uses ``policy/v1`` Eviction with ``gracePeriodSeconds`` and the pod's UID as a
+  precondition, labelled ``gpuweave.io/node-agent-eviction=true``: the admission policy
+  (``manifests/admission-node-agent.yaml``) requires both and holds the agent to pods of its node
+  and of gangs that go together. HTTP 429 (a PodDisruptionBudget refused) is reported as blocked
+  and retried by the caller next round; 404, or 409 (another pod holds the name now), as gone.
+- Conditions go to the node status; Events to the node or the pod; taints on ``spec.taints``, the
+  other taints sent back exactly as read and the patch preconditioned on the Node's
+  resourceVersion, so a taint another writer changed meanwhile is never undone (a conflict is
+  read again a few times, then left to the next round).
 - The bad-hardware list is shared as cluster-scoped ``GpuBadHardware`` objects, one per GPU
   (``manifests/crds/gpubadhardware.yaml``).
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -31,6 +38,7 @@ from devicemodel.contracts import (
 )
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import evicts_whole_gang, gang_key
+from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from health.badlist import BadGpu
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
@@ -39,6 +47,8 @@ from kubeio.errors import CONFLICT, NOT_FOUND, TOO_MANY_REQUESTS, describe, stat
 log = logging.getLogger(__name__)
 COMPONENT = "gpuweave-health"
 CORDON_ANNOTATION = "gpuweave.io/cordoned-by-health"
+EVICTION_LABEL = "gpuweave.io/node-agent-eviction"  # on every Eviction the agent sends
+NODE_PATCH_ATTEMPTS = 4  # reads and preconditioned patches of the Node before a conflict waits a round
 
 
 def _now() -> datetime.datetime:
@@ -66,6 +76,7 @@ def _pod_ref(pod: Any, devices: frozenset[str]) -> PodRef:
         labels.get(ANNOTATION_OPT_OUT_EVICTION) == "true",
         gang=gang_key(view),
         whole_gang=evicts_whole_gang(view),
+        uid=str(meta.uid or ""),
     )
 
 
@@ -100,9 +111,17 @@ class KubeCluster:
         ]
 
     def evict(self, pod: PodRef, *, grace_s: int) -> str:
+        """Evict exactly the pod the API server listed (its UID a precondition). A pod without a UID
+        is one only the kubelet still names: the API server no longer lists it, so it is gone."""
+        if not pod.uid:
+            return EvictionOutcome.GONE
         body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=grace_s),
+            metadata=client.V1ObjectMeta(
+                name=pod.name, namespace=pod.namespace, labels={EVICTION_LABEL: "true"}
+            ),
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=grace_s, preconditions=client.V1Preconditions(uid=pod.uid)
+            ),
         )
         try:
             self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
@@ -110,7 +129,7 @@ class KubeCluster:
             status = status_of(exc)
             if status == TOO_MANY_REQUESTS:
                 return EvictionOutcome.BLOCKED
-            if status == NOT_FOUND:
+            if status in (NOT_FOUND, CONFLICT):  # 409: the UID differs, another pod has the name now
                 return EvictionOutcome.GONE
             log.warning("eviction of %s/%s failed: %s", pod.namespace, pod.name, describe(exc))
             return EvictionOutcome.FAILED
@@ -134,7 +153,7 @@ class KubeCluster:
             ),
             involved_object=involved,
             reason=reason,
-            message=message[:1024],
+            message=safe_text(message, limit=MAX_EVENT_CHARS),  # a gang's name is the pod's text
             type="Warning" if warning else "Normal",
             source=client.V1EventSource(component=COMPONENT, host=self.node_name),
             first_timestamp=now,
@@ -169,24 +188,46 @@ class KubeCluster:
         return len(nodes), len(tainted), self.node_name in tainted
 
     def set_taint(self, key: str, *, present: bool, value: str = "") -> None:
-        node: Any = self._core.read_node(self.node_name)
-        taints: list[Any] = [t for t in (node.spec.taints or []) if t.key != key]
-        if present:
-            taints.append(client.V1Taint(key=key, value=value or None, effect="NoSchedule"))
-        elif len(taints) == len(node.spec.taints or []):
-            return
-        body = {"spec": {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]}}
-        self._core.patch_node(self.node_name, body)
+        """Add or remove one of the agent's taints; every other taint goes back exactly as read
+        (``timeAdded`` included)."""
+
+        def body(node: Any) -> dict[str, Any] | None:
+            taints: list[Any] = [t for t in (node.spec.taints or []) if t.key != key]
+            if present:
+                taints.append(client.V1Taint(key=key, value=value or None, effect="NoSchedule"))
+            elif len(taints) == len(node.spec.taints or []):
+                return None
+            serialize = self._core.api_client.sanitize_for_serialization
+            return {"spec": {"taints": [serialize(t) for t in taints]}}
+
+        self._patch_node(body)
 
     def set_cordon(self, cordoned: bool) -> None:
-        node: Any = self._core.read_node(self.node_name)
-        ours = (node.metadata.annotations or {}).get(CORDON_ANNOTATION) == "true"
-        if not cordoned and not ours:
-            return  # someone else cordoned the node: not ours to undo
-        annotations = {CORDON_ANNOTATION: "true" if cordoned else None}
-        self._core.patch_node(
-            self.node_name, {"spec": {"unschedulable": cordoned}, "metadata": {"annotations": annotations}}
-        )
+        def body(node: Any) -> dict[str, Any] | None:
+            ours = (node.metadata.annotations or {}).get(CORDON_ANNOTATION) == "true"
+            if not cordoned and not ours:
+                return None  # someone else cordoned the node: not ours to undo
+            annotations = {CORDON_ANNOTATION: "true" if cordoned else None}
+            return {"spec": {"unschedulable": cordoned}, "metadata": {"annotations": annotations}}
+
+        self._patch_node(body)
+
+    def _patch_node(self, body: Callable[[Any], dict[str, Any] | None]) -> None:
+        """Read the Node, patch what ``body`` makes of it (None: nothing to do) with the Node's
+        resourceVersion as a precondition, so a change made in between (the kubelet's status, an
+        operator's taint) is never undone: on a conflict, read again, up to ``NODE_PATCH_ATTEMPTS``."""
+        for attempt in range(1, NODE_PATCH_ATTEMPTS + 1):
+            node: Any = self._core.read_node(self.node_name)
+            patch = body(node)
+            if patch is None:
+                return
+            patch.setdefault("metadata", {})["resourceVersion"] = node.metadata.resource_version
+            try:
+                self._core.patch_node(self.node_name, patch)
+                return
+            except ApiException as exc:
+                if status_of(exc) != CONFLICT or attempt == NODE_PATCH_ATTEMPTS:
+                    raise
 
     # --- bad hardware ---------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
 from health.checks import Finding, judge_efa, judge_failure, judge_readings, temperature_outliers
 from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
-from health.policy import Fault, Window, WindowCounter
+from health.policy import DeviceState, Fault, Window, WindowCounter
 from health.runner import TimeoutRunner
 from health.scope import HealthSnapshot, NodeFaultKind
 from health.signals.efa_counters import EfaCounterWatch
@@ -42,6 +42,9 @@ from health.signals.kmsg import KernelLine, KernelLogTail, parse_line
 from health.xid import Severity
 
 log = logging.getLogger(__name__)
+# Health states whose arrival is logged at INFO: steps on the way back, after the WARNING that
+# announced the fault
+QUIET_STATES = frozenset({DeviceState.REMEDIATING, DeviceState.PROBATION})
 
 
 class HealthSink(Protocol):
@@ -87,6 +90,8 @@ class HealthMonitor:
         self.lock = threading.RLock()
         self._publishing = threading.RLock()  # re-entered when a push makes the agent call back
         self._pushed: dict[str, tuple[bool, str]] = {}
+        self._logged: dict[str, DeviceState] = {}  # device -> the state last logged (``_log_transitions``)
+        self._efa_logged: dict[str, bool] = {}
         self._stop = threading.Event()
         self._runner = TimeoutRunner()
         self._threads: dict[str, threading.Thread] = {}
@@ -130,8 +135,8 @@ class HealthMonitor:
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         self._beats[name] = self._clock()
         thread = threading.Thread(target=self._guard(name, target), name=f"health-{name}", daemon=True)
+        thread.start()  # registered once started: a loop that looks it up never sees it not yet alive
         self._threads[name] = thread
-        thread.start()
 
     def _guard(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -180,6 +185,9 @@ class HealthMonitor:
                 now = (snap.is_healthy(device), f"{state}: {reason}" if reason else str(state))
                 if self._pushed.get(device, (None, ""))[0] != now[0]:  # the kubelet only sees the flip
                     changes.append((device, *now))
+            transitions = self._transitions(snap)
+        for level, line in transitions:
+            log.log(level, "%s", line)
         for device, healthy, reason in changes:
             if self._push(device, healthy, reason):
                 with self.lock:
@@ -197,8 +205,32 @@ class HealthMonitor:
             except Exception:
                 log.exception("cannot push the health of %s to the device plugin; retrying", device)
                 return False
-        log.info("device %s %s", device, "healthy" if healthy else f"unhealthy ({reason})")
         return True
+
+    def _transitions(self, snap: HealthSnapshot) -> list[tuple[int, str]]:
+        """Log lines (level, text) for each device whose own health state changed since the last
+        publish; called with the lock held, logged after it is released.
+
+        A device leaving Healthy, failing or retiring is a WARNING, so the default log level shows
+        it; its return to Healthy is a WARNING too, closing what the first one opened; the steps in
+        between (Remediating, Probation) are INFO. A device's first state is logged only when it
+        is not Healthy (a GPU on the bad-hardware list at start). A MIG device's line is about its
+        own record: its GPU's line covers a fault that fans out to it."""
+        lines = []
+        for device, record in [*snap.gpus.items(), *snap.migs.items()]:
+            before, state = self._logged.get(device), record.state
+            self._logged[device] = state
+            if before is state or (before is None and state is DeviceState.HEALTHY):
+                continue
+            level = logging.INFO if state in QUIET_STATES else logging.WARNING
+            was = f"was {before}" if before is not None else "at start"
+            reason = f": {record.reason}" if record.reason and state is not DeviceState.HEALTHY else ""
+            lines.append((level, f"device {device} is {state} ({was}){reason}"))
+        for adapter, up in snap.efa_up.items():
+            if self._efa_logged.get(adapter, True) != up:
+                lines.append((logging.WARNING, f"EFA adapter {adapter} is {'up again' if up else 'down'}"))
+            self._efa_logged[adapter] = up
+        return lines
 
     @staticmethod
     def _reason(snap: HealthSnapshot, device: str) -> str:
@@ -246,7 +278,7 @@ class HealthMonitor:
 
     def run_round(self) -> None:
         """One round: kernel log, GPU checks (parallel, time-boxed), EFA, hooks, close the round."""
-        self._read_kernel_log()
+        self.read_kernel_log()
         findings, completed, temps = self._check_gpus()
         findings = self._add_temperature(findings, temps)
         efa_ok = self._check_efa()
@@ -263,8 +295,10 @@ class HealthMonitor:
             self.rounds_completed += 1
         self.publish()
 
-    def _read_kernel_log(self) -> None:
-        """Act on new kernel-log lines one by one; the cursor moves past each line once handled."""
+    def read_kernel_log(self) -> None:
+        """Act on new kernel-log lines one by one; the cursor moves past each line once handled.
+        Each round starts with it; the simulation calls it right after an Xid it injects, as a
+        round would read the line within ``round_interval_s``."""
         if self._kernel_log is None:
             return
         at_boot = self._first_kernel_read and self._kernel_log.fresh_start

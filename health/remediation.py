@@ -62,6 +62,7 @@ class PodRef:
     opted_out: bool = False  # labelled gpuweave.io/no-health-eviction=true
     gang: str = ""  # the pod's gang key (``devicemodel.gangs``), "" for none
     whole_gang: bool = True  # a fault under it evicts its whole gang (gpuweave.io/gang-eviction)
+    uid: str = ""  # as the API server listed it; "" for a pod only the kubelet still names
 
 
 # (namespace, name) -> the device IDs the kubelet allocated to the pod; raises when it cannot tell.
@@ -338,7 +339,8 @@ class Remediator:
         """Evict the other members, on any node, of every gang a member of which was evicted for a
         failed device: a training gang makes no progress without it, and its job controller
         re-creates the members together. Retried each round until every member is gone or opted
-        out; a PodDisruptionBudget refusal waits for the next round."""
+        out (labelled so, or saying ``gpuweave.io/gang-eviction: pod``); a PodDisruptionBudget
+        refusal waits for the next round."""
         if self.cluster is None:
             return
         for (namespace, gang), (device, record) in list(self._gangs.items()):
@@ -351,8 +353,9 @@ class Remediator:
                 f"evicted with its gang {gang}: a member's device {device} failed ({record.reason}); "
                 f"grace {grace_s} s"
             )
-            gone = [
+            gone = [  # a member that says gpuweave.io/gang-eviction: pod goes only with its own device
                 m.opted_out
+                or not m.whole_gang
                 or self._evict_once(m, record, grace_s, reason="GpuweaveGangEvicted", message=message)
                 for m in members
             ]

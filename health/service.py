@@ -4,7 +4,8 @@
 list (local file, merged with the cluster's ``GpuBadHardware`` objects), withholds listed GPUs and
 restores strike counts *before* the monitor's first push, then starts the monitor whose rounds end
 with remediation and node publishing, and (given an exerciser) the burn-in, an active check of
-every GPU the startup gate waits for (``health.active_runner``). Every state file (bad-hardware
+every GPU the startup gate waits for (``health.active_runner``), and then checks of idle GPUs
+between jobs (``health.active_idle``). Every state file (bad-hardware
 list, strikes, kernel-log cursor) goes through one ``StateWriter``: a write the disk refuses is counted
 (``gpuweave_health_state_write_failures``), kept in memory and retried every round. Health is
 pushed to the agent through ``HealthSink`` (``set_device_health``), so this package never imports
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from devicemodel.inventory import NodeInventory
 from hardware.exerciser.protocol import Exerciser
-from health.active_runner import ActiveCheckRunner, ActiveParts, Busy, Hold
+from health.active_idle import IdleChecks
+from health.active_runner import ActiveCheckRunner, ActiveParts, Busy, Held, Hold
 from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
@@ -57,6 +59,7 @@ class HealthParts:
     exerciser: Exerciser | None = None  # active checks (burn-in, on demand); None: passive only
     hold: Hold | None = None  # withholds the GPUs an active check runs on (the agent's gate)
     busy: Busy | None = None  # why a GPU cannot be exercised (a pod holds it); processes always count
+    held: Held | None = None  # the device IDs pods hold, for checks between jobs (None: they are off)
 
 
 class HealthService:
@@ -94,6 +97,9 @@ class HealthService:
         self.engine.fault_observers.append(self._count_fault)
         self.monitor.add_listener(self._observe)
         self.active = self._active_runner() if parts.exerciser is not None else None
+        self.stoppers: list[Callable[[], None]] = []  # stopped before the monitor (gang preflights)
+        idle = parts.settings.active.idle
+        self.idle = None if self.active is None else IdleChecks(self.active, idle, parts.held)
 
     def _active_runner(self) -> ActiveCheckRunner:
         assert self.parts.exerciser is not None
@@ -114,8 +120,11 @@ class HealthService:
         return self.parts.busy(uuid) if self.parts.busy is not None else None
 
     def _recheck(self, monitor: HealthMonitor) -> None:
+        """Round hook: re-checks of withheld GPUs first, then checks of idle GPUs between jobs."""
         if self.active is not None:
             self.active(monitor)
+        if self.idle is not None:
+            self.idle(monitor)
 
     def _event(self, reason: str, message: str, warning: bool) -> None:
         assert self.parts.cluster is not None
@@ -132,6 +141,8 @@ class HealthService:
             self.active.start_burn_in()
 
     def stop(self) -> None:
+        for stop in self.stoppers:
+            stop()
         self.monitor.stop()
 
     def snapshot(self) -> HealthSnapshot:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from devicemodel.contracts import LABEL_PREFLIGHT
+from netio.gate import GateLimits
+from netio.probe_http import PROBE_LIMITS, ProbeListener
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.cluster.objects import PodRecord
 from scheduler_ext.cluster.snapshot import SnapshotBinder, load_snapshot
@@ -26,7 +29,7 @@ from scheduler_ext.serving.events import (
     RecordingService,
 )
 from scheduler_ext.serving.metrics import ExtenderMetrics
-from scheduler_ext.serving.probes import ProbeHTTPServer
+from scheduler_ext.serving.probes import probe_listener
 from scheduler_ext.serving.server import ExtenderHTTPServer
 from scheduler_ext.serving.service import Binder, ExtenderService
 from topology.fragmentation import TargetWorkload
@@ -42,7 +45,7 @@ class Extender:
     metrics: ExtenderMetrics
     gangs: GangCoordinator | None = None
     server: ExtenderHTTPServer | None = None
-    probe_server: ProbeHTTPServer | None = None
+    probe_server: ProbeListener | None = None
     stoppers: tuple[object, ...] = ()
 
     def serve(
@@ -60,11 +63,11 @@ class Extender:
         server.serve_in_thread()
         return server.url
 
-    def serve_probes(self, *, host: str, port: int) -> str:
+    def serve_probes(self, *, host: str, port: int, limits: GateLimits = PROBE_LIMITS) -> str:
         """Bind the read-only probe listener (healthz, readyz, metrics); returns its URL."""
-        probes = ProbeHTTPServer((host, port), cache=self.cache, metrics=self.metrics)
+        probes = probe_listener((host, port), cache=self.cache, metrics=self.metrics, limits=limits)
         self.probe_server = probes
-        probes.serve_in_thread()
+        probes.start()
         return probes.url
 
     def close(self) -> None:
@@ -72,10 +75,11 @@ class Extender:
             stop = getattr(stopper, "stop", None)
             if callable(stop):
                 stop()
-        for server in (self.server, self.probe_server):
-            if server is not None:
-                server.shutdown()
-                server.server_close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.probe_server is not None:
+            self.probe_server.stop()
         self.server = self.probe_server = None
         self.core.selectors.close()
 
@@ -92,7 +96,8 @@ def build_core(
     ``gangs``: its network tier labels are the node labels the cache keeps."""
     registry = LayoutRegistry()
     core = DecisionCore(registry, selectors=selectors, workload=WorkloadLearner(pinned=share_workload))
-    return ClusterCache(registry, label_keys=(gangs or GangSettings()).tier_labels), core
+    label_keys = (*(gangs or GangSettings()).tier_labels, LABEL_PREFLIGHT)  # LABEL_PREFLIGHT: who serves them
+    return ClusterCache(registry, label_keys=label_keys), core
 
 
 def gang_coordinator(

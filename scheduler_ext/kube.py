@@ -30,6 +30,7 @@ from devicemodel.contracts import (
     ANNOTATION_ASSIGNMENT,
     API_GROUP,
     API_VERSION,
+    LABEL_PREFLIGHT,
     NODE_INVENTORY_KIND,
     NODE_INVENTORY_PLURAL,
 )
@@ -42,6 +43,8 @@ from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.cluster.objects import pod_disrupted
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.kueue.controller import KueueChecks
+from scheduler_ext.preflight.book import PreflightBook, PreflightSettings
+from scheduler_ext.preflight.kube import KubePreflights
 from scheduler_ext.serving.events import PodEvent
 from scheduler_ext.serving.service import BindError
 from topology.fragmentation import TargetWorkload
@@ -283,6 +286,26 @@ class KubeFeed:
         self._api.close()  # type: ignore[no-untyped-call]
 
 
+def _preflights(
+    api: client.ApiClient, cache: ClusterCache, settings: PreflightSettings
+) -> KubePreflights | None:
+    """Gang preflights through ``GpuPreflight`` objects (``--gang-preflight agent``), started; None
+    when off. A node is asked only while it carries ``gpuweave.io/preflight=agent`` (its agent
+    serves them)."""
+    if settings.check == "off":
+        return None
+    port = KubePreflights(api, checks=settings.checks)
+    port.book = PreflightBook(
+        port,
+        serves=lambda node: cache.node_labels().get(node, {}).get(LABEL_PREFLIGHT) == "agent",
+        fresh_s=settings.fresh_s,
+        timeout_s=settings.timeout_s,
+        avoid_s=settings.avoid_s,
+    )
+    port.start()
+    return port
+
+
 def build_kube_extender(
     *,
     kubeconfig: str | None,
@@ -308,6 +331,12 @@ def build_kube_extender(
         gangs=settings,
     )
     coordinator = extender.gangs
+    preflights = _preflights(api, cache, settings.preflight)
+    if preflights is not None:
+        checks.preflight = preflights.book
+        if coordinator is not None:
+            coordinator.preflight = preflights.book
+        extender.stoppers = (*extender.stoppers, preflights)
     if coordinator is not None:  # partly bound gangs' places are held again once the lists are in
         threading.Thread(
             target=lambda: cache.synced.wait() and coordinator.rebuild(),

@@ -17,6 +17,7 @@ from scheduler_ext.gangs.book import DEFAULT_TTL_S
 from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.kube import build_kube_extender
+from scheduler_ext.preflight.book import FRESH_S, TIMEOUT_S, PreflightSettings
 from topology.network import DEFAULT_TIER_LABELS, parse_tier_labels
 
 
@@ -103,6 +104,44 @@ def register(subparsers: Any) -> None:
             f"holds nothing and waits (default {DEFAULT_HOLD_SHARE:.0%}%)"  # %%: argparse formats help
         ),
     )
+    parser.add_argument(
+        "--gang-preflight",
+        choices=("agent", "off"),
+        default="agent",
+        help=(
+            "before a multi-node gang starts, each member node's agent checks the GPUs planned there "
+            "(host<->device and NVLink copies) through a GpuPreflight object; a node that fails is "
+            "marked by its agent and the gang is planned elsewhere. Nodes whose agent does not serve "
+            "preflights (no gpuweave.io/preflight=agent label) are not asked (default agent)"
+        ),
+    )
+    parser.add_argument(
+        "--gang-preflight-checks",
+        choices=("bandwidth", "full"),
+        default="bandwidth",
+        help=(
+            "what a member node's agent runs: bandwidth (host<->device and NVLink copies: what a "
+            "multi-node job leans on; seconds) or full (memory pattern and compute kernel too) "
+            "(default bandwidth)"
+        ),
+    )
+    parser.add_argument(
+        "--gang-preflight-timeout",
+        type=float,
+        default=TIMEOUT_S,
+        metavar="SECONDS",
+        help=(
+            "a preflight not answered within this long counts as failed; at most half of --gang-ttl, "
+            f"which the plan waiting for it lives by (default {TIMEOUT_S:g})"
+        ),
+    )
+    parser.add_argument(
+        "--gang-preflight-fresh",
+        type=float,
+        default=FRESH_S,
+        metavar="SECONDS",
+        help=f"GPUs that passed a preflight this recently are not asked again (default {FRESH_S:g})",
+    )
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.set_defaults(handler=run)
@@ -118,10 +157,20 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
 def _gang_settings(args: argparse.Namespace) -> GangSettings:
     if not 0 <= args.gang_ttl <= 3600:  # NaN fails both comparisons
         raise InvalidInputError(f"--gang-ttl {args.gang_ttl} is outside 0..3600 seconds; 0 turns gangs off")
+    timeout_s, fresh_s = args.gang_preflight_timeout, args.gang_preflight_fresh
+    for flag, value in (("--gang-preflight-timeout", timeout_s), ("--gang-preflight-fresh", fresh_s)):
+        if not 0 < value <= 86400:
+            raise InvalidInputError(f"{flag} {value} is outside (0, 86400] seconds")
     return GangSettings(
         ttl_s=args.gang_ttl,
         tier_labels=parse_tier_labels(args.network_tier_labels),
         hold_limit=HoldLimit.parse(args.gang_hold_per_namespace),
+        preflight=PreflightSettings(
+            check=args.gang_preflight,
+            checks=args.gang_preflight_checks,
+            timeout_s=min(timeout_s, args.gang_ttl / 2 or timeout_s),  # inside the plan's reservation
+            fresh_s=fresh_s,
+        ),
     )
 
 

@@ -29,6 +29,13 @@ from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_argume
 from gpuweave.node.dra import add_dra_arguments, check_dra_arguments
 from gpuweave.node.health import load_settings
 from gpuweave.node.mps import process_daemons
+from gpuweave.node.sharing import (
+    add_sharing_arguments,
+    check_sharing_arguments,
+    chosen_sharing_config,
+    node_labels_of,
+)
+from gpuweave.node.usage import add_usage_arguments
 from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
 from health.persist import require_writable_dir
@@ -82,7 +89,7 @@ def register(subparsers: Any) -> None:
         "channel (default STATE_DIR/imex; /etc/nvidia-imex for a host's nvidia-imex; "
         "docs/nvlink-domains.md); needs the API server",
     )
-    add("--sharing-config", type=Path, default=None, help="per-GPU sharing YAML (kind SharingConfig)")
+    add_sharing_arguments(parser)
     add("--health-config", type=Path, default=None, help="health settings YAML (docs/health.md)")
     add(
         "--mps-control",
@@ -93,6 +100,7 @@ def register(subparsers: Any) -> None:
     )
     add_cdi_arguments(parser)
     add_dra_arguments(parser)
+    add_usage_arguments(parser)
     kube = parser.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig", type=Path, default=None, help="publish and read pods through this kubeconfig"
@@ -160,9 +168,9 @@ def open_pod_resources(args: argparse.Namespace) -> PodResourcesClient | None:
     return PodResourcesClient(path)
 
 
-def agent_config(args: argparse.Namespace, backend: GpuBackend) -> AgentConfig:
-    """The agent's configuration from the flags (the sharing file is read here)."""
-    sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
+def agent_config(args: argparse.Namespace, backend: GpuBackend, *, sharing_file: Path | None) -> AgentConfig:
+    """The agent's configuration from the flags and the node's sharing file (read here)."""
+    sharing = load_sharing_plan(sharing_file) if sharing_file else SharingPlan()
     return AgentConfig(
         kubelet_dir=args.kubelet_dir,
         state_dir=args.state_dir,
@@ -195,6 +203,7 @@ def check_args(args: argparse.Namespace) -> bool:
     if args.correct_assignments and not with_kube:
         raise GpuweaveError("--correct-assignments patches pods: give --kubeconfig too (or --in-cluster)")
     check_dra_arguments(args, with_kube=with_kube)
+    check_sharing_arguments(args, with_kube=with_kube)
     return with_kube
 
 
@@ -204,10 +213,11 @@ def run(args: argparse.Namespace) -> int:
     node = node_name(args)
     metrics = AgentMetrics()
     kube = open_kube(args.kubeconfig, node=node, metrics=metrics) if with_kube else None
+    sharing_file = chosen_sharing_config(args, labels=node_labels_of(kube.api, node) if kube else None)
     backend = open_backend(args.simulate, node_name=node, state_dir=args.state_dir)
     builder = NodeAgentBuilder(backend, state_dir=args.state_dir, node_name=node, metrics=metrics)
     agent = builder.agent(
-        agent_config(args, backend),
+        agent_config(args, backend, sharing_file=sharing_file),
         handoff=kube.handoff if kube else None,
         cdi=None if args.dra else cdi_publisher(args, backend),  # DRA writes a spec per prepared claim
     )
@@ -222,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             agent,
             daemons=process_daemons(args.mps_control, state_dir=args.state_dir, simulated=builder.simulated),
             inventory=inventory,
-            sharing_config=args.sharing_config,
+            sharing_config=sharing_file,
         )
     except GpuweaveError:
         backend.close()

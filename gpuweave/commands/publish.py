@@ -6,7 +6,9 @@ Kubernetes ``List`` in YAML (or JSON with ``--json``), all devices healthy.
 
 With ``--dra`` it prints instead the node's ``resource.k8s.io/v1`` ResourceSlices as the agent's DRA
 mode publishes them (``dradriver``): YAML, one document per slice (a ``List`` with
-``--json``); ``--dra-mig dynamic`` publishes MIG-capable GPUs as partitionable devices (docs/dra.md).
+``--json``); ``--dra-mig dynamic`` publishes MIG-capable GPUs as partitionable devices, and a
+``--sharing-config`` that makes a GPU fractional publishes it as one device claims share
+(docs/dra.md).
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
         inventory = backend.discover()
     finally:
         backend.close()
-    if args.dra:
-        return _print_slices(pool_slices(inventory, mig=MigPublishing(args.dra_mig)), as_json=args.json)
     sharing = load_sharing_plan(args.sharing_config) if args.sharing_config else SharingPlan()
+    if args.dra:
+        slices = pool_slices(inventory, mig=MigPublishing(args.dra_mig), sharing=sharing)
+        return _print_slices(slices, as_json=args.json)
     objects = published_list(inventory, sharing=sharing)
     if args.json:
         json.dump(objects, sys.stdout, indent=2)

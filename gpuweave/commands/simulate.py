@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,14 @@ def register(subparsers: Any) -> None:
         "--no-agents", action="store_true", help="do not start the node agents (device plugins over gRPC)"
     )
     parser.add_argument(
+        "--no-latent",
+        action="store_true",
+        help=(
+            "inject no latent faults (bad memory, slow NVLink: only active checks find them) and run "
+            "no checks between jobs or gang preflights"
+        ),
+    )
+    parser.add_argument(
         "--agents",
         type=int,
         default=None,
@@ -82,6 +94,36 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def check_out_dir(out: Path) -> None:
+    """Create ``--out`` and write a file there now, so a bad one is one line before the run, not
+    a traceback after it."""
+    probe = out / f".gpuweave-simulate-probe.{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise InvalidInputError(
+            f"--out {out}: cannot write the report there ({exc.strerror or exc}); "
+            "give a directory you can write"
+        ) from None
+
+
+@contextlib.contextmanager
+def quiet_agent_health() -> Iterator[None]:
+    """The simulated agents' health transitions are the report's fault lines; at the default
+    level (WARNING) their log lines would only break into the progress bars. ``--log-level INFO``
+    (or DEBUG) keeps them. The logger's level is restored after the run."""
+    health = logging.getLogger("health.monitor")
+    before = health.level
+    if logging.getLogger().getEffectiveLevel() >= logging.WARNING:
+        health.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        health.setLevel(before)
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuweave.simulate.runner import SimulateOptions, run_simulation  # noqa: PLC0415 (numpy/matplotlib on demand)
 
@@ -89,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--agents {args.agents}: give at least 1 node (or --no-agents for none)")
     if args.load <= 0 or args.load > 3:
         raise InvalidInputError(f"--load {args.load}: give a fraction of capacity between 0 and 3")
+    check_out_dir(args.out)
     options = SimulateOptions(
         nodes=args.nodes,
         profiles=args.profiles,
@@ -102,7 +145,9 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         in_process=args.in_process,
         agents=not args.no_agents,
+        latent=not args.no_latent,
         agent_nodes=args.agents,
         nodes_per_block=args.nodes_per_block,
     )
-    return run_simulation(options)
+    with quiet_agent_health():
+        return run_simulation(options)

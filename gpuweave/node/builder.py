@@ -17,15 +17,16 @@
 
 For the node-agent process it adds ``open_backend`` (the node's GPUs through NVML and sysfs, or a
 simulated node profile) and ``start_parts``: MIG restore, the fabric gate, the agent's servers,
-health, the API-server watches and publishing, DRA and ``/metrics``, started in that order and
-stopped in reverse. Flag parsing, signals and opening the API-server and kubelet connections stay
-in the command.
+health, the API-server watches and publishing, DRA, per-pod GPU use (``gpuweave.node.usage``)
+and ``/metrics``, started in that order and stopped in reverse. Flag parsing, signals and
+opening the API-server and kubelet connections stay in the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +40,13 @@ from deviceplugin.metrics import AgentMetrics, serve_metrics
 from deviceplugin.mps import MpsSettings
 from deviceplugin.podresources import HeldDevices, PodResourcesClient
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node.dra import start_node_dra
+from gpuweave.node.dra import NodeDra, start_node_dra
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
-from gpuweave.node.imex import ImexConfigWriter, ImexReconciler, ImexSource
+from gpuweave.node.imex import ImexConfigWriter, ImexMetrics, ImexReconciler, ImexSource
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
+from gpuweave.node.usage import start_pod_usage
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
 from hardware.host_check import run_self_check
@@ -53,6 +55,7 @@ from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
+from health.engine import Clock
 from health.service import HealthService
 from health.signals.fabric import FabricGate
 from mig.service import HeldByPods, MigService
@@ -173,9 +176,14 @@ class NodeAgentBuilder:
         kube_api: Any | None = None,
         pod_resources: PodResourcesClient | None = None,
         taints_evict: bool = False,
+        clock: Clock = time.monotonic,
+        held_by_pods: HeldByPods | None = None,
     ) -> HealthService:
         """Health for a started agent, started; stop it before the agent. With ``mig`` a failed MIG
-        device is recreated through the MIG manager and a GPU reset never runs inside a reshape."""
+        device is recreated through the MIG manager and a GPU reset never runs inside a reshape;
+        ``clock`` times health (the simulation's agents run on its simulated clock).
+        ``held_by_pods``: the devices pods hold (default: the kubelet's pod-resources API and the
+        agent's recent grants); the simulation's kubelet gives its own."""
         return start_node_health(
             agent,
             backend=self.backend,
@@ -190,7 +198,9 @@ class NodeAgentBuilder:
             round_hooks=(MpsRoundHook(mps),),
             kill_mps=mps.kill,
             taints_evict=taints_evict,
-            held_by_pods=HeldDevices(pod_resources, agent.allocations),
+            held_by_pods=held_by_pods or HeldDevices(pod_resources, agent.allocations),
+            pods_known=pod_resources is not None,
+            clock=clock,
         )
 
     def fabric(self, agent: NodeAgent, *, interval_s: float) -> FabricGate:
@@ -243,8 +253,20 @@ class NodeAgentBuilder:
             )
             if not args.dra:  # DRA mode: the IMEX domain follows claims (``_start_dra``)
                 started.stoppers.append(self.imex(kube, agent, config_dir=args.imex_config_dir))
+        stop_dra, dra = self._start_dra(
+            args, agent=agent, kube=kube, health=health, mig=mig, pod_resources=pod_resources
+        )
+        started.stoppers.append(stop_dra)
         started.stoppers.append(
-            self._start_dra(args, agent=agent, kube=kube, health=health, mig=mig, pod_resources=pod_resources)
+            start_pod_usage(
+                args,
+                agent=agent,
+                backend=self.backend,
+                metrics=self.metrics,
+                kube=kube,
+                pod_resources=pod_resources,
+                share_memory=dra.preparer.share_of if dra is not None else None,
+            )
         )
         if args.metrics_address:
             started.stoppers.append(_serve_metrics(args.metrics_address, self.metrics))
@@ -268,6 +290,7 @@ class NodeAgentBuilder:
             clique=lambda: node_clique(agent),
             peers=kube.clique_peers(),
             writer=writer,
+            metrics=ImexMetrics(self.metrics.registry),
         )
         reconciler.start()
         return reconciler.stop
@@ -281,12 +304,12 @@ class NodeAgentBuilder:
         health: HealthService,
         mig: MigService,
         pod_resources: PodResourcesClient | None,
-    ) -> Callable[[], None]:
+    ) -> tuple[Callable[[], None], NodeDra | None]:
         """DRA mode's plugin, slice publisher and IMEX reconciler (``--dra``; needs the API server,
-        checked at start); returns what stops them."""
+        checked at start); returns what stops them, and them."""
         if not args.dra or kube is None:
             log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
-            return lambda: None
+            return (lambda: None), None
         dra = start_node_dra(
             args,
             agent=agent,
@@ -303,7 +326,7 @@ class NodeAgentBuilder:
             stop_imex()
             dra.stop()
 
-        return stop
+        return stop, dra
 
 
 def node_clique(agent: NodeAgent) -> str | None:

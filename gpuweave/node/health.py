@@ -12,6 +12,7 @@ the agent's gate to hold the GPUs under a check, and the ``health.check`` comman
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
+from health.engine import Clock
 from health.metrics import HealthMetrics
 from health.monitor import RoundHook
 from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
@@ -75,6 +77,8 @@ def start_node_health(
     kill_mps: Callable[[int], str] | None = None,
     taints_evict: bool = False,
     held_by_pods: HeldByPods | None = None,
+    clock: Clock = time.monotonic,
+    pods_known: bool = False,
 ) -> HealthService:
     """Build, wire and start health for a started agent; returns the service (stop it before the agent).
 
@@ -85,19 +89,14 @@ def start_node_health(
     remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
     ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
     eviction controller. ``held_by_pods`` names the devices pods hold (``HeldDevices``), which active
-    checks leave alone; by default the agent's recent Allocate grants."""
-    if isinstance(backend, SimulatedBackend):
-        sim = backend.node.health
-        root = backend.sysfs_root
-        probe = NvmlHealthProbe(
-            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
-        )
-        kernel_log = state_dir / SIM_KMSG_FILE
-    elif isinstance(backend, NvmlBackend):
-        probe = NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
-        kernel_log = Path(HOST_KMSG)
-    else:
-        raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
+    checks leave alone; by default the agent's recent Allocate grants. ``pods_known``: it names every
+    device pods hold (the kubelet's pod-resources API answers it), so idle GPUs can be checked
+    between jobs; recent grants alone cannot tell a GPU a pod still holds from an idle one.
+    ``clock`` times health (fault windows, remediation, probation): the simulation passes its
+    simulated clock."""
+    held = held_by_pods or HeldDevices(None, agent.allocations)
+    probe = probe_for(backend)
+    kernel_log = state_dir / SIM_KMSG_FILE if isinstance(backend, SimulatedBackend) else Path(HOST_KMSG)
     service = HealthService(
         HealthParts(
             inventory=agent.inventory,
@@ -116,7 +115,9 @@ def start_node_health(
             taints_evict=taints_evict,
             exerciser=exerciser_for(backend, settings.active),
             hold=hold_for(agent),
-            busy=busy_for(held_by_pods or HeldDevices(None, agent.allocations)),
+            busy=busy_for(held),
+            held=held if pods_known else None,
+            clock=clock,
         )
     )
     if isinstance(backend, SimulatedBackend):
@@ -125,12 +126,27 @@ def start_node_health(
         agent.control.add_route(SIM_INJECT_METHOD, inject)
     if service.active is not None:
         register_check_routes(agent, service.active)
+        agent.claim_hook = service.active.claims.claim  # a pod granted a GPU mid-check wins
+        if kube_api is not None:
+            _serve_preflights(service, kube_api, node_name=node_name, agent=agent)
     agent.control.add_route("health.status", lambda _params: status(service))
     agent.add_listener(lambda: _follow_inventory(service, agent))
     modes = _mig_modes(agent)
     agent.add_listener(lambda: _renew_events_on_mode_change(probe, agent, modes))
     service.start()
     return service
+
+
+def probe_for(backend: GpuBackend) -> NvmlHealthProbe:
+    """Health reads over the backend: the simulated NVML and sysfs tree, or the host's NVML and /sys."""
+    if isinstance(backend, SimulatedBackend):
+        sim, root = backend.node.health, backend.sysfs_root
+        return NvmlHealthProbe(
+            backend.lib, sysfs_root=root / "sys", reset=sim.reset_uuid, proc_root=root / "proc"
+        )
+    if isinstance(backend, NvmlBackend):
+        return NvmlHealthProbe(backend.lib, sysfs_root=Path("/sys"), reset=nvidia_smi_reset)
+    raise GpuweaveError(f"no health probe for a {type(backend).__name__} backend")
 
 
 def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
@@ -140,6 +156,19 @@ def _cluster(kube_api: Any | None, *, node_name: str) -> KubeCluster | None:
     from health.kube import KubeCluster  # noqa: PLC0415 (deferred: ~13 MB and ~0.2 s of imports)
 
     return KubeCluster(kube_api, node_name=node_name)
+
+
+def _serve_preflights(service: HealthService, kube_api: Any, *, node_name: str, agent: NodeAgent) -> None:
+    """Gang preflights asked of this node (``GpuPreflight`` objects), run by its active checks;
+    started with health, stopped with it. Imported only with an API, as ``_cluster``."""
+    from health.preflight_kube import PreflightServer  # noqa: PLC0415 (deferred: the kubernetes client)
+
+    assert service.active is not None
+    server = PreflightServer(
+        kube_api, node=node_name, runner=service.active, inventory=lambda: agent.inventory
+    )
+    service.stoppers.append(server.stop)
+    server.start()
 
 
 def mig_recreator(mig: MigService, agent: NodeAgent) -> MigRecreate:
@@ -220,5 +249,12 @@ def status(service: HealthService) -> dict[str, Any]:
         "rounds": service.monitor.rounds_completed,
         "badHardware": sorted(service.badlist.entries()),
         "unsavedState": service.state.unsaved(),
-        "activeChecks": service.active.status() if service.active is not None else None,
+        "activeChecks": _active_status(service),
     }
+
+
+def _active_status(service: HealthService) -> dict[str, Any] | None:
+    if service.active is None:
+        return None
+    idle = service.idle.status() if service.idle is not None else None
+    return {**service.active.status(), "betweenJobs": idle}

@@ -17,7 +17,9 @@ domain the node should serve, looks up the InternalIPs of the nodes in this node
 
 Both are replaced atomically and removed when no pod (or claim) holds the channel any more (the
 domain is torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is
-left to the host (docs/nvlink-domains.md, IMEX).
+left to the host (docs/nvlink-domains.md, IMEX). A peer whose InternalIP is not exactly one IP
+address (``deviceplugin.imex.peer_address``), repeats another's, or comes past the largest NVLink
+domain is left out of the file, logged, and counted (``gpuweave_imex_peers_left_out``).
 """
 
 from __future__ import annotations
@@ -29,15 +31,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from devicemodel.state_file import replace_file_atomically
 from deviceplugin.handoff import PodView
-from deviceplugin.imex import ImexConfig, ImexDecision, imex_config, wanted_domain
+from deviceplugin.imex import ImexConfig, ImexDecision, ImexPlan, LeftOut, imex_config, wanted_domain
 
 log = logging.getLogger(__name__)
 NODES_CONFIG = "nodes_config.cfg"
 DOMAIN_FILE = "gpuweave-domain.json"
 DEFAULT_INTERVAL_S = 10.0
 _STEP_S = 0.5
+
+
+class ImexMetrics:
+    """The reconciler's metric, on the agent's registry: the nodes of the served domain that its
+    ``nodes_config.cfg`` leaves out, per reason (``deviceplugin.imex.LeftOut``), as of the last round."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.left_out = Gauge(
+            "gpuweave_imex_peers_left_out",
+            "Nodes of the IMEX domain the node serves left out of nodes_config.cfg, per reason: "
+            "not-in-clique, not-an-address, duplicate-address, over-cap",
+            ["reason"],
+            registry=registry,
+        )
+
+    def record(self, counts: dict[LeftOut, int]) -> None:
+        for why, count in counts.items():
+            self.left_out.labels(why.value).set(count)
 
 
 class ImexConfigWriter:
@@ -109,6 +131,7 @@ class ImexReconciler:
         peers: Callable[[str], dict[str, str]],
         writer: ImexConfigWriter,
         interval_s: float = DEFAULT_INTERVAL_S,
+        metrics: ImexMetrics | None = None,
     ) -> None:
         self._source: ImexSource = PodImexSource(source) if isinstance(source, PodView) else source
         self._node = node
@@ -116,21 +139,26 @@ class ImexReconciler:
         self._peers = peers
         self._writer = writer
         self._interval_s = interval_s
+        self._metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._applied: tuple[ImexConfig | None, str] | None = None
         self._reported = ""
         self.problem = ""  # the last problem seen ("" when the domain was configured whole)
+        self.left_out: dict[LeftOut, int] = ImexPlan(None).counts()  # of the last round, per reason
 
     def reconcile(self) -> ImexConfig | None:
         """One round: decide, look up peers, write when it differs from what was written."""
         clique = self._clique()
         decision = self._source.decide(node=self._node, clique=clique)
-        config, problem = None, decision.problem
+        plan = ImexPlan(None)
         if decision.domain is not None:
             peers = self._peers(clique) if clique is not None else {}
-            config, left_out = imex_config(decision.domain, node=self._node, clique=clique, peers=peers)
-            problem = "; ".join(p for p in (decision.problem, left_out) if p)
+            plan = imex_config(decision.domain, node=self._node, clique=clique, peers=peers)
+        config, problem = plan.config, "; ".join(p for p in (decision.problem, plan.problem) if p)
+        self.left_out = plan.counts()
+        if self._metrics is not None:
+            self._metrics.record(self.left_out)
         if (config, decision.holder) != self._applied:
             self._writer.apply(config, holder=decision.holder)
             self._applied = (config, decision.holder)

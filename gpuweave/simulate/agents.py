@@ -10,12 +10,25 @@ MIG-managed node, the MIG manager, whose busy devices are the pods this pool adm
 kubelet's pod-resources view). It serves its resources over gRPC on unix sockets in a temporary
 directory; a ``SimKubelet`` registers them and watches their device lists. When the extender binds
 a pod, the node's kubelet admits it (GetPreferredAllocation + Allocate with the devices the
-extender chose), so a device the agent refuses shows up as an admission failure. Faults are
+extender chose), so a device the agent refuses shows up as an admission failure; a share pod then
+runs an MPS client process on its GPU (``share_processes``), which the simulated NVML lists. Faults are
 injected into the simulated NVML (``inject_xid``), and the time until the kubelet sees the GPU
 Unhealthy is measured: event, health policy, agent and ListAndWatch, end to end. An NVLink tray
 fault sets the node's simulated fabric state (as ``gpuweave sim inject --fabric-state`` does) and
 runs the agent's NVSwitch fabric gate (``gpuweave node-agent``'s, checked here at simulated times
 rather than on its own timer), which withholds the tray's GPUs until the fabric completes.
+
+The same seed gives the same report however loaded the machine is. The agents run real threads
+(NVML event listener, the kubelets' ListAndWatch streams, a GPU reset, registrations), so nothing
+the simulation decides may depend on how fast they are: health runs on the simulation's clock
+(``SimClock``: fault windows, remediation, probation), its rounds are run by the simulation, a
+round's checks wait for every read (``SETTLE_TIMEOUT_S``: the simulation injects no hang, so a
+slow read is the machine's load, not a hung GPU), each step the simulation takes waits for the
+agent's own state to follow (an injected Xid applied, its kernel-log line read as the next round
+would, the burn-in over) rather than for a deadline, and the kubelet's view is only measured
+(``agent_to_kubelet_s``, ``agent_back_s``: wall-clock figures, the report's only ones). A wait that
+outlasts ``SETTLE_TIMEOUT_S`` stops the run (``SimulationStallError``) instead of letting it go on
+with another outcome.
 """
 
 from __future__ import annotations
@@ -24,12 +37,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.contracts import mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
@@ -42,11 +56,15 @@ from gpuweave.node.health import SIM_KMSG_FILE
 from gpuweave.node.mps import NodeMps
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.kubelet import KubeletCallError, SimKubelet
+from gpuweave.simulate.share_processes import ShareProcess, ShareProcesses
+from hardware.exerciser.protocol import BANDWIDTH_CHECKS, GPU_CHECKS
 from hardware.mps import InMemoryMpsDaemons
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend, scratch_parent
-from health.config import HealthSettings
+from health.config import ActiveSettings, HealthSettings, IdleSettings
+from health.errors import ActiveCheckBusyError
 from health.policy import DeviceState
+from health.scope import HealthSnapshot
 from health.service import HealthService
 from health.signals.fabric import DEFAULT_INTERVAL_S as FABRIC_INTERVAL_S
 from health.signals.fabric import FabricGate
@@ -58,12 +76,54 @@ class AgentStartError(GpuweaveError):
     """A node agent did not register its resources with its kubelet in time."""
 
 
-def _first_round_done(health: HealthService, *, timeout_s: float = 20.0) -> None:
-    """Wait out the round the monitor runs as it starts, so rounds the simulation drives never
-    overlap it (an overlapping round finds its checks still pending and is not clean)."""
-    deadline = time.monotonic() + timeout_s
-    while health.monitor.rounds_completed < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
+class SimulationStallError(GpuweaveError):
+    """A node agent did not reach the state the simulation waits for within ``SETTLE_TIMEOUT_S``."""
+
+
+# How long the simulation waits for an agent's thread to do what it will do (apply an event, end
+# a burn-in, list new devices, answer a check) before it stops the run rather than go on with
+# another outcome; a machine that busy makes the run slow, never different
+SETTLE_TIMEOUT_S = 120.0
+NEVER_STALLED_S = 10 * 365 * 86_400.0  # the round loop idles by design: the simulation runs the rounds
+
+
+class SimClock:
+    """The simulated time the agents' health runs on, set by the simulation at every tick."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def stalled(what: str) -> SimulationStallError:
+    return SimulationStallError(
+        f"{what} did not happen within {SETTLE_TIMEOUT_S:.0f} s of wall time; the machine is too busy "
+        "for this run (it would not give the same report): run it with fewer nodes or agents"
+    )
+
+
+def settle(what: str, done: Callable[[], bool]) -> None:
+    """Wait until ``done()``; past ``SETTLE_TIMEOUT_S`` of wall time, ``SimulationStallError``."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise stalled(what)
+        time.sleep(0.002)
+
+
+def _started(health: HealthService, *, node: str) -> None:
+    """Wait out the round the monitor runs as it starts and the burn-in, so rounds the simulation
+    drives never overlap them (an overlapping round finds its checks pending and is not clean), and
+    the active checks the simulation runs never find the burn-in still going."""
+
+    def done() -> bool:
+        burning = health.active is not None and bool(health.active.status()["burnInPending"])
+        running = health.active is not None and health.active.running
+        return health.monitor.rounds_completed >= 1 and not burning and not running
+
+    settle(f"the first health round and burn-in of {node}'s agent", done)
 
 
 def _stop_node(node: _Node) -> None:
@@ -86,10 +146,20 @@ class _Node:
     fabric: FabricGate | None = None  # built at the node's first fabric change (NVLink tray fault)
     mps: NodeMps | None = None  # its MPS supervisor (a restarter thread), stopped with the node
     held: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod -> devices (pod-resources)
+    shares: ShareProcesses | None = None  # its share pods' processes on their GPUs
+    faults: int = 0  # faults its health engine applied (an injected Xid is waited for by this)
+
+    def fault_applied(self, _device: str, _fault: object) -> None:
+        self.faults += 1  # under the monitor's lock: one writer at a time
 
     def held_devices(self) -> frozenset[str]:
         """What the kubelet's pod-resources API would list: devices of pods still running."""
-        return frozenset(d for ids in self.held.values() for d in ids)
+        return _devices_of(self.held)
+
+
+def _devices_of(held: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+    devices = {d for ids in list(held.values()) for d in ids}
+    return frozenset(devices | {p for p in (parent_gpu_of_share(d) for d in devices) if p is not None})
 
 
 # Agents stopped at once at the end of a run: each stop mostly waits for its threads' loops
@@ -105,6 +175,20 @@ SAMPLED_POLL_INTERVAL_S = 1.0
 # The agents' own round timer is set past any run: the simulation runs each health round itself
 # (``health_round``) at simulated times, so remediation and probation follow the simulated clock.
 DRIVEN_ROUND_INTERVAL_S = 86_400.0
+LATENT_CELL = 1 << 20  # a latent memory fault's byte offset: inside the 2 % a level-1 pattern covers
+# The simulation schedules checks between jobs itself, on the simulated clock (``latent``)
+DRIVEN_ACTIVE = ActiveSettings(idle=IdleSettings(interval_s=0))
+
+
+def driven_health_settings() -> HealthSettings:
+    """Health as the simulation drives it: rounds run by the simulation, checks that wait for every
+    read (a read slowed by machine load is no hung GPU: the simulation injects no hang), no stall."""
+    return HealthSettings(
+        round_interval_s=DRIVEN_ROUND_INTERVAL_S,
+        active=DRIVEN_ACTIVE,
+        check_timeout_s=SETTLE_TIMEOUT_S,
+        stall_after_s=NEVER_STALLED_S,
+    )
 
 
 class NodeAgentPool:
@@ -118,7 +202,8 @@ class NodeAgentPool:
     ) -> None:
         """An agent per node of ``fleet``, or only on the nodes ``only`` names (a sample)."""
         self._fleet = tuple(fleet)
-        self._health = health or HealthSettings(round_interval_s=DRIVEN_ROUND_INTERVAL_S)
+        self._health = health or driven_health_settings()
+        self.clock = SimClock()  # the simulation sets it (``set_time``); the agents' health reads it
         # memory-backed where the machine has it, as the simulated sysfs trees are: a sampled
         # 1,000-node run writes and removes ~45,000 files (state, sockets, sysfs) here; the path
         # stays short, as unix socket paths must be
@@ -142,7 +227,7 @@ class NodeAgentPool:
         kubelet_dir = self._root / f"n{index}" / "k"
         state_dir = self._root / f"n{index}" / "s"
         state_dir.mkdir(parents=True, exist_ok=True)
-        kubelet = SimKubelet(kubelet_dir)
+        kubelet = SimKubelet(kubelet_dir, call_timeout_s=SETTLE_TIMEOUT_S)
         kubelet.start()
         backend = SimulatedBackend(
             node.node_profile or load_profile(node.profile),
@@ -171,13 +256,26 @@ class NodeAgentPool:
             kubelet.stop()
             backend.close()
             raise AgentStartError(f"node agent of {node.name} did not register with its kubelet within 20 s")
-        health = builder.health(agent, settings=self._health, mps=mps)
-        _first_round_done(health)
-        started = _Node(agent, kubelet, backend, health, mps=mps)
+        held: dict[str, tuple[str, ...]] = {}  # pod -> devices: what the kubelet's pod-resources lists
+        health = builder.health(
+            agent,
+            settings=self._health,
+            mps=mps,
+            clock=self.clock,
+            held_by_pods=lambda: _devices_of(held),
+        )
+        _started(health, node=node.name)
+        shares = ShareProcesses(backend.node.processes)
+        started = _Node(agent, kubelet, backend, health, mps=mps, held=held, shares=shares)
+        health.engine.fault_observers.append(started.fault_applied)
         if node.mig_managed:  # busy devices: what this pool admitted and has not released
             started.mig = builder.mig(agent, inventory=agent.inventory, held_by_pods=started.held_devices)
             started.mig.start()
         return started
+
+    def set_time(self, now_s: float) -> None:
+        """The simulated time of the tick about to run (``placers.SimulatedTime``)."""
+        self.clock.now_s = now_s
 
     def _mark_changed(self, node: int) -> None:
         with self._changed_lock:
@@ -211,13 +309,25 @@ class NodeAgentPool:
                 self.admission_failures.append(f"{self._fleet[node].name}: {exc}")
                 return False
         self.admitted += 1
+        started = self._nodes[node]
         if pod_id:
-            self._nodes[node].held[pod_id] = tuple(d for ids in devices.values() for d in ids)
+            started.held[pod_id] = tuple(d for ids in devices.values() for d in ids)
+            if started.shares is not None:  # a share pod runs an MPS client on its GPU
+                gpus = {g.uuid: g.index for g in started.agent.inventory.gpus}
+                started.shares.start(pod_id, devices, gpu_index=gpus)
         return True
 
     def release(self, node: int, pod_id: str) -> None:
-        """The pod ended: its devices leave the kubelet's pod-resources list."""
-        self._nodes[node].held.pop(pod_id, None)
+        """The pod ended: its devices leave the kubelet's pod-resources list, its processes end."""
+        started = self._nodes[node]
+        started.held.pop(pod_id, None)
+        if started.shares is not None:
+            started.shares.end(pod_id)
+
+    def share_processes(self, node: int) -> list[ShareProcess]:
+        """The processes the node's share pods run now (what NVML lists on its GPUs)."""
+        shares = self._nodes[node].shares
+        return shares.running() if shares is not None else []
 
     def inventory(self, node: int) -> NodeInventory:
         """What the node agent discovered last (MIG devices included): what it publishes."""
@@ -239,19 +349,26 @@ class NodeAgentPool:
         created: dict[str, list[str]] = {}
         for device in self.inventory(node).mig_devices_of(gpu):
             created.setdefault(mig_resource_name(device.profile), []).append(device.uuid)
-        if not self._nodes[node].kubelet.wait_listed(created):
-            self.reshape_refusals.append(
-                f"{self._fleet[node].name} GPU {gpu}: new MIG devices not listed in 20 s"
-            )
+        if not self._nodes[node].kubelet.wait_listed(created, timeout=SETTLE_TIMEOUT_S):
+            raise stalled(f"the kubelet listing the new MIG devices of {self._fleet[node].name} GPU {gpu}")
         return True
 
     def inject_xid(self, node: int, gpu: int, xid: int) -> float | None:
-        """Raise an Xid in the node's simulated NVML; seconds until its kubelet sees the GPU
-        Unhealthy (None: not within 20 s, e.g. a non-fatal Xid)."""
+        """Raise an Xid in the node's simulated NVML and wait until the agent's health applied it
+        (its event listener, at the simulated time), read its kernel-log line (a round reads it
+        within seconds: the same Xid, dropped as such) and pushed the result to the agent; then the
+        seconds until the kubelet sees the GPU Unhealthy, measured (None: not within 20 s, e.g. a
+        non-fatal Xid)."""
+        held = self._nodes[node]
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        before = held.faults
         started = time.monotonic()
-        self._nodes[node].backend.node.health.inject_xid(gpu, xid)
-        return self._nodes[node].kubelet.wait_unhealthy(uuid, since=started)
+        held.backend.node.health.inject_xid(gpu, xid)
+        if held.health is not None:
+            settle(f"Xid {xid} on {self._fleet[node].name} GPU {gpu} applied", lambda: held.faults > before)
+            held.health.monitor.read_kernel_log()
+            held.health.monitor.publish()
+        return held.kubelet.wait_unhealthy(uuid, since=started)
 
     def health_round(self, node: int) -> None:
         """One health round of the node's agent: checks, remediation (a GPU reset), probation."""
@@ -259,14 +376,25 @@ class NodeAgentPool:
         if health is not None:
             health.monitor.run_round()
 
-    def gpu_back(self, node: int, gpu: int) -> float | None:
-        """After a round: seconds until the kubelet lists the GPU Healthy again, once the agent's
-        health says it is (None: the agent still withholds it)."""
+    def health_snapshot(self, node: int) -> HealthSnapshot | None:
+        """The node's device health as its agent's engine holds it (None: no health service)."""
+        health = self._nodes[node].health
+        return health.snapshot() if health is not None else None
+
+    def gpu_served(self, node: int, gpu: int) -> bool:
+        """After a round: whether the agent's health has the GPU Healthy again (what it publishes,
+        and so what the extender sees)."""
         health = self._nodes[node].health
         uuid = self._fleet[node].inventory.gpus[gpu].uuid
-        if health is None or health.snapshot().state_of(uuid) is not DeviceState.HEALTHY:
+        return health is not None and health.snapshot().state_of(uuid) is DeviceState.HEALTHY
+
+    def gpu_back(self, node: int, gpu: int) -> float | None:
+        """Seconds until the kubelet lists the GPU Healthy again, measured (None: not within 20 s,
+        or the agent still withholds it)."""
+        if not self.gpu_served(node, gpu):
             return None
-        return self._nodes[node].kubelet.wait_healthy(uuid, since=time.monotonic())
+        uuid = self._fleet[node].inventory.gpus[gpu].uuid
+        return self._nodes[node].kubelet.wait_healthy(uuid, since=time.monotonic(), timeout=20.0)
 
     def efa_adapter(self, node: int) -> str | None:
         """The node's first EFA adapter (what an EFA link loss takes away), None without EFA."""
@@ -300,6 +428,33 @@ class NodeAgentPool:
             else:
                 seen.append(held.kubelet.wait_unhealthy(gpu.uuid, since=started, timeout=5.0))
         return None if any(s is None for s in seen) else max(s for s in seen if s is not None)
+
+    def inject_latent(self, node: int, gpus: Sequence[int], *, slow_nvlink: bool) -> None:
+        """A fault only an active check finds, in the node's simulated hardware (``gpuweave sim
+        inject --bad-memory`` / ``--slow-nvlink``): a stuck memory cell 1 MiB into the GPU, or the
+        NVLink pair of two GPUs at half its lanes."""
+        faults = self._nodes[node].backend.node.exerciser
+        if slow_nvlink:
+            faults.slow_pair(gpus[0], gpus[1])
+        else:
+            faults.add_bad_cell(gpus[0], LATENT_CELL)
+
+    def active_check(
+        self, node: int, gpus: Sequence[int], *, trigger: str, max_gpus: int, bandwidth: bool = False
+    ) -> set[int]:
+        """One active-check run of the node's agent (its runner, exerciser and health engine, as a
+        check between jobs or a gang's preflight runs it), now; the GPUs it failed. The agent's
+        health withholds them, as after any run."""
+        health = self._nodes[node].health
+        if health is None or health.active is None or not gpus:
+            return set()
+        checks = BANDWIDTH_CHECKS if bandwidth else GPU_CHECKS
+        run = health.active.run
+        try:
+            outcome = run(sorted(gpus), level=1, trigger=trigger, checks=checks, max_gpus=max_gpus)
+        except ActiveCheckBusyError:  # the burn-in still runs: the next tick checks
+            return set()
+        return {g.index for g in outcome.gpus.values() if g.verdict == "failed"}
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""

@@ -33,6 +33,7 @@ from gpuweave.simulate.faults import (
 )
 from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
+from gpuweave.simulate.latent import LatentFaults
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
 from gpuweave.simulate.placers import (
@@ -54,6 +55,7 @@ from topology.scoring import score_set
 from topology.search import best_set
 
 TickHook = Callable[[int], None]
+DrainHook = Callable[[int], None]  # jobs still queued or running: at the drain's start and after each tick
 # A preemptor's pods start once its victims are gone: their terminationGracePeriodSeconds
 # (Kubernetes' default, 30 s), as the victims' containers are asked to stop and given that long
 PREEMPTION_GRACE_S = 30.0
@@ -95,6 +97,7 @@ class RunResult:
     drained_s: float = 0.0  # simulated time run on after the arrival window until every job ended
     jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
     cliques: tuple[str, ...] = ()  # the fleet's NVLink cliques (``clique_name``); () without any
+    latent: LatentFaults | None = None  # latent faults: caught by active checks, or hit by jobs
 
 
 @dataclass
@@ -118,8 +121,10 @@ class Simulation:
         share_nodes: frozenset[int] | None = None,
         agents: NodeAgentPool | None = None,
         step: TrainingStep | None = None,
+        latent: LatentFaults | None = None,
     ) -> None:
         self.state = SimState.create(fleet, metric_model)
+        self._latent = latent  # faults only active checks find, and (with agents) those checks
         self._step = step or TrainingStep()
         self._now = 0.0
         self._fault: FaultContext | None = None  # the fault whose evictions are being made
@@ -149,7 +154,7 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
-        self.result = RunResult(policy=placer.name, transport=placer.transport)
+        self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
         if agents is not None and agents.sampled:
             self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
         elif agents is not None:
@@ -164,10 +169,11 @@ class Simulation:
         )
         self.result.cliques = tuple(sorted({c for n in self.state.fleet if (c := clique_name(n))}))
 
-    def run(self, *, on_tick: TickHook | None = None) -> RunResult:
-        """The arrival window (sampled every tick), then the drain: the loop runs on without
-        arrivals until every job has finished (at most ``DRAIN_LIMIT_S`` more), so every policy's
-        job completion times cover the same jobs; the cluster metrics stay the window's."""
+    def run(self, *, on_tick: TickHook | None = None, on_drain: DrainHook | None = None) -> RunResult:
+        """The arrival window (sampled every tick, ``on_tick``), then the drain: the loop runs on
+        without arrivals until every job has finished (at most ``DRAIN_LIMIT_S`` more), so every
+        policy's job completion times cover the same jobs; the cluster metrics stay the window's.
+        ``on_drain`` hears how many jobs are left as the drain starts and after each of its ticks."""
         ticks = int(np.ceil(self._duration / self._tick))
         for tick in range(ticks + 1):
             self._advance(tick * self._tick)
@@ -175,23 +181,36 @@ class Simulation:
             if on_tick is not None:
                 on_tick(1)
         self.result.jobs_pending_at_end = len(self._queue)
+        if on_drain is not None and self._jobs_left():
+            on_drain(self._jobs_left())
         for tick in range(ticks + 1, ticks + 1 + int(np.ceil(DRAIN_LIMIT_S / self._tick))):
             if not self._queue and not self._ends:
                 break
             self._advance(tick * self._tick)
+            if on_drain is not None:
+                on_drain(self._jobs_left())
         self.result.drained_s = self._now - ticks * self._tick
-        self.result.jobs_unfinished = len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
+        self.result.jobs_unfinished = self._jobs_left()
         self.result.reshapes = list(self._mig.reshapes)
         return self.result
+
+    def _jobs_left(self) -> int:
+        """Jobs queued or with a pod running."""
+        return len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
 
     def _advance(self, now: float) -> None:
         """One tick: the extender's clock and watch, departures, faults, arrivals, MIG, scheduling."""
         self._now = now
         if isinstance(self._placer, SimulatedTime):
             self._placer.set_time(now)
+        if self._agents is not None:  # their health's clock: fault windows, remediation, probation
+            self._agents.set_time(now)
         self._deliver_published()
         self._depart(now)
         self._fire_faults(now)
+        if self._latent is not None:
+            self._latent.fire(self.state, now)
+            self._deliver_published(*self._latent.check_idle(self.state, now))
         while self._next_job < len(self._jobs) and self._jobs[self._next_job].arrival_s <= now:
             self._queue.append(_Queued(self._jobs[self._next_job], self._jobs[self._next_job].arrival_s))
             self._next_job += 1
@@ -327,8 +346,10 @@ class Simulation:
             return True
         self._agents.health_round(node)
         record.health_rounds += 1
+        if not self._agents.gpu_served(node, record.gpu):  # the agent's verdict, not the kubelet's timing
+            return False
         record.agent_back_s = self._agents.gpu_back(node, record.gpu)
-        return record.agent_back_s is not None
+        return True
 
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job (a fault) and queue the job again first; returns pods evicted."""
@@ -416,7 +437,6 @@ class Simulation:
             return self._start_mig(job, now)
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
         allowed = self._allowed(job)
-        started: list[RunningPod] = []
         outcomes: list[TopologyOutcome] = []
         # a training job names its gang, a one-pod job too (a gang of one, ``gpuweave.io/gang-size:
         # 1``: placed as any pod, preempting only when re-created after its attempt ran); any other
@@ -430,18 +450,21 @@ class Simulation:
         if gang is not None and gang.named and job.pods > 1 and isinstance(self._placer, PodWatcher):
             # a gang's pods all exist before the first is scheduled (its plan waits for them)
             self._placer.created([f"{job.job_id}-{i}" for i in range(job.pods)], request, gang)
-        for index in range(job.pods):
-            pod_id = f"{job.job_id}-{index}"
-            placement = self._placer.place(
-                self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id, gang=gang
-            )
-            pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now) if placement else None
-            if pod is None or placement is None or not self._try_start(pod, placement, outcomes):
+        placed = self._place_all(job, request, allowed, gang)
+        if placed is None or not self._preflight(placed, now):
+            return False
+        started: list[RunningPod] = []
+        for index, (pod_id, placement) in enumerate(placed):
+            pod = RunningPod(pod_id, job, placement.node, placement.gpus, request, now)
+            if not self._try_start(pod, placement, outcomes):
                 for done in started:
                     self._stop(done.pod_id)
+                for later_id, _ in placed[index + 1 :]:
+                    self._placer.forget(later_id)
                 return False
             started.append(pod)
-            allowed[placement.node] = False  # one pod of a gang per node
+        if self._latent is not None:
+            self._latent.pods_started(started, now + delay_s)
         timing = job_timing([(self.state.fleet[p.node], p.gpus) for p in started], step=self._step)
         run_s = job.duration_s * timing.stretch
         for pod in started:
@@ -457,6 +480,37 @@ class Simulation:
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         return True
+
+    def _place_all(
+        self, job: Job, request: Request, allowed: np.ndarray, gang: Gang | None
+    ) -> list[tuple[str, PodPlacement]] | None:
+        """Where the scheduler puts every pod of the job, one pod per node (None: one did not fit,
+        and the ones placed are forgotten)."""
+        placed: list[tuple[str, PodPlacement]] = []
+        for index in range(job.pods):
+            pod_id = f"{job.job_id}-{index}"
+            placement = self._placer.place(
+                self.state, request, allowed=allowed, rng=self._rng, pod_id=pod_id, gang=gang
+            )
+            if placement is None:
+                for earlier, _ in placed:
+                    self._placer.forget(earlier)
+                return None
+            placed.append((pod_id, placement))
+            allowed[placement.node] = False  # one pod of a gang per node
+        return placed
+
+    def _preflight(self, placed: list[tuple[str, PodPlacement]], now: float) -> bool:
+        """A multi-node gang starts only when its nodes' agents pass the GPUs planned for it
+        (``latent``); a failed node's GPUs are withheld and the gang is placed again next tick."""
+        if self._latent is None or self._latent.preflight(
+            self.state, [(p.node, p.gpus) for _, p in placed], now
+        ):
+            return True
+        for pod_id, _ in placed:
+            self._placer.forget(pod_id)
+        self._deliver_published(*{p.node for _, p in placed})
+        return False
 
     def _try_start(self, pod: RunningPod, placement: PodPlacement, outcomes: list[TopologyOutcome]) -> bool:
         """Record the pod where the scheduler put it; a choice the node cannot honour is counted."""
@@ -493,7 +547,10 @@ class Simulation:
             return False
         node, gpu = where
         self.result.mig_pods_started += 1
-        self.state.start_pod(RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu))
+        pod = RunningPod(pod_id, job, node, (), None, now, mig_gpu=gpu)
+        self.state.start_pod(pod)
+        if self._latent is not None:
+            self._latent.pods_started([pod], now)
         self._ends[pod_id] = now + job.duration_s
         return True
 

@@ -29,6 +29,7 @@ HEALTHY = "Healthy"
 # ten times a second; on this option the read waits inside gRPC's core for the next message. A
 # sampled 1,000-node run has ~200 such streams in one process.
 CHANNEL_OPTIONS = ((grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),)
+CALL_TIMEOUT_S = 10.0  # GetPreferredAllocation and Allocate, by default
 
 
 class KubeletCallError(GpuweaveError):
@@ -47,8 +48,11 @@ class _Plugin:
 
 
 class SimKubelet(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, *, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """``call_timeout_s``: how long a GetPreferredAllocation or Allocate may take (the
+        simulation's agents get longer, so a loaded machine slows a run without changing it)."""
         self.plugin_dir = plugin_dir
+        self._call_timeout_s = call_timeout_s
         self._plugins: dict[str, _Plugin] = {}
         self._lock = threading.Condition()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet")
@@ -145,7 +149,7 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
             ]
         )
         try:
-            response = plugin.stub.GetPreferredAllocation(request, timeout=10)
+            response = plugin.stub.GetPreferredAllocation(request, timeout=self._call_timeout_s)
         except grpc.RpcError as exc:
             raise KubeletCallError(
                 f"{resource} GetPreferredAllocation({count} devices) failed: {exc.details()}"
@@ -235,7 +239,7 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
                 api_pb2.AllocateRequest(
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device_ids)]
                 ),
-                timeout=10,
+                timeout=self._call_timeout_s,
             )
         except grpc.RpcError as exc:
             raise KubeletCallError(

@@ -12,12 +12,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from gpuweave.simulate.engine import RunResult
 from gpuweave.simulate.faults import FaultKind
 from gpuweave.simulate.timeline import Sample
 from gpuweave.simulate.workload import JobKind
 
+LOG_RATIO = 20.0  # a summary panel whose largest bar is more than this times its smallest gets a log axis
 COLOURS = {
     "gpuweave": "tab:green",
     "random": "tab:gray",
@@ -146,7 +148,16 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         }
         | _job_figures(result)
         | clique_figures(result)
+        | latent_figures(result)
     )
+
+
+def latent_figures(result: RunResult) -> dict[str, Any]:
+    """Latent faults (``latent``): caught by active checks before a job, hit by a job first, the
+    jobs that ran on one; none when the run injected none (``--no-latent``)."""
+    if result.latent is None:
+        return {}
+    return result.latent.summary() | {"latent_records": [r.to_json() for r in result.latent.records]}
 
 
 def _median_parts(parts: list[dict[str, float]]) -> dict[str, float] | None:
@@ -210,6 +221,8 @@ ROWS = (
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
     ("pods preempted", "pods_preempted", "{}"),
     ("GPU-hours lost to faults", "gpu_hours_lost_to_faults", "{:.1f}"),
+    ("latent faults: caught before a job / after / not", "latent", ""),
+    ("  jobs that ran on a latent fault", "latent_jobs_hit", "{}"),
     ("gang recovery: median (back / evicted)", "", ""),
     ("  detection + waiting + grace (median s)", "gang_recovery_parts_median_s", "parts"),
     ("scheduler/node disagreements", "placement_mismatches", "{}"),
@@ -253,7 +266,16 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         if key == "pods_evicted_by_faults":
             for clique_label, clique_cells in _clique_rows(summaries):
                 lines.append(f"{clique_label:<{width}}" + "".join(f"{c:>22}" for c in clique_cells))
-        if key is None:
+        if key == "latent":
+            if not all("latent_faults" in s for s in summaries):
+                continue
+            cells = [
+                f"{s['latent_caught_before_job']} / {s['latent_found_after_job']} / {s['latent_not_found']}"
+                for s in summaries
+            ]
+        elif key == "latent_jobs_hit" and not all(key in s for s in summaries):
+            continue
+        elif key is None:
             cells = [f"{s['jobs_started']} / {s['jobs_pending_at_end']}" for s in summaries]
         elif not key:
             cells = [_recovery_cell(s) for s in summaries]
@@ -317,6 +339,27 @@ def fault_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The report's wall-clock measurements: how long the run took and its memory, and per fault how
+# long the node agent took to get the change to its kubelet. Everything else is simulated and the
+# same for the same seed (``gpuweave.simulate.agents``): ``simulated_figures`` leaves these out.
+WALL_CLOCK_FIELDS = ("elapsed_s", "peak_rss_mib")
+WALL_CLOCK_FAULT_FIELDS = ("agent_to_kubelet_s", "agent_back_s")
+
+
+def simulated_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """``report.json`` without its wall-clock measurements and its output folder: what the options
+    and the seed decide, equal between two runs of them on any machine under any load."""
+    figures = {k: v for k, v in report.items() if k not in WALL_CLOCK_FIELDS}
+    figures["options"] = {k: v for k, v in report["options"].items() if k != "out"}
+    summaries = report["summaries"]
+    figures["summaries"] = [{**s, "faults": [_simulated(f) for f in s["faults"]]} for s in summaries]
+    return figures
+
+
+def _simulated(fault: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fault.items() if k not in WALL_CLOCK_FAULT_FIELDS}
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -356,7 +399,8 @@ def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path
         axes[0].axvline(reshape.at_s / 3600, color="purple", linestyle="--", linewidth=1)
         axes[0].annotate(
             "first MIG reshape",
-            (reshape.at_s / 3600, axes[0].get_ylim()[1]),
+            (reshape.at_s / 3600, 0.97),
+            xycoords=("data", "axes fraction"),  # inside the frame, under the figure's title
             rotation=90,
             fontsize=8,
             color="purple",
@@ -382,8 +426,18 @@ def plot_timeline(results: list[RunResult], main: RunResult, path: Path) -> Path
 
 
 def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
-    """The headline numbers as bars; on a fleet of NVLink cliques the third panel counts the
-    multi-node gangs placed across cliques instead of the multi-GPU pods on their best set."""
+    """The headline numbers as bars (``summary_figure``), written to ``path``."""
+    figure = summary_figure(summaries)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
+    """The headline numbers as bars, each labelled with its value; a panel where one bar is more
+    than ``LOG_RATIO`` times another (a 5 s recovery beside a 4,448 s one) has a log axis, so the
+    small bar still shows. On a fleet of NVLink cliques the third panel counts the multi-node
+    gangs placed across cliques instead of the multi-GPU pods on their best set."""
     cliques = all("multi_node_gangs_across_cliques" in s for s in summaries)
     metrics = (
         ("gpu_allocation_pct", "GPU allocation %"),
@@ -399,18 +453,39 @@ def plot_summary(summaries: list[dict[str, Any]], path: Path) -> Path:
     )
     figure, axes = plt.subplots(2, 4, figsize=(16, 8))
     for axis, (key, label) in zip(axes.flat, metrics, strict=True):
-        names = [s["policy"] for s in summaries]
-        values = [s[key] if s[key] is not None else 0.0 for s in summaries]
-        axis.bar(names, values, color=[COLOURS.get(n, "tab:gray") for n in names])
-        for position, summary in enumerate(summaries):
-            if summary[key] is None:  # e.g. no training job evicted by a fault: nothing to measure
-                axis.text(position, 0, "n/a", ha="center", va="bottom", fontsize=8)
-            elif summary[key] == 0:  # a bar of no height: say it is a measured 0
-                axis.text(position, 0, "0", ha="center", va="bottom", fontsize=8)
-        axis.set_title(label)
-        axis.tick_params(axis="x", rotation=25, labelsize=8)
-        axis.grid(axis="y", alpha=0.3)
+        _bars(axis, summaries, key=key, label=label)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
+
+
+def _bars(axis: Any, summaries: list[dict[str, Any]], *, key: str, label: str) -> None:
+    names = [s["policy"] for s in summaries]
+    measured = [s[key] for s in summaries]
+    positive = [float(v) for v in measured if v is not None and v > 0]
+    log = len(positive) > 1 and max(positive) > LOG_RATIO * min(positive)
+    floor = min(positive) / 3 if log else 0.0  # where a log axis starts: a 0 bar has no height there
+    values = [float(v) if v is not None and v > 0 else floor for v in measured]
+    bars = axis.bar(names, values, color=[COLOURS.get(n, "tab:gray") for n in names])
+    axis.bar_label(bars, labels=[value_label(v) for v in measured], fontsize=8, padding=2)
+    if log:
+        axis.set_yscale("log")
+        axis.set_ylim(floor, max(positive) * 4)  # room above the tallest bar for its label
+    else:
+        axis.margins(y=0.15)
+    axis.set_title(label + (" (log scale)" if log else ""))
+    axis.tick_params(axis="x", rotation=25, labelsize=8)
+    axis.grid(axis="y", alpha=0.3)
+
+
+def value_label(value: float | None) -> str:
+    """A bar's label: ``n/a`` where nothing was measured (no training job evicted), else the
+    value with as many digits as it needs (``4,448``, ``69.4``, ``1.22``, ``0``)."""
+    if value is None:
+        return "n/a"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"

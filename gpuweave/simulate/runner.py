@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import resource
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from gpuweave.simulate.fleet import (
     parse_profiles,
     share_pool,
 )
+from gpuweave.simulate.latent import LatentFaults
 from gpuweave.simulate.outcomes import GangRecovery
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
@@ -67,6 +69,7 @@ class SimulateOptions:
     agents: bool = True  # start the real node agents (device plugins + simulated kubelets)
     agent_nodes: int | None = None  # how many nodes run one (None: ``agent_sample``'s default)
     nodes_per_block: int = DEFAULT_NODES_PER_BLOCK  # nodes of one profile per layer-3 network block
+    latent: bool = True  # inject latent faults; with agents, the active checks that look for them
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -134,17 +137,41 @@ def _run_one(
             seed=options.seed,
             agents=agents,
             faults=faults_for(fleet),
+            latent=(
+                LatentFaults(fleet, duration_s=options.duration_s, seed=options.seed, agents=agents)
+                if options.latent
+                else None
+            ),
         )
         ticks = int(options.duration_s // TICK_S) + 1
         label = f"{policy} ({placer.transport})"
         with tqdm(
             total=ticks, desc=f"{label:<34}", unit="tick", disable=not options.progress, ncols=100
         ) as bar:
-            return simulation.run(on_tick=bar.update)
+            return simulation.run(on_tick=bar.update, on_drain=DrainProgress(bar, label))
     finally:
         placer.close()
         if agents is not None:
             agents.close()
+
+
+class DrainProgress:
+    """The drain on the progress bar: once the arrival window's ticks are done, the same bar
+    counts the jobs that finished out of those still queued or running when the drain began."""
+
+    def __init__(self, bar: tqdm[Any], label: str) -> None:
+        self._bar = bar
+        self._label = label
+        self._total = 0
+
+    def __call__(self, left: int) -> None:
+        if not self._total:
+            self._total = left
+            self._bar.reset(total=left)
+            self._bar.unit = "job"
+            self._bar.set_description(f"{self._label + ' drain':<34}", refresh=False)
+        self._bar.n = self._total - left
+        self._bar.refresh()
 
 
 def agent_sample(nodes: int, wanted: int | None) -> list[int] | None:
@@ -171,6 +198,9 @@ def _agents(fleet: tuple[FleetNode, ...], options: SimulateOptions) -> NodeAgent
 
 
 def run_simulation(options: SimulateOptions) -> int:
+    # the agents' active-check runs log each finding; the report's latent-fault rows count them
+    logging.getLogger("health.active_runner").setLevel(logging.ERROR)
+    logging.getLogger("health.active_claims").setLevel(logging.ERROR)
     if options.policy not in SIMULATE_POLICIES:
         raise InvalidInputError(
             f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"

@@ -6,10 +6,12 @@ counted as kube-scheduler's FailedScheduling message counts them (``summary``). 
 make it fit, found by asking the same core about changed nodes: the node that fits once the
 fewest pods there end (lowest priority first, as preemption picks), a node that fits once its
 withheld devices are healthy again, a node kube-scheduler filters out that would fit, or how far
-the largest node is from the request. For a placed pod, the devices its assignment names, their
-topology score (``topology.scoring``) against the best set of that size on the node, and every
-node ranked for its request as prioritize ranks them (``ExtenderService.prioritize``) with the
-pod's own devices counted free. No I/O: the objects come from the caller.
+the largest node is from the request; for a share or MIG pod first the node that would fit with
+its GPUs shared, or with a MIG layout, and the configuration that does it (``fixes``). For a
+placed pod, the devices its assignment names, their topology score (``topology.scoring``)
+against the best set of that size on the node, and every node ranked for its request as
+prioritize ranks them (``ExtenderService.prioritize``) with the pod's own devices counted free.
+No I/O: the objects come from the caller.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import SharingMode
 from gpuweave.status.cluster_view import ClusterView, Object, unbound
+from gpuweave.status.fixes import mig_fix, sharing_fix
 from gpuweave.status.node_rules import excluded_by_scheduler
 from scheduler_ext.cluster.objects import PodRecord
 from scheduler_ext.cluster.snapshot import SnapshotBinder
@@ -176,6 +179,8 @@ def _hints(
     hints = [
         h
         for h in (
+            sharing_fix(view, request, host=host, verdicts=verdicts),
+            mig_fix(view, request, verdicts=verdicts),
             _nearest_by_ending(view, request, host, verdicts),
             _nearest_by_health(view, request, host, verdicts),
         )

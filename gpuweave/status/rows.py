@@ -4,27 +4,33 @@ Built from a ``ClusterView`` (the extender's own cache over the listed objects),
 as not healthy exactly when the extender keeps new work off it (labelled with the health
 state the node agent's reason names: failed, suspect, probation ...), and a pod holds the devices its
 assignment annotation names. Per GPU: product, sharing mode, holders (whole GPU, MIG device or
-share units), health and its reason, the MIG layout, whether the bad-hardware list names it.
+share units), health and its reason, the MIG layout, whether the bad-hardware list names it, and
+what each container's processes use of it (the inventory's ``status.podUsage``, which the node
+agent publishes).
 Per node and cluster-wide: free GPUs and the fragment F_n(M) the scorer weighs
-(``shares.node_fragment``, FGD's measure for the learned workload mix). No I/O and no text
+(``shares.node_fragment``, FGD's measure for the learned workload mix). Cluster-wide, the pods
+the gpuweave scheduler has not placed, each with kube-scheduler's reason. No I/O and no text
 layout here: the command renders these rows as a table or JSON.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from devicemodel.assignment import parent_gpu_of_share
+from devicemodel.contracts import SCHEDULER_NAME
 from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MILLI_PER_GPU, SharingMode
 from gpuweave.status.cluster_view import BadHardware, ClusterView
+from gpuweave.status.explain import asks_text
 from health.policy import DeviceState
 from scheduler_ext.cluster.objects import PodRecord
 from scheduler_ext.decide.layout import GpuSlot
 from scheduler_ext.decide.shares import ModelFor, fragment_models, node_fragment
 from scheduler_ext.decide.state import NodeState, share_capacity
+from scheduler_ext.pods.requests import BadPodRequestError, pod_is_ours, pod_request
 
 HEALTHY, WITHHELD, UNHEALTHY, RETIRED = "healthy", "withheld", "unhealthy", "retired"
 HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.HEALTHY)
@@ -34,6 +40,17 @@ HEALTH_STATES = frozenset(s.value for s in DeviceState if s is not DeviceState.H
 class Holder:
     pod: str  # namespace/name
     holds: str  # "whole", "MIG 1g.10gb", "40% compute, 10 GiB", "1 replica"
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """What one container's processes use of the GPU, as its node agent last published it."""
+
+    pod: str  # namespace/name
+    container: str
+    utilization: float  # 0..1 of the GPU's SMs
+    memory_bytes: int
+    memory_limit_bytes: int | None  # its share's limit; None without one
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,7 @@ class GpuRow:
     free: str  # "free", "held", "60% free", "2/4 free" (replicas or MIG devices)
     holders: tuple[Holder, ...]
     migs: tuple[MigRow, ...]
+    usage: tuple[UsageRow, ...] = ()  # the inventory's status.podUsage for this GPU
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,16 @@ class NodeRow:
 
 
 @dataclass(frozen=True)
+class PendingRow:
+    """A pod of the gpuweave scheduler, asking for GPU resources, not placed yet."""
+
+    pod: str  # namespace/name
+    asks: str  # "4 GPUs, placement nvlink-required"
+    reason: str  # kube-scheduler's last FailedScheduling message (its PodScheduled condition)
+    since: str  # when that condition last changed (RFC 3339), "" when there is none
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     nodes: tuple[NodeRow, ...]
     without_inventory: tuple[str, ...]  # Nodes with no GpuNodeInventory (no gpuweave node agent)
@@ -79,6 +107,7 @@ class ClusterStatus:
     fragment_milli: float
     idle_milli: float
     mix: str  # what the fragment is measured against
+    pending: tuple[PendingRow, ...] = ()  # cluster-wide; left out when one node is asked for
 
 
 def cluster_status(view: ClusterView, *, node: str | None = None) -> ClusterStatus:
@@ -101,7 +130,42 @@ def cluster_status(view: ClusterView, *, node: str | None = None) -> ClusterStat
         fragment_milli=sum(r.fragment_milli for r in rows),
         idle_milli=sum(r.idle_milli for r in rows),
         mix=_mix_text(mix.pinned, mix.version, mix.pods_seen),
+        pending=pending_rows(view.pods.values()) if node is None else (),
     )
+
+
+def pending_rows(pods: Iterable[Mapping[str, Any]]) -> tuple[PendingRow, ...]:
+    """The pods the gpuweave scheduler has to place and has not: no node, not ended, asking for a
+    GPU resource (or a gpuweave annotation), oldest first; each with kube-scheduler's reason."""
+    rows = []
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName") or spec.get("schedulerName") != SCHEDULER_NAME or not pod_is_ours(pod):
+            continue
+        status = pod.get("status") or {}
+        if status.get("phase") not in (None, "", "Pending"):
+            continue
+        metadata = pod.get("metadata") or {}
+        key = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+        try:
+            asks = asks_text(pod_request(pod))
+        except BadPodRequestError as exc:
+            asks = f"a request the extender refuses: {exc}"
+        reason, since = _unscheduled(status)
+        rows.append((str(metadata.get("creationTimestamp") or ""), PendingRow(key, asks, reason, since)))
+    return tuple(row for _, row in sorted(rows, key=lambda r: (r[0], r[1].pod)))
+
+
+def _unscheduled(status: Mapping[str, Any]) -> tuple[str, str]:
+    """kube-scheduler's reason from the pod's PodScheduled condition (the FailedScheduling Event's
+    message is the same text), and when it last changed."""
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled":
+            if condition.get("status") == "True":
+                return "scheduled; waiting for the binding", str(condition.get("lastTransitionTime") or "")
+            said = str(condition.get("message") or "") or str(condition.get("reason") or "")
+            return said or "not scheduled", str(condition.get("lastTransitionTime") or "")
+    return "not tried by gpuweave-scheduler yet (is it running?)", ""
 
 
 def _mix_text(pinned: bool, version: int, pods: int) -> str:
@@ -121,6 +185,8 @@ def _node_row(
         _gpu_row(state, slot, records=records, health=health, bad=bad.get(state.index.gpu_uuids[slot.index]))
         for slot in state.layout.gpus
     )
+    usage = _usage_rows(view.inventories.get(state.name))
+    gpus = tuple(replace(g, usage=usage.get(g.uuid, ())) for g in gpus)
     nics = tuple((nic, health.reason(nic)) for nic in state.index.nic_names if nic in state.unhealthy)
     labels = (view.inventories.get(state.name, {}).get("metadata") or {}).get("labels") or {}
     return NodeRow(
@@ -133,6 +199,24 @@ def _node_row(
         idle_milli=idle,
         unhealthy_nics=nics,
     )
+
+
+def _usage_rows(inventory: Mapping[str, Any] | None) -> dict[str, tuple[UsageRow, ...]]:
+    """GPU UUID -> its containers' use, from the inventory's ``status.podUsage`` (bad entries left out)."""
+    found: dict[str, list[UsageRow]] = {}
+    for entry in ((inventory or {}).get("status") or {}).get("podUsage") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("gpu"), str):
+            continue
+        limit = entry.get("memoryLimitBytes")
+        row = UsageRow(
+            pod=f"{entry.get('namespace') or '?'}/{entry.get('pod') or '?'}",
+            container=str(entry.get("container") or ""),
+            utilization=float(entry.get("utilization") or 0.0),
+            memory_bytes=int(entry.get("memoryUsedBytes") or 0),
+            memory_limit_bytes=int(limit) if isinstance(limit, int) else None,
+        )
+        found.setdefault(entry["gpu"], []).append(row)
+    return {gpu: tuple(rows) for gpu, rows in found.items()}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ Every line the text form prints is at most ``WIDTH`` characters: long cells are 
 continuation lines (reasons, pod lists) or cut with an ellipsis (names), never left to the
 terminal to fold, so columns stay columns in a narrow window and in `watch`. The node's GPU
 product goes in its header (one line per product on a mixed node), not in every GPU row.
+
+Much of what is shown is text a pod's author or another program wrote: pod names and gang names
+in a snapshot, a gpu-selector, reasons quoting them, the message kube-scheduler left on a pending
+pod. Before any layout every string of the rows goes through ``devicemodel.text.safe_text``
+(``for_terminal``): control and bidi characters escaped, each field at most ``MAX_SHOWN_CHARS``
+characters, so nothing reaches the terminal as a control sequence and a 1 MB message costs one
+clipped paragraph. JSON escapes by itself; its strings are clipped only (``MAX_JSON_CHARS``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from devicemodel.text import MAX_JSON_CHARS, MAX_SHOWN_CHARS, clip_text, safe_text
 from gpuweave.status.explain import Pending, Placed, Ranked
 from gpuweave.status.rows import HEALTHY, RETIRED, ClusterStatus, GpuRow, NodeRow, fragment_percent, gpus
 
@@ -35,11 +43,28 @@ def _row(columns: Sequence[tuple[str, int]], cells: Sequence[str]) -> str:
 
 
 def _wrapped(text: str, *, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest) or [first.rstrip()]
+    wrapped = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+    return wrapped or [first.rstrip()]
+
+
+def for_terminal(value: Any) -> Any:
+    """``value`` (rows, an explanation, or any part of them) with every string in it escaped and
+    clipped by ``safe_text``; dataclasses are copied, numbers kept."""
+    if isinstance(value, str):
+        return safe_text(value, limit=MAX_SHOWN_CHARS)
+    if isinstance(value, tuple | list):
+        return type(value)(map(for_terminal, value))
+    if isinstance(value, dict):
+        return {for_terminal(k): for_terminal(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        shown = {f.name: for_terminal(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **shown)
+    return value
 
 
 # ---- status -----------------------------------------------------------------------------------
 def status_text(status: ClusterStatus) -> str:
+    status = for_terminal(status)
     every = [g for n in status.nodes for g in n.gpus]
     withheld = sum(1 for g in every if g.health not in (HEALTHY, RETIRED))
     retired = sum(1 for g in every if g.health == RETIRED)
@@ -59,8 +84,24 @@ def status_text(status: ClusterStatus) -> str:
         names = ", ".join(status.without_inventory)
         lines += ["", *_wrapped(f"{len(status.without_inventory)} node(s) without a GpuNodeInventory "
                                 f"(no gpuweave node agent): {names}", first="", rest="  ")]
+    lines += _pending_pod_lines(status)
     lines += _bad_hardware_lines(status)
     return "\n".join(lines)
+
+
+def _pending_pod_lines(status: ClusterStatus) -> list[str]:
+    """Each pending pod: its name and request, then kube-scheduler's reason, wrapped."""
+    if not status.pending:
+        return []
+    count = len(status.pending)
+    plural = "" if count == 1 else "s"
+    lines = ["", fit(f"PENDING ({count} pod{plural} of gpuweave-scheduler asking for GPUs)")]
+    for row in status.pending:
+        lines += _wrapped(f"{row.pod}: {row.asks}", first="  ", rest="      ")
+        since = f" (since {row.since})" if row.since else ""
+        lines += _wrapped(f"{row.reason}{since}", first="      ", rest="      ")
+    lines.append("  what would make one fit: gpuweave status --explain NAMESPACE/POD")
+    return lines
 
 
 def _node_lines(node: NodeRow) -> list[str]:
@@ -87,6 +128,10 @@ def _gpu_lines(gpu: GpuRow, *, mixed: bool) -> list[str]:
         lines.append(fit(f"      {gpu.product}"))
     if gpu.reason:
         lines += _wrapped(gpu.reason, first="      ", rest="      ")
+    for use in gpu.usage:
+        limit = f" of {use.memory_limit_bytes / 2**30:.1f}" if use.memory_limit_bytes is not None else ""
+        used = f"{use.utilization:.0%} SMs, {use.memory_bytes / 2**30:.1f}{limit} GiB"
+        lines += _wrapped(f"{use.pod}/{use.container}: {used}", first="      use ", rest="          ")
     for mig in gpu.migs:
         lines.append(_row(GPU_COLUMNS, ["", f" {mig.profile}", mig.health, "held" if mig.holder else
                                         "free" if mig.health == HEALTHY else "-", mig.holder]))
@@ -110,6 +155,7 @@ def _bad_hardware_lines(status: ClusterStatus) -> list[str]:
 
 # ---- explain ----------------------------------------------------------------------------------
 def explain_text(answer: Pending | Placed) -> str:
+    answer = for_terminal(answer)
     return "\n".join(_pending_lines(answer) if isinstance(answer, Pending) else _placed_lines(answer))
 
 
@@ -168,7 +214,7 @@ def to_json(value: ClusterStatus | Pending | Placed) -> str:
     """The rows as JSON with camelCase keys (as Kubernetes objects spell theirs)."""
     document = _camel(dataclasses.asdict(value))
     if isinstance(value, Pending):
-        document["reasons"] = [{"reason": r, "nodes": n} for r, n in value.reasons]
+        document["reasons"] = [{"reason": _camel(r), "nodes": n} for r, n in value.reasons]
     return json.dumps(document, indent=2)
 
 
@@ -177,6 +223,8 @@ def _camel(value: Any) -> Any:
         return {_camel_key(k): _camel(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_camel(v) for v in value]
+    if isinstance(value, str):  # JSON escapes control characters itself; a huge one is still cut
+        return clip_text(value, limit=MAX_JSON_CHARS)
     return value
 
 

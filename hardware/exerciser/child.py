@@ -22,7 +22,6 @@ from typing import IO
 from hardware.exerciser.cuda import CudaDriver, load_library
 from hardware.exerciser.cuda_checks import GpuSession, compute_check, copy_check, memory_check, peer_check
 from hardware.exerciser.protocol import (
-    GPU_CHECKS,
     CheckKind,
     CheckResult,
     ExercisePlan,
@@ -68,7 +67,7 @@ def run_gpu(
     try:
         session = GpuSession(cuda, target)
     except Exception as exc:
-        for kind in () if plan.peer_only else GPU_CHECKS:
+        for kind in () if plan.peer_only else plan.gpu_checks:
             report.result(_error(kind, target.uuid, exc))
         return None
     if plan.peer_only:
@@ -79,7 +78,7 @@ def run_gpu(
         CheckKind.HOST_TO_DEVICE: lambda: copy_check(session, plan, CheckKind.HOST_TO_DEVICE),
         CheckKind.DEVICE_TO_HOST: lambda: copy_check(session, plan, CheckKind.DEVICE_TO_HOST),
     }
-    for kind, check in checks.items():
+    for kind, check in ((k, checks[k]) for k in plan.gpu_checks if k in checks):
         if kind in (CheckKind.HOST_TO_DEVICE, CheckKind.DEVICE_TO_HOST):
             with copies:
                 _one_check(report, kind, target.uuid, check)

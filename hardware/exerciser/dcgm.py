@@ -7,7 +7,9 @@ results per ``entity_id``) and 3.x (``"DCGM GPU Diagnostic"``, results per ``gpu
 that names no GPU (a deployment check) applies to every GPU of the run. DCGM numbers GPUs its own
 way, so ``dcgmi discovery -l`` maps each GPU UUID to its DCGM id (NVML's index where it prints
 none). The run has the same deadline as any other: at it the ``dcgmi`` process group is killed
-and every GPU of the run is ``TIMEOUT``. A ``runtime_error`` is an ``ERROR`` for every GPU.
+and every GPU of the run is ``TIMEOUT``; a cancelled run kills it too, and is ``NOT_RUN``. A
+``runtime_error`` is an ``ERROR`` for every GPU. A plan of bandwidth checks only (a gang's
+preflight) runs DCGM's PCIe test (``-r pcie``: host <-> device and peer copies) instead of a level.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -25,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from devicemodel.errors import clip
 from hardware.exerciser.protocol import (
+    BANDWIDTH_CHECKS,
+    CANCELLED,
     CheckKind,
     CheckResult,
     ExercisePlan,
@@ -35,6 +40,7 @@ from hardware.exerciser.protocol import (
 DCGMI = "dcgmi"
 DISCOVERY_TIMEOUT_S = 10.0
 MAX_OUTPUT_BYTES = 8 << 20
+CANCEL_POLL_S = 0.05
 _VERDICTS = {
     "pass": "pass",
     "fail": "fail",
@@ -187,22 +193,32 @@ class DcgmExerciser:
     def command(self, plan: ExercisePlan) -> tuple[list[str], dict[int, str]]:
         gpus = {self._ids.get(g.uuid.lower(), g.index): g.uuid for g in plan.gpus}
         ids = ",".join(str(i) for i in sorted(gpus))
-        return [self._dcgmi, "diag", "-r", str(plan.level), "-j", "-i", ids], gpus
+        test = "pcie" if set(plan.gpu_checks) <= set(BANDWIDTH_CHECKS) else str(plan.level)
+        return [self._dcgmi, "diag", "-r", test, "-j", "-i", ids], gpus
 
-    def run(self, plan: ExercisePlan, *, deadline_s: float) -> ExerciseReport:
+    def run(
+        self, plan: ExercisePlan, *, deadline_s: float, cancel: threading.Event | None = None
+    ) -> ExerciseReport:
         started = time.monotonic()
         command, gpus = self.command(plan)
-        output, error = _run_bounded(command, deadline_s)
+        output, error = _run_bounded(command, deadline_s, cancel)
         if error:
-            status = ResultStatus.TIMEOUT if "deadline" in error else ResultStatus.ERROR
+            status = (
+                ResultStatus.NOT_RUN
+                if error == CANCELLED
+                else ResultStatus.TIMEOUT
+                if "deadline" in error
+                else ResultStatus.ERROR
+            )
             results = [CheckResult(CheckKind.DCGM, uuid, status, detail=error) for uuid in gpus.values()]
         else:
             results = parse_diag(output, gpus)
         return ExerciseReport(self.name, plan, tuple(results), time.monotonic() - started)
 
 
-def _run_bounded(command: list[str], deadline_s: float) -> tuple[str, str]:
-    """(stdout, "") or ("", why it failed); the process group is killed at the deadline."""
+def _run_bounded(command: list[str], deadline_s: float, cancel: threading.Event | None) -> tuple[str, str]:
+    """(stdout, "") or ("", why it failed); the process group is killed at the deadline, or as soon
+    as ``cancel`` is set (``CANCELLED``)."""
     try:
         child = subprocess.Popen(
             command,
@@ -213,10 +229,17 @@ def _run_bounded(command: list[str], deadline_s: float) -> tuple[str, str]:
         )
     except OSError as exc:
         return "", f"cannot run {command[0]}: {exc}"
-    try:
-        out, _ = child.communicate(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        return "", f"dcgmi diag still running at the {deadline_s:g} s deadline: killed"
-    return out[:MAX_OUTPUT_BYTES].decode(errors="replace"), ""
+    until = time.monotonic() + deadline_s
+    while True:
+        try:
+            out, _ = child.communicate(timeout=max(min(until - time.monotonic(), CANCEL_POLL_S), 0.001))
+            return out[:MAX_OUTPUT_BYTES].decode(errors="replace"), ""
+        except subprocess.TimeoutExpired:
+            cancelled = cancel is not None and cancel.is_set()
+            if not cancelled and time.monotonic() < until:
+                continue
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            if cancelled:
+                return "", CANCELLED
+            return "", f"dcgmi diag still running at the {deadline_s:g} s deadline: killed"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import Gpu, NodeInventory
 from hardware.exerciser.model import MAD_PER_ITERATION, model_for
-from hardware.exerciser.protocol import ExercisePlan, GpuTarget, PeerPair
+from hardware.exerciser.protocol import GPU_CHECKS, CheckKind, ExercisePlan, GpuTarget, PeerPair
 
 THREADS_PER_SM = 1024  # 32 warps per SM: enough in flight to hide the multiply-add latency
 MIB = 1 << 20
@@ -81,10 +81,12 @@ def plans(
     level_number: int,
     max_gpus: int,
     memory_fraction: float | None = None,
+    gpu_checks: tuple[CheckKind, ...] = GPU_CHECKS,
 ) -> tuple[ExercisePlan, ...]:
-    """The batches of one run over ``gpus`` (each of at most ``max_gpus`` GPUs)."""
+    """The batches of one run over ``gpus`` (each of at most ``max_gpus`` GPUs); ``gpu_checks``
+    the per-GPU checks of each (a gang's preflight: ``BANDWIDTH_CHECKS``, the copies only)."""
     spec = level(level_number)
-    base = _base_plan(spec, memory_fraction)
+    base = replace(_base_plan(spec, memory_fraction), gpu_checks=gpu_checks)
     chosen = {g.uuid for g in gpus}
     pairs = [p for p in peer_pairs(inventory, all_pairs=spec.all_pairs) if {p.src, p.dst} <= chosen]
     batches = [list(gpus[i : i + max_gpus]) for i in range(0, len(gpus), max(max_gpus, 1))]

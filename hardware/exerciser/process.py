@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from hardware.exerciser.protocol import (
+    CANCELLED,
     CheckKey,
     CheckResult,
     ExercisePlan,
@@ -39,6 +40,7 @@ from hardware.exerciser.wire import MAX_LINE_BYTES, child_line, plan_to_json, re
 log = logging.getLogger(__name__)
 CHILD_MODULE = "hardware.exerciser.child"
 KILL_WAIT_S = 2.0
+CANCEL_POLL_S = 0.05  # how soon a cancelled run kills its child
 _DROPPED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
@@ -71,7 +73,9 @@ class ProcessExerciser:
             ]
         )
 
-    def run(self, plan: ExercisePlan, *, deadline_s: float) -> ExerciseReport:
+    def run(
+        self, plan: ExercisePlan, *, deadline_s: float, cancel: threading.Event | None = None
+    ) -> ExerciseReport:
         started = time.monotonic()
         with tempfile.TemporaryFile() as stderr:
             child = subprocess.Popen(
@@ -85,13 +89,16 @@ class ProcessExerciser:
             run = _ChildRun(plan, child)
             try:
                 run.send_plan()
-                finished = run.read(until=started + deadline_s)
+                finished = run.read(until=started + deadline_s, cancel=cancel)
             finally:
                 if child.returncode is None:
                     _kill(child)
                 if child.stdout is not None:
                     child.stdout.close()
-            results = run.results(timed_out=not finished, deadline_s=deadline_s, stderr=_tail(stderr))
+            if run.cancelled:
+                results = run.done + unfinished(plan, run.done, hung=(), detail=CANCELLED)
+            else:
+                results = run.results(timed_out=not finished, deadline_s=deadline_s, stderr=_tail(stderr))
         return ExerciseReport(self.name, plan, tuple(results), time.monotonic() - started)
 
 
@@ -104,6 +111,7 @@ class _ChildRun:
         self.begun: set[CheckKey] = set()
         self.fatal = ""
         self.bad_lines = 0
+        self.cancelled = False
 
     def send_plan(self) -> None:
         assert self.child.stdin is not None
@@ -113,17 +121,23 @@ class _ChildRun:
         except OSError as exc:  # the child died before reading: its exit says why
             log.warning("cannot send the plan to the exerciser process: %s", exc)
 
-    def read(self, *, until: float) -> bool:
-        """Read lines until the child closes its output (True) or the deadline passes (False)."""
+    def read(self, *, until: float, cancel: threading.Event | None = None) -> bool:
+        """Read lines until the child closes its output (True), the deadline passes or the run is
+        cancelled (False; ``cancelled`` says which): ``cancel`` is looked at every ``CANCEL_POLL_S``."""
         assert self.child.stdout is not None
         stream = self.child.stdout
         buffer = b""
         with selectors.DefaultSelector() as selector:
             selector.register(stream, selectors.EVENT_READ)
             while True:
-                left = until - time.monotonic()
-                if left <= 0 or not selector.select(timeout=left):
+                if cancel is not None and cancel.is_set():
+                    self.cancelled = True
                     return False
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                if not selector.select(timeout=min(left, CANCEL_POLL_S)):
+                    continue
                 chunk = os.read(stream.fileno(), 65536)
                 if not chunk:
                     self.child.wait()

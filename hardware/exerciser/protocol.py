@@ -11,6 +11,7 @@ bandwidth or a time is good enough is judged in ``health.active`` against
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -38,6 +39,9 @@ class ResultStatus(StrEnum):
 
 CheckKey = tuple[CheckKind, str, str | None]  # kind, GPU, peer
 GPU_CHECKS = (CheckKind.MEMORY, CheckKind.COMPUTE, CheckKind.HOST_TO_DEVICE, CheckKind.DEVICE_TO_HOST)
+# A gang's preflight: the links a multi-node job leans on (host <-> device, and peer copies), no more
+BANDWIDTH_CHECKS = (CheckKind.HOST_TO_DEVICE, CheckKind.DEVICE_TO_HOST)
+CANCELLED = "the run was cancelled before it finished (a pod claimed a GPU of it)"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class ExercisePlan:
     copy_bytes: int = 256 << 20  # per timed host<->device or peer copy
     copy_repeats: int = 4
     peer_only: bool = False  # a pair whose ends were exercised in other batches: its copies only
+    gpu_checks: tuple[CheckKind, ...] = GPU_CHECKS  # the per-GPU checks, in this order (peer copies follow)
 
     def threads_for(self, uuid: str) -> int:
         return self.compute_threads.get(uuid, 4096)
@@ -78,7 +83,9 @@ class ExercisePlan:
     def checks(self) -> tuple[CheckKey, ...]:
         """Every (kind, GPU, peer) the plan asks for, in the order a backend runs them."""
         per_gpu = tuple(
-            (kind, gpu.uuid, None) for gpu in ([] if self.peer_only else self.gpus) for kind in GPU_CHECKS
+            (kind, gpu.uuid, None)
+            for gpu in ([] if self.peer_only else self.gpus)
+            for kind in self.gpu_checks
         )
         return per_gpu + tuple((CheckKind.PEER, p.src, p.dst) for p in self.pairs)
 
@@ -112,11 +119,15 @@ class ExerciseReport:
 
 
 class Exerciser(Protocol):
-    """Runs a plan and returns within ``deadline_s`` (plus a second or two to report)."""
+    """Runs a plan and returns within ``deadline_s`` (plus a second or two to report); soon after
+    ``cancel`` is set it stops touching the GPUs and returns, every check it had not finished then
+    ``NOT_RUN`` (detail ``CANCELLED``): a cancelled check is not a hung one."""
 
     name: str
 
-    def run(self, plan: ExercisePlan, *, deadline_s: float) -> ExerciseReport: ...
+    def run(
+        self, plan: ExercisePlan, *, deadline_s: float, cancel: threading.Event | None = None
+    ) -> ExerciseReport: ...
 
 
 class ExerciserError(HardwareError):

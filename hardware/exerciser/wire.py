@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.errors import clip
 from hardware.exerciser.protocol import (
+    GPU_CHECKS,
     CheckKind,
     CheckResult,
     ExercisePlan,
@@ -58,6 +59,7 @@ class _Plan(BaseModel):
     copy_bytes: int = Field(gt=0, le=16 << 30)
     copy_repeats: int = Field(ge=1, le=1000)
     peer_only: bool = False
+    gpu_checks: list[CheckKind] = Field(default_factory=lambda: list(GPU_CHECKS), max_length=8)
 
 
 def plan_from_json(text: str) -> ExercisePlan:
@@ -73,6 +75,7 @@ def plan_from_json(text: str) -> ExercisePlan:
         copy_bytes=data.copy_bytes,
         copy_repeats=data.copy_repeats,
         peer_only=data.peer_only,
+        gpu_checks=tuple(k for k in data.gpu_checks if k in GPU_CHECKS),
     )
 
 

@@ -16,6 +16,7 @@ a missing or mistyped entry fails here as the driver's JIT would fail it on a GP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -27,7 +28,7 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import write_json_atomically
 from hardware.exerciser.model import Expectations, GpuModel, model_for, pcie_gbps
 from hardware.exerciser.protocol import (
-    GPU_CHECKS,
+    CANCELLED,
     CheckKey,
     CheckKind,
     CheckResult,
@@ -40,14 +41,18 @@ from hardware.exerciser.ptx import KERNELS, PARAMS, validate
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
 
 COPY_EFFICIENCY, COMPUTE_EFFICIENCY, MEMORY_EFFICIENCY = 0.85, 0.9, 0.8
+MAX_ACTIVITY_BYTES = 4 << 20  # the activity log stops growing here (a simulated node runs for days)
 
 
 class SimExerciserState:
     """Faults of one simulated node that only an active check finds; thread-safe."""
 
-    def __init__(self, gpu_count: int, *, faults_file: Path | None = None) -> None:
+    def __init__(
+        self, gpu_count: int, *, faults_file: Path | None = None, activity_file: Path | None = None
+    ) -> None:
         self.gpu_count = gpu_count
         self.faults_file = faults_file
+        self.activity_file = activity_file  # one JSON line as each check begins and ends (tests read it)
         self.bad_cells: dict[int, set[int]] = {}  # GPU index -> byte offsets of stuck cells
         self.slow_pairs: dict[frozenset[int], float] = {}  # GPU pair -> share of its lanes working
         self.hang_until: dict[int | None, float] = {}  # GPU index (None: every GPU) -> monotonic time
@@ -99,6 +104,18 @@ class SimExerciserState:
             if self.cancel.wait(min(left, 0.05)):
                 return False
 
+    def note(self, index: int, check: str, *, begun: bool) -> None:
+        """Append when a check begins or ends on GPU ``index`` (``time.monotonic``, the system's one
+        monotonic clock, so another process's events can be put beside it) to ``activity_file``."""
+        if self.activity_file is None:
+            return
+        with contextlib.suppress(OSError):
+            if self.activity_file.stat().st_size > MAX_ACTIVITY_BYTES:
+                return
+        line = json.dumps({"gpu": index, "check": check, "begun": begun, "at": time.monotonic()})
+        with self._lock, self.activity_file.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
     def _save(self) -> None:
         if self.faults_file is None:
             return
@@ -129,44 +146,55 @@ class SimulatedExerciser:
         self._index = {g.uuid: g.index for g in inventory.gpus}
         self._models = {g.uuid: model_for(g.product, g.architecture) for g in inventory.gpus}
 
-    def run(self, plan: ExercisePlan, *, deadline_s: float) -> ExerciseReport:
+    def run(
+        self, plan: ExercisePlan, *, deadline_s: float, cancel: threading.Event | None = None
+    ) -> ExerciseReport:
         started = time.monotonic()
         validate(KERNELS, PARAMS)
         done: list[CheckResult] = []
         begun: set[CheckKey] = set()
         lock = threading.Lock()
+        stop = cancel or threading.Event()
         self.state.cancel.clear()
 
         def record(key: CheckKey, measure: Callable[[], CheckResult]) -> None:
+            if stop.is_set():
+                return
             with lock:
                 begun.add(key)
-            result = measure() if self.state.wait_out_hang(self._index[key[1]]) else None
-            if result is not None:
+            index = self._index[key[1]]
+            self.state.note(index, key[0].value, begun=True)
+            result = measure() if self.state.wait_out_hang(index) else None
+            self.state.note(index, key[0].value, begun=False)
+            if result is not None and not stop.is_set():
                 with lock:
                     done.append(result)
                     begun.discard(key)
 
         def gpu_checks(uuid: str) -> None:
-            for kind in () if plan.peer_only else GPU_CHECKS:
+            for kind in () if plan.peer_only else plan.gpu_checks:
                 record((kind, uuid, None), partial(self._measure, plan, kind, uuid))
 
         threads = [threading.Thread(target=gpu_checks, args=(g.uuid,), daemon=True) for g in plan.gpus]
-        finished = _run_all(threads, until=started + deadline_s)
+        finished = _run_all(threads, until=started + deadline_s, cancel=stop)
 
         def peer_checks() -> None:  # one pair at a time, after every GPU's own checks
             for pair in plan.pairs:
                 key = (CheckKind.PEER, pair.src, pair.dst)
                 record(key, partial(self._peer, plan, pair.src, pair.dst, pair.lanes))
 
-        if finished:
+        if finished and not stop.is_set():
             finished = _run_all(
-                [threading.Thread(target=peer_checks, daemon=True)], until=started + deadline_s
+                [threading.Thread(target=peer_checks, daemon=True)], until=started + deadline_s, cancel=stop
             )
         if not finished:
             self.state.cancel.set()  # the hung checks return; their results are not taken
         with lock:
-            detail = f"still running at the {deadline_s:g} s deadline"
-            results = list(done) + unfinished(plan, list(done), hung=set(begun), detail=detail)
+            if stop.is_set():
+                results = list(done) + unfinished(plan, list(done), hung=(), detail=CANCELLED)
+            else:
+                detail = f"still running at the {deadline_s:g} s deadline"
+                results = list(done) + unfinished(plan, list(done), hung=set(begun), detail=detail)
         return ExerciseReport(self.name, plan, tuple(results), time.monotonic() - started)
 
     def _lost(self, uuid: str) -> bool:
@@ -231,10 +259,12 @@ def _copies(kind: CheckKind, uuid: str, peer: str | None, plan: ExercisePlan, gb
     )
 
 
-def _run_all(threads: list[threading.Thread], *, until: float) -> bool:
-    """Start the threads and wait for them until ``until``; True when all ended."""
+def _run_all(threads: list[threading.Thread], *, until: float, cancel: threading.Event) -> bool:
+    """Start the threads and wait for them until ``until`` or ``cancel``; True when all ended."""
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(max(until - time.monotonic(), 0.0))
-    return not any(t.is_alive() for t in threads)
+    alive = [t for t in threads if t.is_alive()]
+    while alive and time.monotonic() < until and not cancel.is_set():
+        alive[0].join(min(max(until - time.monotonic(), 0.0), 0.02))
+        alive = [t for t in alive if t.is_alive()]
+    return not alive

@@ -8,8 +8,11 @@ mixin placed first may refine a call and reach the next one with ``super()``:
   and MIG-device handles, over ``SimMigNode``.
 - ``NvLinkCalls``, ``DeviceCalls``, ``SystemCalls``, ``InitCalls`` (device_calls.py): init,
   driver versions, GPUs, PCI info, memory, architecture, NUMA, NVLink wiring.
+- ``ProcessCallsMixin`` (process_calls.py): running processes (MPS clients too), per-process
+  utilisation samples and accounting, over ``SimProcessTable``; before the health calls, whose
+  process list it refines.
 - ``HealthCallsMixin`` (health_calls.py): events (Xid), ECC, remapped rows, temperatures, PCIe
-  width, processes, over ``SimHealthState``.
+  width, over ``SimHealthState``.
 
 The host class supplies what the mixins ask of it: ``NVMLError``, ``nvmlDeviceGetIndex``,
 ``mig_node``, ``health`` and the ``_health_*`` hooks, and routes every call through the node's gates.
@@ -24,18 +27,22 @@ from hardware.simulated.device_calls import DeviceCalls, InitCalls, NvLinkCalls,
 from hardware.simulated.health_calls import HealthCallsMixin, SimGpuHealth
 from hardware.simulated.mig_calls import MigCallsMixin
 from hardware.simulated.node import SimulatedNode
+from hardware.simulated.process_calls import ProcessCallsMixin
 from hardware.simulated.structs import NVMLError
 
 T = TypeVar("T")
 
 
-class SimulatedNvmlLib(MigCallsMixin, NvLinkCalls, HealthCallsMixin, DeviceCalls, SystemCalls, InitCalls):
+class SimulatedNvmlLib(
+    MigCallsMixin, NvLinkCalls, ProcessCallsMixin, HealthCallsMixin, DeviceCalls, SystemCalls, InitCalls
+):
     """A pynvml look-alike for one simulated node; pass it as ``NvmlBackend(lib=...)``."""
 
     def __init__(self, node: SimulatedNode) -> None:
         self.node = node
         self.mig_node = node.mig
         self.health = node.health
+        self.processes = node.processes
         self._init_count = 0
         node.health.nvml_sessions = lambda: self._init_count  # our session holds every GPU, as NVML's does
 

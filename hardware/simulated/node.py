@@ -3,7 +3,8 @@
 The fake pynvml library and the fake sysfs tree both read this one object, so a fault injected
 here (a GPU lost, a call hung, an NVLink down, a MIG reshape) shows up on every path the
 production readers take. MIG state lives in ``SimMigNode``, fault state in ``SimHealthState`` and the
-faults only an active check finds in ``SimExerciserState``;
+faults only an active check finds in ``SimExerciserState``, the processes on its GPUs in
+``SimProcessTable``;
 this object adds device handles, the per-link NVLink wiring and call gates (hangs that block a
 call until released).
 """
@@ -22,6 +23,7 @@ from hardware.mig_catalog import MigCatalog, default_catalog
 from hardware.simulated.exerciser import SimExerciserState
 from hardware.simulated.health_calls import SimHealthState
 from hardware.simulated.mig_calls import SimMigNode
+from hardware.simulated.process_calls import SimProcessTable
 
 DEVICE_HANDLE_BASE = 0x6000_0000  # GPU handles; MIG handles come from SimMigNode's allocator
 DEFAULT_HANG_LIMIT_S = 120.0
@@ -42,6 +44,9 @@ class Hang:
 
     def release(self) -> None:
         self.released.set()
+
+
+ACTIVITY_FILE = "sim-exerciser-activity.jsonl"  # beside the faults file: when each check ran
 
 
 class SimulatedNode:
@@ -70,7 +75,13 @@ class SimulatedNode:
         for gpu in inventory.gpus:
             self.health.describe(gpu.index, gpu.architecture)
         # faults only an active check finds; ``exerciser_faults`` keeps them across agent restarts
-        self.exerciser = SimExerciserState(len(inventory.gpus), faults_file=exerciser_faults)
+        self.exerciser = SimExerciserState(
+            len(inventory.gpus),
+            faults_file=exerciser_faults,
+            activity_file=exerciser_faults.with_name(ACTIVITY_FILE) if exerciser_faults else None,
+        )
+        # processes on the GPUs, with their pods' cgroups under the fake /proc (``proc_root``)
+        self.processes = SimProcessTable(self.health, proc_root=self.proc_root(sysfs_root))
         self._handles = {g.index: DEVICE_HANDLE_BASE + g.index for g in inventory.gpus}
 
         self._lock = threading.Lock()
@@ -85,6 +96,11 @@ class SimulatedNode:
         else:
             inventory = profile.to_inventory(node_name=node_name or "simulated-node")
         return cls(inventory, **options)  # type: ignore[arg-type]
+
+    @staticmethod
+    def proc_root(sysfs_root: Path | None) -> Path | None:
+        """The simulated host's ``/proc``: beside its ``sys/`` (health's reset checks read it too)."""
+        return sysfs_root / "proc" if sysfs_root is not None else None
 
     # -- handles -------------------------------------------------------------------------------
 

@@ -1,5 +1,11 @@
 """The cluster cache: nodes, their inventories, and which pod holds which device.
 
+A node is in the cache while its Node object is: a ``GpuNodeInventory`` whose Node is gone (a
+scale-down, before the garbage collector deletes the inventory with its Node, or with an agent
+that set no owner reference) or not listed yet is kept aside and counts for nothing, not in
+decisions, gangs, Kueue's checks, ``gpuweave status`` nor the capacity metrics, until a Node of
+that name is there.
+
 Reads take no lock: each node's ``NodeState`` is an immutable value replaced wholesale on change
 (copy-on-write), and a dict lookup of it is atomic. Writes to one node's state go through that
 node's lock, so binds on different nodes never wait for each other.
@@ -356,7 +362,7 @@ class ClusterCache:
 
     def _rebuild_locked(self, name: str) -> None:
         base = self._bases.get(name)
-        if base is None and name not in self._known_nodes:
+        if name not in self._known_nodes:  # no Node (deleted, or not listed yet): its inventory is kept aside
             self._states.pop(name, None)
             self._tokens.drop(name)
             self._kinds.put(name, None, 0, 0.0)

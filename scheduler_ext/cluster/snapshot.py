@@ -1,7 +1,9 @@
 """Offline mode: the cluster from a Kubernetes ``List`` file, binds applied in memory only.
 
 A snapshot is what ``kubectl get nodes,gpunodeinventories,pods -A -o yaml`` prints (a ``List``), or
-several YAML documents, or the JSON form; nested Lists are flattened. ResourceSlices and
+several YAML documents, each a List or one object, or the JSON form; nested Lists are flattened.
+A file with no document, or a document that is neither (no ``kind``, a List without ``items``,
+a bare list or string), is refused in one line instead of being read as an empty cluster. ResourceSlices and
 ResourceClaims in it (``kubectl get resourceslices,resourceclaims -A``) feed the claim scores. It
 lets the extender run with no cluster: for what-if runs, tests and benchmarks.
 """
@@ -18,7 +20,7 @@ import yaml
 
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, NODE_INVENTORY_KIND
-from devicemodel.errors import InvalidInputError
+from devicemodel.errors import InvalidInputError, echo
 from scheduler_ext.cluster.cache import ClusterCache
 
 
@@ -36,7 +38,18 @@ def read_objects(path: Path) -> list[Mapping[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInputError(f"cannot read snapshot {path}: {exc.strerror}; check --snapshot") from None
-    return list(_documents(text, source=str(path)))
+    objects = list(_documents(text, source=str(path)))
+    kinds = sorted({str(obj.get("kind")) for obj in objects})
+    if kinds and not CLUSTER_KINDS.intersection(kinds):  # an empty List is a cluster with nothing yet
+        held = ", ".join(echo(kind, limit=40) for kind in kinds[:5])
+        raise InvalidInputError(
+            f"snapshot {path} holds no Node, {NODE_INVENTORY_KIND} or Pod (it holds {held}); {_GIVE}"
+        )
+    return objects
+
+
+# A snapshot that holds objects holds at least one of these, else it is some other file
+CLUSTER_KINDS = frozenset({"Node", NODE_INVENTORY_KIND, "Pod"})
 
 
 def apply_objects(objects: Iterator[Mapping[str, Any]], cache: ClusterCache) -> dict[str, int]:
@@ -68,22 +81,39 @@ def _documents(text: str, *, source: str) -> Iterator[Mapping[str, Any]]:
         loaded = [json.loads(text)] if text.lstrip().startswith("{") else list(yaml.safe_load_all(text))
     except (ValueError, yaml.YAMLError) as exc:
         raise InvalidInputError(f"snapshot {source} is neither JSON nor YAML: {exc}") from None
-    for document in loaded:
-        yield from _flatten(document, source=source)
+    documents = [d for d in loaded if d is not None]
+    if not documents:
+        raise InvalidInputError(f"snapshot {source} is empty; {_GIVE}")
+    for number, document in enumerate(documents, start=1):
+        where = f"snapshot {source}" + (f", document {number}," if len(documents) > 1 else "")
+        yield from _flatten(document, where=where)
 
 
-def _flatten(document: object, *, source: str) -> Iterator[Mapping[str, Any]]:
-    if document is None:
-        return
+_GIVE = "give a Kubernetes List, as `kubectl get nodes,gpunodeinventories,pods -A -o yaml` prints"
+
+
+def _flatten(document: object, *, where: str) -> Iterator[Mapping[str, Any]]:
+    """The objects of one document: a Kubernetes List (``kind: List`` or ``*List``, whose
+    ``items`` is a list, nested Lists flattened) or one Kubernetes object (a ``kind``). Anything
+    else is refused (``InvalidInputError``, one line): read as an empty cluster, a wrong file
+    would show as a cluster with nothing in it."""
     if not isinstance(document, Mapping):
+        shown = f"{type(document).__name__} {echo(document, limit=40)}"
+        raise InvalidInputError(f"{where} holds {shown}, not a Kubernetes List or object; {_GIVE}")
+    kind = document.get("kind")
+    if not isinstance(kind, str) or not kind:
+        keys = ", ".join(sorted(map(str, document))[:5]) or "none"
         raise InvalidInputError(
-            f"snapshot {source}: expected Kubernetes objects, found {type(document).__name__}"
+            f"{where} is not a Kubernetes List or object: it has no kind (its keys: {echo(keys)}); {_GIVE}"
         )
-    if str(document.get("kind") or "").endswith("List") or ("items" in document and "kind" not in document):
-        for item in document.get("items") or []:
-            yield from _flatten(item, source=source)
+    if not kind.endswith("List"):
+        yield document
         return
-    yield document
+    items = document.get("items")
+    if not isinstance(items, list):
+        raise InvalidInputError(f"{where} is a {echo(kind, limit=40)} without an items list; {_GIVE}")
+    for item in items:
+        yield from _flatten(item, where=f"{where}: an item of its {kind[:40]}")
 
 
 class SnapshotBinder:

@@ -79,6 +79,7 @@ class GangAnswer:
     passed: list[str]
     failed: dict[str, str] = field(default_factory=dict)
     hopeless: dict[str, str] = field(default_factory=dict)
+    retry: str = ""  # not placed now, for this reason: kube-scheduler tries again with its back-off
 
 
 _Plans = tuple[tuple[float, tuple[ContainerPlan, ...]], ...]  # (quality, plan) per member a node holds

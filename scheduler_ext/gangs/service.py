@@ -41,6 +41,7 @@ from scheduler_ext.gangs.plan import GangAnswer, GangMiss, GangPlan, plan_gang
 from scheduler_ext.gangs.recovery import Recovery, placed_members, room_answer, without_holders
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_request
+from scheduler_ext.preflight.book import PreflightBook, PreflightSettings, gpus_of_devices
 from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
 
 LOG = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class GangSettings:
     hold_limit: HoldLimit = field(default_factory=HoldLimit)
     clock: Clock = time.monotonic
     pod_groups: PodGroupSizes | None = None  # fed by the PodGroup watch in cluster mode
+    preflight: PreflightSettings = field(default_factory=PreflightSettings)  # in cluster mode only
 
 
 @dataclass
@@ -90,6 +92,7 @@ class GangCoordinator:
     hold_limit: HoldLimit = field(default_factory=HoldLimit)
     on_outcome: Outcome = lambda _outcome: None
     on_hold_refused: HoldRefused = lambda _request, _reason: None
+    preflight: PreflightBook | None = None  # member nodes prove their GPUs before the gang starts
     _sweep_lock: threading.Lock = field(default_factory=threading.Lock)
     recovery: Recovery = field(init=False, repr=False)  # where a recovering gang may preempt
 
@@ -130,7 +133,30 @@ class GangCoordinator:
             taken = len(reservation.slots)
             reason = f"gang {gang.key}: all {taken} planned places are claimed by other members"
             return GangAnswer([], hopeless=dict.fromkeys(names, reason))
+        waiting = self._preflight(gang, reservation)
+        if waiting:  # an error, not a rejection: retried on back-off, whatever other plugins said
+            return GangAnswer([], retry=waiting)
         return self._steer(gang, slot, request, names, host)
+
+    def _preflight(self, gang: Gang, reservation: Reservation) -> str:
+        """"" once every member node passed its preflight (or none is needed); else why the member
+        waits. A failed preflight releases the plan: the gang is planned again without those nodes."""
+        if self.preflight is None or any(s.bound for s in reservation.slots):
+            return ""
+        nodes: dict[str, set[str]] = {}
+        for slot in reservation.slots:
+            nodes.setdefault(slot.node, set()).update(gpus_of_devices(slot.devices))
+        verdict = self.preflight.check(gang.key, nodes)
+        if verdict.state == "failed":
+            with self.book.lock:
+                if self.book.get(gang.key) is reservation:
+                    for slot in reservation.open_slots:
+                        self.cache.forget(slot.holder)
+                    self.book.drop(gang.key)
+            self.preflight.forget(gang.key)
+            self.on_outcome("preflight-failed")
+            LOG.warning("%s", verdict.reason(gang.key))
+        return "" if verdict.state == "passed" else verdict.reason(gang.key)
 
     def _free_slots_of_gone_members(self, reservation: Reservation) -> None:
         """A member deleted before its bind leaves its slot to the pod that replaces it."""
@@ -152,10 +178,11 @@ class GangCoordinator:
             reason = missing_members_reason(gang.key, seen=seen, size=gang.size)
             return GangAnswer([], hopeless=dict.fromkeys(names, reason))
         preferred = self.book.recovering_nodes(gang.family)
+        avoided = self.preflight.avoided(gang.key) if self.preflight is not None else frozenset()
         outcome = plan_gang(
             key=gang.key,
             needed=needed,
-            candidates=names,
+            candidates=[n for n in names if n not in avoided],
             states=self.cache.states(),
             labels=self.cache.node_labels(),
             decide=lambda state: self.core.decide(request, state, host=host),
@@ -248,6 +275,8 @@ class GangCoordinator:
             for slot in released:
                 self.cache.forget(slot.holder)
             self.book.stop_waiting(gone.gang)
+        if self.preflight is not None:
+            self.preflight.forget(gone.gang)
         self.on_outcome("released")
         LOG.info(
             "gang %s: a member is gone and fewer than its %d members remain; %d open slot(s) and its "
@@ -390,6 +419,8 @@ class GangCoordinator:
         slot.bound = True
         if self.book.finish_if_done(reservation):
             self.on_outcome("completed")
+            if self.preflight is not None:
+                self.preflight.forget(reservation.key)
             placed = {r.node for r in self.cache.gang_members(reservation.key) if r.node}
             self.book.remember_run(
                 reservation.key, reservation.family, placed | {s.node for s in reservation.slots}
@@ -404,6 +435,8 @@ class GangCoordinator:
             for reservation in self.book.expire():
                 for slot in reservation.open_slots:
                     self.cache.forget(slot.holder)
+                if self.preflight is not None:
+                    self.preflight.forget(reservation.key)
                 self.on_outcome("expired")
                 LOG.info(
                     "gang %s: reservation expired; %d open slot(s) released",

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.assignment import parent_gpu_of_share
 from devicemodel.errors import InvalidInputError
+from devicemodel.text import safe_text
 from scheduler_ext.decide.state import NodeState
 from scheduler_ext.pods.requests import BadPodRequestError, pod_request
 
@@ -262,5 +263,25 @@ def verdict_for_admission(needs: Sequence[PodSetNeed], free: Mapping[str, int]) 
     return Verdict("Ready", _clip(f"{total} GPUs fit on healthy free devices"))
 
 
+def placement_nodes(needs: Sequence[PodSetNeed], free: Mapping[str, int]) -> dict[str, int]:
+    """Node -> GPUs the Workload's pods would take there, by the same best fit as
+    ``verdict_for_admission`` with nodes named (ties: the name); for a Workload that fits. The
+    gang preflight asks these nodes to prove their GPUs before the check turns ``Ready``."""
+    left = dict(free)
+    used: dict[str, int] = {}
+    for need in sorted(needs, key=lambda n: -n.gpus):
+        if need.gpus == 0:
+            continue
+        names = sorted(left if need.nodes is None else (n for n in need.nodes if n in left))
+        for _ in range(need.count):
+            fit = min((n for n in names if left[n] >= need.gpus), key=lambda n: (left[n], n), default=None)
+            if fit is None:
+                break
+            left[fit] -= need.gpus
+            used[fit] = used.get(fit, 0) + need.gpus
+    return used
+
+
 def _clip(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+    """A check's message as it leaves (``devicemodel.text``): it names pods and pod sets."""
+    return safe_text(text, limit=MAX_MESSAGE)

@@ -42,10 +42,12 @@ from devicemodel.gangs import (
     LABEL_KUEUE_POD_GROUP,
     evicts_whole_gang,
 )
+from devicemodel.preflight import MAX_GPUS
 from kubeio.client import finish
 from kubeio.errors import CONFLICT, describe, status_of
 from kubeio.listwatch import ListWatch
 from scheduler_ext.cluster.cache import ClusterCache
+from scheduler_ext.decide.state import NodeState
 from scheduler_ext.kueue.checks import (
     CONTROLLER_NAME,
     KUEUE_GROUP,
@@ -56,10 +58,12 @@ from scheduler_ext.kueue.checks import (
     free_gpus_by_node,
     held_faults,
     parse_workload,
+    placement_nodes,
     pod_set_needs,
     verdict_for_admission,
     verdict_for_faults,
 )
+from scheduler_ext.preflight.book import PreflightBook
 
 LOG = logging.getLogger(__name__)
 FIELD_MANAGER = "gpuweave-kueue-check"
@@ -95,6 +99,7 @@ class KueueChecks:
         self._checks: dict[str, bool] = {}  # our AdmissionChecks' names -> marked Active
         self._workloads: dict[str, Workload] = {}  # namespace/name -> the Workload, parsed
         self._owners: OrderedDict[str, Owner | None] = OrderedDict()  # pod UID -> its workload's owner
+        self.preflight: PreflightBook | None = None  # member nodes prove their GPUs before Ready
         self._wake = threading.Event()
         self._halt = threading.Event()
         self.watchers = [
@@ -231,7 +236,7 @@ class KueueChecks:
             elif state == "Pending" and workload.condition("QuotaReserved"):
                 if free is None:
                     free = free_gpus_by_node(self._cache.states())
-                verdict = self._admission_verdict(workload, flavors, free)
+                verdict = self._admission_verdict(workload, flavors, self._not_avoided(workload, free))
             if verdict is not None:
                 self._write(workload, names, verdict)
 
@@ -249,7 +254,29 @@ class KueueChecks:
             needs = pod_set_needs(workload, selected)
         except InvalidInputError as exc:
             return Verdict("Pending", f"cannot read the workload's pods: {exc}")
-        return verdict_for_admission(needs, free)
+        verdict = verdict_for_admission(needs, free)
+        if verdict.state != "Ready" or self.preflight is None:
+            return verdict
+        return self._preflight_verdict(workload, placement_nodes(needs, free), verdict)
+
+    def _not_avoided(self, workload: Workload, free: dict[str, int]) -> dict[str, int]:
+        """``free`` without the nodes whose preflight failed for this Workload."""
+        avoided = self.preflight.avoided(workload.key) if self.preflight is not None else frozenset()
+        return {n: c for n, c in free.items() if n not in avoided} if avoided else free
+
+    def _preflight_verdict(self, workload: Workload, nodes: Mapping[str, int], fits: Verdict) -> Verdict:
+        """``Ready`` once each node the Workload's pods would take proved its free GPUs (a gang on
+        more than one node; ``scheduler_ext.preflight``), else ``Pending`` saying why."""
+        assert self.preflight is not None
+        states = self._cache.states()
+        gpus = {node: _free_gpu_uuids(states.get(node)) for node in nodes}
+        verdict = self.preflight.check(workload.key, gpus)
+        if verdict.state == "passed":
+            if len(nodes) > 1:
+                self.preflight.forget(workload.key)
+            return fits
+        reason = verdict.reason(f"workload {workload.key}").replace("gang workload", "workload")
+        return Verdict("Pending", reason)
 
     def _flavor_nodes(self, flavor: str) -> frozenset[str] | None:
         """The nodes a ResourceFlavor's ``nodeLabels`` select; None when it has none (any node)."""
@@ -383,6 +410,14 @@ class KueueChecks:
             self._custom.patch_cluster_custom_object_status(
                 KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", metadata["name"], body, **options
             )
+
+
+def _free_gpu_uuids(state: NodeState | None) -> list[str]:
+    """The node's healthy GPUs nothing holds, by UUID (what its preflight checks)."""
+    if state is None or state.index is None:
+        return []
+    uuids = state.index.gpu_uuids
+    return sorted(uuids[i] for i in state.free.free_gpus)[:MAX_GPUS]
 
 
 def _state(workload: Workload, names: set[str]) -> str:

@@ -28,7 +28,7 @@ from devicemodel.contracts import (
     requests_resource,
 )
 from devicemodel.errors import InvalidInputError, echo
-from scheduler_ext.pods.quantity import MAX_STORED, QuantityError, whole_units
+from devicemodel.quantity import MAX_STORED, QuantityError, whole_units
 
 GPUWEAVE_PREFIX = "gpuweave.io/"
 OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, GPUWEAVE_PREFIX)

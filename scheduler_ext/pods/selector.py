@@ -41,7 +41,7 @@ import cel
 
 from devicemodel.contracts import ATTRIBUTE_DOMAIN
 from devicemodel.errors import InvalidInputError, clip, echo
-from scheduler_ext.pods.quantity import parse_quantity
+from devicemodel.quantity import parse_quantity
 from scheduler_ext.pods.selector_cost import COST_LIMIT, estimate
 from scheduler_ext.pods.selector_sandbox import (
     EvaluationTimeoutError,

@@ -16,6 +16,8 @@ filtered again on every retry, so Events are limited: at most one per pod and re
 as the Binding itself, while the assignment is on the pod anyway (annotation, ``--explain``); in a
 scheduling burst they are a sample, and rejections never wait behind them. What is left out is counted
 (``gpuweave_extender_events_dropped{reason}``: pod-interval, rate, queue-full, write-failed).
+Every message is written through ``devicemodel.text.safe_text``: the reasons it counts quote the
+pod's own text (a gang name, a selector), which reaches ``kubectl describe pod`` escaped and cut.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from devicemodel.assignment import PodAssignment
 from devicemodel.errors import GpuweaveError
+from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from scheduler_ext.cluster.cache import ClusterCache
 from scheduler_ext.cluster.objects import PodRecord
 from scheduler_ext.decide.summary import (
@@ -237,7 +240,7 @@ class EventRecorder:
 
     def _write(self, event: PodEvent, render: Render) -> None:
         try:
-            self._sink(replace(event, message=render()))
+            self._sink(replace(event, message=safe_text(render(), limit=MAX_EVENT_CHARS)))
         except GpuweaveError as exc:
             self.counts.dropped.labels("write-failed").inc()
             now = time.monotonic()

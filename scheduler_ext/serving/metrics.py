@@ -90,6 +90,11 @@ class ExtenderMetrics:
         self.cached_nodes = Gauge(
             "gpuweave_extender_cached_nodes", "Nodes in the cache", registry=self.registry
         )
+        self.ready = Gauge(
+            "gpuweave_extender_ready",
+            "1 once the cache has synced (the extender answers /readyz 200), else 0",
+            registry=self.registry,
+        )
         self.gangs = Counter(
             "gpuweave_extender_gangs",
             "Gang plans by outcome (planned, missed, expired, completed, incomplete: members not all "
@@ -97,6 +102,11 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+
+    def scraped(self, *, nodes: int, ready: bool) -> None:
+        """The cache's figures, set as a scrape reads them (no timer keeps them fresh)."""
+        self.cached_nodes.set(nodes)
+        self.ready.set(1 if ready else 0)
 
     def verb_latency(self, verb: str) -> Any:
         """The latency histogram's child for ``verb``, looked up once (``labels`` per request cost

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from devicemodel.errors import InvalidInputError, echo
+from devicemodel.errors import InvalidInputError, clip, echo
 from scheduler_ext.decide.by_state import RejectedNames
 from scheduler_ext.serving.metrics import ExtenderMetrics
 from scheduler_ext.serving.request_head import (
@@ -345,7 +345,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             ready = cache.synced.is_set()
             self._send(200 if ready else 503, b"ok\n" if ready else b"cache not synced\n", "text/plain")
         elif path.endswith("/metrics"):
-            self.server.metrics.cached_nodes.set(len(cache.node_names()))
+            self.server.metrics.scraped(nodes=len(cache.node_names()), ready=cache.synced.is_set())
             self._send(200, self.server.metrics.render(), "text/plain; version=0.0.4")
         elif path.endswith("/workload"):  # read-only: the mix the scorer places against now
             document = self.server.service.core.workload.document()
@@ -408,7 +408,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
     def _bind(self, body: object) -> bytes:
         args = parse(ExtenderBindingArgs, body)
-        error = self.server.service.bind(args)
+        error = clip(self.server.service.bind(args))  # it may quote the pod's own text
         self.server.metrics.bind_outcome("error" if error else "bound").inc()
         if error:
             LOG.info("bind %s/%s on %s refused: %s", args.PodNamespace, args.PodName, args.Node, error)

@@ -88,7 +88,7 @@ class ExtenderService:
             request = parsed.checked()
             gang = self.gangs.gang_of(pod) if self.gangs is not None else None
         except (BadPodRequestError, BadGangError) as exc:
-            reason = clip(str(exc))  # one reason per node: bounded whatever the pod carries
+            reason = clip(str(exc))  # one reason per node: escaped and bounded whatever the pod carries
             self._observe("filter", 0, {reason: len(names)})
             return self._filter_result(args, [], {}, dict.fromkeys(names, reason))
         self._learn(request, parsed)
@@ -96,9 +96,11 @@ class ExtenderService:
             self.gangs.sweep()
             if gang is not None:
                 answer = self.gangs.filter(gang, request, names, parsed.host)
+                if answer is not None and answer.retry:  # e.g. its nodes' preflight is running
+                    self._observe("filter", 0, {clip(answer.retry): len(names)})
+                    return ExtenderFilterResult(NodeNames=[], Error=clip(answer.retry))
                 if answer is not None:  # the member goes to its planned node (no shortlist: one node)
-                    failed = {n: clip(r) for n, r in answer.failed.items()}
-                    hopeless = {n: clip(r) for n, r in answer.hopeless.items()}
+                    failed, hopeless = leaving(answer.failed), leaving(answer.hopeless)
                     rejected = Counter([*failed.values(), *hopeless.values()])
                     self._observe("filter", len(answer.passed), rejected)
                     return self._filter_result(args, answer.passed, failed, hopeless)
@@ -113,7 +115,7 @@ class ExtenderService:
                 gang, request, names, parsed.host, failed=spread.failed, hopeless=spread.hopeless
             )
             if alone is not None:  # a gang of one preempts by the gang rules (recovering only)
-                return self._filter_result(args, [], alone.failed, alone.hopeless)
+                return self._filter_result(args, [], leaving(alone.failed), leaving(alone.hopeless))
         if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
@@ -413,6 +415,14 @@ class ExtenderService:
                 for node, (uids, pdb) in chosen.items()
             }
         )
+
+
+def leaving(rejected: Mapping[str, str]) -> dict[str, str]:
+    """Rejection reasons as they leave in filter's answer (and from there in kube-scheduler's
+    FailedScheduling Event): each escaped and clipped (``errors.clip``: ``devicemodel.text``),
+    since the gang code words them with the pod's own gang name; each distinct reason once."""
+    done: dict[str, str] = {}
+    return {name: done.get(r) or done.setdefault(r, clip(r)) for name, r in rejected.items()}
 
 
 def with_imex_domain(

@@ -7,6 +7,7 @@ import inspect
 import pynvml
 import pytest
 
+from hardware.simulated import process_calls
 from hardware.simulated.lib import SimulatedNvmlLib
 from hardware.simulated.structs import NvmlConstants
 
@@ -45,3 +46,15 @@ def test_call_exists_in_pynvml_and_takes_the_same_arguments(name: str) -> None:
     fake = getattr(SimulatedNvmlLib, name)
     # The fake accepts every call pynvml accepts: no more required arguments, at least as many in all.
     assert _required_positional(fake) <= _required_positional(real) <= _positional(fake)
+
+
+@pytest.mark.parametrize("name", ["c_nvmlProcessUtilizationSample_t", "c_nvmlAccountingStats_t"])
+def test_process_structures_have_pynvmls_fields(name: str) -> None:
+    fake = getattr(process_calls, name)
+    real = getattr(pynvml, name)
+    assert [(f, t) for f, t, *_ in fake._fields_] == [(f, t) for f, t, *_ in real._fields_]
+
+
+def test_process_info_has_the_fields_pynvml_gives() -> None:
+    fields = {name for name, *_ in pynvml.c_nvmlProcessInfo_v3_t._fields_}
+    assert set(process_calls.SimProcess.__dataclass_fields__) == fields

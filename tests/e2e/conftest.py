@@ -75,8 +75,10 @@ def _health_config(work: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def nodes(plane: ControlPlane, agent_kubeconfig: Path) -> Iterator[dict[str, SimNode]]:
-    """Three Nodes, each a harness node (kubelet device manager) with our simulated node agent."""
+def nodes(plane: ControlPlane) -> Iterator[dict[str, SimNode]]:
+    """The scheduling cluster's Nodes, each a harness node (kubelet device manager) with our
+    simulated node agent, whose token names its node as the DaemonSet pod's does: the base's
+    admission policies (manifests/admission-node-agent.yaml) hold every agent to its own node."""
     health = _health_config(plane.work)
     started: dict[str, SimNode] = {}
     try:
@@ -85,7 +87,7 @@ def nodes(plane: ControlPlane, agent_kubeconfig: Path) -> Iterator[dict[str, Sim
                 plane,
                 name=name,
                 profile=profile,
-                agent_kubeconfig=agent_kubeconfig,
+                agent_kubeconfig=plane.node_agent_kubeconfig(name),
                 health_config=health,
                 topology_policy=TOPOLOGY_POLICIES.get(name, "none"),
             )

@@ -90,9 +90,12 @@ def allocated_gpus(allocation: dict[str, Any]) -> list[str]:
 
 
 def scheduling_failure(plane: ControlPlane, namespace: str, name: str) -> str | None:
-    """The PodScheduled=False message kube-scheduler wrote, once it gave up on this attempt."""
+    """The PodScheduled=False message kube-scheduler wrote, once it gave up on this attempt (not
+    the API server's ``SchedulingGated``, written while the pod waits for its gates)."""
     pod = plane.core.read_namespaced_pod(name, namespace)
     for condition in pod.status.conditions or []:
+        if condition.reason == "SchedulingGated":
+            continue
         if condition.type == "PodScheduled" and condition.status == "False" and condition.message:
             return str(condition.message)
     return None

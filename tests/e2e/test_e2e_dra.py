@@ -26,7 +26,8 @@ from kubernetes.client.exceptions import ApiException
 
 from devicemodel.inventory import NodeInventory
 from dradriver.devices import MigPublishing
-from dradriver.slices import Taint, pool_slices
+from dradriver.slices import pool_slices
+from dradriver.taint import Taint
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from tests.e2e.cluster import (

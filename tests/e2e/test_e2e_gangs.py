@@ -214,6 +214,17 @@ def _wait_bound(plane: ControlPlane, name: str, *, timeout: float = 60) -> str:
     return wait_for(f"pod {NAMESPACE}/{name} to be bound", lambda: _bound_node(plane, name), timeout=timeout)
 
 
+def _create_together(plane: ControlPlane, pods: list[dict[str, Any]]) -> None:
+    """Create ``pods`` held by a scheduling gate, then lift the gates: kube-scheduler sees none of
+    them before all exist, so the first filter already counts every member."""
+    for pod in pods:
+        pod["spec"]["schedulingGates"] = [{"name": "e2e.gpuweave.io/together"}]
+        plane.core.create_namespaced_pod(NAMESPACE, pod)
+    for pod in pods:
+        lift = [{"op": "remove", "path": "/spec/schedulingGates"}]  # a JSON patch: the list goes whole
+        plane.core.patch_namespaced_pod(pod["metadata"]["name"], NAMESPACE, lift)
+
+
 def _wait_unschedulable(plane: ControlPlane, name: str) -> str:
     return wait_for(f"{name} declared unschedulable", lambda: scheduling_failure(plane, NAMESPACE, name))
 
@@ -249,8 +260,7 @@ def test_gang_that_cannot_fit_leaves_every_member_pending_and_holds_nothing(
             plane.core.create_namespaced_pod(NAMESPACE, _pod(f"holder-{node}", only_on=node))
             assert _wait_bound(plane, f"holder-{node}") == node
         started = time.monotonic()
-        for index in range(2):
-            plane.core.create_namespaced_pod(NAMESPACE, _pod(f"big-{index}", gang="big"))
+        _create_together(plane, [_pod(f"big-{index}", gang="big") for index in range(2)])
         for index in range(2):
             message = _wait_unschedulable(plane, f"big-{index}")
             print(f"big-{index}: {message}")

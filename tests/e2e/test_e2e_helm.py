@@ -174,6 +174,16 @@ OPERATOR_VALUES: dict[str, Any] = {
             "gangHoldPerNamespace": "25%",
             "claims": {"enabled": True},
         },
+        "probeNetworkPolicy": {
+            "enabled": True,
+            "metricsFrom": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "nodeCIDRs": ["10.0.0.0/16", "fd00:10::/64"],
+        },
     },
 }
 
@@ -250,6 +260,30 @@ def test_helm_values_reach_the_scheduler_configuration(tmp_path: Path) -> None:
         } in containers[name]["volumeMounts"]
 
 
+def test_helm_probe_network_policy_lets_only_the_scraper_and_nodes_reach_the_probe_port(
+    tmp_path: Path,
+) -> None:
+    docs = render_chart(OPERATOR_VALUES, work=tmp_path)
+    policy = _one(docs, "NetworkPolicy", "gpuweave-scheduler-probes")
+    deployment = _one(docs, "Deployment")["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= deployment["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    extender = {c["name"]: c for c in deployment["spec"]["containers"]}["extender"]
+    probe_port = {p["name"]: p["containerPort"] for p in extender["ports"]}["probes"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": probe_port}]
+    scraper = OPERATOR_VALUES["scheduler"]["probeNetworkPolicy"]["metricsFrom"][0]
+    nodes = [{"ipBlock": {"cidr": "10.0.0.0/16"}}, {"ipBlock": {"cidr": "fd00:10::/64"}}]
+    assert rule["from"] == [scraper, *nodes]
+    only_probes = render_chart(sets=["scheduler.probeNetworkPolicy.enabled=true"])
+    assert _one(only_probes, "NetworkPolicy")["spec"]["ingress"] == []  # the node's probes only
+    assert not [d for d in render_chart() if d["kind"] == "NetworkPolicy"]  # off by default, as the base
+    with pytest.raises(RenderError, match="nodeCIDRs"):
+        render_chart(sets=["scheduler.probeNetworkPolicy.nodeCIDRs={10.0.0.1}"])
+    with pytest.raises(RenderError, match="additional properties"):
+        render_chart(sets=["scheduler.probeNetworkPolicy.metricsFrom[0].namespace=monitoring"])
+
+
 def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, tmp_path: Path) -> None:
     """Server-side apply as a dry run: validated and defaulted by kube-apiserver, nothing stored (the
     session's cluster keeps the base the other tests run against)."""
@@ -259,7 +293,7 @@ def test_helm_values_render_objects_the_api_server_accepts(plane: ControlPlane, 
     for doc in docs:
         ControlPlane.apply_one(dyn, doc, manager="gpuweave-e2e-helm", dry_run=True)
         accepted.append(doc["kind"])
-    assert "DaemonSet" in accepted and "Deployment" in accepted
+    assert {"DaemonSet", "Deployment", "NetworkPolicy"} <= set(accepted)
     agent = dyn.resources.get(api_version="apps/v1", kind="DaemonSet").get(
         name="gpuweave-node-agent", namespace=NAMESPACE
     )
@@ -296,3 +330,106 @@ def test_helm_monitoring_objects_carry_the_monitoring_files(tmp_path: Path) -> N
     assert relabel == {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     kustomized = _by_key(_kustomize(MONITORING))
     assert {k[1] for k in kustomized} == {"PrometheusRule", "ConfigMap"}
+
+
+def _monitoring_kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    wanted = {"ServiceMonitor", "PrometheusRule"}
+    return {
+        (d["kind"], d["metadata"]["name"])
+        for d in docs
+        if d["kind"] in wanted or d["metadata"]["name"].endswith(("-metrics", "-grafana-dashboard"))
+    }
+
+
+def test_helm_one_monitoring_value_turns_on_metrics_and_what_reads_them() -> None:
+    """monitoring.enabled alone: the agents serve /metrics and every object that reads them is
+    there; the dashboard and the ServiceMonitor without nodeAgent.metrics (the values that used to
+    leave the health panels and alerts empty) now turn the agents' metrics on too."""
+    everything = {
+        ("Service", "gpuweave-scheduler-metrics"),
+        ("ServiceMonitor", "gpuweave-scheduler"),
+        ("Service", "gpuweave-node-agent-metrics"),
+        ("ServiceMonitor", "gpuweave-node-agent"),
+        ("PrometheusRule", "gpuweave"),
+        ("ConfigMap", "gpuweave-grafana-dashboard"),
+    }
+    one = render_chart(sets=["monitoring.enabled=true"])
+    assert _monitoring_kinds(one) == everything
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(one)
+    parts = render_chart(sets=["monitoring.serviceMonitor.enabled=true", "monitoring.dashboard.enabled=true"])
+    assert _monitoring_kinds(parts) == everything - {("PrometheusRule", "gpuweave")}
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(parts)
+    rule_only = render_chart(sets=["monitoring.prometheusRule.enabled=true", "nodeAgent.metrics.port=9500"])
+    assert "--metrics-address=0.0.0.0:9500" in _agent_args(rule_only)
+    agent_only = render_chart(sets=["nodeAgent.metrics.enabled=true"])  # as before: no scrape objects
+    assert _monitoring_kinds(agent_only) == set()
+    assert "--metrics-address=0.0.0.0:9402" in _agent_args(agent_only)
+    assert "--metrics-address=0.0.0.0:9402" not in _agent_args(render_chart())
+
+
+def test_helm_log_level_in_extra_args_reaches_a_parser_that_takes_it() -> None:
+    docs = render_chart(sets=["nodeAgent.extraArgs={--log-level=INFO}"])
+    args = _agent_args(docs)
+    assert args[-1] == "--log-level=INFO"
+    assert build_parser().parse_args(args).log_level == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("nodeAgent.health.round_intervl_s=5", "round_intervl_s"),
+        ("nodeAgent.health.active_checks.burnin_level=2", "burnin_level"),
+        ("nodeAgent.health.eviction_grace_s=-1", "eviction_grace_s"),
+        ("nodeAgent.sharing.default.mod=fractional", "mod"),
+        ("nodeAgent.sharing.default.mode=mps", "mode"),
+        ("nodeAgent.sharing.gpus.7.replica=4", "replica"),
+        ("nodeAgent.sharing.default.mps.activeThreadPercentage=50", "activeThreadPercentage"),
+        ("nodeAgent.sharingConfigs.inference.default.mode=fractionl", "mode"),
+        ("nodeAgent.sharingConfigs.bad/name.default.mode=fractional", "bad/name"),
+    ],
+)
+def test_helm_schema_refuses_what_the_agent_would_refuse_at_start(setting: str, named: str) -> None:
+    """Before, anything under nodeAgent.health and the sharing entries rendered, and every agent
+    then refused its configuration file at start."""
+    with pytest.raises(RenderError, match=named):
+        render_chart(sets=[setting])
+
+
+def test_helm_named_sharing_configs_reach_the_agent_by_node_label(tmp_path: Path) -> None:
+    from gpuweave.node.sharing import chosen_sharing_config  # noqa: PLC0415
+
+    values = {
+        "nodeAgent": {
+            "sharing": {"default": {"mode": "exclusive"}},
+            "sharingConfigs": {
+                "inference": {"default": {"mode": "fractional"}},
+                "notebooks": {"default": {"mode": "time-sliced", "replicas": 8}},
+            },
+        }
+    }
+    docs = render_chart(values, work=tmp_path)
+    named = _one(docs, "ConfigMap", "gpuweave-node-agent-sharing")["data"]
+    assert set(named) == {"inference.yaml", "notebooks.yaml"}
+    pod = _one(docs, "DaemonSet")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v.get("configMap", {}).get("name") for v in pod["spec"]["volumes"]}
+    assert str(args.sharing_config_dir) == mounts["sharing-configs"] == "/etc/gpuweave/sharing"
+    assert volumes["sharing-configs"] == "gpuweave-node-agent-sharing"
+    assert "checksum/node-agent-sharing" in pod["metadata"]["annotations"]
+    directory = tmp_path / "sharing"
+    directory.mkdir()
+    for name, text in named.items():
+        (directory / name).write_text(text)
+        SharingConfigModel.model_validate(yaml.safe_load(text))  # what the agent reads at start
+    args.sharing_config_dir = directory
+
+    def labelled(value: str | None) -> dict[str, str]:
+        return {} if value is None else {"gpuweave.io/sharing-config": value}
+
+    chosen = chosen_sharing_config(args, labels=lambda: labelled("notebooks"))
+    assert chosen == directory / "notebooks.yaml"
+    assert SharingConfigModel.model_validate(yaml.safe_load(chosen.read_text())).default.replicas == 8
+    assert chosen_sharing_config(args, labels=lambda: labelled(None)) == args.sharing_config
+    assert not [d for d in render_chart() if d["metadata"]["name"] == "gpuweave-node-agent-sharing"]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.exported_metrics import exported_series
-from tests.support.opscheck import Parsed, load_rules, parse_promql
+from tests.support.exported_metrics import readable_series
+from tests.support.opscheck import Parsed, load_rules, parse_promql, render_chart
 
 pytestmark = pytest.mark.e2e
 
@@ -74,7 +74,7 @@ def _unknown_reads(parsed: Mapping[str, Parsed], series: Mapping[str, frozenset[
 
 @pytest.fixture(scope="module")
 def series(tmp_path_factory: pytest.TempPathFactory) -> dict[str, frozenset[str]]:
-    return exported_series(tmp_path_factory.mktemp("metrics"))
+    return readable_series(tmp_path_factory.mktemp("metrics"))
 
 
 def test_dashboard_queries_parse_and_read_exported_series(series: dict[str, frozenset[str]]) -> None:
@@ -95,7 +95,7 @@ def test_dashboard_variables_read_exported_series(series: dict[str, frozenset[st
 
 def test_dashboard_covers_the_operator_questions() -> None:
     """Allocation per node kind, withheld and retired devices, MIG reshapes, extender latency per
-    verb, handoff mismatches."""
+    verb, handoff mismatches, per-pod GPU use and the share's memory limit."""
     text = " ".join(dashboard_expressions(json.loads(DASHBOARD.read_text())).values())
     for needle in [
         "gpuweave_extender_free_gpus",
@@ -104,6 +104,8 @@ def test_dashboard_covers_the_operator_questions() -> None:
         "gpuweave_mig_reshapes_total",
         "sum by (verb, le) (rate(gpuweave_extender_request_seconds_bucket",
         'outcome=~"mismatch|admitted_mismatch"',
+        "gpuweave_pod_gpu_utilization_ratio",
+        "gpuweave_pod_gpu_memory_limit_bytes",
     ]:
         assert needle in text
 
@@ -117,13 +119,39 @@ def test_alert_rules_parse_and_read_exported_series(series: dict[str, frozenset[
         "gpuweave-scheduling/GpuweaveExtenderSlow",
         "gpuweave-scheduling/GpuweaveExtenderBindSlow",
         "gpuweave-scheduling/GpuweaveAssignmentMismatch",
+        "gpuweave-shares/GpuweaveShareOverMemoryLimit",
+        "gpuweave-components/GpuweaveNodeAgentDown",
+        "gpuweave-components/GpuweaveExtenderDown",
+        "gpuweave-components/GpuweaveNoHealthyExtender",
     }
     assert _unknown_reads(parse_promql(expressions), series) == []
 
 
+def test_component_alerts_select_the_jobs_the_charts_service_monitors_scrape() -> None:
+    """The Prometheus Operator names a ServiceMonitor's job after the Service it selects: every
+    `job` a rule names is one of the metrics Services the chart renders with monitoring on, and
+    the agent and the extender each have a down alert and the extender a none-ready one."""
+    docs = render_chart(sets=["monitoring.enabled=true"])
+    names = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    services = {name for name in names if name.endswith("-metrics")}
+    assert services == {"gpuweave-scheduler-metrics", "gpuweave-node-agent-metrics"}
+    spec = yaml.safe_load(ALERTS.read_text())["spec"]
+    parsed = parse_promql(rule_expressions(spec))
+    jobs = {
+        name.partition("/")[2]: {s.equal("job") for s in result.selectors} - {None}
+        for name, result in parsed.items()
+        if any(s.equal("job") for s in result.selectors)
+    }
+    assert jobs == {
+        "GpuweaveNodeAgentDown": {"gpuweave-node-agent-metrics"},
+        "GpuweaveExtenderDown": {"gpuweave-scheduler-metrics"},
+        "GpuweaveNoHealthyExtender": {"gpuweave-scheduler-metrics"},
+    }
+
+
 def test_alert_rules_load_as_prometheus_loads_them() -> None:
     loaded = load_rules(yaml.safe_load(ALERTS.read_text())["spec"])
-    assert (loaded.groups, loaded.rules, loaded.errors) == (2, 5, ())
+    assert (loaded.groups, loaded.rules, loaded.errors) == (4, 9, ())
     broken = {
         "groups": [
             {

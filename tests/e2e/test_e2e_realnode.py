@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,18 +279,43 @@ def test_xid_79_evicts_only_the_pod_on_that_gpu(realnode: RealNode) -> None:
         delete_pod(realnode, name)
 
 
-def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
-    """Last: the agent restarts with --dra and serves every device through DRA instead."""
+def dra_pool(realnode: RealNode) -> Callable[[], dict[str, Any]]:
+    """The agent in DRA mode (restarted with --dra the first time), and a reader of its pool."""
     plane, agent = realnode.plane, realnode.agent_handle
-    plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
-    agent.restart("--dra")
     resource = client.ResourceV1Api(plane.api)
 
     def pool() -> dict[str, Any]:
         found = resource.list_resource_slice(field_selector=f"spec.nodeName={NODE}").items
         return {d.name: d for s in found for d in s.spec.devices or []}
 
+    if "--dra" not in agent.argv:
+        plane.apply(plane.kustomize(REPO / "manifests" / "dra"))
+        agent.restart("--dra")
     wait_for(f"{NODE}'s ResourceSlices", lambda: agent.process.alive_and(lambda: bool(pool())), timeout=90)
+    return pool
+
+
+def run_claim_seer(realnode: RealNode, name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A seer pod whose one claim (``name``) has ``request``; what its container saw."""
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    client.ResourceV1Api(realnode.plane.api).create_namespaced_resource_claim(NAMESPACE, claim)
+    pod = seer_pod(name, {}, realnode.name)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    realnode.plane.core.create_namespaced_pod(NAMESPACE, pod)
+    return wait_reported(realnode, name)[1]
+
+
+def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
+    """Last: the agent restarts with --dra and serves every device through DRA instead."""
+    plane = realnode.plane
+    pool = dra_pool(realnode)
+    resource = client.ResourceV1Api(plane.api)
     request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuweave.io"}}
     claim = {
         "apiVersion": "resource.k8s.io/v1",
@@ -312,3 +337,28 @@ def test_dra_claim_pod_sees_its_allocated_gpu(realnode: RealNode) -> None:
     minor = int(gpus_by_uuid(realnode)[uuid]["minor"])
     assert gpu_nodes(seen) == {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor)}
     assert allowed_gpu_minors(seen) == {minor}
+
+
+def test_dra_share_claim_pod_gets_its_mps_pipe_and_limits(realnode: RealNode) -> None:
+    """In DRA mode the fractional GPU is one device claims share: a claim for 30 compute units and
+    8 GiB gets the GPU's MPS pipe directory, mounted by containerd from the claim's CDI spec with
+    the daemon answering in it, and exactly those limits, as the device plugin's grant gives them."""
+    pool = dra_pool(realnode)
+    capacity = {"requests": {"compute": "30", "memory": "8Gi"}}
+    share = {"deviceClassName": "gpu-share.gpuweave.io", "capacity": capacity}
+    seen = run_claim_seer(realnode, "seer-dra-share", {"name": "gpu", "exactly": share})
+    resource = client.ResourceV1Api(realnode.plane.api)
+    claim = resource.read_namespaced_resource_claim("seer-dra-share", NAMESPACE)
+    (result,) = claim.status.allocation.devices.results
+    assert result.device == f"gpu-{MPS_GPU}-share" and result.consumed_capacity["compute"] == "30"
+    env = seen["env"]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8G"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == pool()[result.device].attributes["uuid"].string
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert pipe in seen["mounts"], seen["mounts"]
+    assert seen["mps"]["pipeDirectory"] == pipe and not seen["mps"].get("controlError"), seen["mps"]
+    assert float(seen["mps"]["defaultActiveThreadPercentage"]) == 40, seen["mps"]  # MPS_SHARING's
+    minor = next(int(g["minor"]) for g in gpus_by_uuid(realnode).values() if int(g["index"]) == MPS_GPU)
+    assert gpu_nodes(seen) == {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor)}
+    delete_pod(realnode, "seer-dra-share")

@@ -13,6 +13,7 @@ address (the harness routes it: no kube-proxy runs here).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,50 @@ def test_a_kubelet_restart_keeps_the_pod_and_the_chart_agent_registers_again(rea
     assert container_id(still) == container_id(running)
     _, second = run_seer(realnode, "seer-chart-after", {RESOURCE_GPU: "2"})
     assert not set(second["env"]["NVIDIA_VISIBLE_DEVICES"].split(",")) & kept
+
+
+def test_an_active_check_runs_in_a_container_with_the_gpus_the_agent_gave_it(realnode: RealNode) -> None:
+    """``gpuweave exercise`` in a pod of the agent's image: the check runs on the two GPUs the
+    agent's Allocate gave the container (NVIDIA_VISIBLE_DEVICES, device nodes from its CDI spec),
+    with the simulated exerciser, and nothing of the host beyond them."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "check-in-container"},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "restartPolicy": "Never",
+            "hostNetwork": True,  # no CNI on the real node: every test pod uses the host's network
+            "automountServiceAccountToken": False,
+            "tolerations": [{**REALNODE_TAINT, "operator": "Equal"}],
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": AGENT_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/usr/local/bin/gpuweave", "exercise", "--simulate", "p5.48xlarge", "--json"],
+                    "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                    "resources": {"limits": {RESOURCE_GPU: "2"}},
+                }
+            ],
+        },
+    }
+    plane = realnode.plane
+    plane.core.create_namespaced_pod(NAMESPACE, pod)
+
+    def finished() -> Any:
+        realnode.process.check_alive()
+        done = plane.core.read_namespaced_pod("check-in-container", NAMESPACE)
+        return done if done.status.phase in ("Succeeded", "Failed") else None
+
+    done = wait_for("the check's container to finish", finished, timeout=180)
+    output = "\n".join(realnode.container_output(done, "main"))
+    assert done.status.phase == "Succeeded", output
+    outcome = json.loads(output[output.index("{") :])
+    assigned = json.loads(done.metadata.annotations["gpuweave.io/assignment"])
+    given = set(assigned["containers"]["main"]["devices"][RESOURCE_GPU])
+    assert set(outcome["gpus"]) == given and len(given) == 2  # exactly the container's GPUs
+    assert {g["verdict"] for g in outcome["gpus"].values()} == {"passed"}
+    assert {r["check"] for r in outcome["results"]} == {"memory", "compute", "h2d", "d2h", "p2p"}
+    assert outcome["trigger"] == "container" and outcome["backend"] == "simulated"

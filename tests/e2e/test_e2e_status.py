@@ -142,6 +142,14 @@ def test_explain_gives_the_reasons_for_a_pod_that_cannot_fit_and_its_event(
     assert reasons[mismatch] == 1 and "A100" in mismatch
     assert reasons["node(s) didn't match Pod's node affinity/selector"] == answer["total"] - 1
     assert answer["available"] == [] and answer["schedulerSaid"] == said
+    pending = wait_for(  # the pod in status' pending list, with kube-scheduler's FailedScheduling text
+        "st-v100 among the pending pods",
+        lambda: [p for p in status_json(plane)["pending"] if p["pod"] == f"{workload_namespace}/st-v100"],
+    )
+    assert pending[0]["asks"].startswith("1 GPU, gpu-selector") and pending[0]["reason"] == said
+    screen = status(plane).stdout
+    assert "PENDING (" in screen and max(len(line) for line in screen.splitlines()) <= 80
+    print(screen[screen.index("PENDING (") :])  # docs/operations.md shows this list
     nodes = status_json(plane)["nodes"]
     v100_free = sum(n["freeGpus"] for n in nodes if n["gpus"][0]["product"].startswith("Tesla V100"))
     assert any("kube-scheduler filters out would fit" in h for h in answer["hints"]) == (v100_free > 0)

@@ -228,6 +228,22 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(kubeconfig))
         return path
 
+    def node_agent_kubeconfig(self, node: str) -> Path:
+        """The node agent's credentials as its DaemonSet pod on ``node`` gets them: a token of
+        gpuweave-node-agent bound to a pod bound to that node, so the token names the node and
+        manifests/admission-node-agent.yaml holds the agent to it. The pod stands in for the
+        agent's own (it runs nothing: the agent runs as a process of the test)."""
+        pod = {
+            "metadata": {"name": f"gpuweave-node-agent-{node}", "labels": {"app": "gpuweave-node-agent"}},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": "gpuweave-node-agent",
+                "containers": [{"name": "node-agent", "image": "gpuweave:e2e"}],
+            },
+        }
+        created = self.core.create_namespaced_pod(NAMESPACE, pod)
+        return self.service_account_kubeconfig("gpuweave-node-agent", bound_pod=created)
+
     def allocation_of(self, namespace: str, name: str) -> dict[str, Any] | None:
         """What the kubelet's device manager allocated to the pod (harness pod condition), if admitted."""
         pod = self.core.read_namespaced_pod(name, namespace)

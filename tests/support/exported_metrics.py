@@ -2,8 +2,9 @@
 
 The extender's registry is built the way ``gpuweave extender`` builds it (``scheduler_ext.app``,
 here over a one-node snapshot so per-kind collectors have a sample); the node agent's is
-``AgentMetrics`` with ``HealthMetrics`` and ``MigMetrics`` on the same registry, as
-``gpuweave/node/health.py`` and ``gpuweave/node/mig.py`` wire them. A renamed or removed metric
+``AgentMetrics`` with ``HealthMetrics``, ``MigMetrics`` and the per-pod ``UsageMetrics`` on the same
+registry, as ``gpuweave/node/health.py``, ``gpuweave/node/mig.py`` and ``gpuweave/node/usage.py`` wire
+them. A renamed or removed metric
 disappears from this map, so the dashboard and rules tests fail.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import AgentMetrics
+from deviceplugin.pod_usage import ContainerKey, PodGpuUsage
+from deviceplugin.usage_service import UsageMetrics
 from gpuweave.simulate.cluster_objects import cluster_list, inventory_object, node_object, profile_inventory
 from health.metrics import HealthMetrics
 from mig.metrics import MigMetrics
@@ -72,10 +75,15 @@ def extender_series(work: Path) -> dict[str, frozenset[str]]:
         extender.close()
 
 
+# One row for the per-pod collector, whose label names show only in its samples.
+_USAGE_ROW = PodGpuUsage(ContainerKey("ns", "pod", "main"), "GPU-0", 0, 0.5, 1, 2, (1,))
+
+
 def node_agent_series() -> dict[str, frozenset[str]]:
     metrics = AgentMetrics()
     HealthMetrics(metrics.registry)
     MigMetrics(metrics.registry)
+    UsageMetrics(metrics.registry, rows=lambda: (_USAGE_ROW,))  # as gpuweave/node/usage.py wires it
     return _series(metrics.registry)
 
 
@@ -83,3 +91,13 @@ def exported_series(work: Path) -> dict[str, frozenset[str]]:
     """Every series name gpuweave serves, with the label names it carries (scrape labels added)."""
     series = {**extender_series(work), **node_agent_series()}
     return {name: labels | SCRAPE_LABELS for name, labels in series.items()}
+
+
+# What Prometheus writes itself for every target it scrapes (its target labels only): the rules
+# that tell a component is down read them.
+SCRAPE_SERIES = {"up": SCRAPE_LABELS}
+
+
+def readable_series(work: Path) -> dict[str, frozenset[str]]:
+    """What a rule or a panel may read: the series gpuweave exports and Prometheus' own ``up``."""
+    return {**exported_series(work), **SCRAPE_SERIES}

@@ -69,6 +69,11 @@ def render_chart(
 class Selector:
     metric: str  # "" when the selector names no metric by equality
     labels: frozenset[str]  # the label names its matchers use
+    matchers: tuple[tuple[str, str, str], ...] = ()  # (label, op, value) as the parser reads them
+
+    def equal(self, label: str) -> str | None:
+        """The value an ``=`` matcher gives ``label``, None when there is none."""
+        return next((v for name, op, v in self.matchers if name == label and op == "="), None)
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,12 @@ def parse_promql(expressions: Mapping[str, str]) -> dict[str, Parsed]:
     results: dict[str, Parsed] = {}
     for item in json.loads(done.stdout)["results"]:
         selectors = tuple(
-            Selector(s["metric"], frozenset(m["label"] for m in s["matchers"])) for s in item["selectors"]
+            Selector(
+                s["metric"],
+                frozenset(m["label"] for m in s["matchers"]),
+                tuple((m["label"], m["op"], m["value"]) for m in s["matchers"]),
+            )
+            for s in item["selectors"]
         )
         results[item["name"]] = Parsed(item["name"], item.get("error", ""), selectors)
     return results

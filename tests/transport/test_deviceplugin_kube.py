@@ -88,6 +88,25 @@ def test_publishes_inventory_labels_and_health(running: Running) -> None:
     )
 
 
+def test_the_inventory_is_owned_by_the_node_and_follows_a_recreated_one(running: Running) -> None:
+    """The garbage collector deletes an inventory with the Node its owner reference names; a Node
+    deleted and created again under the name (a new UID) is named at the agent's next publish."""
+
+    def owners() -> list[dict[str, Any]]:
+        return list(((running.inventory() or {}).get("metadata") or {}).get("ownerReferences") or [])
+
+    def node_ref() -> list[dict[str, Any]]:
+        uid = running.core.read_node(NODE).metadata.uid
+        return [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": uid}]
+
+    wait("the inventory owned by its Node", lambda: owners() == node_ref())
+    running.core.delete_node(NODE)
+    running.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    gpu = (running.inventory() or {})["spec"]["gpus"][1]["uuid"]
+    call_agent(running.agent.state_dir, "device.withhold", {"devices": [gpu], "reason": "suspect"})
+    wait("the owner reference to the new Node", lambda: owners() == node_ref())
+
+
 def test_preferred_allocation_follows_the_extenders_assignment(running: Running) -> None:
     gpus = sorted(running.kubelet.devices(RESOURCE_GPU))
     chosen = [gpus[1], gpus[6]]  # not what the local topology optimum would pick first

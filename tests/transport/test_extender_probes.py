@@ -68,8 +68,10 @@ def test_readiness_on_the_probe_port_follows_the_cache(served: tuple[Extender, s
     client = Client(served[2])
     try:
         assert client.get("/readyz")[0] == 503
+        assert "gpuweave_extender_ready 0.0" in client.get("/metrics")[1]  # the alert's series
         extender.cache.synced.set()
         assert client.get("/readyz")[0] == 200
+        assert "gpuweave_extender_ready 1.0" in client.get("/metrics")[1]
     finally:
         client.close()
 

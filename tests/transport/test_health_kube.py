@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, ANNOTATION_OPT_OUT_EVICTION
@@ -26,9 +28,10 @@ from devicemodel.gangs import (
     LABEL_JOBSET_RESTART,
     LABEL_REPLICATED_JOB,
 )
+from devicemodel.text import MAX_EVENT_CHARS
 from health.badlist import BadGpu
-from health.kube import KubeCluster, bad_hardware_name
-from health.remediation import EvictionOutcome
+from health.kube import EVICTION_LABEL, NODE_PATCH_ATTEMPTS, KubeCluster, bad_hardware_name
+from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
@@ -56,6 +59,8 @@ class ApiState:
         self.events: list[dict[str, Any]] = []
         self.bad: dict[str, dict[str, Any]] = {}
         self.evictions: list[tuple[str, str, int]] = []
+        self.eviction_bodies: list[dict[str, Any]] = []
+        self.writes_in_between = 0  # Node patches that find the Node changed since it was read
         self.lock = threading.Lock()
 
 
@@ -103,7 +108,15 @@ def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
             assert self.headers["Content-Type"] == "application/strategic-merge-patch+json"
             with api.lock:
                 node = api.nodes[parts[3]]
-                merge(node, self.body())
+                if api.writes_in_between:  # another writer changed the Node since the client read it
+                    api.writes_in_between -= 1
+                    node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+                patch = self.body()
+                wanted = patch.get("metadata", {}).pop("resourceVersion", None)
+                if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
+                    return self.reply(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                merge(node, patch)
+                node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
                 self.reply(200, node)
 
         def do_POST(self) -> None:
@@ -117,6 +130,10 @@ def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
                         return self.reply(404, {"kind": "Status", "code": 404})
                     if pod["metadata"].get("labels", {}).get("pdb") == "protected":
                         return self.reply(429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"})
+                    uid = body["deleteOptions"].get("preconditions", {}).get("uid")
+                    if uid is not None and uid != pod["metadata"]["uid"]:
+                        return self.reply(409, {"kind": "Status", "code": 409, "reason": "Conflict"})
+                    api.eviction_bodies.append(body)
                     grace = body["deleteOptions"]["gracePeriodSeconds"]
                     api.evictions.append((parts[3], parts[5], grace))
                     return self.reply(201, {"kind": "Status", "code": 201})
@@ -141,7 +158,7 @@ def cluster() -> Iterator[tuple[KubeCluster, ApiState]]:
         api.nodes[name] = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "resourceVersion": "1"},
             "spec": {},
             "status": {},
         }
@@ -175,6 +192,7 @@ def add_pod(
         "metadata": {
             "name": name,
             "namespace": "ml",
+            "uid": f"uid-{name}",
             "labels": labels or {},
             "annotations": {ANNOTATION_ASSIGNMENT: assignment.to_annotation(), **(annotations or {})},
         },
@@ -198,6 +216,26 @@ def test_pods_and_evictions(cluster: tuple[KubeCluster, ApiState]) -> None:
     assert kube.evict(pods["guarded"], grace_s=120) == EvictionOutcome.BLOCKED
     del api.pods[("ml", "trainer")]
     assert kube.evict(pods["trainer"], grace_s=120) == EvictionOutcome.GONE
+
+
+def test_an_eviction_names_the_pods_uid_and_carries_the_agents_label(
+    cluster: tuple[KubeCluster, ApiState],
+) -> None:
+    """What manifests/admission-node-agent.yaml requires of every eviction the agent sends."""
+    kube, api = cluster
+    add_pod(api, "trainer", ["GPU-5"])
+    (pod,) = kube.pods_on_node()
+    assert pod.uid == "uid-trainer"
+    assert kube.evict(pod, grace_s=30) == EvictionOutcome.EVICTED
+    (body,) = api.eviction_bodies
+    assert body["metadata"]["labels"] == {EVICTION_LABEL: "true"}
+    assert body["deleteOptions"] == {"gracePeriodSeconds": 30, "preconditions": {"uid": "uid-trainer"}}
+    add_pod(api, "trainer", ["GPU-5"])
+    api.pods[("ml", "trainer")]["metadata"]["uid"] = "uid-another-trainer"  # re-created under the name
+    assert kube.evict(pod, grace_s=30) == EvictionOutcome.GONE
+    only_the_kubelet_knows = PodRef("ml", "trainer", frozenset({"GPU-5"}))  # no UID: not listed
+    assert kube.evict(only_the_kubelet_knows, grace_s=30) == EvictionOutcome.GONE
+    assert len(api.eviction_bodies) == 1
 
 
 def test_pods_without_an_assignment_are_listed_with_no_devices(cluster: tuple[KubeCluster, ApiState]) -> None:
@@ -224,12 +262,16 @@ def test_conditions_keep_transition_time_while_status_holds(cluster: tuple[KubeC
 def test_taints_counts_and_cordon(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube, api = cluster
     api.nodes["node-b"]["spec"]["taints"] = [{"key": "gpuweave.io/node-fault", "effect": "NoSchedule"}]
-    api.nodes["node-a"]["spec"]["taints"] = [{"key": "other", "effect": "NoExecute"}]
+    other = {"key": "other", "effect": "NoExecute", "timeAdded": "2026-11-29T17:00:00Z"}
+    api.nodes["node-a"]["spec"]["taints"] = [dict(other)]
     assert kube.taint_counts("gpuweave.io/node-fault") == (3, 1, False)
     kube.set_taint("gpuweave.io/node-fault", present=True, value="efa-missing")
     assert kube.taint_counts("gpuweave.io/node-fault") == (3, 2, True)
-    keys = [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]]
-    assert keys == ["other", "gpuweave.io/node-fault"]
+    taints = api.nodes["node-a"]["spec"]["taints"]
+    assert [t["key"] for t in taints] == ["other", "gpuweave.io/node-fault"]
+    sent = dict(taints[0])  # sent back as read, its timeAdded too (the admission policy compares them)
+    assert datetime.fromisoformat(sent.pop("timeAdded")) == datetime.fromisoformat(other.pop("timeAdded"))
+    assert sent == other
     kube.set_taint("gpuweave.io/node-fault", present=False)
     assert [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]] == ["other"]
     kube.set_cordon(True)
@@ -241,6 +283,21 @@ def test_taints_counts_and_cordon(cluster: tuple[KubeCluster, ApiState]) -> None
     assert api.nodes["node-a"]["spec"]["unschedulable"] is True
 
 
+def test_a_node_changed_between_read_and_patch_is_read_again_never_overwritten(
+    cluster: tuple[KubeCluster, ApiState],
+) -> None:
+    """The taint patch carries the resourceVersion it read: a concurrent write is a conflict, the
+    agent reads again (a few times), and what the other writer put there stays."""
+    kube, api = cluster
+    api.writes_in_between = 1
+    kube.set_taint("gpuweave.io/health-pending", present=True)
+    assert [t["key"] for t in api.nodes["node-a"]["spec"]["taints"]] == ["gpuweave.io/health-pending"]
+    api.writes_in_between = NODE_PATCH_ATTEMPTS
+    with pytest.raises(ApiException) as refused:
+        kube.set_cordon(True)
+    assert refused.value.status == 409 and not api.nodes["node-a"]["spec"].get("unschedulable")
+
+
 def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube, api = cluster
     kube.post_event(reason="GpuweaveNodeFault", message="efa-missing")
@@ -250,6 +307,16 @@ def test_events_and_bad_hardware(cluster: tuple[KubeCluster, ApiState]) -> None:
     kube.add_bad_hardware(entry)  # 409 is fine: already listed
     assert list(api.bad) == [bad_hardware_name("GPU-AB-5")]
     assert kube.list_bad_hardware() == {"GPU-AB-5": entry}
+
+
+def test_an_event_naming_a_pods_gang_is_escaped_and_clipped(cluster: tuple[KubeCluster, ApiState]) -> None:
+    kube, api = cluster
+    gang = "default/gang:g\x1b[2J\u202eexe" + "x" * 5000  # the pod's own annotation, as evictions word it
+    pod = PodRef("default", "p", frozenset(), gang=gang)
+    kube.post_event(reason="GpuweaveGangEvicted", message=f"evicted with its gang {gang}", pod=pod)
+    message = api.events[-1]["message"]
+    assert len(message) <= MAX_EVENT_CHARS and "\x1b" not in message and "\u202e" not in message
+    assert "gang:g\\x1b[2J\\u202eexe" in message and message.endswith("characters)")
 
 
 def test_gang_pods_are_found_on_every_node_by_the_gang_their_labels_name(

@@ -28,3 +28,26 @@ def test_unknown_command_exits_with_usage(capsys: pytest.CaptureFixture[str]) ->
         main(["no-such-command"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["node-agent", "--kubelet-dir", "/k", "--state-dir", "/s", "--log-level=INFO"], "INFO"),
+        (["--log-level", "DEBUG", "node-agent", "--kubelet-dir", "/k", "--state-dir", "/s"], "DEBUG"),
+        (["--log-level", "DEBUG", "status", "--log-level", "ERROR"], "ERROR"),
+        (["sim", "inject", "--state-dir", "/s", "--gpu", "1", "--xid", "79", "--log-level", "info"], "info"),
+        (["status"], "WARNING"),
+    ],
+)
+def test_log_level_is_taken_before_or_after_the_command(argv: list[str], level: str) -> None:
+    """A chart's extraArgs come after `node-agent`: the flag must be accepted there too."""
+    assert build_parser().parse_args(argv).log_level == level
+
+
+def test_an_unknown_log_level_is_said_and_does_not_stop_the_command(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main(["inspect", "--simulate", "dgx1-v100", "--json", "--log-level", "CHATTY"]) == 0
+    assert '"gpus"' in capsys.readouterr().out
+    assert "unknown --log-level CHATTY; logging at WARNING" in caplog.text

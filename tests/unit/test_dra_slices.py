@@ -10,7 +10,8 @@ import yaml
 
 from devicemodel.inventory import NodeInventory
 from dradriver.devices import MigPublishing, dra_devices, nvlink_domains
-from dradriver.slices import Taint, build_resource_slices, pool_slices
+from dradriver.slices import build_resource_slices, pool_slices
+from dradriver.taint import Taint
 from dradriver.validate import ResourceSliceError, check_slices
 from gpuweave.cli import main
 from hardware.profiles import builtin_profile_names, load_profile

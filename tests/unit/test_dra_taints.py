@@ -8,7 +8,7 @@ import pytest
 
 from devicemodel.inventory import LostGpu
 from dradriver.devices import MigPublishing, dra_devices
-from dradriver.slices import Taint
+from dradriver.taint import Taint
 from dradriver.taints import (
     TAINT_KEY,
     DeviceCondition,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ctypes.util
 import os
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,14 @@ from hardware.exerciser.dcgm import DcgmExerciser, dcgm_ids, parse_diag
 from hardware.exerciser.levels import peer_pairs, plans
 from hardware.exerciser.model import expectations
 from hardware.exerciser.process import ProcessExerciser, child_env
-from hardware.exerciser.protocol import CheckKind, ExercisePlan, ExerciseReport, ResultStatus
+from hardware.exerciser.protocol import (
+    BANDWIDTH_CHECKS,
+    CANCELLED,
+    CheckKind,
+    ExercisePlan,
+    ExerciseReport,
+    ResultStatus,
+)
 from hardware.profiles import load_profile
 from hardware.simulated.exerciser import SimExerciserState, SimulatedExerciser
 from hardware.simulated.health_calls import SimHealthState
@@ -241,3 +250,47 @@ def test_the_child_sees_every_gpu_by_bus_id_whatever_the_agent_was_given(
     env = child_env()
     assert "CUDA_VISIBLE_DEVICES" not in env and "CUDA_MPS_PIPE_DIRECTORY" not in env
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parents[2])
+
+
+def _cancel_after(seconds: float) -> threading.Event:
+    cancel = threading.Event()
+    threading.Timer(seconds, cancel.set).start()
+    return cancel
+
+
+def test_a_cancelled_child_is_killed_at_once_and_its_checks_are_not_run_not_hung() -> None:
+    exerciser = ProcessExerciser(command=[sys.executable, str(FAKE_CHILD), "hang"])
+    started = time.monotonic()
+    report = exerciser.run(_plan(), deadline_s=60.0, cancel=_cancel_after(1.0))
+    assert time.monotonic() - started < 1.0 + 3.0  # the cancel plus the kill, not the deadline
+    status = _by_status(report)
+    assert status[("memory", gpu_uuid(0))] is ResultStatus.DONE  # measured before: kept
+    assert status[("compute", gpu_uuid(0))] is ResultStatus.NOT_RUN  # begun, cancelled: not hung
+    assert ResultStatus.TIMEOUT not in set(status.values())
+    assert any(r.detail == CANCELLED for r in report.results)
+
+
+def test_a_cancelled_dcgm_diag_is_killed_and_runs_nothing(tmp_path: Path) -> None:
+    dcgmi = _fake_dcgmi(tmp_path, diag="exec sleep 600")
+    exerciser = DcgmExerciser.find(which=lambda _name: dcgmi)
+    assert exerciser is not None
+    started = time.monotonic()
+    report = exerciser.run(_dcgm_plan(), deadline_s=60.0, cancel=_cancel_after(0.5))
+    assert time.monotonic() - started < 0.5 + 3.0
+    assert {r.status for r in report.results} == {ResultStatus.NOT_RUN}
+
+
+def test_dcgm_runs_its_pcie_test_for_a_bandwidth_plan() -> None:
+    exerciser = DcgmExerciser("dcgmi", {})
+    command, _ = exerciser.command(replace(_dcgm_plan(), gpu_checks=BANDWIDTH_CHECKS))
+    assert command[2:4] == ["-r", "pcie"]
+
+
+def test_a_cancelled_simulated_run_returns_at_once_with_nothing_hung() -> None:
+    inventory, exerciser, _ = _simulated("dgx-h100")
+    exerciser.state.hang(600, 0)
+    started = time.monotonic()
+    report = exerciser.run(_plan(inventory), deadline_s=60.0, cancel=_cancel_after(0.3))
+    assert time.monotonic() - started < 3.0
+    assert ResultStatus.TIMEOUT not in {r.status for r in report.results}
+    assert {r.status for r in report.for_gpu(inventory.gpus[0].uuid)} == {ResultStatus.NOT_RUN}

@@ -11,6 +11,7 @@ import pytest
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import RESOURCE_GPU
 from devicemodel.errors import GpuweaveError
+from devicemodel.text import MAX_EVENT_CHARS
 from gpuweave.simulate.cluster_objects import inventory_object, node_object, pod_object, profile_inventory
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.cache import ClusterCache
@@ -184,3 +185,19 @@ def test_assignments_have_their_own_smaller_bucket_and_never_spend_the_rejection
     recorder.stop()
     reasons = [e.reason for e in written]
     assert reasons.count(BOUND_REASON) == 2 and reasons.count(REJECTED_REASON) == 5
+
+
+def test_event_messages_are_escaped_and_clipped_whatever_the_reasons_quote() -> None:
+    """A reason quotes the pod's own gang name; the Event kubectl describe shows has it escaped."""
+    written: list[PodEvent] = []
+    recorder = EventRecorder(written.append, cache=_cache())
+    gang = "g\x1b[2J\x1b]0;pwned\x07\u202eexe" + "\u2066" * 200  # 6 characters each once escaped
+    failed = {f"n{i}": f"gang default/gang:{gang} reason {i}" for i in range(3)}
+    recorder.rejected(pod_object("p"), failed=failed, hopeless={"n9": f"gang {gang}\nforged log line"})
+    recorder.start()
+    wait_until("the Event written", lambda: len(written) == 1, timeout=10)
+    recorder.stop()
+    message = written[0].message
+    assert len(message) <= MAX_EVENT_CHARS
+    assert not any(c in message for c in "\x1b\x07\u202e\n")
+    assert "g\\x1b[2J\\x1b]0;pwned\\x07\\u202eexe" in message and "(cut " in message

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+from devicemodel.quantity import QuantityError, parse_quantity, whole_units
 from gpuweave.simulate.cluster_objects import pod_object
-from scheduler_ext.pods.quantity import QuantityError, parse_quantity, whole_units
 from scheduler_ext.pods.requests import BadPodRequestError, pod_request
 
 

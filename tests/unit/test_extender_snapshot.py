@@ -14,6 +14,7 @@ from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.published import inventory_object as published_inventory
 from deviceplugin.published import node_label_object
+from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from scheduler_ext.app import build_core
 from scheduler_ext.cluster.snapshot import load_snapshot
@@ -71,16 +72,42 @@ def test_withheld_devices_are_not_offered(tmp_path: Path) -> None:
     assert verdict.unresolvable and "withheld as unhealthy" in verdict.reason
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [("{nope", "neither JSON nor YAML"), ("- 1\n- 2\n", "expected Kubernetes objects")],
-)
+NOT_A_LIST = [
+    ("- 1\n- 2\n", "holds list \\[1, 2\\], not a Kubernetes List or object"),
+    ('{"apiVersion": "v1", "metadata": {}}', "has no kind \\(its keys: 'apiVersion, metadata'\\)"),
+    ("", "is empty"),
+    ("just text\n", "holds str 'just text'"),
+    ('{"kind": "PodList", "metadata": {}}', "is a 'PodList' without an items list"),
+    ('{"kind": "List", "items": [{"kind": "List", "items": [7]}]}', "of its List holds int 7"),
+    ("kind: List\nitems: []\n---\nreplicas: 3\n", "document 2, is not a Kubernetes List or object"),
+    ("kind: ConfigMap\ndata: {a: b}\n", "holds no Node, GpuNodeInventory or Pod \\(it holds 'ConfigMap'\\)"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [("{nope", "neither JSON nor YAML"), *NOT_A_LIST])
 def test_bad_snapshot_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    """A file that is not a Kubernetes List (or objects) is refused, never read as an empty cluster."""
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     cache, _ = build_core()
     with pytest.raises(InvalidInputError, match=message):
         load_snapshot(path, cache)
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["status", "--json"], ["extender", "--listen", "127.0.0.1:0"]]
+)
+def test_cli_refuses_a_snapshot_that_is_not_a_list_in_one_line(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text("replicas: 3\nimage: {tag: latest}\n")  # a Helm values file, not a snapshot
+    assert main([*command, "--snapshot", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "is not a Kubernetes List or object" in lines[0], captured.err
+    assert lines[0].startswith(f"gpuweave {command[0]}: snapshot {path}")
 
 
 def test_bad_inventory_is_skipped_not_fatal(tmp_path: Path) -> None:

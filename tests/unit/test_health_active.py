@@ -198,7 +198,9 @@ class NeverReturns:
     def __init__(self) -> None:
         self.released = threading.Event()
 
-    def run(self, plan: ExercisePlan, *, deadline_s: float) -> ExerciseReport:
+    def run(
+        self, plan: ExercisePlan, *, deadline_s: float, cancel: threading.Event | None = None
+    ) -> ExerciseReport:
         self.released.wait(3600)
         return ExerciseReport(self.name, plan, (), 0.0)
 

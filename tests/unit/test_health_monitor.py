@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -16,9 +17,9 @@ from hardware.simulated.health_calls import HealthCallsMixin, SimHealthState
 from health.config import HealthSettings
 from health.engine import HealthEngine
 from health.monitor import HealthMonitor
-from health.policy import DeviceState, RemediationFinished, RemediationStarted
+from health.policy import DeviceState, Fault, RemediationFinished, RemediationStarted
 from health.signals.kmsg import KernelLogTail
-from health.xid import Action
+from health.xid import Action, Severity
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
 
@@ -103,6 +104,34 @@ def test_xid_79_withholds_only_that_gpu(node: tuple[HealthMonitor, SimHealthStat
     assert sink.health[gpu_uuid(5)] is False
     assert [u for u, ok in sink.health.items() if not ok] == [gpu_uuid(5)]
     assert monitor.snapshot().gpus[gpu_uuid(5)].state is DeviceState.FAILED
+
+
+def test_health_transitions_reach_the_default_log_level(
+    node: tuple[HealthMonitor, SimHealthState, Sink, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CLI logs at WARNING by default: a GPU leaving Healthy and its return are WARNINGs, the
+    steps between them INFO; a healthy start says nothing."""
+    monitor, state, _, clock = node
+    caplog.set_level(logging.INFO, logger="health.monitor")
+    monitor.publish()
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    state.inject_xid(5, 79)
+    deliver(monitor)
+    (failed,) = [r for r in caplog.records if gpu_uuid(5) in r.getMessage()]
+    assert failed.levelno == logging.WARNING
+    assert "is Failed (was Healthy): Xid 79" in failed.getMessage()
+    caplog.clear()
+    with monitor.lock:
+        monitor.engine.apply(gpu_uuid(2), Fault(clock(), "check-failed", Severity.SUSPECT, "ECC unread"))
+    monitor.publish()
+    for _ in range(3):  # Suspect -> Probation -> two clean rounds -> Healthy
+        monitor.run_round()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if gpu_uuid(2) in r.getMessage()]
+    assert lines == [
+        (logging.WARNING, f"device {gpu_uuid(2)} is Suspect (was Healthy): ECC unread"),
+        (logging.INFO, f"device {gpu_uuid(2)} is Probation (was Suspect): probation after: ECC unread"),
+        (logging.WARNING, f"device {gpu_uuid(2)} is Healthy (was Probation)"),
+    ]
 
 
 @pytest.mark.parametrize("xid", [13, 31, 43, 45])

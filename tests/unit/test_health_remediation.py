@@ -179,6 +179,22 @@ def test_a_failed_gpu_evicts_the_whole_gang_of_its_pod_unless_the_gang_says_pod(
     assert cluster.elsewhere == [stranger] and [p.name for p in cluster.pods] == ["bystander"]
 
 
+def test_a_member_that_says_its_gang_goes_pod_by_pod_stays_when_another_member_fails(tmp_path: Path) -> None:
+    """Its own pod says a fault evicts only the pods on the failed device (the admission policy
+    refuses the agent any other eviction of it), so the chase leaves it and still completes."""
+    key = "ml/gang:train"
+    member = replace(pod("train-0", gpu_uuid(5)), gang=key)
+    says_pod = replace(pod("train-1"), gang=key, whole_gang=False)
+    cluster = RecordingCluster([member])
+    cluster.elsewhere = [says_pod, replace(pod("train-2"), gang=key)]
+    health, state, _ = service(tmp_path, cluster)
+    state.inject_xid(5, 79)
+    health.monitor.run_round()
+    health.monitor.run_round()
+    assert sorted(cluster.evicted) == ["train-0", "train-2"]
+    assert cluster.elsewhere == [says_pod]
+
+
 def test_with_device_taints_the_agent_evicts_none_of_the_devices_pods_and_resets_once_they_left(
     tmp_path: Path,
 ) -> None:

@@ -80,7 +80,10 @@ def _member(index: int, *, imex: bool = True) -> dict[str, Any]:
 
 def test_every_member_of_a_gang_gets_the_same_domain_listing_the_gangs_nodes(tmp_path: Path) -> None:
     extender = _extender(tmp_path)
-    assignments = [_bind(extender, _member(i)) for i in range(3)]
+    members = [_member(i) for i in range(3)]
+    for member in members:  # the watch delivers every member, pending, before the first filter
+        extender.cache.upsert_pod(member)
+    assignments = [_bind(extender, member) for member in members]
     domains = {a.imex for a in assignments}
     assert len(domains) == 1
     (domain,) = domains
@@ -141,15 +144,16 @@ def test_the_domain_comes_from_the_one_pod_that_asks_for_the_channel() -> None:
 def test_peers_outside_the_clique_are_left_out() -> None:
     domain = ImexDomain(name="d", nodes=("a0", "a1", "b0", "ghost"))
     peers = {"a0": "10.0.0.1", "a1": "10.0.0.2", "a2": "10.0.0.3"}  # the nodes labelled with a0's clique
-    config, problem = imex_config(domain, node="a0", clique=CLIQUE, peers=peers)
+    plan = imex_config(domain, node="a0", clique=CLIQUE, peers=peers)
+    config, problem = plan.config, plan.problem
     assert (
         config is not None
         and config.nodes == ("a0", "a1")
         and config.nodes_config() == "10.0.0.1\n10.0.0.2\n"
     )
     assert "left out b0, ghost" in problem
-    assert imex_config(domain, node="a0", clique=None, peers=peers)[0] is None
-    assert imex_config(domain, node="a0", clique=CLIQUE, peers={"a1": "10.0.0.2"})[0] is None
+    assert imex_config(domain, node="a0", clique=None, peers=peers).config is None
+    assert imex_config(domain, node="a0", clique=CLIQUE, peers={"a1": "10.0.0.2"}).config is None
 
 
 def test_the_reconciler_writes_the_domain_and_tears_it_down_with_the_job(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_mps_kill_without_a_daemon_of_the_agents_signals_nothing(spec: MpsDaemon
 
 
 def test_mps_sim_inject_kill_needs_a_gpu_and_an_agent_with_daemons() -> None:
-    with pytest.raises(InvalidInputError, match="--kill-mps-daemon need --gpu"):
+    with pytest.raises(InvalidInputError, match=r"--kill-mps-daemon, .*need --gpu"):
         parse_request({"kill_mps_daemon": True})
     request = parse_request({"gpu": 0, "kill_mps_daemon": True})
     state = SimulatedNode(small_inventory()).health

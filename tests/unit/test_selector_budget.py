@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from scheduler_ext.pods.quantity import QuantityError
+from devicemodel.quantity import QuantityError
 from scheduler_ext.pods.selector import DeviceAttributes, SelectorCache, SelectorError, quantity, semver
 from scheduler_ext.pods.selector_cost import COST_LIMIT, estimate
 from scheduler_ext.pods.selector_sandbox import SelectorSandbox

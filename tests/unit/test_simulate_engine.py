@@ -154,3 +154,39 @@ def test_the_real_extender_over_http_drives_the_loop_without_disagreements() -> 
     assert result.jobs_started >= 8
     assert share_nodes == {1}
     assert result.jobs_unfinished == 0 and not sim.state.pods  # the drain ran every job to its end
+
+
+def test_the_drain_reports_the_jobs_left_until_none() -> None:
+    """After the arrival window the loop runs on until every job ended: its progress is jobs left."""
+    jobs = [_job("long", JobKind.SINGLE, duration=3 * 3600.0), _job("short", JobKind.SINGLE, at=600.0)]
+    left: list[int] = []
+    result = _simulation(["p4d.24xlarge"], jobs, duration=1800.0).run(on_drain=left.append)
+    assert left[0] == 2 and left[-1] == 0 and result.jobs_unfinished == 0
+    assert left == sorted(left, reverse=True) and len(left) == int(result.drained_s // 60) + 1
+
+
+def test_cli_simulate_shows_the_drain_on_the_progress_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the bar stood at 100% while the drain ran on (here 2 simulated hours more than the
+    1 h window: jobs that cannot all fit on 2 nodes run until the drain's limit)."""
+    argv = ["simulate", "--nodes", "2", "--duration", "1h", "--no-compare", "--no-agents", "--in-process"]
+    assert main([*argv, "--out", str(tmp_path / "sim")]) == 0
+    bars = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    drain = [line for line in bars if "drain" in line]
+    (summary,) = json.loads((tmp_path / "sim" / "report.json").read_text())["summaries"]
+    assert summary["drained_min"] > 0 and drain, bars[-3:]
+    total = int(drain[0].split("/")[1].split()[0])  # jobs queued or running as the drain began
+    assert f"| {total - summary['jobs_unfinished']}/{total} [" in drain[-1] and "job" in drain[-1], drain[-1]
+
+
+def test_cli_simulate_refuses_an_out_it_cannot_write_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    assert main(["simulate", "--no-progress", "--out", str(blocker / "report")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing ran: no setup line, no table
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"gpuweave simulate: --out {blocker / 'report'}: cannot write the report there")

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from devicemodel.contracts import RESOURCE_GPU
+from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
+from devicemodel.text import MAX_JSON_CHARS
 from deviceplugin.published import inventory_object
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
@@ -119,6 +120,52 @@ def test_withheld_devices_and_size_are_named_when_nothing_can_be_freed(inventori
     assert "no node has 9 whole GPUs: the largest offers 8 (node gpu-h100)" in nine.hints
 
 
+def _share_and_mig_cluster() -> list[dict[str, Any]]:
+    a100, l40s = profile_inventory("dgx-a100", "gpu-a100"), profile_inventory("l40s-pcie-8", "gpu-l40s")
+    whole = [held(f"whole-{i}", "gpu-a100", a100, [i]) for i in range(3)]  # GPUs 0-2 busy
+    return [
+        inventory_object(a100), inventory_object(l40s), node_object("gpu-a100", gpus=8), tainted("gpu-l40s"),
+        *whole,
+        pod_object("share", namespace="ml", limits={"gpuweave.io/gpu-compute": 25}),
+        pod_object("replica", namespace="ml", limits={"gpuweave.io/gpu-shared": 1}),
+        pod_object("slices", namespace="ml", limits={"nvidia.com/mig-1g.10gb": 2}),
+        pod_object("small", namespace="ml", limits={"nvidia.com/mig-1g.5gb": 1}),
+    ]
+
+
+def test_a_share_pods_hint_names_the_node_and_the_sharing_configuration_to_give_it() -> None:
+    """Before: 'no node fits it even with every pod there ended'. The tainted l40s node is not
+    offered: kube-scheduler would keep the pod off it whatever its sharing."""
+    share = explain(_share_and_mig_cluster(), "ml/share")
+    assert isinstance(share, Pending)
+    assert share.hints[0].startswith(
+        "fits node gpu-a100 once its free GPUs are offered fractional: give its node agent a sharing "
+        "configuration with mode fractional; with the chart, an entry of nodeAgent.sharingConfigs"
+    )
+    assert "kubectl label node gpu-a100 gpuweave.io/sharing-config=shared" in share.hints[0]
+    replica = explain(_share_and_mig_cluster(), "ml/replica")
+    assert isinstance(replica, Pending) and "offered time-sliced" in replica.hints[0]
+
+
+def test_a_mig_pods_hint_names_a_layout_on_a_gpu_nothing_holds() -> None:
+    slices = explain(_share_and_mig_cluster(), "ml/slices")
+    assert isinstance(slices, Pending)
+    layout = "gpuweave.io/mig-layout='{\"gpus\": {\"3\": [\"1g.10gb\", \"1g.10gb\"]}}'"
+    assert slices.hints[0].startswith("fits node gpu-a100 once its GPU 3 (nothing runs on it) holds MIG")
+    assert f"kubectl annotate node gpu-a100 --overwrite {layout}" in slices.hints[0]
+    assert "gpuweave mig plan --simulate <the node's profile> --gpu 3 --profiles 1g.10gb,1g.10gb" in (
+        slices.hints[0]
+    )
+    small = explain(_share_and_mig_cluster(), "ml/small")  # an A100 80GB has no 1g.5gb
+    assert isinstance(small, Pending)
+    assert small.hints[0].startswith(
+        "no MIG-capable GPU of these nodes has the profile 1g.5gb: ask for one they offer "
+        "(NVIDIA A100-SXM4-80GB: 1g.10gb"
+    )
+    text = explain_text(slices)
+    assert all(len(line) <= WIDTH for line in text.splitlines()) and "mig-layout" in text
+
+
 def test_placed_pod_shows_devices_topology_and_runners_up(inventories: Any) -> None:
     answer = explain(cluster(inventories), "train/quad")
     assert isinstance(answer, Placed)
@@ -157,3 +204,32 @@ def test_explain_text_fits_80_columns_and_json_parses(
     assert "pod train/quad runs on node gpu-v100" in capsys.readouterr().out
     assert main(["status", "--snapshot", str(path), "--explain", "quad"]) == 2
     assert "give NAMESPACE/POD" in capsys.readouterr().err
+
+
+def test_explain_escapes_pod_text_and_clips_a_1_mb_scheduler_message(
+    inventories: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the pod's author and kube-scheduler wrote reaches the terminal escaped and cut."""
+    hostile = "\x1b[2J\x1b]0;pwned\x07\u202etxt.exe\u2066"
+    pod = pod_object("stuck", namespace="train", limits={RESOURCE_GPU: 9})
+    pod["metadata"]["annotations"][ANNOTATION_GPU_SELECTOR] = (
+        f'device.attributes["gpuweave.io"].productName != "{hostile}"'
+    )
+    said = "0/3 nodes are available: " + hostile + "\n" + "y" * (1 << 20)
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}
+    ]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"kind": "List", "items": [*cluster(inventories), pod]}))
+    assert main(["status", "--snapshot", str(path), "--explain", "train/stuck"]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\u202e\u2066"), "a raw control or bidi character"
+    assert len(out) < 20_000 and max(len(line) for line in out.splitlines()) <= WIDTH
+    shown = "\\x1b[2J\\x1b]0;pwned\\x07\\u202etxt.exe\\u2066"
+    assert "gpu-selector" in out and shown in out.replace("\n  ", "")
+    said_lines = out.split("kube-scheduler said: ", 1)[1].split("what would make it fit:", 1)[0]
+    assert "\\n" in said_lines and f"of {len(said)} characters)" in said_lines.replace("\n  ", " ")
+    assert main(["status", "--snapshot", str(path), "--explain", "train/stuck", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schedulerSaid"].startswith(said[:40])
+    assert len(document["schedulerSaid"]) <= MAX_JSON_CHARS

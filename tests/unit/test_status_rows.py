@@ -124,6 +124,18 @@ def test_rows_show_holders_health_and_mig_layout_as_the_extender_sees_them(clust
     assert a[0].product == a100.gpus[0].product and nodes["gpu-a100"].topology == "nvswitch-8"
 
 
+def test_an_inventory_without_its_node_shows_nothing_free(cluster: Any) -> None:
+    """After a scale-down the Node is gone; its GpuNodeInventory (and a bound pod's record) may
+    stay behind until the garbage collector deletes it: none of its GPUs is shown or counted."""
+    objects, _, _ = cluster
+    gone = [o for o in objects if not (o["kind"] == "Node" and o["metadata"]["name"] == "gpu-h100")]
+    before = cluster_status(ClusterView.of(objects))
+    status = cluster_status(ClusterView.of(gone))
+    assert [n.name for n in status.nodes] == ["gpu-a100"]
+    assert status.without_inventory == ("cpu-only",)
+    assert status.idle_milli < before.idle_milli
+
+
 def test_fragment_is_fgd_of_the_free_gpus_for_the_mix(cluster: Any) -> None:
     objects, _, _ = cluster
     status = cluster_status(ClusterView.of(objects))
@@ -190,3 +202,60 @@ def test_cli_reads_a_snapshot(tmp_path: Any, cluster: Any, capsys: pytest.Captur
     assert "NODE gpu-h100" in out and "NODE gpu-a100" not in out
     assert main(["status", "--snapshot", str(path), "--node", "nope"]) == 2
     assert "node nope is not in the cluster" in capsys.readouterr().err
+
+
+def test_text_escapes_what_pods_and_agents_wrote(cluster: Any) -> None:
+    """A pod name from a snapshot and a bad-hardware reason carrying escapes reach the screen escaped."""
+    objects, h100, _ = cluster
+    objects = [o for o in objects if o.get("kind") != "GpuBadHardware"]
+    hostile = "\x1b]0;pwned\x07\u202eevil\x1b[2J"
+    reason = hostile + "r" * 100_000
+    objects.append(bound(f"pod{hostile}", "gpu-h100", {RESOURCE_GPU: [h100.gpus[4].uuid]}))
+    bad = {"uuid": h100.gpus[5].uuid, "node": "gpu-h100", "reason": reason, "strikes": 3}
+    objects.append({"kind": "GpuBadHardware", "metadata": {"name": "x"}, "spec": bad})
+    text = status_text(cluster_status(ClusterView.of(objects)))
+    assert not any(c in text for c in "\x1b\x07\u202e")
+    assert "train/pod\\x1b]0;pwned" in text and "\\x1b]0;pwned\\x07\\u202eevil\\x1b[2J" in text
+    assert len(text) < 10_000 and f"of {len(reason)} characters)" in text.replace("\n      ", " ")
+
+
+def _pending(name: str, *, message: str | None = None, scheduler: str = "gpuweave-scheduler",
+             created: str = "2025-01-01T00:00:00Z", limits: dict[str, int] | None = None) -> dict[str, Any]:
+    pod = pod_object(name, namespace="ml", limits={RESOURCE_GPU: 8} if limits is None else limits)
+    pod["spec"]["schedulerName"] = scheduler
+    pod["metadata"]["creationTimestamp"] = created
+    if message is not None:
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": message, "lastTransitionTime": "2025-01-01T00:05:00Z"}
+        pod["status"]["conditions"] = [condition]
+    return pod
+
+
+def test_pending_pods_of_the_gpuweave_scheduler_are_listed_with_scheduler_reasons(cluster: Any) -> None:
+    """docs/operations.md shows a pending pod under the nodes; status listed none before."""
+    objects, _, _ = cluster
+    said = "0/3 nodes are available: 3 pod needs 8 free GPUs; node has 4 free of 8."
+    hostile = "0/3 nodes are available:\x1b[2J\u202e " + "x" * 5000
+    pending = [
+        _pending("train-1", message=said, created="2025-01-01T00:02:00Z"),
+        _pending("train-0", message=hostile),
+        _pending("fresh", created="2025-01-01T00:03:00Z", limits={"gpuweave.io/gpu-compute": 25}),
+        _pending("elsewhere", message=said, scheduler="default-scheduler"),
+        _pending("cpu-only", message=said, limits={}),
+    ]
+    status = cluster_status(ClusterView.of([*objects, *pending]))
+    assert [(p.pod, p.asks) for p in status.pending] == [
+        ("ml/train-0", "8 GPUs"),
+        ("ml/train-1", "8 GPUs"),
+        ("ml/fresh", "25% compute + 0 GiB of one GPU"),
+    ]
+    assert (status.pending[1].reason, status.pending[1].since) == (said, "2025-01-01T00:05:00Z")
+    assert status.pending[2].reason.startswith("not tried by gpuweave-scheduler yet")
+    text = status_text(status)
+    assert "PENDING (3 pods of gpuweave-scheduler asking for GPUs)" in text
+    assert "  ml/train-1: 8 GPUs" in text and "3 pod needs 8 free GPUs" in text
+    assert "\x1b" not in text and "\u202e" not in text and "\\x1b" in text  # escaped, as every reason
+    assert "cut " in text and all(len(line) <= WIDTH for line in text.splitlines())
+    listed = [p["pod"] for p in json.loads(to_json(status))["pending"]]
+    assert listed == ["ml/train-0", "ml/train-1", "ml/fresh"]
+    assert cluster_status(ClusterView.of([*objects, *pending]), node="gpu-h100").pending == ()

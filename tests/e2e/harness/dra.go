@@ -64,7 +64,11 @@ func (n *simNode) startDRA(ctx context.Context, ready config.SourcesReady) error
 	return nil
 }
 
-func hasResourceClaims(pod *v1.Pod) bool { return len(pod.Spec.ResourceClaims) > 0 }
+// hasResourceClaims: the pod's own claims, or the claim kube-scheduler made for its extended
+// resources that a DeviceClass serves (extendedResourceName), as the DRA manager prepares both.
+func hasResourceClaims(pod *v1.Pod) bool {
+	return len(pod.Spec.ResourceClaims) > 0 || pod.Status.ExtendedResourceClaimStatus != nil
+}
 
 // claimDevicesOf reads back from the DRA manager what each claim of the container was prepared
 // with, and the CDI device IDs the container gets (what the kubelet passes to the runtime).

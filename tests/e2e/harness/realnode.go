@@ -184,7 +184,7 @@ state = "/run/containerd"
 			"imagefs.available": "1%", "nodefs.inodesFree": "1%"},
 		"imageGCHighThresholdPercent": 100,
 		"imageGCLowThresholdPercent":  99,
-		"featureGates":                map[string]bool{"DRAPartitionableDevices": true, "DRADeviceTaints": true},
+		"featureGates":                map[string]bool{"DRAPartitionableDevices": true, "DRADeviceTaints": true, "DRAConsumableCapacity": true, "DRAExtendedResource": true},
 		"resolvConf":                  "",
 		"registerNode":                true,
 		"serializeImagePulls":         false,
@@ -528,7 +528,9 @@ func routeKubernetesService(f realNodeFlags) (func(), error) {
 	added := false
 	if out, err := exec.Command("ip", "addr", "add", host+"/32", "dev", "lo").CombinedOutput(); err == nil {
 		added = true
-	} else if !strings.Contains(string(out), "File exists") {
+	} else if !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "already assigned") {
+		// iproute2 reports an address that is already there as "File exists" (older) or
+		// "Address already assigned" (6.x); either way it is on lo and only the relay is missing.
 		return nil, fmt.Errorf("adding %s to lo: %v: %s", host, err, bytes.TrimSpace(out))
 	}
 	ln, err := net.Listen("tcp", kubernetesServiceAddr)

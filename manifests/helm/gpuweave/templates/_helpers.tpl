@@ -23,6 +23,20 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end -}}
 
+{{/*
+What monitoring renders, as JSON: monitoring.enabled turns every part on; any part on turns the
+node agents' /metrics on (the dashboard's health panels and the alerts read them), as does
+nodeAgent.metrics.enabled alone.
+*/}}
+{{- define "gpuweave.monitoring" -}}
+{{- $m := .Values.monitoring -}}
+{{- $all := $m.enabled -}}
+{{- $parts := dict "serviceMonitor" (or $all $m.serviceMonitor.enabled) "prometheusRule" (or $all $m.prometheusRule.enabled) "dashboard" (or $all $m.dashboard.enabled) -}}
+{{- $any := or $parts.serviceMonitor $parts.prometheusRule $parts.dashboard -}}
+{{- $_ := set $parts "agentMetrics" (or $any .Values.nodeAgent.metrics.enabled) -}}
+{{- toJson $parts -}}
+{{- end -}}
+
 {{/* Node-agent configuration files (ConfigMap gpuweave-node-agent-config), by file name. */}}
 {{- define "gpuweave.nodeAgentConfig" -}}
 {{- $files := dict -}}
@@ -32,6 +46,20 @@ imagePullPolicy: {{ . }}
 {{- end -}}
 {{- with .Values.nodeAgent.health -}}
 {{- $_ := set $files "health-config.yaml" (toYaml (dict "health" .)) -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{/*
+The named sharing configurations (ConfigMap gpuweave-node-agent-sharing, mounted as
+--sharing-config-dir): <name>.yaml per entry of nodeAgent.sharingConfigs; a Node labelled
+gpuweave.io/sharing-config=<name> is served with it.
+*/}}
+{{- define "gpuweave.nodeAgentSharingConfigs" -}}
+{{- $files := dict -}}
+{{- range $name, $config := .Values.nodeAgent.sharingConfigs -}}
+{{- $sharing := merge (dict "apiVersion" "gpuweave.io/v1alpha1" "kind" "SharingConfig" "mpsPipeDirectory" "/run/gpuweave/mps") (deepCopy $config) -}}
+{{- $_ := set $files (printf "%s.yaml" $name) (toYaml $sharing) -}}
 {{- end -}}
 {{- toJson $files -}}
 {{- end -}}

@@ -1,0 +1,1 @@
+"""Listeners gpuweave serves to clients it does not control, under one set of bounds (``gate``)."""
