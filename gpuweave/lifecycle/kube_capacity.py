@@ -223,7 +223,7 @@ class KubeCapacity:
         metadata = {
             "name": name,
             "labels": {LABEL_MANAGED: MANAGER},
-            "annotations": {ANNOTATION_DIGEST: digest},
+            "annotations": {ANNOTATION_DIGEST: digest, ANNOTATION_EXISTING: json.dumps(list(existing))},
         }
         body: Object = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": metadata, "template": template}
         try:

@@ -157,11 +157,28 @@ def test_ten_shares_get_one_new_machine_and_its_buffer_is_withdrawn(cluster: Lif
     assert len(_booted(cluster, SHARES)) == 1, cluster.machines.history  # no second machine later
 
 
-def test_when_the_shares_finish_the_empty_machine_is_consolidated_away(cluster: LifecycleCluster) -> None:
-    pods = cluster.job_pods("shares")
+def test_a_machine_is_kept_while_its_shares_fit_nowhere_else_and_consolidated_once_empty(
+    cluster: LifecycleCluster,
+) -> None:
+    """While a share on the machine fits no other node by gpuweave's per-GPU view, the machine
+    carries ``karpenter.sh/do-not-disrupt`` (Karpenter's own veto); when the shares finish the
+    veto goes and Karpenter consolidates the empty machine away."""
+    pods = sorted(cluster.job_pods("shares"), key=lambda p: p.metadata.name)
     (node,) = {p.spec.node_name for p in pods}
-    for pod in pods:
+    for pod in pods[:-1]:
         _finish(cluster, pod)
+    last = f"{NAMESPACE}/{pods[-1].metadata.name}"
+
+    def protected() -> bool:
+        annotations = cluster.plane.core.read_node(node).metadata.annotations or {}
+        return (
+            annotations.get("karpenter.sh/do-not-disrupt") == "true"
+            and annotations.get("gpuweave.io/protected-shares") == last
+        )
+
+    wait_for(f"{node} protected for {last} alone", protected, timeout=30)
+    assert node in cluster.machines.running
+    _finish(cluster, pods[-1])
     try:
         wait_for(f"{node} consolidated away", lambda: node not in cluster.machines.running, timeout=120)
     except BaseException:
