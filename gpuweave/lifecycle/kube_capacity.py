@@ -273,11 +273,12 @@ class KubeCapacity:
             annotations = (node.get("metadata") or {}).get("annotations") or {}
             ours = ANNOTATION_PROTECTED in annotations
             pods = stuck.get(name)
-            if pods and not ours:
-                text = clip(", ".join(sorted(pods)), limit=900)
-                log.info(
-                    "node %s protected from consolidation: its shares fit no other node (%s)", name, text
-                )
+            text = clip(", ".join(sorted(pods or ())), limit=900)
+            if pods and annotations.get(ANNOTATION_PROTECTED) != text:
+                if not ours:
+                    log.info(
+                        "node %s protected from consolidation: its shares fit no other node (%s)", name, text
+                    )
                 self._annotate(name, {ANNOTATION_DO_NOT_DISRUPT: "true", ANNOTATION_PROTECTED: text})
             elif not pods and ours:
                 log.info("node %s no longer protected: its shares could move", name)
