@@ -23,6 +23,7 @@ from gpuweave.lifecycle.capacity_config import CapacityConfig
 from gpuweave.status.cluster_view import ClusterView
 from gpuweave.status.node_rules import excluded_by_scheduler
 from health.scope import TAINT_HEALTH_PENDING
+from mig.demand import claim_of
 from scheduler_ext.pods.host import host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_is_ours, pod_request
 from topology.network import DEFAULT_TIER_LABELS
@@ -120,6 +121,14 @@ def fitting_nodes(view: ClusterView, pod: Object, request: PodRequest, *, skip: 
     return [name for name, verdict in zip(names, verdicts, strict=True) if verdict.fits]
 
 
+def claimed_by_a_node(view: ClusterView, pod: Object) -> bool:
+    """A node's MIG manager (demand mode) claimed the pod and is making its instance: capacity on
+    its way, not demand. A claim naming a node that is gone, or with no readable time, counts for
+    nothing."""
+    claim = claim_of((pod.get("metadata") or {}).get("annotations"))
+    return claim is not None and claim.at is not None and claim.node in view.nodes
+
+
 def _arrived(node: Object) -> Object:
     """The node as it will be once its start-up taints are gone."""
     spec = dict(node.get("spec") or {})
@@ -143,7 +152,7 @@ def read_demand(view: ClusterView, machines: NewMachines, nodepools: Mapping[str
         if gang is not None and gang.tier and request.pod_gpus():
             gangs.setdefault(gang.key, []).append((pod, request))
             continue
-        if fitting_nodes(view, pod, request):
+        if fitting_nodes(view, pod, request) or claimed_by_a_node(view, pod):
             continue
         shares += _shares(key, pod, request, machines, nodepools)
         migs += _migs(key, pod, request, machines, nodepools)

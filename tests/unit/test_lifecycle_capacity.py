@@ -180,3 +180,31 @@ def test_a_share_that_fits_no_other_node_keeps_its_node() -> None:
     assert shares_stuck(alone, pools={"shares"}) == {"n1": {"ns/a"}}
     movable = ClusterView.of([*_share_node("n1"), *_share_node("n2"), _pod("a", "90", node="n1")])
     assert shares_stuck(movable, pools={"shares"}) == {}
+
+
+def _mig_setup() -> tuple[NewMachines, dict[str, Any]]:
+    model = PoolModel.model_validate({"nodePool": "mig", "instanceType": "p5.48xlarge", "offers": "mig"})
+    offer, inventory = offer_of(model)
+    config = CapacityConfig("gpuweave-system", 4, {"mig": offer}, {"mig": inventory})
+    return NewMachines(config), {"mig": {"metadata": {"name": "mig"}, "spec": {}}}
+
+
+def _mig_pod(annotations: dict[str, str]) -> dict[str, Any]:
+    pod = _pod("m", "0")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-3g.40gb": "1"}
+    pod["metadata"]["annotations"] = annotations
+    return pod
+
+
+def test_a_mig_pod_a_node_claimed_is_capacity_on_its_way_not_demand() -> None:
+    machines, nodepools = _mig_setup()
+    unclaimed = read_demand(ClusterView.of([_mig_pod({})]), machines, nodepools)
+    assert [(d.pod, dict(d.profiles)) for d in unclaimed.migs] == [("ns/m", {"3g.40gb": 1})]
+    claim = {
+        "gpuweave.io/mig-demand-claim": "n1",
+        "gpuweave.io/mig-demand-claim-time": "2026-01-01T00:00:00Z",
+    }
+    node = {"kind": "Node", "metadata": {"name": "n1", "labels": {}}, "spec": {}, "status": {}}
+    assert read_demand(ClusterView.of([node, _mig_pod(claim)]), machines, nodepools).migs == ()
+    gone = read_demand(ClusterView.of([_mig_pod(claim)]), machines, nodepools)  # its node went
+    assert len(gone.migs) == 1
