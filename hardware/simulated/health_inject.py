@@ -146,7 +146,8 @@ def apply_request(
 
 def _recovery_faults(state: SimHealthState, request: InjectRequest) -> list[str]:
     """What the driver recommends (a recovery action) and whether a reset brings the GPU back."""
-    gpu, done = request.gpu, []
+    gpu = request.gpu
+    done: list[str] = []
     if gpu is None:
         return done
     if request.reset_fails:
@@ -176,7 +177,8 @@ def _exerciser_faults(
 ) -> list[str]:
     """What an active check finds: a bad memory cell, a slow NVLink pair, a narrow PCIe link (NVML
     reports its width too), hung checks."""
-    gpu, done = request.gpu, []
+    gpu = request.gpu
+    done: list[str] = []
     if request.pcie_width is not None and gpu is not None:
         state.set_pcie_width(gpu, request.pcie_width)
         done.append(f"GPU {gpu}: PCIe link trained at x{request.pcie_width}")
