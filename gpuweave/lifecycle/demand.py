@@ -39,6 +39,9 @@ class Demand:
     shares: tuple[ShareDemand, ...] = ()
     migs: tuple[MigDemand, ...] = ()
     gangs: tuple[GangDemand, ...] = ()
+    # Pending pods (namespace/name) that fit a node now or that a node's MIG manager claimed:
+    # placed soon, not demand; a buffer that asked for them stays until they are bound.
+    arriving: frozenset[str] = frozenset()
 
 
 class NewMachines:
@@ -141,6 +144,7 @@ def read_demand(view: ClusterView, machines: NewMachines, nodepools: Mapping[str
     shares: list[ShareDemand] = []
     migs: list[MigDemand] = []
     gangs: dict[str, list[tuple[Object, PodRequest]]] = {}
+    arriving: set[str] = set()
     for key, pod in sorted(view.pods.items()):
         if not pending(pod) or not pod_is_ours(pod):
             continue
@@ -153,6 +157,7 @@ def read_demand(view: ClusterView, machines: NewMachines, nodepools: Mapping[str
             gangs.setdefault(gang.key, []).append((pod, request))
             continue
         if fitting_nodes(view, pod, request) or claimed_by_a_node(view, pod):
+            arriving.add(key)
             continue
         shares += _shares(key, pod, request, machines, nodepools)
         migs += _migs(key, pod, request, machines, nodepools)
@@ -161,7 +166,7 @@ def read_demand(view: ClusterView, machines: NewMachines, nodepools: Mapping[str
         for g, members in sorted(gangs.items())
         if (demand := _gang(view, g, members, machines, nodepools))
     ]
-    return Demand(tuple(shares), tuple(migs), tuple(gang_demands))
+    return Demand(tuple(shares), tuple(migs), tuple(gang_demands), frozenset(arriving))
 
 
 def _shares(

@@ -22,6 +22,11 @@ member, so the autoscaler places them first and the members join their machines.
 (``nvidia.com/gpu``) are not asked for: a machine whose GPUs come up as shares or MIG would never
 register them, and the autoscaler would never call it initialised.
 
+A buffer whose pods fit a node now but are not bound yet (or that a node's MIG manager claimed)
+stays as it is: its virtual pods hold the new machine, which would otherwise look empty to the
+autoscaler's consolidation until the scheduler placed them. It is withdrawn once they are bound or
+gone.
+
 Stale guard: a buffer whose machines are all up (initialised) while its pods still fit nowhere
 for ``stale_s`` is withdrawn and not asked for again for ``cooldown_s``.
 
@@ -83,6 +88,8 @@ class KubeCapacity:
     _up_since: dict[str, float] = field(default_factory=dict)  # buffer -> when all its machines were up
     _gang_seen: dict[str, float] = field(default_factory=dict)  # gang -> when its demand was first seen
     _cool: dict[str, float] = field(default_factory=dict)  # buffer -> monotonic time it may return
+    _asked: dict[str, frozenset[str]] = field(default_factory=dict)  # buffer -> the pods it was for
+    _arriving: frozenset[str] = frozenset()  # this round's pending pods about to be placed
     _core: Any = field(init=False)
     _custom: Any = field(init=False)
     _machines: NewMachines = field(init=False)
@@ -104,6 +111,7 @@ class KubeCapacity:
             max_nodes=self.config.max_nodes,
         )
         now = self.monotonic()
+        self._arriving = demand.arriving
         self._sync([p for p in plans if self._cool.get(p.name, 0.0) <= now], view, nodepools)
         self._protect(view)
 
@@ -131,7 +139,13 @@ class KubeCapacity:
                 continue
             kept.add(plan.name)
             self._write(plan, pools.get(plan.pool, {}), current.get(plan.name), existing)
+        for plan in plans:
+            if plan.name in kept:
+                self._asked[plan.name] = frozenset(plan.pods)
         for name in sorted(set(current) - kept):
+            if self._asked.get(name, frozenset()) & self._arriving:
+                continue  # its machine is there and its pods are about to land: it holds the machine
+            self._asked.pop(name, None)
             self._withdraw(current[name])
         for gone in set(self._up_since) - kept:
             del self._up_since[gone]

@@ -165,7 +165,9 @@ def test_a_share_that_fits_no_node_is_demand_for_the_pool() -> None:
 
 def test_a_share_that_fits_a_node_now_is_never_buffered() -> None:
     view = ClusterView.of([*_share_node("n1"), _pod("a", "30")])
-    assert read_demand(view, NewMachines(_config()), {"shares": _nodepool()}).shares == ()
+    demand = read_demand(view, NewMachines(_config()), {"shares": _nodepool()})
+    assert demand.shares == ()
+    assert demand.arriving == {"ns/a"}  # a buffer that asked for it holds its machine until bound
 
 
 def test_a_pod_the_pool_taint_keeps_out_is_no_demand_for_it() -> None:
