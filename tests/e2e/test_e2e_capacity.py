@@ -125,7 +125,7 @@ class Seen:
 
 
 def _running(
-    cluster: LifecycleCluster, job: str, count: int, seen: Seen, *, timeout: float = 180
+    cluster: LifecycleCluster, job: str, count: int, seen: Seen, *, timeout: float = 240
 ) -> list[Any]:
     def check() -> list[Any] | None:
         seen.look()
