@@ -442,6 +442,10 @@ def test_helm_lifecycle_renders_its_rbac_deployment_and_capacity_config(tmp_path
     from gpuweave.lifecycle.capacity_config import load_capacity_config  # noqa: PLC0415
 
     base = _by_key(render_chart())
+    plain = _by_key(render_chart(sets=["lifecycle.enabled=true"]))
+    lifecycle = REPO / "manifests" / "lifecycle"
+    files = [*_kustomize_file(lifecycle / "rbac.yaml"), *_kustomize_file(lifecycle / "deployment.yaml")]
+    assert {key: plain[key] for key in set(plain) - set(base)} == _by_key(files)
     pools = [{"nodePool": "gpu-shares", "instanceType": "p5.48xlarge", "offers": "fractional"}]
     values = {"lifecycle": {"enabled": True, "capacity": {"maxNodes": 3, "pools": pools}}}
     rendered = _by_key(render_chart(values, work=tmp_path))
