@@ -3,8 +3,9 @@
 Every controller is a ``Controller`` (one ``round``); the loop asks the Lease first, and a
 replica that does not lead (or lost the Lease) runs nothing. A round that fails is logged and
 the next one starts from the cluster as it then is: every act is idempotent and every decision is
-taken again from what the API server says, so nothing is kept between rounds that a restart or a
-change of leader could lose.
+taken again from what the API server says. What a controller keeps between rounds is only timing
+and bookkeeping (the capacity controller's timers, which pods a buffer was for), which a restart or
+a change of leader starts afresh without harm.
 """
 
 from __future__ import annotations
