@@ -49,6 +49,21 @@ MIG_LAYOUT_ANNOTATION: Final = "gpuweave.io/mig-layout"  # per-node declared MIG
 LABEL_SHARING_CONFIG: Final = "gpuweave.io/sharing-config"  # node label: its named sharing configuration
 SCHEDULER_NAME: Final = "gpuweave-scheduler"  # pods opt in with spec.schedulerName
 
+# The node lifecycle (docs/node-lifecycle.md). The node agent publishes its node-level verdict as a
+# node condition (Ready polarity: True while every fault can be handled on the node; False with
+# the reason naming the act only the node's engine can do); the lifecycle controller reads it.
+CONDITION_NODE_SERVICEABLE: Final = "GpuweaveNodeServiceable"
+VERDICT_SERVICEABLE: Final = "Serviceable"  # the reason while True
+VERDICT_REBOOT: Final = "RebootRequired"  # a device can come back only through a node reboot
+VERDICT_REPLACE: Final = "ReplaceRequired"  # a GPU is retired: the machine must be replaced
+# The condition the EKS node monitoring agent publishes for accelerator faults, which Karpenter's
+# AWS provider repairs on (False for its toleration duration): set by the lifecycle controller.
+CONDITION_ACCELERATED_HARDWARE_READY: Final = "AcceleratedHardwareReady"
+# Pod label: "true" keeps the lifecycle controller from handing the pod's node to its engine.
+LABEL_OPT_OUT_REPLACEMENT: Final = "gpuweave.io/no-node-replacement"
+# Node annotation: the lifecycle controller's record of a handover (JSON).
+ANNOTATION_REPLACEMENT: Final = "gpuweave.io/replacement"
+
 
 def mig_resource_name(profile: str) -> str:
     """``nvidia.com/mig-<profile>`` as the mixed MIG strategy names it.

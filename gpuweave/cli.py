@@ -24,7 +24,7 @@ from gpuweave import __version__
 # dependencies, which keeps its start-up time and resident memory down.
 COMMAND_MODULE_NAMES = (
     "simulate", "inspect", "node_agent", "publish", "extender", "sim", "mig", "status", "gpu_check", "check",
-    "exercise", "uninstall",
+    "exercise", "uninstall", "lifecycle",
 )
 
 Handler = Callable[[argparse.Namespace], int]

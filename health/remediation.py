@@ -44,6 +44,7 @@ from health.scope import (
     NodeFault,
     NodeFaultKind,
     node_conditions,
+    node_verdict,
     state_condition,
     taint_decision,
 )
@@ -408,7 +409,7 @@ class Remediator:
             return
         snap = monitor.snapshot()
         try:
-            conditions = (*node_conditions(snap), state_condition(unsaved))
+            conditions = (*node_conditions(snap), node_verdict(snap), state_condition(unsaved))
             if self._published.get("conditions") != conditions:
                 self.cluster.set_conditions(conditions)
                 self._published["conditions"] = conditions

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from devicemodel.assignment import parent_gpu_of_share
+from devicemodel.contracts import (
+    CONDITION_NODE_SERVICEABLE,
+    VERDICT_REBOOT,
+    VERDICT_REPLACE,
+    VERDICT_SERVICEABLE,
+)
 from health.policy import DeviceRecord, DeviceState, worst
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
@@ -128,6 +134,25 @@ def node_conditions(snapshot: HealthSnapshot) -> tuple[NodeCondition, ...]:
         CONDITION_EFA, "False" if efa else "True", "EfaFault" if efa else "EfaHealthy", "; ".join(efa)
     )
     return gpu, efa_condition
+
+
+def node_verdict(snapshot: HealthSnapshot) -> NodeCondition:
+    """What only the node's engine can do, as a condition the lifecycle controller reads: False
+    ``ReplaceRequired`` once a GPU is retired (the bad-hardware list: the machine must go, and the
+    GPU is kept out wherever it turns up), else False ``RebootRequired`` while a device can come
+    back only through a reboot (a reset that failed or was refused, a fatal NVSwitch error), else
+    True. Replacement wins: a reboot does not bring a retired GPU back."""
+    retired = sorted(f"{u}: {r.reason}" for u, r in snapshot.gpus.items() if r.state is DeviceState.RETIRED)
+    if retired:
+        return NodeCondition(CONDITION_NODE_SERVICEABLE, "False", VERDICT_REPLACE, "; ".join(retired))
+    reboot = sorted(
+        f"{f.kind} {f.subject}: {f.detail}"
+        for f in snapshot.node_faults
+        if f.kind in (NodeFaultKind.NVSWITCH_FATAL, NodeFaultKind.REBOOT_REQUIRED)
+    )
+    if reboot:
+        return NodeCondition(CONDITION_NODE_SERVICEABLE, "False", VERDICT_REBOOT, "; ".join(reboot))
+    return NodeCondition(CONDITION_NODE_SERVICEABLE, "True", VERDICT_SERVICEABLE, "")
 
 
 def state_condition(unsaved: Mapping[str, str]) -> NodeCondition:

@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="driver recovery action N on --gpu (Xid 154; 1 reset, 2 reboot)",
     )
+    add(
+        "--reset-fails",
+        action="store_true",
+        help="--gpu's resets fail from now on (it stays off the bus): remediation moves to a reboot",
+    )
     add("--ecc-dbe", type=int, metavar="COUNT", help="add COUNT volatile double-bit ECC errors on --gpu")
     add("--nvlink-down", type=int, metavar="LINK", help="take NVLink link LINK of --gpu down")
     add("--efa-down", metavar="NAME", help="take EFA adapter NAME's netdev link down")
@@ -127,6 +132,8 @@ def inject_params(args: argparse.Namespace) -> dict[str, Any]:
         params["clear"] = True
     if args.kill_mps_daemon:
         params["kill_mps_daemon"] = True
+    if args.reset_fails:
+        params["reset_fails"] = True
     return params
 
 

@@ -30,6 +30,7 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_IN_USE = 19
+NVML_ERROR_UNKNOWN = 999
 EVENT_XID, EVENT_DBE, EVENT_RECOVERY = 0x8, 0x2, 0x8000
 # nvmlDeviceGetSupportedEventTypes. Hopper: what an H200 answered on driver 580.159.04 (every type
 # up to 0x8000 but power-source change 0x20 and MIG config change 0x40). Other families have no
@@ -81,6 +82,7 @@ class SimGpuHealth:
     resets: int = 0
     recovery_action: int = 0
     reset_required: bool = False  # a pass-through VM's GPU: only a reboot resets it
+    reset_fails: bool = False  # the GPU does not come back from a reset (it stays off the bus)
     # What the GPU's family supports (``describe``); kept across ``clear``.
     event_types: int = DEFAULT_EVENT_TYPES
     page_retirement: bool = True
@@ -303,12 +305,21 @@ class SimHealthState:
                 )
             if gpu.reset_required:
                 raise SimNvmlCallError(NVML_ERROR_RESET_REQUIRED, f"GPU {index} requires a reboot")
+            if gpu.reset_fails:
+                gpu.resets += 1
+                raise SimNvmlCallError(NVML_ERROR_UNKNOWN, f"GPU {index} did not come back from the reset")
             gpu.dbe = gpu.sbe = 0
             gpu.remap_pending = False
             gpu.lost = False
             gpu.nvlinks_down.clear()
             gpu.recovery_action = 0
             gpu.resets += 1
+
+    def set_reset_fails(self, index: int, fails: bool = True) -> None:
+        """From now on a reset of the GPU fails: it stays off the bus (a GPU that fell off the bus
+        and does not come back; only a reboot or the machine's replacement would tell more)."""
+        with self._cond:
+            self.gpu(index).reset_fails = fails
 
     def reset_uuid(self, uuid: str) -> None:
         """``reset`` by GPU UUID (what ``nvidia-smi -r -i <uuid>`` takes)."""

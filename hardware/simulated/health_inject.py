@@ -40,6 +40,7 @@ class InjectRequest(BaseModel):
     slow_nvlink: int | None = Field(None, ge=0)  # the peer GPU of an NVLink pair at half its lanes
     pcie_width: int | None = Field(None, ge=1, le=32)  # the PCIe link trains at this width
     check_hang: float | None = Field(None, gt=0, le=3600)  # active checks hang this long
+    reset_fails: bool = False  # the GPU's resets fail from now on (it does not come back)
     clear: bool = False
 
     @model_validator(mode="after")
@@ -55,11 +56,12 @@ class InjectRequest(BaseModel):
             self.bad_memory,
             self.slow_nvlink,
             self.pcie_width,
+            self.reset_fails or None,
         ]
         if any(v is not None for v in gpu_faults) and self.gpu is None:
             raise ValueError(
                 "--xid, --ecc-dbe, --nvlink-down, --temperature, --busy, --recovery-action, "
-                "--kill-mps-daemon, --bad-memory, --slow-nvlink, --pcie-width need --gpu INDEX"
+                "--kill-mps-daemon, --bad-memory, --slow-nvlink, --pcie-width, --reset-fails need --gpu INDEX"
             )
         if self.mig_instance is not None and self.xid is None and self.busy is None:
             raise ValueError("--mig-instance only qualifies --xid and --busy")
@@ -105,8 +107,7 @@ def apply_request(
             gi, ci = _instance(request.mig_instance)
             line = state.inject_xid(gpu, request.xid, gpu_instance=gi, compute_instance=ci)
             done.append(f"kernel log: {line}")
-        if request.recovery_action is not None and gpu is not None:
-            done.append(f"kernel log: {state.set_recovery_action(gpu, request.recovery_action)}")
+        done.extend(_recovery_faults(state, request))
         if request.ecc_dbe is not None and gpu is not None:
             state.inject_ecc_dbe(gpu, request.ecc_dbe)
             done.append(f"GPU {gpu}: {request.ecc_dbe} volatile DBE")
@@ -143,6 +144,20 @@ def apply_request(
     return {"done": done}
 
 
+def _recovery_faults(state: SimHealthState, request: InjectRequest) -> list[str]:
+    """What the driver recommends (a recovery action) and whether a reset brings the GPU back."""
+    gpu = request.gpu
+    done: list[str] = []
+    if gpu is None:
+        return done
+    if request.reset_fails:
+        state.set_reset_fails(gpu)
+        done.append(f"GPU {gpu}: resets fail from now on")
+    if request.recovery_action is not None:
+        done.append(f"kernel log: {state.set_recovery_action(gpu, request.recovery_action)}")
+    return done
+
+
 def inject_route(
     state: SimHealthState,
     *,
@@ -162,7 +177,8 @@ def _exerciser_faults(
 ) -> list[str]:
     """What an active check finds: a bad memory cell, a slow NVLink pair, a narrow PCIe link (NVML
     reports its width too), hung checks."""
-    gpu, done = request.gpu, []
+    gpu = request.gpu
+    done: list[str] = []
     if request.pcie_width is not None and gpu is not None:
         state.set_pcie_width(gpu, request.pcie_width)
         done.append(f"GPU {gpu}: PCIe link trained at x{request.pcie_width}")

@@ -94,11 +94,18 @@ class SimNode:
         health_config: Path | None = None,
         topology_policy: str = "none",
         agent_args: tuple[str, ...] = (),
+        node_args: tuple[str, ...] = (),
+        base: Path | None = None,
+        log_level: str = "WARNING",
     ) -> None:
+        """``node_args`` go to ``harness node`` (e.g. ``--cpu 192``); ``base`` is the node's
+        directory (default ``nodes/<name>`` under the plane's work directory; long node names
+        need a shorter one, since unix socket paths are limited)."""
         self.name = name
         self.topology_policy = topology_policy
+        self.node_args = node_args
         self.plane = plane
-        base = plane.work / "nodes" / name
+        base = base or plane.work / "nodes" / name
         self.kubelet_dir = base / "kubelet"
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.state_dir = base / "state"
@@ -114,6 +121,7 @@ class SimNode:
             f"node-agent-{name}",
             [
                 *gpuweave_command(),
+                *(("--log-level", log_level) if log_level != "WARNING" else ()),
                 "node-agent",
                 "--simulate",
                 profile,
@@ -133,7 +141,7 @@ class SimNode:
         self.kubelet_starts += 1
         argv = [str(harness_binary()), "node", "--name", self.name]
         argv += ["--kubelet-dir", str(self.kubelet_dir), "--control-plane-dir", str(self.plane.dir)]
-        argv += ["--topology-policy", self.topology_policy]
+        argv += ["--topology-policy", self.topology_policy, *self.node_args]
         return Process(f"kubelet-{self.name}-{self.kubelet_starts}", argv, log_dir=self.plane.work)
 
     def restart_kubelet(self) -> None:

@@ -512,3 +512,38 @@ def test_helm_uninstall_hook_runs_gpuweave_uninstall_with_the_rights_it_uses() -
     assert {"list", "patch"} <= granted[("", "nodes")] and "patch" in granted[("", "nodes/status")]
     assert not any(is_hook(d) for d in render_chart())
     assert not [d for d in render_chart(sets=["uninstall.cleanupNodes=false"], hooks=True) if is_hook(d)]
+
+
+def test_helm_lifecycle_renders_its_rbac_deployment_and_capacity_config(tmp_path: Path) -> None:
+    """lifecycle.enabled adds manifests/lifecycle/ (RBAC as it is, the Deployment with the values'
+    flags); lifecycle.capacity becomes a CapacityConfig the controller loads, in the release
+    namespace; flags parse with gpuweave's own parser."""
+    from gpuweave.lifecycle.capacity_config import load_capacity_config  # noqa: PLC0415
+
+    base = _by_key(render_chart())
+    plain = _by_key(render_chart(sets=["lifecycle.enabled=true"]))
+    lifecycle = REPO / "manifests" / "lifecycle"
+    files = [*_kustomize_file(lifecycle / "rbac.yaml"), *_kustomize_file(lifecycle / "deployment.yaml")]
+    assert {key: plain[key] for key in set(plain) - set(base)} == _by_key(files)
+    pools = [{"nodePool": "gpu-shares", "instanceType": "p5.48xlarge", "offers": "fractional"}]
+    values = {"lifecycle": {"enabled": True, "capacity": {"maxNodes": 3, "pools": pools}}}
+    rendered = _by_key(render_chart(values, work=tmp_path))
+    assert all(rendered[key] == base[key] for key in base)
+    added = {key: rendered[key] for key in set(rendered) - set(base)}
+    rbac = _by_key(_kustomize_file(REPO / "manifests" / "lifecycle" / "rbac.yaml"))
+    assert {key: added[key] for key in rbac} == rbac
+    deployment = _one(list(added.values()), "Deployment", "gpuweave-lifecycle")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuweave-lifecycle"
+    args = build_parser().parse_args(pod["containers"][0]["args"])
+    assert (args.in_cluster, args.no_replacement, args.disruption_cap) == (True, False, 0.1)
+    assert str(args.capacity_config) == "/etc/gpuweave-lifecycle/capacity-config.yaml"
+    config_map = _one(list(added.values()), "ConfigMap", "gpuweave-lifecycle-capacity")
+    path = tmp_path / "capacity-config.yaml"
+    path.write_text(config_map["data"]["capacity-config.yaml"])
+    config = load_capacity_config(path)
+    assert (config.namespace, config.max_nodes, list(config.pools)) == (NAMESPACE, 3, ["gpu-shares"])
+    with pytest.raises(RenderError):
+        render_chart({"lifecycle": {"capacity": {"pools": [{**pools[0], "offers": "half"}]}}}, work=tmp_path)
+    with pytest.raises(RenderError):
+        render_chart(sets=["lifecycle.enabled=true", "lifecycle.replacement.enabled=false"])

@@ -1,4 +1,4 @@
-"""The chart's schema for the node agent's configuration files, derived from their pydantic models.
+"""The chart's schema for gpuweave's configuration files, derived from their pydantic models.
 
 ``nodeAgent.sharing``, each of ``nodeAgent.sharingConfigs`` and ``nodeAgent.health`` become files
 the agent validates with ``devicemodel.sharing.SharingConfigModel`` and ``health.config.HealthConfig``
@@ -7,9 +7,11 @@ refuses the same typos at render: its definitions ``sharingConfig``, ``healthCon
 ones they refer to are these models' JSON schema, with what only documents a field (title,
 description, default) left out and the references pointing into the chart's ``definitions``.
 The fields the chart writes itself (``apiVersion``, ``kind``, ``mpsPipeDirectory``: the MPS pipes
-live on the host path the DaemonSet mounts) are not values. ``tests/unit/test_chart_schema.py``
-compares the file with ``chart_definitions()``; ``python -m tests.support.chart_schema`` prints
-them, to paste after a model changed.
+live on the host path the DaemonSet mounts) are not values. ``capacityConfig`` is
+``lifecycle.capacity``, the file of ``gpuweave lifecycle --capacity-config``
+(``gpuweave.lifecycle.capacity_config.CapacityConfigModel``; the chart writes its ``namespace``).
+``tests/unit/test_chart_schema.py`` compares the file with ``chart_definitions()``;
+``python -m tests.support.chart_schema`` prints them, to paste after a model changed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from devicemodel.sharing import SharingConfigModel
+from gpuweave.lifecycle.capacity_config import CapacityConfigModel
 from health.config import HealthConfig
 
 CHART_OWNED_SHARING_FIELDS = frozenset({"apiVersion", "kind", "mpsPipeDirectory"})
+CHART_OWNED_CAPACITY_FIELDS = frozenset({"apiVersion", "kind", "namespace"})
 DOCUMENTING_KEYS = frozenset({"title", "description", "default"})
 
 
@@ -64,6 +68,9 @@ def chart_definitions() -> dict[str, Any]:
             SharingConfigModel, root="sharingConfig", prefix="sharing.", drop=CHART_OWNED_SHARING_FIELDS
         ),
         **_definitions(HealthConfig, root="healthConfig", prefix="health."),
+        **_definitions(
+            CapacityConfigModel, root="capacityConfig", prefix="capacity.", drop=CHART_OWNED_CAPACITY_FIELDS
+        ),
     }
 
 

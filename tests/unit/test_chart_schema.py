@@ -43,3 +43,10 @@ def test_a_model_field_left_out_of_the_chart_is_found() -> None:
     trimmed = json.loads(json.dumps(definitions["healthConfig"]))
     del trimmed["properties"]["strike_limit"]
     assert trimmed != chart_definitions()["healthConfig"]
+
+
+def test_the_lifecycle_capacity_value_is_the_capacity_config_model_and_closed() -> None:
+    lifecycle = _schema()["properties"]["lifecycle"]
+    assert lifecycle["additionalProperties"] is False
+    assert lifecycle["properties"]["capacity"] == {"$ref": "#/definitions/capacityConfig"}
+    assert "namespace" not in _schema()["definitions"]["capacityConfig"]["properties"]  # the chart's

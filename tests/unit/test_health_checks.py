@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from devicemodel.errors import InvalidInputError
 from hardware.health_probe import EfaAdapter, GpuReadings, ProbeError
-from hardware.simulated.health_calls import SimHealthState
+from hardware.simulated.health_calls import SimHealthState, SimNvmlCallError
 from hardware.simulated.health_inject import apply_request, parse_request
 from health.checks import judge_efa, judge_failure, judge_readings, temperature_outliers
 from health.config import load_health_settings
@@ -128,6 +128,20 @@ def test_inject_request_applies_to_the_simulated_node(tmp_path: Path) -> None:
         apply_request(state, parse_request({"gpu": 5, "xid": 79}))
     apply_request(state, parse_request({"clear": True}))
     assert (state.gpus[0].dbe, state.gpus[0].nvlinks_down) == (0, set())
+
+
+def test_an_injected_reset_failure_keeps_the_gpu_off_the_bus(tmp_path: Path) -> None:
+    state = SimHealthState([("GPU-0", "00000000:05:00.0", 4)], kmsg_path=tmp_path / "kmsg")
+    done = apply_request(state, parse_request({"gpu": 0, "xid": 79, "reset_fails": True}))
+    assert "GPU 0: resets fail from now on" in done["done"]
+    with pytest.raises(SimNvmlCallError, match="did not come back"):
+        state.reset(0)
+    assert state.gpus[0].lost  # still off the bus: only a reboot or a new machine tells more
+    with pytest.raises(InvalidInputError, match="need --gpu"):
+        parse_request({"reset_fails": True})
+    apply_request(state, parse_request({"clear": True}))
+    state.reset(0)
+    assert not state.gpus[0].lost
 
 
 def test_metrics_by_state_and_cause() -> None:

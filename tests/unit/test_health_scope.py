@@ -16,6 +16,7 @@ from health.scope import (
     StartupGate,
     mig_target,
     node_conditions,
+    node_verdict,
     taint_decision,
 )
 
@@ -86,6 +87,37 @@ def test_node_conditions_name_the_failed_devices() -> None:
     assert GPU0 in gpu.message
     assert efa.status == "False"
     assert "efa3" in efa.message
+
+
+REBOOT = NodeFault(NodeFaultKind.REBOOT_REQUIRED, GPU1, "reset-gpu failed: GPU 1 did not come back")
+RETIRED = DeviceRecord(state=DeviceState.RETIRED, reason="Xid 79: reset failed 3 times")
+EFA_DOWN = NodeFault(NodeFaultKind.EFA_LINK_DOWN, "efa0", "link down")
+SWITCH = NodeFault(NodeFaultKind.NVSWITCH_FATAL, "sw0", "SXid 20034")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "faults", "status", "reason", "named"),
+    [
+        ({GPU0: DeviceRecord()}, frozenset(), "True", "Serviceable", ""),
+        ({GPU0: FAILED}, frozenset(), "True", "Serviceable", ""),  # a reset may still bring it back
+        ({GPU0: FAILED}, frozenset({EFA_DOWN}), "True", "Serviceable", ""),  # no reboot or swap helps
+        ({GPU0: FAILED}, frozenset({REBOOT}), "False", "RebootRequired", GPU1),
+        ({GPU0: DeviceRecord()}, frozenset({SWITCH}), "False", "RebootRequired", "sw0"),
+        (
+            {GPU0: RETIRED},
+            frozenset({REBOOT}),
+            "False",
+            "ReplaceRequired",
+            GPU0,
+        ),  # a reboot brings no retired GPU back
+    ],
+)
+def test_the_node_verdict_names_the_act_only_its_engine_can_do(
+    gpus: dict[str, DeviceRecord], faults: frozenset[NodeFault], status: str, reason: str, named: str
+) -> None:
+    verdict = node_verdict(HealthSnapshot(gpus=gpus, node_faults=faults))
+    assert (verdict.type, verdict.status, verdict.reason) == ("GpuweaveNodeServiceable", status, reason)
+    assert named in verdict.message
 
 
 FAULT = frozenset({NodeFault(NodeFaultKind.NVSWITCH_FATAL, "0000:05:00.0", "SXid 20034")})

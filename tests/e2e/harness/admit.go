@@ -251,6 +251,16 @@ func (n *simNode) startTermination(ctx context.Context, pod *v1.Pod) {
 			klog.FromContext(ctx).Error(err, "recording stopped containers", "pod", klog.KObj(pod))
 		}
 		n.unprepareUntilDone(ctx, pod) // after the containers stopped, before the pod is gone
+		// As the kubelet's status manager does (TerminatePod): a pod whose containers were stopped
+		// for its deletion ends in a terminal phase before it goes, so a controller that waits for
+		// one (a Job's finalizer, podReplacementPolicy: Failed) sees it.
+		if err := n.writePodStatus(ctx, pod, func(status *v1.PodStatus) {
+			if status.Phase != v1.PodSucceeded && status.Phase != v1.PodFailed {
+				status.Phase = v1.PodFailed
+			}
+		}); err != nil {
+			klog.FromContext(ctx).Error(err, "writing the terminated pod's phase", "pod", klog.KObj(pod))
+		}
 		opts := metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)),
 			Preconditions: &metav1.Preconditions{UID: &pod.UID}}
 		err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)

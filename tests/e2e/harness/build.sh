@@ -15,3 +15,4 @@ echo "built $(pwd)/bin/harness (k8s.io/kubernetes $K8S_VERSION)"
 ../opscheck/build.sh  # Helm chart rendering + PromQL parsing (tests/e2e/opscheck), ~2-4 min on a cold cache
 ../realnode/build.sh  # containerd, runc, CNI plugins, the workload program (tests/e2e/realnode)
 ../queueing/build.sh  # the Kueue and JobSet controller managers (tests/e2e/queueing), ~5 min on a cold cache
+../karpenter/build.sh  # the Karpenter controllers with the kwok provider (tests/e2e/karpenter), ~8 min on a cold cache

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -74,7 +75,7 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 		return err
 	}
 	defer func() { _ = n.devices.Stop(logger) }()
-	if err := n.register(ctx); err != nil {
+	if err := n.register(ctx, n.devices.ShouldResetExtendedResourceCapacity()); err != nil {
 		return err
 	}
 	if err := n.startDRA(ctx, n.ready); err != nil { // after the Node exists: drivers register against it
@@ -157,8 +158,12 @@ func (n *simNode) baseResources() v1.ResourceList {
 	}
 }
 
-// register creates the Node object (a kubelet may create its own Node under NodeRestriction).
-func (n *simNode) register(ctx context.Context) error {
+// register creates the Node object (a kubelet may create its own Node under NodeRestriction), or
+// adopts the one that exists (an autoscaler's provider may create it first, as Karpenter's kwok
+// provider does). As the kubelet's reconcileExtendedResource does, a node whose device manager has
+// no checkpoint yet (a new machine) zeroes the extended resources it finds there until its device
+// plugins register them: what the creator wrote is not what this node's devices offer.
+func (n *simNode) register(ctx context.Context, resetExtended bool) error {
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.flags.name, Labels: map[string]string{
 			"kubernetes.io/hostname": n.flags.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -166,7 +171,7 @@ func (n *simNode) register(ctx context.Context) error {
 	}
 	created, err := n.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		created, err = n.client.CoreV1().Nodes().Get(ctx, n.flags.name, metav1.GetOptions{})
+		created, err = n.adopt(ctx, resetExtended)
 	}
 	if err != nil {
 		return fmt.Errorf("registering Node %s: %w", n.flags.name, err)
@@ -175,6 +180,30 @@ func (n *simNode) register(ctx context.Context) error {
 	n.node = created
 	n.mu.Unlock()
 	return n.updateStatus(ctx)
+}
+
+func (n *simNode) adopt(ctx context.Context, resetExtended bool) (*v1.Node, error) {
+	var adopted *v1.Node
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := n.client.CoreV1().Nodes().Get(ctx, n.flags.name, metav1.GetOptions{})
+		if err != nil || !resetExtended {
+			adopted = node
+			return err
+		}
+		for _, list := range []v1.ResourceList{node.Status.Capacity, node.Status.Allocatable} {
+			for name := range list {
+				if v1helper.IsExtendedResourceName(name) {
+					list[name] = *resource.NewQuantity(0, resource.DecimalSI)
+				}
+			}
+		}
+		adopted, err = n.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err == nil {
+		klog.FromContext(ctx).Info("adopted an existing Node", "node", n.flags.name, "extendedResourcesZeroed", resetExtended)
+	}
+	return adopted, err
 }
 
 // updateStatus writes capacity/allocatable (base + device manager) and a Ready condition.
