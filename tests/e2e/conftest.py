@@ -39,15 +39,21 @@ TOPOLOGY_POLICIES = {NUMA_NODE: "best-effort"}
 EVICTION_GRACE_S = 3
 
 
-@pytest.fixture(scope="session")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def base_plane(tmp_path_factory: pytest.TempPathFactory, *, name: str = "e2e") -> Iterator[ControlPlane]:
     """kube-apiserver + etcd with the kustomize base (manifests/) applied as an admin would."""
-    control = ControlPlane(tmp_path_factory.mktemp("e2e"))
+    control = ControlPlane(tmp_path_factory.mktemp(name))
     try:
         control.apply(control.kustomize(REPO / "manifests"))
         yield control
     finally:
         control.stop()
+
+
+@pytest.fixture(scope="session")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The session's control plane; a module whose tests change the whole cluster (``gpuweave
+    uninstall`` sweeps every Node) overrides ``plane`` and ``scheduler_kubeconfig`` with its own."""
+    yield from base_plane(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

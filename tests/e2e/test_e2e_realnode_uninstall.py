@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import RESOURCE_GPU
 from gpuweave.node.cleanup import BAD_HARDWARE_FILES, leftovers
-from tests.e2e.cluster import REPO, wait_for
+from tests.e2e.cluster import REPO, ControlPlane, wait_for
+from tests.e2e.conftest import base_plane
 from tests.e2e.realnode import SEER_NAMESPACE, RealNode, container_id, run_seer
 from tests.e2e.test_e2e_realnode_chart import (  # noqa: F401 (the chart's real node, a module fixture)
     AGENT_LABELS,
@@ -36,6 +38,18 @@ from tests.e2e.test_e2e_realnode_chart import (  # noqa: F401 (the chart's real 
 from tests.support.opscheck import is_hook, render_chart
 
 pytestmark = pytest.mark.realnode
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of this module's own: ``gpuweave uninstall`` sweeps every Node and
+    inventory of its cluster, which would leave the session's other tests a changed cluster."""
+    yield from base_plane(tmp_path_factory, name="e2e-uninstall")
+
+
+@pytest.fixture(scope="module")
+def scheduler_kubeconfig(plane: ControlPlane) -> Path:
+    return plane.service_account_kubeconfig("gpuweave-scheduler")
 
 
 def node_root(node: RealNode) -> Path:
