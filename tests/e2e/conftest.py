@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,6 +48,23 @@ def base_plane(tmp_path_factory: pytest.TempPathFactory, *, name: str = "e2e") -
         yield control
     finally:
         control.stop()
+
+
+def own_plane_fixtures(name: str) -> tuple[Any, Any]:
+    """``plane`` and ``scheduler_kubeconfig`` for one module, on a control plane of its own: for
+    tests that change the whole cluster (``gpuweave uninstall`` sweeps every Node, a previous
+    release's chart replaces the base, Kueue checks that only the module's extenders may answer).
+    In the module: ``plane, scheduler_kubeconfig = own_plane_fixtures("e2e-NAME")``."""
+
+    @pytest.fixture(scope="module")
+    def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+        yield from base_plane(tmp_path_factory, name=name)
+
+    @pytest.fixture(scope="module")
+    def scheduler_kubeconfig(plane: ControlPlane) -> Path:
+        return plane.service_account_kubeconfig("gpuweave-scheduler")
+
+    return plane, scheduler_kubeconfig
 
 
 @pytest.fixture(scope="session")
@@ -148,3 +166,10 @@ def add_taint(plane: ControlPlane, node: str, taint: dict[str, str]) -> None:
             if exc.status != 409:
                 raise
     pytest.fail(f"could not taint {node}: it kept changing", pytrace=False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that change the whole cluster (marker ``cluster_wide``: ``gpuweave uninstall`` sweeps
+    every Node, a previous release's chart replaces the base) run after every other test, in their
+    own order; the rest keep theirs."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster_wide") is not None)

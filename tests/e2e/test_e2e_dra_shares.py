@@ -79,6 +79,7 @@ class _Forget:
                 if exc.status != 404:
                     raise
         self.plane.forget_node(NODE)
+        self.plane.forget_extended_resource_classes()
         shutil.rmtree(self.pipes, ignore_errors=True)
 
 

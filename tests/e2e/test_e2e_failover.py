@@ -41,6 +41,7 @@ from tests.e2e.cluster import (
     start_scheduler,
     wait_for,
 )
+from tests.e2e.conftest import own_plane_fixtures
 from tests.e2e.gpu_nodes import INVENTORIES, create_gpu_node
 from tests.e2e.pods import GPU
 
@@ -55,6 +56,10 @@ FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "e2e-failover-h100", "e2e-failover", "e2e-f
 CHECK = "gpuweave-gpu-health"  # the name the admission policy lets the extender write
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 LEASE, DURATION_S, RETRY_S = "gpuweave-e2e-failover", 4, 1
+
+
+# every extender of a cluster answers its Kueue checks: this module's replicas must be the only ones
+plane, scheduler_kubeconfig = own_plane_fixtures("e2e-failover")
 
 
 def _lease_args(identity: str) -> tuple[str, ...]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ import pytest
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
 from release.image import build_image
 from tests.e2e.cluster import REPO, ControlPlane, wait_for
-from tests.e2e.conftest import base_plane
 from tests.e2e.realnode import (
     AGENT_IMAGE,
     SEER_NAMESPACE,
@@ -34,23 +32,12 @@ from tests.e2e.realnode import (
 from tests.e2e.test_e2e_realnode_chart import agent_pod, chart_values, installed_chart
 from tests.support.opscheck import render_chart
 
-pytestmark = pytest.mark.realnode
+# gpuweave uninstall sweeps every Node of the cluster; a previous release's chart replaces the base
+pytestmark = [pytest.mark.realnode, pytest.mark.cluster_wide]
 
 # The tree this branch of work started from: its chart and agent are "the previous version".
 PREVIOUS = "97fd722ff921b2c17d48d898c9fa8cb1fd2cab5e"
 PREVIOUS_IMAGE = "gpuweave.test/gpuweave:previous"
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of this module's own: the previous release's chart is applied over the
-    base, which would leave the session's other tests a changed cluster."""
-    yield from base_plane(tmp_path_factory, name="e2e-upgrade")
-
-
-@pytest.fixture(scope="module")
-def scheduler_kubeconfig(plane: ControlPlane) -> Path:
-    return plane.service_account_kubeconfig("gpuweave-scheduler")
 
 
 def previous_tree(out: Path) -> Path:

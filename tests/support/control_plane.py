@@ -190,6 +190,18 @@ class ControlPlane:
                 if exc.status != 404:
                     raise
 
+    def forget_extended_resource_classes(self) -> None:
+        """Delete the DeviceClasses that name an extended resource (``manifests/dra`` has them), as
+        a cluster that leaves DRA mode would: while one exists, kube-scheduler serves pods asking
+        for that resource through DRA on every node that does not list it, so later device-plugin
+        tests would see their pods wait."""
+        resource = client.ResourceV1Api(self.api)
+        for device_class in resource.list_device_class().items:
+            name = device_class.metadata.name if device_class.metadata else None
+            if name and getattr(device_class.spec, "extended_resource_name", None):
+                with contextlib.suppress(ApiException):
+                    resource.delete_device_class(name)
+
     def ensure_namespace(self, name: str) -> None:
         """A namespace with its default ServiceAccount (no controller-manager creates it here)."""
         with contextlib.suppress(ApiException):
