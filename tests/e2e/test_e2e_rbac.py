@@ -22,11 +22,13 @@ INVENTORY = ("gpuweave.io", "v1alpha1", "gpunodeinventories")
 
 
 @pytest.fixture(scope="module")
-def rbac_node(plane: ControlPlane) -> str:
-    """A Node object (created by the admin) for the service accounts to try their hands on."""
+def rbac_node(plane: ControlPlane) -> Iterator[str]:
+    """A Node object (created by the admin) for the service accounts to try their hands on, deleted
+    at the end: the agent DaemonSet selects it, and the uninstall test waits for every node it selects."""
     name = "e2e-rbac-node"
     plane.core.create_node({"metadata": {"name": name, "labels": {"gpuweave.io/gpu-node": "true"}}})
-    return name
+    yield name
+    plane.forget_node(name)
 
 
 def _client(kubeconfig: Path) -> Iterator[client.ApiClient]:
