@@ -256,6 +256,25 @@ def start_controllers(plane: ControlPlane, *, daemonsets: bool = False, jobs: bo
     return Process(name, argv, log_dir=plane.work)
 
 
+def delete_jobs_and_pods(plane: ControlPlane, namespace: str) -> None:
+    """Delete a namespace's Jobs and then its pods by name (no garbage collector runs here) and wait
+    until no pod is left."""
+    from kubernetes import client  # noqa: PLC0415 (only the Job tests need the batch API)
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    batch = client.BatchV1Api(plane.api)
+    for job in batch.list_namespaced_job(namespace).items:
+        if job.metadata and job.metadata.name:
+            batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+    for pod in plane.core.list_namespaced_pod(namespace).items:
+        try:
+            plane.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for(f"{namespace}'s pods to be deleted", lambda: not plane.core.list_namespaced_pod(namespace).items)
+
+
 def _queueing_binary(name: str) -> Path:
     return built_binary(
         QUEUEING_DIR / "bin" / name,

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from gpuweave.simulate.cluster_objects import profile_inventory
@@ -33,6 +32,7 @@ from tests.e2e.cluster import (
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
+    delete_jobs_and_pods,
     queueing_crds,
     render_scheduler_config,
     start_controllers,
@@ -199,16 +199,7 @@ def replicas(plane: ControlPlane, scheduler_kubeconfig: Path) -> Iterator[Replic
 
 
 def _cleanup(plane: ControlPlane) -> None:
-    batch = client.BatchV1Api(plane.api)
-    for job in batch.list_namespaced_job(NAMESPACE).items:
-        batch.delete_namespaced_job(job.metadata.name, NAMESPACE, propagation_policy="Background")
-    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
-        try:
-            plane.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    wait_for("failover test pods to be deleted", lambda: not plane.core.list_namespaced_pod(NAMESPACE).items)
+    delete_jobs_and_pods(plane, NAMESPACE)
 
 
 def _lease(plane: ControlPlane) -> Any:

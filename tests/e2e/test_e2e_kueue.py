@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from devicemodel.assignment import PodAssignment, fits_resource, parent_gpu_of_share
 from devicemodel.contracts import (
@@ -47,6 +46,7 @@ from scheduler_ext.kueue.checks import CONTROLLER_NAME
 from tests.e2e.cluster import (
     ControlPlane,
     Process,
+    delete_jobs_and_pods,
     queueing_crds,
     render_scheduler_config,
     start_controllers,
@@ -250,16 +250,7 @@ def _cleanup(plane: ControlPlane) -> None:
     custom = client.CustomObjectsApi(plane.api)
     for item in custom.list_namespaced_custom_object(*JOBSET)["items"]:
         custom.delete_namespaced_custom_object(*JOBSET, item["metadata"]["name"])
-    batch = client.BatchV1Api(plane.api)
-    for job in batch.list_namespaced_job(NAMESPACE).items:
-        batch.delete_namespaced_job(job.metadata.name, NAMESPACE, propagation_policy="Background")
-    for pod in plane.core.list_namespaced_pod(NAMESPACE).items:
-        try:
-            plane.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    wait_for("kueue test pods to be deleted", lambda: not plane.core.list_namespaced_pod(NAMESPACE).items)
+    delete_jobs_and_pods(plane, NAMESPACE)
 
 
 @contextlib.contextmanager
