@@ -41,6 +41,7 @@ from hardware.exerciser.ptx import KERNELS, PARAMS, validate
 from hardware.simulated.health_calls import SimHealthError, SimHealthState
 
 COPY_EFFICIENCY, COMPUTE_EFFICIENCY, MEMORY_EFFICIENCY = 0.85, 0.9, 0.8
+REAP_S = 5.0  # how long a cancelled run waits for its hung checks to return (they poll every 50 ms)
 MAX_ACTIVITY_BYTES = 4 << 20  # the activity log stops growing here (a simulated node runs for days)
 
 
@@ -155,10 +156,11 @@ class SimulatedExerciser:
         begun: set[CheckKey] = set()
         lock = threading.Lock()
         stop = cancel or threading.Event()
+        killed = threading.Event()  # the deadline passed: nothing more begins
         self.state.cancel.clear()
 
         def record(key: CheckKey, measure: Callable[[], CheckResult]) -> None:
-            if stop.is_set():
+            if stop.is_set() or killed.is_set():
                 return
             with lock:
                 begun.add(key)
@@ -175,20 +177,24 @@ class SimulatedExerciser:
             for kind in () if plan.peer_only else plan.gpu_checks:
                 record((kind, uuid, None), partial(self._measure, plan, kind, uuid))
 
-        threads = [threading.Thread(target=gpu_checks, args=(g.uuid,), daemon=True) for g in plan.gpus]
-        finished = _run_all(threads, until=started + deadline_s, cancel=stop)
-
         def peer_checks() -> None:  # one pair at a time, after every GPU's own checks
             for pair in plan.pairs:
                 key = (CheckKind.PEER, pair.src, pair.dst)
                 record(key, partial(self._peer, plan, pair.src, pair.dst, pair.lanes))
 
+        threads = [threading.Thread(target=gpu_checks, args=(g.uuid,), daemon=True) for g in plan.gpus]
+        finished = _run_all(threads, until=started + deadline_s, cancel=stop)
         if finished and not stop.is_set():
-            finished = _run_all(
-                [threading.Thread(target=peer_checks, daemon=True)], until=started + deadline_s, cancel=stop
-            )
+            peer = threading.Thread(target=peer_checks, daemon=True)
+            threads.append(peer)
+            finished = _run_all([peer], until=started + deadline_s, cancel=stop)
         if not finished:
-            self.state.cancel.set()  # the hung checks return; their results are not taken
+            # Like the real exerciser's child killed and reaped: the hung checks return (their
+            # results are not taken) and the run ends only once none of them still runs.
+            killed.set()
+            self.state.cancel.set()
+            for thread in threads:
+                thread.join(REAP_S)
         with lock:
             if stop.is_set():
                 results = list(done) + unfinished(plan, list(done), hung=(), detail=CANCELLED)
