@@ -6,6 +6,11 @@ Only after winning a claim does the node plan, for every pod it holds a live cla
 new one, so instances it created for an earlier pod are not counted twice. If the MIG-enabled
 GPUs cannot serve the demand without touching busy instances, or the reshape fails, the claim is
 released and the pod is left alone for one claim lifetime, so another node gets its chance.
+
+The scheduler does not know which pod an instance was made for: another pod asking for the same
+profile may take it first. So on every pass the pods the node still holds claims on must be
+covered by idle instances; when they are not, the node reshapes again for them. A node with no
+MIG-enabled GPU (yet: the layout that enables them may still be on its way) claims nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class ClaimStore(Protocol):
 @dataclass(frozen=True)
 class DemandOutcome:
     """What one pass did for one pod: ``served`` (claimed and reshaped, or nothing to change),
-    ``lost`` (another node won the claim), ``released`` (this node cannot serve it)."""
+    ``lost`` (another node won the claim), ``released`` (this node cannot serve it), ``kept`` (a
+    pod held already, reshaped for again: other pods took the instances made for it)."""
 
     pod: str
     outcome: str
@@ -69,8 +75,10 @@ class DemandRunner:
         now = self._clock()
         self._gave_up = {uid: at for uid, at in self._gave_up.items() if now - at < self._ttl_s}
         view = select_demand(pods, node=self._node, labels=labels, now=now, ttl_s=self._ttl_s)
+        if not (view.held or view.to_claim) or not self._service.demand_states():
+            return []
         held = [dict(p.requests) for p in view.held]
-        outcomes: list[DemandOutcome] = []
+        outcomes: list[DemandOutcome] = self._keep(view.held, held) if held else []
         for pod in view.to_claim:
             if pod.uid in self._gave_up:
                 continue
@@ -82,6 +90,28 @@ class DemandRunner:
                 held.append(dict(pod.requests))
             outcomes.append(outcome)
         return outcomes
+
+    def _keep(self, pods: tuple[PendingPod, ...], held: list[dict[str, int]]) -> list[DemandOutcome]:
+        """Reshape again for held pods whose instances other pods took (nothing when idle
+        instances still cover them); a node that cannot lets their claims expire."""
+        keys = ", ".join(p.key for p in pods)
+        try:
+            results = self._service.apply_demand_if_covered(held)
+        except GpuweaveError as exc:
+            LOG.warning("MIG demand of pod(s) %s held on %s, not served again: %s", keys, self._node, exc)
+            return []
+        changed = tuple(r for r in results or () if r.changed)
+        if results is None:
+            LOG.info("MIG demand of pod(s) %s held on %s no longer fits; its claims expire", keys, self._node)
+        elif changed:
+            LOG.warning(
+                "MIG demand of pod(s) %s served again on %s: other pods took their instances "
+                "(%d GPU(s) reshaped)",
+                keys,
+                self._node,
+                len(changed),
+            )
+        return [DemandOutcome(p.key, "kept", changed) for p in pods] if changed else []
 
     def _serve(self, pod: PendingPod, held: list[dict[str, int]]) -> DemandOutcome:
         try:

@@ -94,3 +94,33 @@ def test_an_idle_instance_already_serving_keeps_the_claim_without_a_reshape(tmp_
     service.apply_declared('{"gpus": {"3": ["1g.10gb@6"]}}')
     [outcome] = runner(service, MemoryClaims(), "node-a").run_once([pending("p", {"1g.10gb": 1})], {})
     assert outcome.outcome == "served" and outcome.results == ()
+
+
+def test_a_held_pod_whose_instance_another_pod_took_gets_a_new_one(tmp_path):
+    """The scheduler gives an instance to any pod asking for its profile: the one made for p1 went
+    to a pod nobody claimed, so the next pass makes p1 another one."""
+    service, lib = mig_service(tmp_path)
+    claims = MemoryClaims()
+    run = runner(service, claims, "node-a")
+    [served] = run.run_once([pending("p1", {"3g.40gb": 1})], {})
+    assert served.outcome == "served"
+    (made,) = service.reconciler.snapshot(3).records
+    assert lib.mig_node is not None
+    lib.mig_node.gpus[3].set_busy(made.computes[0].mig_uuid)  # taken by another pod
+    held = pending("p1", {"3g.40gb": 1}, claim=Claim("node-a", NOW))
+    [kept] = run.run_once([held], {})
+    assert kept.outcome == "kept" and len(kept.results) == 1
+    assert sorted(i.profile for i in service.reconciler.current(3)) == ["3g.40gb", "3g.40gb"]
+    assert run.run_once([held], {}) == []  # covered now: nothing more changes
+
+
+def test_a_node_without_mig_enabled_gpus_claims_nothing(tmp_path):
+    """Before the layout that enables MIG arrives, the pod is neither claimed nor given up on."""
+    service, _ = sim_mig_service(tmp_path)
+    claims = MemoryClaims()
+    run = runner(service, claims, "node-a")
+    assert run.run_once([pending("p", {"3g.40gb": 1})], {}) == []
+    assert claims.claims == {} and claims.released == []
+    service.apply_declared('{"gpus": {"3": []}}')
+    [served] = run.run_once([pending("p", {"3g.40gb": 1})], {})
+    assert served.outcome == "served"
