@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_KIND
+from devicemodel.contracts import API_GROUP, API_VERSION, LABEL_PREFLIGHT, NODE_INVENTORY_KIND
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
@@ -23,10 +23,12 @@ from topology.network import LABEL_GPU_CLIQUE
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 LABEL_TOPOLOGY = "gpuweave.io/topology"
-# Every label key ``node_labels`` may write (the node agent's own on a Node): what
-# manifests/admission-node-agent.yaml lets it change and what ``node-agent --cleanup`` removes.
+# Every label key the node agent writes on its Node (``node_labels``' and the one that says it
+# answers gang preflights): what manifests/admission-node-agent.yaml lets it change and what
+# ``node-agent --cleanup`` removes.
 AGENT_LABEL_KEYS = frozenset(
     {
+        LABEL_PREFLIGHT,
         LABEL_TOPOLOGY,
         LABEL_GPU_CLIQUE,
         "nvidia.com/gpu.count",

@@ -28,6 +28,9 @@ NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributed to a GPU/compute instance"
 CONDITION_GPU = "GpuweaveGpuHealthy"
 CONDITION_EFA = "EfaHealthy"
 CONDITION_STATE_SAVED = "GpuweaveHealthStateSaved"
+# Every Node condition the agent writes: what manifests/admission-node-agent.yaml lets it change
+# and what ``node-agent --cleanup`` removes.
+AGENT_CONDITIONS = (CONDITION_GPU, CONDITION_EFA, CONDITION_STATE_SAVED, CONDITION_NODE_SERVICEABLE)
 TAINT_NODE_FAULT = "gpuweave.io/node-fault"
 TAINT_HEALTH_PENDING = "gpuweave.io/health-pending"
 

@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from devicemodel.contracts import CONDITION_NODE_SERVICEABLE, LABEL_PREFLIGHT, VERDICT_REPLACE
 from devicemodel.sharing import SharingPlan
 from deviceplugin.kube import Publisher
 from gpuweave.simulate.cluster_objects import profile_inventory
@@ -129,7 +130,13 @@ def test_the_agents_own_writes_to_its_node_pass(plane: ControlPlane, agent: clie
     publisher = Publisher(agent, snapshot=lambda: (inventory, {}, {}), sharing=SharingPlan())
     publisher.publish_once()
     health = KubeCluster(agent, node_name=NODE_A)
-    health.set_conditions((NodeCondition("GpuweaveGpuHealthy", "False", "GpuFailed", "GPU-5: Xid 79"),))
+    health.set_conditions(
+        (
+            NodeCondition("GpuweaveGpuHealthy", "False", "GpuFailed", "GPU-5: Xid 79"),
+            NodeCondition(CONDITION_NODE_SERVICEABLE, "False", VERDICT_REPLACE, "GPU-5: retired"),
+        )
+    )
+    client.CoreV1Api(agent).patch_node(NODE_A, {"metadata": {"labels": {LABEL_PREFLIGHT: "agent"}}})
     health.set_taint(TAINT_HEALTH_PENDING, present=True)
     health.set_taint(TAINT_NODE_FAULT, present=True, value="efa-missing")
     health.set_cordon(True)
@@ -139,7 +146,8 @@ def test_the_agents_own_writes_to_its_node_pass(plane: ControlPlane, agent: clie
     assert node_a.metadata.labels["nvidia.com/cuda.driver-version.major"] == "550"
     assert [t.key for t in node_a.spec.taints] == [FOREIGN_TAINT["key"], TAINT_NODE_FAULT]
     conditions = {c.type: c.status for c in node_a.status.conditions}
-    assert conditions == {"Ready": "True", "GpuweaveGpuHealthy": "False"}
+    assert conditions == {"Ready": "True", "GpuweaveGpuHealthy": "False", CONDITION_NODE_SERVICEABLE: "False"}
+    assert node_a.metadata.labels[LABEL_PREFLIGHT] == "agent"  # it answers gang preflights
     health.set_cordon(False)
     health.set_taint(TAINT_NODE_FAULT, present=False)
     assert not plane.core.read_node(NODE_A).spec.unschedulable

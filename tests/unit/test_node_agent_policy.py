@@ -26,9 +26,7 @@ from gpuweave.simulate.cluster_objects import profile_inventory
 from hardware.profiles import builtin_profile_names
 from health.kube import CORDON_ANNOTATION, EVICTION_LABEL
 from health.scope import (
-    CONDITION_EFA,
-    CONDITION_GPU,
-    CONDITION_STATE_SAVED,
+    AGENT_CONDITIONS,
     TAINT_HEALTH_PENDING,
     TAINT_NODE_FAULT,
 )
@@ -71,7 +69,7 @@ def test_the_policy_names_exactly_the_agents_annotation_taints_and_conditions() 
     taints = _strings(_variable("gpuweave-node-agent-nodes", "taints"))
     assert taints == {TAINT_NODE_FAULT, TAINT_HEALTH_PENDING}
     conditions = _strings(_variable("gpuweave-node-agent-nodes", "conditions"))
-    assert conditions == {CONDITION_GPU, CONDITION_EFA, CONDITION_STATE_SAVED}
+    assert conditions == set(AGENT_CONDITIONS)
 
 
 def test_the_eviction_policies_read_the_agents_label_and_the_gang_markers_the_agent_reads() -> None:
