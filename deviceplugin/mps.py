@@ -35,6 +35,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 GATE = "mps"  # the agent gate holding GPUs whose daemon cannot be started
 HOST_BASE_DIR = "/run/gpuweave/mps"
+CONTROL_SOCKET = "control"  # the daemon's socket in its pipe directory
+SOCKET_PATH_MAX = 107  # bytes in a unix socket path (sun_path holds 108 with the NUL)
 MIN_WAIT_S = 0.01  # the restarter never spins faster than this
 
 
@@ -86,6 +89,19 @@ class DaemonRecord:
 def spec_for(uuid: str, base_dir: Path, *, percentage: int | None, pinned_mib: int | None) -> MpsDaemonSpec:
     gpu_dir = base_dir / uuid
     return MpsDaemonSpec(uuid, gpu_dir / "pipe", gpu_dir / "log", percentage, pinned_mib)
+
+
+def check_pipe_paths(wanted: Mapping[str, MpsDaemonSpec]) -> None:
+    """Refuse pipe directories whose control socket no daemon could create (one clear line, not a
+    daemon that never answers and shares withheld for ever)."""
+    sockets = sorted(str(s.pipe_dir / CONTROL_SOCKET) for s in wanted.values())
+    longest = max(sockets, key=lambda p: len(p.encode()), default="")
+    if len(longest.encode()) > SOCKET_PATH_MAX:
+        raise InvalidInputError(
+            f"the MPS control socket {longest} is {len(longest.encode())} bytes long and a unix socket "
+            f"path holds at most {SOCKET_PATH_MAX}: give a shorter mpsPipeDirectory in the sharing "
+            "configuration (each GPU adds /<uuid>/pipe/control, 54 bytes)"
+        )
 
 
 def wanted_daemons(

@@ -23,7 +23,15 @@ from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan, load_sharing_plan
 from deviceplugin.agent import NodeAgent
-from deviceplugin.mps import GATE, HOST_BASE_DIR, MpsSettings, MpsSupervisor, status, wanted_daemons
+from deviceplugin.mps import (
+    GATE,
+    HOST_BASE_DIR,
+    MpsSettings,
+    MpsSupervisor,
+    check_pipe_paths,
+    status,
+    wanted_daemons,
+)
 from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
 from hardware.mps_ledger import LEDGER_FILE
 from hardware.mps_process import ProcessMpsDaemons
@@ -106,6 +114,7 @@ def start_node_mps(
     supervisor = MpsSupervisor(daemons, settings, gate=lambda reasons: agent.set_gate(GATE, reasons))
     mps = NodeMps(agent, supervisor)
     wanted = mps.wanted_for(inventory)
+    check_pipe_paths(wanted)
     if isinstance(daemons, ProcessMpsDaemons):
         require_binary(daemons.command, wanted)
     supervisor.check(wanted)
@@ -124,7 +133,9 @@ def start_node_mps(
 
 def _reload(agent: NodeAgent, mps: NodeMps, path: Path) -> dict[str, Any]:
     """Re-read the sharing file: re-offer the GPUs, then start and stop daemons to match at once."""
-    counts = agent.set_sharing(load_sharing_plan(path))
+    plan = load_sharing_plan(path)
+    check_pipe_paths(wanted_daemons(agent.inventory, plan, base_dir=mps.supervisor.settings.base_dir))
+    counts = agent.set_sharing(plan)
     mps.supervisor.check(mps.wanted())
     return {"resources": counts, "mps": status(mps.supervisor)}
 

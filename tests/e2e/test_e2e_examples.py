@@ -20,6 +20,7 @@ from kubernetes import dynamic
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import REPO, ControlPlane, SimNode, wait_for
+from tests.support.agent_process import remove_tree, short_temp_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +36,12 @@ EXPECTED = {
 
 
 def _node(
-    plane: ControlPlane, name: str, profile: str, *, labels: dict[str, str], annotations: dict[str, str],
+    plane: ControlPlane,
+    name: str,
+    profile: str,
+    *,
+    labels: dict[str, str],
+    annotations: dict[str, str],
     agent_args: tuple[str, ...] = (),
 ) -> SimNode:
     """A Node created with its labels and annotations before its kubelet and agent start (the
@@ -57,7 +63,8 @@ def example_nodes(
     plane: ControlPlane, cluster: dict[str, SimNode], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
     configs = tmp_path_factory.mktemp("sharing-configs")
-    (configs / "inference.yaml").write_text("default: {mode: fractional}\n")
+    pipes = short_temp_dir()  # the MPS daemons' sockets: a unix socket path has at most 107 bytes
+    (configs / "inference.yaml").write_text(f"default: {{mode: fractional}}\nmpsPipeDirectory: {pipes}\n")
     started: list[SimNode] = []
     try:
         started.append(_node(plane, P5, "p5.48xlarge", labels={}, annotations={}))
@@ -77,6 +84,7 @@ def example_nodes(
             node.stop()
         for name in (P5, A100, L40S):
             plane.forget_node(name)
+        remove_tree(pipes)
 
 
 def _placed(plane: ControlPlane, namespace: str, name: str) -> tuple[Any, dict[str, Any]] | None:
@@ -116,6 +124,7 @@ def test_every_example_pod_is_placed_through_the_extender_and_admitted(
         for name in examples:
             with contextlib.suppress(ApiException):
                 plane.core.delete_namespaced_pod(name, workload_namespace, grace_period_seconds=0)
+
         def gone() -> bool:
             listed = plane.core.list_namespaced_pod(workload_namespace).items
             return not [p for p in listed if p.metadata.name in examples]

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import socket
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
 from deviceplugin.errors import AllocationRejectedError
-from deviceplugin.mps import MpsSettings, MpsSupervisor, restart_delay, wanted_daemons
+from deviceplugin.mps import (
+    CONTROL_SOCKET,
+    SOCKET_PATH_MAX,
+    MpsSettings,
+    MpsSupervisor,
+    check_pipe_paths,
+    restart_delay,
+    wanted_daemons,
+)
 from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, OnExit
+from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until
 
@@ -251,3 +262,30 @@ def test_mps_a_daemon_quit_at_every_start_is_withheld_once_an_allocate_would_sto
     clock.now += 1.0
     supervisor.restart_due()
     assert gates[-1] == {} and supervisor.records()[gpu_uuid(0)].up
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = short_temp_dir()
+    yield path
+    remove_tree(path)
+
+
+def test_mps_a_pipe_directory_too_long_for_a_unix_socket_is_one_clear_error(short_dir: Path) -> None:
+    """The daemon's control socket must fit in sun_path: a longer base directory is refused at
+    start, naming the path and what to change, instead of daemons that never answer."""
+    tmp_path = short_dir
+    suffix = len(f"/{gpu_uuid(0)}/pipe/{CONTROL_SOCKET}".encode())
+    room = SOCKET_PATH_MAX - suffix - len(str(tmp_path).encode()) - 1
+    assert room > 0
+    fits = tmp_path / ("d" * room)
+    check_pipe_paths(_wanted(fits))
+    with pytest.raises(InvalidInputError, match=r"is 108 bytes long .* mpsPipeDirectory"):
+        check_pipe_paths(_wanted(tmp_path / ("d" * (room + 1))))
+    socket_path = fits / gpu_uuid(0) / "pipe" / CONTROL_SOCKET  # the limit is the kernel's
+    socket_path.parent.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(socket_path))
+    longer = socket_path.with_name(CONTROL_SOCKET + "x")
+    with socket.socket(socket.AF_UNIX) as sock, pytest.raises(OSError):
+        sock.bind(str(longer))
