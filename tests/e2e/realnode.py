@@ -9,6 +9,7 @@ tests/e2e/realnode/build.sh): ``gpuweave.test/seer:1`` prints what its container
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 from collections.abc import Sequence
@@ -35,6 +36,10 @@ SEER_IMAGE = "gpuweave.test/seer:1"
 PAUSE_IMAGE = "gpuweave.test/pause:1"
 SEER_MARKER = "GPUWEAVE-SEER "
 # Other tests' schedulers must not place pods on the real node; its pods tolerate this.
+# The node's directory holds unix sockets (the kubelet's, the device plugins', containerd's): a
+# pytest base directory is too long for them once its counter grows (pytest-1000/...), so the
+# node lives under a short root and the plane's work directory links to it (realnodes/NAME).
+SHORT_ROOT = Path("/tmp/gwrn")
 REALNODE_TAINT = {"key": "e2e.gpuweave.io/realnode", "value": "only", "effect": "NoSchedule"}
 
 
@@ -111,6 +116,16 @@ def fresh_dir(parent: Path, name: str) -> Path:
     raise RuntimeError(f"too many nodes named {name} under {parent}")
 
 
+def node_dir(plane_work: Path, name: str) -> Path:
+    """A fresh directory for the node ``name`` of the plane working in ``plane_work``."""
+    root = SHORT_ROOT / hashlib.sha256(str(plane_work).encode()).hexdigest()[:8]
+    path = fresh_dir(root, name)
+    links = plane_work / "realnodes"
+    links.mkdir(parents=True, exist_ok=True)
+    (links / path.name).symlink_to(path)
+    return path
+
+
 class RealNode:
     """``harness realnode``: a Node whose kubelet and container runtime are the real ones."""
 
@@ -134,7 +149,7 @@ class RealNode:
         self.agent: Process | None = None
         self.agent_handle: Any = None  # the test module's handle on the node agent
         self.plane = plane
-        self.dir = fresh_dir(plane.work / "realnodes", name)
+        self.dir = node_dir(plane.work, name)
         self.kubelet_dir = self.dir / "kubelet"
         self.plugin_dir = self.kubelet_dir / "device-plugins"
         self.cdi_dir = self.dir / "cdi"
