@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
 from gpuweave.simulate.faults import (
@@ -34,12 +35,14 @@ from gpuweave.simulate.faults import (
 from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.latent import LatentFaults
+from gpuweave.simulate.lifecycle import Launch, NodeLifecycle, Replacement, ladder_verdict
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
 from gpuweave.simulate.placers import (
     Gang,
     InventoryWatcher,
     MigPlacer,
+    NodeWatcher,
     Placer,
     PodPlacement,
     PodWatcher,
@@ -49,6 +52,7 @@ from gpuweave.simulate.placers import (
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.timeline import Sample, take_sample
 from gpuweave.simulate.workload import Job, JobKind
+from health.scope import node_verdict
 from topology.fragmentation import FragmentModel
 from topology.network import LABEL_GPU_CLIQUE
 from topology.scoring import score_set
@@ -98,6 +102,10 @@ class RunResult:
     jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
     cliques: tuple[str, ...] = ()  # the fleet's NVLink cliques (``clique_name``); () without any
     latent: LatentFaults | None = None  # latent faults: caught by active checks, or hit by jobs
+    lifecycle: NodeLifecycle | None = None  # replacements and scale-ups (None: a fixed fleet)
+    window_s: float = 0.0  # the arrival window
+    gpu_hours_used: float = 0.0  # allocated over the arrival window
+    gpu_hours_paid: float = 0.0  # every machine's GPUs x its time within the window
 
 
 @dataclass
@@ -122,8 +130,13 @@ class Simulation:
         agents: NodeAgentPool | None = None,
         step: TrainingStep | None = None,
         latent: LatentFaults | None = None,
+        lifecycle: NodeLifecycle | None = None,
     ) -> None:
-        self.state = SimState.create(fleet, metric_model)
+        """``lifecycle``: replacement and scale-up (``lifecycle`` module); its reserve rows, the
+        last of ``fleet``, hold no machine until a scale-up fills one. None: a fixed fleet."""
+        self._lifecycle = lifecycle
+        reserve = lifecycle.reserve if lifecycle is not None else ()
+        self.state = SimState.create(fleet, metric_model, absent=reserve)
         self._latent = latent  # faults only active checks find, and (with agents) those checks
         self._step = step or TrainingStep()
         self._now = 0.0
@@ -154,13 +167,20 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
+        # the lifecycle: broken nodes' faults (row -> the fault), verdicts the simulation takes
+        # for nodes without an agent (row -> (from, verdict, detail)), removals due (at, row)
+        self._broken_by: dict[int, FaultRecord] = {}
+        self._verdicts: dict[int, tuple[float, str, str]] = {}
+        self._removals: list[tuple[float, int]] = []
+        self.used_gpu_hours = 0.0  # allocated GPU time over the arrival window
         self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
         if agents is not None and agents.sampled:
             self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
         elif agents is not None:
             self.result.agents = f"{len(self.state.fleet)} agents (gRPC)"
         nodes = len(self.state.fleet)
-        pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
+        base = self.state.fleet[: nodes - len(reserve)]
+        pool = share_pool(base) if share_nodes is None else share_nodes
         self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
         # Nodes a multi-node gang may use: EFA nodes, and nodes of an NVLink clique (their members
         # talk over NVLink inside it, and over the trays' InfiniBand NICs across cliques)
@@ -178,9 +198,12 @@ class Simulation:
         for tick in range(ticks + 1):
             self._advance(tick * self._tick)
             self.result.samples.append(self._sample(tick * self._tick))
+            if tick < ticks:
+                self.used_gpu_hours += self.state.used_gpu_milli() / MILLI_PER_GPU * self._tick / 3600
             if on_tick is not None:
                 on_tick(1)
         self.result.jobs_pending_at_end = len(self._queue)
+        self._account(ticks * self._tick)
         if on_drain is not None and self._jobs_left():
             on_drain(self._jobs_left())
         for tick in range(ticks + 1, ticks + 1 + int(np.ceil(DRAIN_LIMIT_S / self._tick))):
@@ -193,6 +216,16 @@ class Simulation:
         self.result.jobs_unfinished = self._jobs_left()
         self.result.reshapes = list(self._mig.reshapes)
         return self.result
+
+    def _account(self, window_s: float) -> None:
+        """GPU-hours used and paid over the arrival window (``lifecycle_report``)."""
+        self.result.window_s = window_s
+        self.result.gpu_hours_used = self.used_gpu_hours
+        if self._lifecycle is not None:
+            self.result.lifecycle = self._lifecycle
+            self.result.gpu_hours_paid = self._lifecycle.gpu_hours_paid(window_s)
+        else:
+            self.result.gpu_hours_paid = sum(n.gpus for n in self.state.fleet) * window_s / 3600
 
     def _jobs_left(self) -> int:
         """Jobs queued or with a pod running."""
@@ -207,6 +240,8 @@ class Simulation:
             self._agents.set_time(now)
         self._deliver_published()
         self._depart(now)
+        if self._lifecycle is not None:
+            self._lifecycle_before(self._lifecycle, now)
         self._fire_faults(now)
         if self._latent is not None:
             self._latent.fire(self.state, now)
@@ -217,6 +252,8 @@ class Simulation:
         demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
         self._reconcile_mig(demand, now)
         self._schedule(now)
+        if self._lifecycle is not None:
+            self._lifecycle_after(self._lifecycle, now)
 
     def _deliver_published(self, *nodes: int) -> None:
         """The agents' changed GpuNodeInventory objects reach the extender (its watch); ``nodes``
@@ -283,10 +320,137 @@ class Simulation:
             self.result.faults.append(record)
             self._deliver_published(self._node_index(record.node))
             if spec.restore_after_s <= 0:
+                self._stays_broken(spec, record, now)
                 continue
             # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
             gpu_by_agent = self._agent_on(self._node_index(record.node)) and record.gpu is not None
             self._restores.append((now + (self._tick if gpu_by_agent else spec.restore_after_s), record))
+
+    # ---- the node lifecycle (``lifecycle``) ----------------------------------------------------
+    def _stays_broken(self, spec: FaultSpec, record: FaultRecord, now: float) -> None:
+        """A GPU fault that does not heal (an Xid 79: the GPU fell off the bus and its reset
+        fails). With an agent on the node, its reset fails in the simulated NVML and the agent's
+        health rounds reach the verdict; without one, the simulation takes the verdict the Xid's
+        remediation ladder gives once a reset failed, one health round later."""
+        if self._lifecycle is None or record.gpu is None or not record.gpus_withheld:
+            return
+        node = self._node_index(record.node)
+        self._broken_by[node] = record
+        if self._agent_on(node):
+            assert self._agents is not None
+            self._agents.set_reset_fails(node, record.gpu)
+            return
+        xid = 79 if spec.kind is FaultKind.XID_79 else 48
+        verdict, detail = ladder_verdict(self.state.fleet[node], record.gpu, xid)
+        self._verdicts[node] = (now + self._tick, verdict, detail)
+
+    def _lifecycle_before(self, lifecycle: NodeLifecycle, now: float) -> None:
+        """Drained nodes leave, then machines whose boot is over join (before this tick's faults)."""
+        for due in sorted(r for r in self._removals if r[0] <= now):
+            self._removals.remove(due)
+            self._remove(due[1], at_s=due[0])
+        for launch in lifecycle.due(now):
+            self._join(launch, now)
+
+    def _lifecycle_after(self, lifecycle: NodeLifecycle, now: float) -> None:
+        """After scheduling: empty added machines consolidated, broken nodes handed over (by
+        ``replace.decide``), and what still fits nowhere planned (by ``capacity.plan_buffers``)."""
+        present = [i for i in range(len(self.state.fleet)) if self.state.present(i)]
+        empty = {i: not self.state.pods_on(i) for i in present}
+        for row in lifecycle.consolidate(empty, now=now):
+            self._remove(row, at_s=now)
+        broken = self._broken(now)
+        pods = {row: [p.pod_id for p in self.state.pods_on(row)] for row in broken}
+        for row in lifecycle.decide_hand_over(broken, self.state.fleet, pods=pods, nodes_total=len(present)):
+            self._hand_over(lifecycle, row, broken[row], now)
+        queued = [(q.job, q.queued_s) for q in self._queue]
+        for plan in lifecycle.plan_scale_up(queued, now=now):
+            jobs = {pod.rsplit("-", 1)[0] for pod in plan.pods}
+            since = min(q.queued_s for q in self._queue if q.job.job_id in jobs)
+            lifecycle.scale_up(plan, since_s=since, now=now)
+
+    def _broken(self, now: float) -> dict[int, tuple[str, str]]:
+        """Nodes whose verdict asks for their engine: (verdict, detail) by row. An agent's node
+        runs one health round per tick while its fault stays (the reset, then the verdict)."""
+        broken: dict[int, tuple[str, str]] = {}
+        handed = {row for _, row in self._removals}
+        for row in sorted(self._broken_by):
+            if row in handed:
+                continue
+            if self._agent_on(row):
+                assert self._agents is not None
+                self._agents.health_round(row)
+                snapshot = self._agents.health_snapshot(row)
+                condition = node_verdict(snapshot) if snapshot is not None else None
+                if condition is not None and condition.status == "False":
+                    broken[row] = (condition.reason, condition.message)
+            elif row in self._verdicts and self._verdicts[row][0] <= now:
+                broken[row] = self._verdicts[row][1:]
+        return broken
+
+    def _hand_over(self, lifecycle: NodeLifecycle, row: int, verdict: tuple[str, str], now: float) -> None:
+        """The node goes to the provisioner: its pods are evicted (their termination grace runs out
+        before the next tick, when the node is removed) and their jobs queued again."""
+        fault = self._broken_by.pop(row, None)
+        self._verdicts.pop(row, None)
+        jobs = [pod.rsplit("-", 1)[0] for pod in fault.evicted_pods] if fault is not None else []
+        drained, pods = self._drain(row)
+        record = Replacement(
+            self.state.fleet[row].name,
+            verdict[0],
+            verdict[1],
+            fault.kind if fault is not None else "",
+            fault.at_s if fault is not None else now,
+            now,
+            pods_drained=pods,
+            jobs=list(dict.fromkeys(jobs + drained)),
+        )
+        lifecycle.handed_over(row, self.state.fleet[row], record, now=now)
+        self._removals.append((now + lifecycle.settings.grace_s, row))
+
+    def _drain(self, row: int) -> tuple[list[str], int]:
+        """Evict every job with a pod on ``row``, queued again first; (their IDs, pods evicted)."""
+        jobs: list[str] = []
+        evicted = 0
+        for pod in self.state.pods_on(row):
+            if pod.pod_id in self.state.pods:
+                jobs.append(pod.job.job_id)
+                evicted += self._evict_job(pod)
+        return jobs, evicted
+
+    def _remove(self, row: int, *, at_s: float) -> None:
+        """The machine of ``row`` is gone: from the state, the scheduler's view and its agent."""
+        name = self.state.fleet[row].name
+        self._restores = [r for r in self._restores if r[1].node != name]
+        self._broken_by.pop(row, None)
+        self._verdicts.pop(row, None)
+        self.state.node_left(row)
+        if isinstance(self._placer, NodeWatcher):
+            self._placer.node_left(row)
+        if self._agents is not None:
+            self._agents.leave(row)
+        assert self._lifecycle is not None
+        self._lifecycle.left(row, now=at_s)
+
+    def _join(self, launch: Launch, now: float) -> None:
+        """A machine joins as the others did: the state, the scheduler's view (its Node object;
+        its inventory from its agent, or from the simulation where it runs none), its agent."""
+        row, machine = launch.row, launch.machine
+        self.state.node_joined(row, machine)
+        self._share_allowed[row] = launch.shared
+        self._gang_nodes[row] = machine.has_efa or LABEL_GPU_CLIQUE in machine.labels
+        self._mig_nodes = [
+            i for i, n in enumerate(self.state.fleet) if n.mig_managed and self.state.present(i)
+        ]
+        runs_agent = self._agents is not None and self._agents.join(row, machine, shared=launch.shared)
+        if isinstance(self._placer, NodeWatcher):
+            self._placer.node_joined(row, machine, shared=launch.shared, inventory=self._watcher is None)
+        if self._latent is not None:
+            self._latent.node_joined(row, machine)
+        if runs_agent:
+            self._deliver_published(row)
+        assert self._lifecycle is not None
+        self._lifecycle.joined(launch, now=now)
 
     def _inject(self, spec: FaultSpec, now: float) -> FaultRecord | None:
         """The fault in the simulated state and, with agents, in the node's simulated hardware."""
@@ -429,6 +593,8 @@ class Simulation:
             allowed &= self._gang_nodes & ~down
         if self.state.fabric_down:  # a tray whose NVLink fabric failed takes no new pods
             allowed[sorted(self.state.fabric_down)] = False
+        if self.state.absent:  # rows with no machine now
+            allowed[sorted(self.state.absent)] = False
         return allowed
 
     def _start(self, job: Job, now: float, *, delay_s: float = 0.0) -> bool:
@@ -479,6 +645,8 @@ class Simulation:
         )
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
+        if self._lifecycle is not None:
+            self._lifecycle.job_started(job.job_id, at_s=now + delay_s)
         return True
 
     def _place_all(
@@ -552,13 +720,17 @@ class Simulation:
         if self._latent is not None:
             self._latent.pods_started([pod], now)
         self._ends[pod_id] = now + job.duration_s
+        if self._lifecycle is not None:
+            self._lifecycle.job_started(job.job_id, at_s=now)
         return True
 
     def _place_mig(self, job: Job, pod_id: str) -> tuple[int, int] | None:
         """Through the extender (filter/prioritize/bind) and the node's kubelet; the device the
         extender chose must be an idle instance of the simulated layout, or it is a disagreement."""
         assert self._mig_placer is not None and self._agents is not None
-        allowed = np.asarray([n.mig_managed for n in self.state.fleet], dtype=bool)
+        allowed = np.asarray(
+            [n.mig_managed and self.state.present(i) for i, n in enumerate(self.state.fleet)], dtype=bool
+        )
         placement = self._mig_placer.place_mig(job.mig_profile, allowed=allowed, rng=self._rng, pod_id=pod_id)
         if placement is None:
             return None

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from gpuweave.simulate.engine import RunResult
 from gpuweave.simulate.faults import FaultKind
+from gpuweave.simulate.lifecycle_report import lifecycle_figures, lifecycle_rows
 from gpuweave.simulate.timeline import Sample
 from gpuweave.simulate.workload import JobKind
 
@@ -149,6 +150,7 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         | _job_figures(result)
         | clique_figures(result)
         | latent_figures(result)
+        | lifecycle_figures(result)
     )
 
 
@@ -284,6 +286,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         else:
             cells = [_number(fmt, s[key]) for s in summaries]
         lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))
+        if key == "fragmentation_pct" and all("gpu_hours_paid" in s for s in summaries):
+            for life_label, life_cells in lifecycle_rows(summaries):
+                lines.append(f"{life_label:<{width}}" + "".join(f"{c:>22}" for c in life_cells))
     return "\n".join(lines)
 
 
