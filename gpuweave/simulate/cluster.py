@@ -114,7 +114,8 @@ class ClusterState:
         no request fits). The row must be free of pods; the GPU slots padded as at creation."""
         gpus, cpu, memory = (spec.gpus, spec.cpu_milli, spec.memory_mib) if spec else (0, 0, 0)
         if gpus > self.gpu_free.shape[1]:
-            raise InvalidInputError(f"node {spec.name if spec else ''} has more GPUs than the cluster's slots")
+            name = spec.name if spec else ""
+            raise InvalidInputError(f"node {name} has more GPUs than the cluster's GPU slots")
         self.total_gpu_milli += (gpus - int(self.gpu_count[node])) * MILLI_PER_GPU
         if spec is not None:
             self.names[node] = spec.name

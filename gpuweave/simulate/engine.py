@@ -111,7 +111,12 @@ class RunResult:
 @dataclass
 class _Queued:
     job: Job
-    queued_s: float
+    queued_s: float  # what its pending time counts from (a job a fault evicted: its first start)
+    entered_s: float = -1.0  # when it entered the queue this time (-1: at ``queued_s``)
+
+    @property
+    def pending_since_s(self) -> float:
+        return self.queued_s if self.entered_s < 0 else self.entered_s
 
 
 class Simulation:
@@ -363,10 +368,10 @@ class Simulation:
         pods = {row: [p.pod_id for p in self.state.pods_on(row)] for row in broken}
         for row in lifecycle.decide_hand_over(broken, self.state.fleet, pods=pods, nodes_total=len(present)):
             self._hand_over(lifecycle, row, broken[row], now)
-        queued = [(q.job, q.queued_s) for q in self._queue]
+        queued = [(q.job, q.pending_since_s) for q in self._queue]
         for plan in lifecycle.plan_scale_up(queued, now=now):
             jobs = {pod.rsplit("-", 1)[0] for pod in plan.pods}
-            since = min(q.queued_s for q in self._queue if q.job.job_id in jobs)
+            since = min(q.pending_since_s for q in self._queue if q.job.job_id in jobs)
             lifecycle.scale_up(plan, since_s=since, now=now)
 
     def _broken(self, now: float) -> dict[int, tuple[str, str]]:
@@ -518,7 +523,7 @@ class Simulation:
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job (a fault) and queue the job again first; returns pods evicted."""
         evicted = self._stop_job(pod, fault=self._fault)
-        self._queue.insert(0, _Queued(pod.job, pod.started_s))
+        self._queue.insert(0, _Queued(pod.job, pod.started_s, self._now))
         return evicted
 
     def _stop_job(self, pod: RunningPod, *, fault: FaultContext | None) -> int:

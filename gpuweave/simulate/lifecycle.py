@@ -21,9 +21,10 @@ existed; the report sets them against the GPU-hours allocated.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from devicemodel.contracts import VERDICT_REBOOT, VERDICT_REPLACE
 from gpuweave.lifecycle.capacity import (
     BufferPlan,
     GangDemand,
@@ -32,7 +33,6 @@ from gpuweave.lifecycle.capacity import (
     ShareDemand,
     plan_buffers,
 )
-from devicemodel.contracts import VERDICT_REBOOT, VERDICT_REPLACE
 from gpuweave.lifecycle.replace import (
     Act,
     Engine,
@@ -278,18 +278,7 @@ class NodeLifecycle:
             booting[plan.pool] = max(0, booting.get(plan.pool, 0) - plan.nodes)
             if more > 0:
                 free -= more
-                wanted.append(
-                    BufferPlan(
-                        plan.name,
-                        plan.kind,
-                        plan.pool,
-                        plan.instance_type,
-                        more,
-                        plan.pods,
-                        plan.tier_label,
-                        plan.reason,
-                    )
-                )
+                wanted.append(replace(plan, nodes=more))
         return wanted
 
     def scale_up(self, plan: BufferPlan, *, since_s: float, now: float) -> list[Launch]:
@@ -344,10 +333,8 @@ class NodeLifecycle:
             machine.name, machine.profile, machine.gpus, launched, launch.origin
         )
         record = launch.record
-        if isinstance(record, Replacement):
-            record.ready_s = now
-        elif len([n for n in record.nodes if n in self._present_names()]) == len(record.nodes):
-            record.ready_s = now
+        if isinstance(record, Replacement) or set(record.nodes) <= self._present_names():
+            record.ready_s = now  # a scale-up's: its last machine
 
     def left(self, row: int, *, now: float) -> None:
         lifetime = self.lifetimes.pop(row)

@@ -81,8 +81,9 @@ def replacement_line(summary: dict[str, Any]) -> str:
         return "no node needed its engine" + (f" ({held})" if held else "")
     parts = []
     for r in records:
+        fault = r["fault"] or "a fault"
         parts.append(
-            f"{r['node']} ({r['verdict']} after {r['fault'] or 'a fault'} at t={r['fault_at_s'] / 60:.0f} min): "
+            f"{r['node']} ({r['verdict']} after {fault} at t={r['fault_at_s'] / 60:.0f} min): "
             f"handed over +{_seconds(r['handed_over_after_s'])} s, {r['new_node']} ready "
             f"+{_seconds(r['new_node_ready_after_s'])} s, its {len(r['jobs'])} job(s) running again "
             f"+{_seconds(r['jobs_running_again_after_s'])} s ({r['pods_drained']} pod(s) drained)"
@@ -97,7 +98,8 @@ def scale_up_line(summary: dict[str, Any]) -> str:
     if records is None:
         return "off (--no-lifecycle: a fixed fleet)"
     if not records:
-        return f"none (no demand the autoscaler cannot read waited {_max_new(summary)})"
+        bound = summary["max_new_nodes"]
+        return f"none (no pending demand the autoscaler cannot read; at most {bound} machines)"
     pools: dict[str, int] = {}
     for record in records:
         pools[record["pool"]] = pools.get(record["pool"], 0) + record["machines"]
@@ -117,10 +119,6 @@ def paid_line(summary: dict[str, Any]) -> str:
         f"({'-' if pct is None else f'{pct:.1f}'} %) over the arrival window; pending time mean "
         f"{_minutes(summary['pending_mean_min'])} min, p95 {_minutes(summary['pending_p95_min'])} min"
     )
-
-
-def _max_new(summary: dict[str, Any]) -> str:
-    return f"under a bound of {summary['max_new_nodes']} machines"
 
 
 def _seconds(value: float | None) -> str:

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import ANNOTATION_GANG_TIER
-from gpuweave.simulate import FULL_AGENTS_UP_TO, SAMPLED_AGENTS
+from gpuweave.simulate import DEFAULT_BOOT_S, DEFAULT_MAX_NEW_NODES, FULL_AGENTS_UP_TO, SAMPLED_AGENTS
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.faults import faults_for
@@ -29,12 +29,7 @@ from gpuweave.simulate.fleet import (
     share_pool,
 )
 from gpuweave.simulate.latent import LatentFaults
-from gpuweave.simulate.lifecycle import (
-    DEFAULT_BOOT_S,
-    DEFAULT_MAX_NEW_NODES,
-    LifecycleSettings,
-    NodeLifecycle,
-)
+from gpuweave.simulate.lifecycle import LifecycleSettings, NodeLifecycle
 from gpuweave.simulate.lifecycle_report import paid_line, replacement_line, scale_up_line
 from gpuweave.simulate.outcomes import GangRecovery
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
