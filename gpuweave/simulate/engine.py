@@ -179,12 +179,12 @@ class Simulation:
         self._removals: list[tuple[float, int]] = []
         self.used_gpu_hours = 0.0  # allocated GPU time over the arrival window
         self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
-        if agents is not None and agents.sampled:
-            self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
-        elif agents is not None:
-            self.result.agents = f"{len(self.state.fleet)} agents (gRPC)"
         nodes = len(self.state.fleet)
         base = self.state.fleet[: nodes - len(reserve)]
+        if agents is not None and agents.sampled:
+            self.result.agents = f"{len(agents)} of {len(base)} nodes' agents (gRPC, sampled)"
+        elif agents is not None:
+            self.result.agents = f"{len(base)} agents (gRPC)"
         pool = share_pool(base) if share_nodes is None else share_nodes
         self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
         # Nodes a multi-node gang may use: EFA nodes, and nodes of an NVLink clique (their members
@@ -410,7 +410,8 @@ class Simulation:
             pods_drained=pods,
             jobs=list(dict.fromkeys(jobs + drained)),
         )
-        lifecycle.handed_over(row, self.state.fleet[row], record, now=now)
+        shared = bool(self._share_allowed[row])
+        lifecycle.handed_over(row, self.state.fleet[row], record, shared=shared, now=now)
         self._removals.append((now + lifecycle.settings.grace_s, row))
 
     def _drain(self, row: int) -> tuple[list[str], int]:
@@ -651,7 +652,8 @@ class Simulation:
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
         if self._lifecycle is not None:
-            self._lifecycle.job_started(job.job_id, at_s=now + delay_s)
+            names = [self.state.fleet[p.node].name for p in started]
+            self._lifecycle.job_started(job.job_id, at_s=now + delay_s, nodes=names)
         return True
 
     def _place_all(
@@ -726,7 +728,7 @@ class Simulation:
             self._latent.pods_started([pod], now)
         self._ends[pod_id] = now + job.duration_s
         if self._lifecycle is not None:
-            self._lifecycle.job_started(job.job_id, at_s=now)
+            self._lifecycle.job_started(job.job_id, at_s=now, nodes=[self.state.fleet[node].name])
         return True
 
     def _place_mig(self, job: Job, pod_id: str) -> tuple[int, int] | None:

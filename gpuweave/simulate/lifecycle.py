@@ -79,6 +79,7 @@ class Replacement:
     jobs: list[str] = field(default_factory=list)  # evicted by the fault or by the drain
     running_again_s: float | None = None  # when the last of ``jobs`` ran again
     _waiting: set[str] = field(default_factory=set, repr=False)
+    _back_s: float | None = field(default=None, repr=False)  # the last of its jobs already back
 
     def to_json(self) -> dict[str, Any]:
         def since(t: float | None) -> float | None:
@@ -205,6 +206,8 @@ class NodeLifecycle:
         self.waits: dict[str, str] = {}  # node -> why its hand-over waits (the decision's reason)
         self._handed: set[str] = set()  # handed over, not yet removed (counts against the cap)
         self._empty_since: dict[int, float] = {}
+        self._started: dict[str, float] = {}  # job -> its last start
+        self._running_on: dict[str, tuple[str, ...]] = {}  # job -> the nodes of that start
         self._names = 0
 
     @property
@@ -238,24 +241,38 @@ class NodeLifecycle:
         self.waits = {d.node: d.reason for d in decisions if d.act is Act.WAIT}
         return [rows[d.node] for d in decisions if d.act is Act.HAND_OVER and d.node not in self._handed]
 
-    def handed_over(self, row: int, old: FleetNode, record: Replacement, *, now: float) -> Launch:
-        """The node of ``row`` is the provisioner's: a machine of its profile comes to the same row."""
+    def handed_over(
+        self, row: int, old: FleetNode, record: Replacement, *, shared: bool, now: float
+    ) -> Launch:
+        """The node of ``row`` is the provisioner's: a machine of its profile (serving as it did:
+        ``shared``) comes to the same row once the old one is gone."""
         self._handed.add(old.name)
         self.replacements.append(record)
-        record._waiting = set(record.jobs)
+        # a job the fault evicted may run again already (elsewhere, before the verdict)
+        drained = {j for j in record.jobs if old.name in self._running_on.get(j, ())}
+        back = [
+            j for j in record.jobs if j not in drained and self._started.get(j, -1.0) >= record.fault_at_s
+        ]
+        record._waiting = set(record.jobs) - set(back)
+        record._back_s = max((self._started[j] for j in back), default=None)
+        if not record._waiting:
+            record.running_again_s = record._back_s
         machine = new_machine(old, self._new_name(old.profile))
         record.new_node = machine.name
-        shared = any(p.template.profile == old.profile and p.shared for p in self.pools.values())
         launch = Launch(row, machine, now + self.settings.boot_s, "replacement", shared, record)
         self.launches.append(launch)
         return launch
 
-    def job_started(self, job_id: str, *, at_s: float) -> None:
+    def job_started(self, job_id: str, *, at_s: float, nodes: Sequence[str] = ()) -> None:
+        """A job's pods run from ``at_s`` (on ``nodes``): a replacement's jobs are back once all
+        of them ran again."""
+        self._started[job_id] = at_s
+        self._running_on[job_id] = tuple(nodes)
         for record in self.replacements:
             if job_id in record._waiting:
                 record._waiting.discard(job_id)
                 if not record._waiting:
-                    record.running_again_s = at_s
+                    record.running_again_s = max(at_s, record._back_s or at_s)
 
     # ---- scale-up -----------------------------------------------------------------------------
     def plan_scale_up(self, queued: Sequence[tuple[Job, float]], *, now: float) -> list[BufferPlan]:

@@ -241,6 +241,9 @@ def run_simulation(options: SimulateOptions) -> int:
     # the agents' active-check runs log each finding; the report's latent-fault rows count them
     logging.getLogger("health.active_runner").setLevel(logging.ERROR)
     logging.getLogger("health.active_claims").setLevel(logging.ERROR)
+    # a reset that fails (an Xid 79's GPU stays off the bus) is the report's replacement line
+    logging.getLogger("health.remediation").setLevel(logging.ERROR)
+    logging.getLogger("hardware.health_probe").setLevel(logging.ERROR)
     if options.policy not in SIMULATE_POLICIES:
         raise InvalidInputError(
             f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"
