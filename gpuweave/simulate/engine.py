@@ -415,13 +415,15 @@ class Simulation:
         self._removals.append((now + lifecycle.settings.grace_s, row))
 
     def _drain(self, row: int) -> tuple[list[str], int]:
-        """Evict every job with a pod on ``row``, queued again first; (their IDs, pods evicted)."""
+        """Evict every job with a pod on ``row``, queued again first (pending from now: its pods
+        are re-created once the drained ones ended); (their IDs, pods evicted)."""
         jobs: list[str] = []
         evicted = 0
         for pod in self.state.pods_on(row):
             if pod.pod_id in self.state.pods:
                 jobs.append(pod.job.job_id)
-                evicted += self._evict_job(pod)
+                evicted += self._stop_job(pod, fault=None)
+                self._queue.insert(0, _Queued(pod.job, self._now, self._now))
         return jobs, evicted
 
     def _remove(self, row: int, *, at_s: float) -> None:
