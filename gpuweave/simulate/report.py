@@ -442,7 +442,8 @@ def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
     """The headline numbers as bars, each labelled with its value; a panel where one bar is more
     than ``LOG_RATIO`` times another (a 5 s recovery beside a 4,448 s one) has a log axis, so the
     small bar still shows. On a fleet of NVLink cliques the third panel counts the multi-node
-    gangs placed across cliques instead of the multi-GPU pods on their best set."""
+    gangs placed across cliques instead of the multi-GPU pods on their best set. A run's GPU-hours
+    paid, and the share of them used, get two more panels."""
     cliques = all("multi_node_gangs_across_cliques" in s for s in summaries)
     metrics = (
         ("gpu_allocation_pct", "GPU allocation %"),
@@ -456,7 +457,12 @@ def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
         ("gpu_hours_lost_to_faults", "GPU-hours lost to faults"),
         ("gang_recovery_median_s", "median gang recovery (s)"),
     )
-    figure, axes = plt.subplots(2, 4, figsize=(16, 8))
+    if all("gpu_hours_paid" in s for s in summaries):  # what the fleet cost, and how much of it ran work
+        metrics += (
+            ("gpu_hours_paid", "GPU-hours paid"),
+            ("gpu_hours_used_pct_of_paid", "GPU-hours used, % of paid"),
+        )
+    figure, axes = plt.subplots(2, len(metrics) // 2, figsize=(4 * len(metrics) // 2, 8))
     for axis, (key, label) in zip(axes.flat, metrics, strict=True):
         _bars(axis, summaries, key=key, label=label)
     figure.tight_layout()
