@@ -53,6 +53,7 @@ from gpuweave.simulate.workload import (
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0
+MAX_NEW_NODES_LIMIT = 1000  # each is a row of the cluster's arrays from the start
 GANG_TIER_ANNOTATION = f"{ANNOTATION_GANG_TIER}: {GANG_TIER_CLIQUE}"
 
 
@@ -252,8 +253,10 @@ def run_simulation(options: SimulateOptions) -> int:
     fleet = build_fleet(
         parse_profiles(options.profiles), nodes=options.nodes, nodes_per_block=options.nodes_per_block
     )
-    if options.max_new_nodes < 0:
-        raise InvalidInputError(f"--max-new-nodes {options.max_new_nodes}: give 0 or more machines")
+    if not 0 <= options.max_new_nodes <= MAX_NEW_NODES_LIMIT:
+        raise InvalidInputError(
+            f"--max-new-nodes {options.max_new_nodes}: give 0 to {MAX_NEW_NODES_LIMIT} machines"
+        )
     reserve = reserve_rows(fleet, options.max_new_nodes) if options.lifecycle else ()
     cluster = Cluster(fleet + reserve, len(fleet))
     jobs = _jobs(options, fleet)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from devicemodel.contracts import VERDICT_REBOOT
 from gpuweave.cli import main
 from gpuweave.simulate.agents import NodeAgentPool
@@ -169,3 +171,13 @@ def test_no_lifecycle_on_the_command_line_reproduces_the_fixed_fleet(tmp_path: P
     assert "replacements" not in fixed and "scale_up_records" not in fixed
     assert fixed["gpu_hours_paid"] == sum(n["gpus"] for n in off["cluster"]) * 2.0
     assert off["options"]["lifecycle"] is False
+
+
+def test_bad_lifecycle_options_are_one_line_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--max-new-nodes", "-1", "--out", str(tmp_path)]) == 2
+    assert "--max-new-nodes -1: give 0 to 1000 machines" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--node-boot-time", "25h", "--out", str(tmp_path)])
+    assert "give 0 to 24h" in capsys.readouterr().err
