@@ -60,13 +60,13 @@ def one_run(seed: int, *, latent: bool, lifecycle: bool, work: Path) -> dict[str
     granted, refused = (int(part) for part in str(summary["kubelet_admissions"]).split(" / "))
     kept = {key: summary[key] for key in KEPT if key in summary}
     replaced = [{k: r[k] for k in REPLACEMENT_KEPT} for r in summary.get("replacement_records", [])]
-    lifecycle = {"replacement_records": replaced} if "replacement_records" in summary else {}
+    records = {"replacement_records": replaced} if "replacement_records" in summary else {}
     return {
         "policy": summary["policy"],
         "admissions": granted,
         "admissions_refused": refused,
         **kept,
-        **lifecycle,
+        **records,
     }
 
 

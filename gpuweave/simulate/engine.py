@@ -21,6 +21,7 @@ from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.engine_lifecycle import LifecycleTick
 from gpuweave.simulate.faults import (
     DEFAULT_FAULTS,
     FaultKind,
@@ -35,14 +36,13 @@ from gpuweave.simulate.faults import (
 from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.latent import LatentFaults
-from gpuweave.simulate.lifecycle import Launch, NodeLifecycle, Replacement, ladder_verdict
+from gpuweave.simulate.lifecycle import NodeLifecycle
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
 from gpuweave.simulate.placers import (
     Gang,
     InventoryWatcher,
     MigPlacer,
-    NodeWatcher,
     Placer,
     PodPlacement,
     PodWatcher,
@@ -52,7 +52,6 @@ from gpuweave.simulate.placers import (
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.timeline import Sample, take_sample
 from gpuweave.simulate.workload import Job, JobKind
-from health.scope import node_verdict
 from topology.fragmentation import FragmentModel
 from topology.network import LABEL_GPU_CLIQUE
 from topology.scoring import score_set
@@ -172,11 +171,7 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
-        # the lifecycle: broken nodes' faults (row -> the fault), verdicts the simulation takes
-        # for nodes without an agent (row -> (from, verdict, detail)), removals due (at, row)
-        self._broken_by: dict[int, FaultRecord] = {}
-        self._verdicts: dict[int, tuple[float, str, str]] = {}
-        self._removals: list[tuple[float, int]] = []
+        self._life = LifecycleTick(self, lifecycle) if lifecycle is not None else None
         self.used_gpu_hours = 0.0  # allocated GPU time over the arrival window
         self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
         nodes = len(self.state.fleet)
@@ -232,6 +227,10 @@ class Simulation:
         else:
             self.result.gpu_hours_paid = sum(n.gpus for n in self.state.fleet) * window_s / 3600
 
+    def requeue_first(self, job: Job, *, queued_s: float) -> None:
+        """A job evicted now is queued again at the head (pending from ``queued_s``)."""
+        self._queue.insert(0, _Queued(job, queued_s, self._now))
+
     def _jobs_left(self) -> int:
         """Jobs queued or with a pod running."""
         return len(self._queue) + len({p.job.job_id for p in self.state.pods.values()})
@@ -245,8 +244,8 @@ class Simulation:
             self._agents.set_time(now)
         self._deliver_published()
         self._depart(now)
-        if self._lifecycle is not None:
-            self._lifecycle_before(self._lifecycle, now)
+        if self._life is not None:
+            self._life.before(now)
         self._fire_faults(now)
         if self._latent is not None:
             self._latent.fire(self.state, now)
@@ -257,8 +256,8 @@ class Simulation:
         demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
         self._reconcile_mig(demand, now)
         self._schedule(now)
-        if self._lifecycle is not None:
-            self._lifecycle_after(self._lifecycle, now)
+        if self._life is not None:
+            self._life.after(now)
 
     def _deliver_published(self, *nodes: int) -> None:
         """The agents' changed GpuNodeInventory objects reach the extender (its watch); ``nodes``
@@ -325,140 +324,12 @@ class Simulation:
             self.result.faults.append(record)
             self._deliver_published(self._node_index(record.node))
             if spec.restore_after_s <= 0:
-                self._stays_broken(spec, record, now)
+                if self._life is not None:
+                    self._life.stays_broken(spec, record, now)
                 continue
             # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
             gpu_by_agent = self._agent_on(self._node_index(record.node)) and record.gpu is not None
             self._restores.append((now + (self._tick if gpu_by_agent else spec.restore_after_s), record))
-
-    # ---- the node lifecycle (``lifecycle``) ----------------------------------------------------
-    def _stays_broken(self, spec: FaultSpec, record: FaultRecord, now: float) -> None:
-        """A GPU fault that does not heal (an Xid 79: the GPU fell off the bus and its reset
-        fails). With an agent on the node, its reset fails in the simulated NVML and the agent's
-        health rounds reach the verdict; without one, the simulation takes the verdict the Xid's
-        remediation ladder gives once a reset failed, one health round later."""
-        if self._lifecycle is None or record.gpu is None or not record.gpus_withheld:
-            return
-        node = self._node_index(record.node)
-        self._broken_by[node] = record
-        if self._agent_on(node):
-            assert self._agents is not None
-            self._agents.set_reset_fails(node, record.gpu)
-            return
-        xid = 79 if spec.kind is FaultKind.XID_79 else 48
-        verdict, detail = ladder_verdict(self.state.fleet[node], record.gpu, xid)
-        self._verdicts[node] = (now + self._tick, verdict, detail)
-
-    def _lifecycle_before(self, lifecycle: NodeLifecycle, now: float) -> None:
-        """Drained nodes leave, then machines whose boot is over join (before this tick's faults)."""
-        for due in sorted(r for r in self._removals if r[0] <= now):
-            self._removals.remove(due)
-            self._remove(due[1], at_s=due[0])
-        for launch in lifecycle.due(now):
-            self._join(launch, now)
-
-    def _lifecycle_after(self, lifecycle: NodeLifecycle, now: float) -> None:
-        """After scheduling: empty added machines consolidated, broken nodes handed over (by
-        ``replace.decide``), and what still fits nowhere planned (by ``capacity.plan_buffers``)."""
-        present = [i for i in range(len(self.state.fleet)) if self.state.present(i)]
-        empty = {i: not self.state.pods_on(i) for i in present}
-        for row in lifecycle.consolidate(empty, now=now):
-            self._remove(row, at_s=now)
-        broken = self._broken(now)
-        pods = {row: [p.pod_id for p in self.state.pods_on(row)] for row in broken}
-        for row in lifecycle.decide_hand_over(broken, self.state.fleet, pods=pods, nodes_total=len(present)):
-            self._hand_over(lifecycle, row, broken[row], now)
-        queued = [(q.job, q.pending_since_s) for q in self._queue]
-        for plan in lifecycle.plan_scale_up(queued, now=now):
-            jobs = {pod.rsplit("-", 1)[0] for pod in plan.pods}
-            since = min(q.pending_since_s for q in self._queue if q.job.job_id in jobs)
-            lifecycle.scale_up(plan, since_s=since, now=now)
-
-    def _broken(self, now: float) -> dict[int, tuple[str, str]]:
-        """Nodes whose verdict asks for their engine: (verdict, detail) by row. An agent's node
-        runs one health round per tick while its fault stays (the reset, then the verdict)."""
-        broken: dict[int, tuple[str, str]] = {}
-        handed = {row for _, row in self._removals}
-        for row in sorted(self._broken_by):
-            if row in handed:
-                continue
-            if self._agent_on(row):
-                assert self._agents is not None
-                self._agents.health_round(row)
-                snapshot = self._agents.health_snapshot(row)
-                condition = node_verdict(snapshot) if snapshot is not None else None
-                if condition is not None and condition.status == "False":
-                    broken[row] = (condition.reason, condition.message)
-            elif row in self._verdicts and self._verdicts[row][0] <= now:
-                broken[row] = self._verdicts[row][1:]
-        return broken
-
-    def _hand_over(self, lifecycle: NodeLifecycle, row: int, verdict: tuple[str, str], now: float) -> None:
-        """The node goes to the provisioner: its pods are evicted (their termination grace runs out
-        before the next tick, when the node is removed) and their jobs queued again."""
-        fault = self._broken_by.pop(row, None)
-        self._verdicts.pop(row, None)
-        jobs = [pod.rsplit("-", 1)[0] for pod in fault.evicted_pods] if fault is not None else []
-        drained, pods = self._drain(row)
-        record = Replacement(
-            self.state.fleet[row].name,
-            verdict[0],
-            verdict[1],
-            fault.kind if fault is not None else "",
-            fault.at_s if fault is not None else now,
-            now,
-            pods_drained=pods,
-            jobs=list(dict.fromkeys(jobs + drained)),
-        )
-        shared = bool(self._share_allowed[row])
-        lifecycle.handed_over(row, self.state.fleet[row], record, shared=shared, now=now)
-        self._removals.append((now + lifecycle.settings.grace_s, row))
-
-    def _drain(self, row: int) -> tuple[list[str], int]:
-        """Evict every job with a pod on ``row``, queued again first (pending from now: its pods
-        are re-created once the drained ones ended); (their IDs, pods evicted)."""
-        jobs: list[str] = []
-        evicted = 0
-        for pod in self.state.pods_on(row):
-            if pod.pod_id in self.state.pods:
-                jobs.append(pod.job.job_id)
-                evicted += self._stop_job(pod, fault=None)
-                self._queue.insert(0, _Queued(pod.job, self._now, self._now))
-        return jobs, evicted
-
-    def _remove(self, row: int, *, at_s: float) -> None:
-        """The machine of ``row`` is gone: from the state, the scheduler's view and its agent."""
-        name = self.state.fleet[row].name
-        self._restores = [r for r in self._restores if r[1].node != name]
-        self._broken_by.pop(row, None)
-        self._verdicts.pop(row, None)
-        self.state.node_left(row)
-        if isinstance(self._placer, NodeWatcher):
-            self._placer.node_left(row)
-        if self._agents is not None:
-            self._agents.leave(row)
-        assert self._lifecycle is not None
-        self._lifecycle.left(row, now=at_s)
-
-    def _join(self, launch: Launch, now: float) -> None:
-        """A machine joins as the others did: the state, the scheduler's view (its Node object;
-        its inventory from its agent, or from the simulation where it runs none), its agent."""
-        row, machine = launch.row, launch.machine
-        self.state.node_joined(row, machine)
-        self._share_allowed[row] = launch.shared
-        self._gang_nodes[row] = machine.has_efa or LABEL_GPU_CLIQUE in machine.labels
-        self._mig_nodes = [
-            i for i, n in enumerate(self.state.fleet) if n.mig_managed and self.state.present(i)
-        ]
-        runs_agent = self._agents is not None and self._agents.join(row, machine, shared=launch.shared)
-        if isinstance(self._placer, NodeWatcher):
-            self._placer.node_joined(row, machine, shared=launch.shared, inventory=self._watcher is None)
-        if self._latent is not None:
-            self._latent.node_joined(row, machine)
-        if runs_agent:
-            self._deliver_published(row)
-        assert self._lifecycle is not None
-        self._lifecycle.joined(launch, now=now)
 
     def _inject(self, spec: FaultSpec, now: float) -> FaultRecord | None:
         """The fault in the simulated state and, with agents, in the node's simulated hardware."""

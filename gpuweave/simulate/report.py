@@ -445,7 +445,7 @@ def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
     gangs placed across cliques instead of the multi-GPU pods on their best set. A run's GPU-hours
     paid, and the share of them used, get two more panels."""
     cliques = all("multi_node_gangs_across_cliques" in s for s in summaries)
-    metrics = (
+    metrics: tuple[tuple[str, str], ...] = (
         ("gpu_allocation_pct", "GPU allocation %"),
         ("fragmentation_pct", "fragmentation %"),
         ("multi_node_gangs_across_cliques", "multi-node gangs across NVLink cliques")
