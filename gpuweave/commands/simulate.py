@@ -51,8 +51,9 @@ def register(subparsers: Any) -> None:
         help="run a simulated GPU cluster with the real components and report (the main job)",
         description=(
             "Simulate a mixed GPU cluster under a workload of training gangs, single-GPU jobs and "
-            "fractional inference, with faults injected mid-run and a shift to MIG demand; compare "
-            "placement policies on the same workload; print a summary and write JSON + PNG."
+            "fractional inference, with faults injected mid-run and a shift to MIG demand, broken "
+            "nodes replaced and pending demand scaled up by the node lifecycle; compare placement "
+            "policies on the same workload; print a summary and write JSON + PNG."
         ),
     )
     parser.add_argument("--nodes", type=int, default=16, help="number of nodes (default 16)")
