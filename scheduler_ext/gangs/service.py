@@ -142,7 +142,7 @@ class GangCoordinator:
         return self._steer(gang, slot, request, names, host)
 
     def _preflight(self, gang: Gang, reservation: Reservation) -> str:
-        """ "" once every member node passed its preflight (or none is needed); else why the member
+        """"" once every member node passed its preflight (or none is needed); else why the member
         waits. A failed preflight releases the plan: the gang is planned again without those nodes."""
         if self.preflight is None or any(s.bound for s in reservation.slots):
             return ""
@@ -204,7 +204,9 @@ class GangCoordinator:
             if room:
                 self.book.stop_waiting(gang.key)
                 return room_answer(gang, names, room, dict.fromkeys(names, outcome.reason))
-            self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()), size=gang.size)
+            self.book.wait(
+                gang.key, outcome.closest, cluster_nodes=len(self.cache.states()), size=gang.size
+            )
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
         self.book.stop_waiting(gang.key)
         self.book.forget_offered(gang.key)
