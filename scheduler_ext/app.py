@@ -19,6 +19,7 @@ from scheduler_ext.decide.core import DecisionCore
 from scheduler_ext.decide.registry import LayoutRegistry
 from scheduler_ext.decide.workload import WorkloadLearner
 from scheduler_ext.gangs.book import GangBook
+from scheduler_ext.gangs.policy import GangPolicy, gang_policy
 from scheduler_ext.gangs.service import GangCoordinator, GangSettings, PodGroupSizes
 from scheduler_ext.pods.selector import SelectorCache
 from scheduler_ext.serving.events import (
@@ -43,10 +44,15 @@ class Extender:
     core: DecisionCore
     service: ExtenderService
     metrics: ExtenderMetrics
-    gangs: GangCoordinator | None = None
+    gangs: GangCoordinator | None = None  # the gang service while gangs are on, to look into
     server: ExtenderHTTPServer | None = None
     probe_server: ProbeListener | None = None
     stoppers: tuple[object, ...] = ()
+
+    @property
+    def gang_policy(self) -> GangPolicy:
+        """The gang policy the verbs call: the gang service, or the no-op one (``gangs.policy``)."""
+        return self.service.gangs
 
     def serve(
         self, *, host: str, port: int, tls_cert: Path | None = None, tls_key: Path | None = None
@@ -116,7 +122,6 @@ def gang_coordinator(
         on_outcome=metrics.gang_outcome,
     )
     metrics.watch_gangs(coordinator.book, sweep=coordinator.sweep)
-    cache.on_pod_gone = coordinator.pod_gone  # members deleted: their gang's holds go at once
     return coordinator
 
 
@@ -136,18 +141,19 @@ def assemble(
     metrics = ExtenderMetrics()
     metrics.watch_capacity(cache.kinds)
     coordinator = gang_coordinator(cache, core, gangs or GangSettings(), metrics)
+    policy = gang_policy(coordinator)
+    cache.on_pod_gone = policy.pod_gone  # members deleted: their gang's holds go at once
     cache.on_conflict = lambda _record, _device, _holder: metrics.assignment_conflicts.inc()
     if event_sink is None:
         service = ExtenderService(
-            cache=cache, core=core, binder=binder, observer=metrics, keep=keep, gangs=coordinator
+            cache=cache, core=core, binder=binder, observer=metrics, keep=keep, gangs=policy
         )
         return Extender(
             cache=cache, core=core, service=service, metrics=metrics, stoppers=stoppers, gangs=coordinator
         )
     events = EventRecorder(event_sink, cache=cache, counts=EventCounts(metrics.registry))
     events.start()
-    if coordinator is not None:
-        coordinator.on_hold_refused = events.gang_hold_refused
+    policy.tell_refused_holds(events.gang_hold_refused)
 
     def on_conflict(record: PodRecord, device: str, holder: str) -> None:
         metrics.assignment_conflicts.inc()
@@ -161,7 +167,7 @@ def assemble(
         observer=metrics,
         events=events,
         keep=keep,
-        gangs=coordinator,
+        gangs=policy,
     )
     return Extender(
         cache=cache,
@@ -184,6 +190,5 @@ def build_snapshot_extender(
     cache, core = build_core(share_workload=workload, selectors=selectors, gangs=gangs)
     load_snapshot(snapshot, cache)
     extender = assemble(cache, core, SnapshotBinder(cache), keep=keep, gangs=gangs)
-    if extender.gangs is not None:
-        extender.gangs.rebuild()
+    extender.gang_policy.rebuild()
     return extender

@@ -5,26 +5,43 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import InvalidInputError
-from gpuweave.simulate import FULL_AGENTS_UP_TO, SAMPLED_AGENTS
+from gpuweave.simulate import DEFAULT_BOOT_S, DEFAULT_MAX_NEW_NODES, FULL_AGENTS_UP_TO, SAMPLED_AGENTS
 
 DEFAULT_OUT = Path("out/simulate")
 
 
-def _duration(text: str) -> float:
+def _seconds(text: str) -> float:
     """Seconds from ``90``, ``90s``, ``30m`` or ``6h``."""
     units = {"s": 1, "m": 60, "h": 3600}
     try:
         seconds = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"bad duration {text!r}; use e.g. 6h, 90m or 3600") from None
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}; use e.g. 6h, 90m or 3600")
+    return seconds
+
+
+def _duration(text: str) -> float:
+    """The simulated time: at least a minute."""
+    seconds = _seconds(text)
     if seconds < 60:
         raise argparse.ArgumentTypeError(f"duration {text!r} is under one simulated minute; use e.g. 1h")
+    return seconds
+
+
+def _boot_time(text: str) -> float:
+    """A machine's boot: from nothing (0) to a simulated day."""
+    seconds = _seconds(text)
+    if not 0 <= seconds <= 86_400:
+        raise argparse.ArgumentTypeError(f"node boot time {text!r}: give 0 to 24h, e.g. 5m")
     return seconds
 
 
@@ -34,8 +51,9 @@ def register(subparsers: Any) -> None:
         help="run a simulated GPU cluster with the real components and report (the main job)",
         description=(
             "Simulate a mixed GPU cluster under a workload of training gangs, single-GPU jobs and "
-            "fractional inference, with faults injected mid-run and a shift to MIG demand; compare "
-            "placement policies on the same workload; print a summary and write JSON + PNG."
+            "fractional inference, with faults injected mid-run and a shift to MIG demand, broken "
+            "nodes replaced and pending demand scaled up by the node lifecycle; compare placement "
+            "policies on the same workload; print a summary and write JSON + PNG."
         ),
     )
     parser.add_argument("--nodes", type=int, default=16, help="number of nodes (default 16)")
@@ -90,6 +108,26 @@ def register(subparsers: Any) -> None:
         type=int,
         default=2,
         help="nodes of one profile per layer-3 network block (EKS network-node-layer-3 label; default 2)",
+    )
+    parser.add_argument(
+        "--node-boot-time",
+        type=_boot_time,
+        default=DEFAULT_BOOT_S,
+        metavar="DURATION",
+        help="from a machine's launch (a replacement or a scale-up) until its node is ready "
+        "(default 5m: a p5 through Karpenter)",
+    )
+    parser.add_argument(
+        "--max-new-nodes",
+        type=int,
+        default=DEFAULT_MAX_NEW_NODES,
+        metavar="N",
+        help=f"most machines a scale-up has added at once (default {DEFAULT_MAX_NEW_NODES}; 0: no scale-up)",
+    )
+    parser.add_argument(
+        "--no-lifecycle",
+        action="store_true",
+        help="a fixed fleet: no node replacement, no scale-up (the run before the lifecycle)",
     )
     parser.set_defaults(handler=run)
 
@@ -148,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
         latent=not args.no_latent,
         agent_nodes=args.agents,
         nodes_per_block=args.nodes_per_block,
+        lifecycle=not args.no_lifecycle,
+        node_boot_s=args.node_boot_time,
+        max_new_nodes=args.max_new_nodes,
     )
     with quiet_agent_health():
         return run_simulation(options)

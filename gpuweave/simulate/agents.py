@@ -199,9 +199,12 @@ class NodeAgentPool:
         share_nodes: frozenset[int],
         health: HealthSettings | None = None,
         only: Collection[int] | None = None,
+        absent: Collection[int] = (),
     ) -> None:
-        """An agent per node of ``fleet``, or only on the nodes ``only`` names (a sample)."""
+        """An agent per node of ``fleet``, or only on the nodes ``only`` names (a sample); none
+        on the rows ``absent`` names, which hold no machine yet (``join``)."""
         self._fleet = tuple(fleet)
+        self._joins = 0  # machines joined since the start: each gets its own directory
         self._health = health or driven_health_settings()
         self.clock = SimClock()  # the simulation sets it (``set_time``); the agents' health reads it
         # memory-backed where the machine has it, as the simulated sysfs trees are: a sampled
@@ -209,8 +212,9 @@ class NodeAgentPool:
         # stays short, as unix socket paths must be
         self._root = Path(tempfile.mkdtemp(prefix="gws", dir=scratch_parent() or "/tmp"))
         self._nodes: dict[int, _Node] = {}
-        wanted = range(len(self._fleet)) if only is None else sorted(set(only))
-        self.sampled = len(wanted) < len(self._fleet)
+        rows = [i for i in range(len(self._fleet)) if i not in set(absent)]
+        wanted = rows if only is None else sorted(set(only) - set(absent))
+        self.sampled = len(wanted) < len(rows)
         self.admitted = 0
         self.admission_failures: list[str] = []
         self.reshape_refusals: list[str] = []
@@ -223,15 +227,37 @@ class NodeAgentPool:
             self.close()
             raise
 
-    def _start(self, index: int, node: FleetNode, *, shared: bool) -> _Node:
-        kubelet_dir = self._root / f"n{index}" / "k"
-        state_dir = self._root / f"n{index}" / "s"
+    def join(self, index: int, node: FleetNode, *, shared: bool) -> bool:
+        """A new machine joined row ``index``: it runs an agent as every node does (True), unless
+        the pool is a sample, whose unsampled nodes run none (False)."""
+        self._fleet = (*self._fleet[:index], node, *self._fleet[index + 1 :])
+        if self.sampled:
+            return False
+        self._joins += 1
+        self._nodes[index] = self._start(index, node, shared=shared, folder=f"j{self._joins}")
+        return True
+
+    def leave(self, index: int) -> None:
+        """The machine of row ``index`` is gone: its agent, kubelet and hardware stop."""
+        held = self._nodes.pop(index, None)
+        if held is not None:
+            _stop_node(held)
+        with self._changed_lock:
+            self._changed.discard(index)
+
+    def set_reset_fails(self, node: int, gpu: int) -> None:
+        """From now on a reset of the GPU fails in the node's simulated NVML (it stays off the bus)."""
+        self._nodes[node].backend.node.health.set_reset_fails(gpu)
+
+    def _start(self, index: int, node: FleetNode, *, shared: bool, folder: str = "") -> _Node:
+        kubelet_dir = self._root / (folder or f"n{index}") / "k"
+        state_dir = self._root / (folder or f"n{index}") / "s"
         state_dir.mkdir(parents=True, exist_ok=True)
         kubelet = SimKubelet(kubelet_dir, call_timeout_s=SETTLE_TIMEOUT_S)
         kubelet.start()
         backend = SimulatedBackend(
             node.node_profile or load_profile(node.profile),
-            self._root / f"n{index}" / "hw",
+            self._root / (folder or f"n{index}") / "hw",
             node_name=node.name,
             kmsg_path=state_dir / SIM_KMSG_FILE,
         )

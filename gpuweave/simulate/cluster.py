@@ -109,6 +109,24 @@ class ClusterState:
             raise InvalidInputError(f"node {self.names[node]} has {len(free)} free GPUs, {count} asked")
         return [int(g) for g in free[:count]]
 
+    def set_node(self, node: int, spec: NodeSpec | None) -> None:
+        """A machine joins row ``node`` (``spec``) or leaves it (None: a row of no capacity, which
+        no request fits). The row must be free of pods; the GPU slots padded as at creation."""
+        gpus, cpu, memory = (spec.gpus, spec.cpu_milli, spec.memory_mib) if spec else (0, 0, 0)
+        if gpus > self.gpu_free.shape[1]:
+            name = spec.name if spec else ""
+            raise InvalidInputError(f"node {name} has more GPUs than the cluster's GPU slots")
+        self.total_gpu_milli += (gpus - int(self.gpu_count[node])) * MILLI_PER_GPU
+        if spec is not None:
+            self.names[node] = spec.name
+            self.model_index[node] = self.fragment_model.model_index(spec.model)
+        self.gpu_count[node] = gpus
+        self.cpu_capacity[node] = self.cpu_free[node] = cpu
+        self.memory_capacity[node] = self.memory_free[node] = memory
+        self.gpu_free[node] = np.where(np.arange(self.gpu_free.shape[1]) < gpus, MILLI_PER_GPU, 0)
+        self._access_cache.clear()
+        self._refresh(node)
+
     def set_gpu_free(self, node: int, gpu: int, free_milli: int) -> None:
         """Show a GPU as having ``free_milli`` free (0 withholds it from every request)."""
         self.gpu_free[node, gpu] = free_milli

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
+from gpuweave.simulate.engine_lifecycle import LifecycleTick
 from gpuweave.simulate.faults import (
     DEFAULT_FAULTS,
     FaultKind,
@@ -34,6 +36,7 @@ from gpuweave.simulate.faults import (
 from gpuweave.simulate.fleet import FleetNode, clique_name, share_pool
 from gpuweave.simulate.jobtime import TrainingStep, job_timing
 from gpuweave.simulate.latent import LatentFaults
+from gpuweave.simulate.lifecycle import NodeLifecycle
 from gpuweave.simulate.mig_manager import MigManager, Reshape
 from gpuweave.simulate.outcomes import FaultContext, JobLedger
 from gpuweave.simulate.placers import (
@@ -98,12 +101,21 @@ class RunResult:
     jobs_unfinished: int = 0  # jobs still queued or running when the drain stopped (its limit)
     cliques: tuple[str, ...] = ()  # the fleet's NVLink cliques (``clique_name``); () without any
     latent: LatentFaults | None = None  # latent faults: caught by active checks, or hit by jobs
+    lifecycle: NodeLifecycle | None = None  # replacements and scale-ups (None: a fixed fleet)
+    window_s: float = 0.0  # the arrival window
+    gpu_hours_used: float = 0.0  # allocated over the arrival window
+    gpu_hours_paid: float = 0.0  # every machine's GPUs x its time within the window
 
 
 @dataclass
 class _Queued:
     job: Job
-    queued_s: float
+    queued_s: float  # what its pending time counts from (a job a fault evicted: its first start)
+    entered_s: float = -1.0  # when it entered the queue this time (-1: at ``queued_s``)
+
+    @property
+    def pending_since_s(self) -> float:
+        return self.queued_s if self.entered_s < 0 else self.entered_s
 
 
 class Simulation:
@@ -122,8 +134,13 @@ class Simulation:
         agents: NodeAgentPool | None = None,
         step: TrainingStep | None = None,
         latent: LatentFaults | None = None,
+        lifecycle: NodeLifecycle | None = None,
     ) -> None:
-        self.state = SimState.create(fleet, metric_model)
+        """``lifecycle``: replacement and scale-up (``lifecycle`` module); its reserve rows, the
+        last of ``fleet``, hold no machine until a scale-up fills one. None: a fixed fleet."""
+        self._lifecycle = lifecycle
+        reserve = lifecycle.reserve if lifecycle is not None else ()
+        self.state = SimState.create(fleet, metric_model, absent=reserve)
         self._latent = latent  # faults only active checks find, and (with agents) those checks
         self._step = step or TrainingStep()
         self._now = 0.0
@@ -154,13 +171,16 @@ class Simulation:
         self._ends: dict[str, float] = {}
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
+        self._life = LifecycleTick(self, lifecycle) if lifecycle is not None else None
+        self.used_gpu_hours = 0.0  # allocated GPU time over the arrival window
         self.result = RunResult(policy=placer.name, transport=placer.transport, latent=latent)
-        if agents is not None and agents.sampled:
-            self.result.agents = f"{len(agents)} of {len(self.state.fleet)} nodes' agents (gRPC, sampled)"
-        elif agents is not None:
-            self.result.agents = f"{len(self.state.fleet)} agents (gRPC)"
         nodes = len(self.state.fleet)
-        pool = share_pool(self.state.fleet) if share_nodes is None else share_nodes
+        base = self.state.fleet[: nodes - len(reserve)]
+        if agents is not None and agents.sampled:
+            self.result.agents = f"{len(agents)} of {len(base)} nodes' agents (gRPC, sampled)"
+        elif agents is not None:
+            self.result.agents = f"{len(base)} agents (gRPC)"
+        pool = share_pool(base) if share_nodes is None else share_nodes
         self._share_allowed = np.asarray([i in pool for i in range(nodes)], dtype=bool)
         # Nodes a multi-node gang may use: EFA nodes, and nodes of an NVLink clique (their members
         # talk over NVLink inside it, and over the trays' InfiniBand NICs across cliques)
@@ -178,9 +198,12 @@ class Simulation:
         for tick in range(ticks + 1):
             self._advance(tick * self._tick)
             self.result.samples.append(self._sample(tick * self._tick))
+            if tick < ticks:
+                self.used_gpu_hours += self.state.used_gpu_milli() / MILLI_PER_GPU * self._tick / 3600
             if on_tick is not None:
                 on_tick(1)
         self.result.jobs_pending_at_end = len(self._queue)
+        self._account(ticks * self._tick)
         if on_drain is not None and self._jobs_left():
             on_drain(self._jobs_left())
         for tick in range(ticks + 1, ticks + 1 + int(np.ceil(DRAIN_LIMIT_S / self._tick))):
@@ -193,6 +216,20 @@ class Simulation:
         self.result.jobs_unfinished = self._jobs_left()
         self.result.reshapes = list(self._mig.reshapes)
         return self.result
+
+    def _account(self, window_s: float) -> None:
+        """GPU-hours used and paid over the arrival window (``lifecycle_report``)."""
+        self.result.window_s = window_s
+        self.result.gpu_hours_used = self.used_gpu_hours
+        if self._lifecycle is not None:
+            self.result.lifecycle = self._lifecycle
+            self.result.gpu_hours_paid = self._lifecycle.gpu_hours_paid(window_s)
+        else:
+            self.result.gpu_hours_paid = sum(n.gpus for n in self.state.fleet) * window_s / 3600
+
+    def requeue_first(self, job: Job, *, queued_s: float) -> None:
+        """A job evicted now is queued again at the head (pending from ``queued_s``)."""
+        self._queue.insert(0, _Queued(job, queued_s, self._now))
 
     def _jobs_left(self) -> int:
         """Jobs queued or with a pod running."""
@@ -207,6 +244,8 @@ class Simulation:
             self._agents.set_time(now)
         self._deliver_published()
         self._depart(now)
+        if self._life is not None:
+            self._life.before(now)
         self._fire_faults(now)
         if self._latent is not None:
             self._latent.fire(self.state, now)
@@ -217,6 +256,8 @@ class Simulation:
         demand = Counter(q.job.mig_profile for q in self._queue if q.job.kind is JobKind.MIG)
         self._reconcile_mig(demand, now)
         self._schedule(now)
+        if self._life is not None:
+            self._life.after(now)
 
     def _deliver_published(self, *nodes: int) -> None:
         """The agents' changed GpuNodeInventory objects reach the extender (its watch); ``nodes``
@@ -283,6 +324,8 @@ class Simulation:
             self.result.faults.append(record)
             self._deliver_published(self._node_index(record.node))
             if spec.restore_after_s <= 0:
+                if self._life is not None:
+                    self._life.stays_broken(spec, record, now)
                 continue
             # with agents a failed GPU comes back when the agent's rounds (reset, probation) say so
             gpu_by_agent = self._agent_on(self._node_index(record.node)) and record.gpu is not None
@@ -354,7 +397,7 @@ class Simulation:
     def _evict_job(self, pod: RunningPod) -> int:
         """Evict every pod of ``pod``'s job (a fault) and queue the job again first; returns pods evicted."""
         evicted = self._stop_job(pod, fault=self._fault)
-        self._queue.insert(0, _Queued(pod.job, pod.started_s))
+        self._queue.insert(0, _Queued(pod.job, pod.started_s, self._now))
         return evicted
 
     def _stop_job(self, pod: RunningPod, *, fault: FaultContext | None) -> int:
@@ -429,6 +472,8 @@ class Simulation:
             allowed &= self._gang_nodes & ~down
         if self.state.fabric_down:  # a tray whose NVLink fabric failed takes no new pods
             allowed[sorted(self.state.fabric_down)] = False
+        if self.state.absent:  # rows with no machine now
+            allowed[sorted(self.state.absent)] = False
         return allowed
 
     def _start(self, job: Job, now: float, *, delay_s: float = 0.0) -> bool:
@@ -479,6 +524,9 @@ class Simulation:
         )
         self._nominated.pop(job.job_id, None)
         self.result.topology.extend(outcomes)
+        if self._lifecycle is not None:
+            names = [self.state.fleet[p.node].name for p in started]
+            self._lifecycle.job_started(job.job_id, at_s=now + delay_s, nodes=names)
         return True
 
     def _place_all(
@@ -552,13 +600,17 @@ class Simulation:
         if self._latent is not None:
             self._latent.pods_started([pod], now)
         self._ends[pod_id] = now + job.duration_s
+        if self._lifecycle is not None:
+            self._lifecycle.job_started(job.job_id, at_s=now, nodes=[self.state.fleet[node].name])
         return True
 
     def _place_mig(self, job: Job, pod_id: str) -> tuple[int, int] | None:
         """Through the extender (filter/prioritize/bind) and the node's kubelet; the device the
         extender chose must be an idle instance of the simulated layout, or it is a disagreement."""
         assert self._mig_placer is not None and self._agents is not None
-        allowed = np.asarray([n.mig_managed for n in self.state.fleet], dtype=bool)
+        allowed = np.asarray(
+            [n.mig_managed and self.state.present(i) for i, n in enumerate(self.state.fleet)], dtype=bool
+        )
         placement = self._mig_placer.place_mig(job.mig_profile, allowed=allowed, rng=self._rng, pod_id=pod_id)
         if placement is None:
             return None

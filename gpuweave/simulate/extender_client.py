@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import http.client
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,10 +110,13 @@ class ExtenderPlacer:
         share_workload: TargetWorkload | None = None,
         scoring: ProfileScoring | None = None,
         transport: str = "http",
+        absent: Collection[int] = (),
     ) -> None:
         """``share_workload`` pins the scorer's mix (else it learns from the pods it sees);
-        ``transport="in-process"`` calls the same service objects without HTTP."""
+        ``transport="in-process"`` calls the same service objects without HTTP; rows ``absent``
+        hold no machine yet (``node_joined`` registers one)."""
         self._fleet = tuple(fleet)
+        self._absent = set(absent)
         self._scoring = scoring or load_profile_scoring()
         self._allocatable = [
             {"cpu": n.cpu_milli, "memory": n.memory_mib, RESOURCE_GPU: n.gpus} for n in self._fleet
@@ -177,8 +180,41 @@ class ExtenderPlacer:
     def _objects(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         for i, node in enumerate(self._fleet):
-            items += [_node_object(node), self._inventory(i)]
+            if i not in self._absent:
+                items += [_node_object(node), self._inventory(i)]
         return items
+
+    def node_joined(self, node: int, machine: FleetNode, *, shared: bool, inventory: bool) -> None:
+        """A new machine registered in row ``node``: its Node object reaches the cache as the
+        watch delivers it, and its ``GpuNodeInventory`` too where no agent publishes one
+        (``inventory``); its GPUs are known by their own UUIDs."""
+        self._fleet = (*self._fleet[:node], machine, *self._fleet[node + 1 :])
+        self._absent.discard(node)
+        self._allocatable[node] = {
+            "cpu": machine.cpu_milli,
+            "memory": machine.memory_mib,
+            RESOURCE_GPU: machine.gpus,
+        }
+        self._node_of[machine.name] = node
+        self._names[node] = machine.name
+        self._gpu_of.update({gpu.uuid: (node, gpu.index) for gpu in machine.inventory.gpus})
+        self._share_nodes = self._share_nodes | {node} if shared else self._share_nodes - {node}
+        self._extender.cache.upsert_node(_node_object(machine))
+        if inventory:
+            self._extender.cache.upsert_inventory(self._inventory(node))
+
+    def node_left(self, node: int) -> None:
+        """The machine of row ``node`` is gone (drained before): its Node and inventory deleted."""
+        gone = self._fleet[node]
+        self._absent.add(node)
+        self._extender.cache.delete_inventory(gone.name)
+        self._extender.cache.delete_node(gone.name)
+        self._node_of.pop(gone.name, None)
+        for gpu in gone.inventory.gpus:
+            self._gpu_of.pop(gpu.uuid, None)
+        for per_node in (self._published, self._faults, self._mig_mode, self._dry_runs):
+            per_node.pop(node, None)
+        self._requested[node] = {}
 
     def _post(self, verb: str, body: Mapping[str, Any]) -> Any:
         self.calls += 1

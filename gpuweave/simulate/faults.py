@@ -127,7 +127,9 @@ def inject_gpu_fault(
 
 def inject_efa_loss(state: SimState, *, now: float, evict: Evict) -> FaultRecord | None:
     """Take down the EFA link of the node with the most multi-node gang pods (or any EFA node)."""
-    efa_nodes = [i for i, n in enumerate(state.fleet) if n.has_efa and i not in state.efa_down]
+    efa_nodes = [
+        i for i, n in enumerate(state.fleet) if n.has_efa and i not in state.efa_down and state.present(i)
+    ]
     if not efa_nodes:
         return None
 
@@ -161,7 +163,9 @@ def inject_tray_fault(state: SimState, *, now: float, evict: Evict) -> FaultReco
     """Fail the NVLink fabric of the clique tray whose loss evicts the most pods (its NVLink jobs,
     whole gangs counted; ties: the first tray): its GPUs take no new pods until it comes back."""
     trays = [
-        i for i, n in enumerate(state.fleet) if LABEL_GPU_CLIQUE in n.labels and i not in state.fabric_down
+        i
+        for i, n in enumerate(state.fleet)
+        if LABEL_GPU_CLIQUE in n.labels and i not in state.fabric_down and state.present(i)
     ]
     if not trays:
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import Architecture, NicType, NodeInventory
@@ -192,6 +192,35 @@ def build_fleet(
             )
         )
     return tuple(fleet)
+
+
+def new_machine(template: FleetNode, name: str) -> FleetNode:
+    """A fresh machine of ``template``'s profile named ``name`` (what a provisioner launches in its
+    place or next to it): its own device UUIDs (derived from its name, as its agent derives them),
+    the template's network tier labels (the same placement group), its host table entry."""
+    profile = template.node_profile or load_profile(template.profile)
+    inventory = profile.spec.to_inventory(node_name=name)
+    labels = {k: v for k, v in template.labels.items() if k != LABEL_GPU_CLIQUE}
+    if inventory.nvswitch is not None and inventory.nvswitch.clique is not None:
+        labels[LABEL_GPU_CLIQUE] = inventory.nvswitch.clique
+    return replace(
+        template, name=name, inventory=inventory, graph=TopologyGraph.from_inventory(inventory), labels=labels
+    )
+
+
+def reserve_rows(fleet: Sequence[FleetNode], count: int) -> tuple[FleetNode, ...]:
+    """``count`` rows for machines a scale-up may add: placeholders with no GPU, no NIC and no
+    label (``reserve-NN``), which the simulation keeps absent until a machine joins there."""
+    if not fleet:
+        return ()
+    rows = []
+    for i in range(count):
+        name = f"reserve-{i:02d}"
+        empty = replace(
+            fleet[0].inventory, name=name, gpus=(), mig_devices=(), nics=(), nvlinks=(), nvswitch=None
+        )
+        rows.append(replace(fleet[0], name=name, inventory=empty, mig_managed=False, labels={}))
+    return tuple(rows)
 
 
 def _node_profiles(profiles: Sequence[str], nodes: int) -> list[tuple[NodeProfile, str, str]]:

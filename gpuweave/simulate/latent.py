@@ -107,9 +107,11 @@ def draw_targets(
     """(node, GPUs) per spec, drawn once from the fleet: a pair an NVLink check measures for a slow
     link (a direct link, or neighbours on an NVSwitch), any GPU for a bad cell. MIG-managed nodes
     are left out where others exist: a GPU in MIG mode is not exercised (docs/health.md, Known
-    gaps), so a fault there would say nothing about active checks."""
+    gaps), so a fault there would say nothing about active checks. Rows without GPUs (reserved
+    for machines a scale-up adds) are left out."""
     rng = np.random.default_rng(seed + LATENT_SEED_OFFSET)
-    nodes = [i for i, node in enumerate(fleet) if not node.mig_managed] or list(range(len(fleet)))
+    machines = [i for i, node in enumerate(fleet) if node.gpus]  # not the rows reserved for scale-up
+    nodes = [i for i in machines if not fleet[i].mig_managed] or machines
     linked = [(i, pairs) for i in nodes if (pairs := _pairs(fleet[i]))]
     targets: list[tuple[int, tuple[int, ...]]] = []
     for spec in specs:
@@ -166,6 +168,12 @@ class LatentFaults:
             if self._agents is not None and self._agents.has(node):
                 self._agents.inject_latent(node, gpus, slow_nvlink=spec.kind is LatentKind.SLOW_NVLINK)
             self.pods_started([p for p in state.pods.values() if p.node == node], now)
+
+    def node_joined(self, node: int, machine: FleetNode) -> None:
+        """A new machine took row ``node`` (the lifecycle): its checks start afresh."""
+        self._fleet = (*self._fleet[:node], machine, *self._fleet[node + 1 :])
+        self._seen.pop(node, None)
+        self._checked.pop(node, None)
 
     def pods_started(self, pods: Iterable[RunningPod], now: float) -> None:
         """Pods that run from ``now``: each one on a fault not yet found hits it."""

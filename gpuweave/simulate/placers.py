@@ -84,6 +84,16 @@ class PodWatcher(Protocol):
 
 
 @runtime_checkable
+class NodeWatcher(Protocol):
+    """A scheduler with a view of its own of the cluster's nodes (the extender's cache): told when
+    a machine joins a row and when one leaves (the Node watch). Baselines read the shared state."""
+
+    def node_joined(self, node: int, machine: FleetNode, *, shared: bool, inventory: bool) -> None: ...
+
+    def node_left(self, node: int) -> None: ...
+
+
+@runtime_checkable
 class SimulatedTime(Protocol):
     """A scheduler with timers of its own (the extender's gang TTL), run on the simulated clock."""
 

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from gpuweave.simulate.engine import RunResult
 from gpuweave.simulate.faults import FaultKind
+from gpuweave.simulate.lifecycle_report import lifecycle_figures, lifecycle_rows
 from gpuweave.simulate.timeline import Sample
 from gpuweave.simulate.workload import JobKind
 
@@ -149,6 +150,7 @@ def summarize(result: RunResult, *, warmup_fraction: float = 0.1) -> dict[str, A
         | _job_figures(result)
         | clique_figures(result)
         | latent_figures(result)
+        | lifecycle_figures(result)
     )
 
 
@@ -284,6 +286,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         else:
             cells = [_number(fmt, s[key]) for s in summaries]
         lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))
+        if key == "fragmentation_pct" and all("gpu_hours_paid" in s for s in summaries):
+            for life_label, life_cells in lifecycle_rows(summaries):
+                lines.append(f"{life_label:<{width}}" + "".join(f"{c:>22}" for c in life_cells))
     return "\n".join(lines)
 
 
@@ -437,9 +442,10 @@ def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
     """The headline numbers as bars, each labelled with its value; a panel where one bar is more
     than ``LOG_RATIO`` times another (a 5 s recovery beside a 4,448 s one) has a log axis, so the
     small bar still shows. On a fleet of NVLink cliques the third panel counts the multi-node
-    gangs placed across cliques instead of the multi-GPU pods on their best set."""
+    gangs placed across cliques instead of the multi-GPU pods on their best set. A run's GPU-hours
+    paid, and the share of them used, get two more panels."""
     cliques = all("multi_node_gangs_across_cliques" in s for s in summaries)
-    metrics = (
+    metrics: tuple[tuple[str, str], ...] = (
         ("gpu_allocation_pct", "GPU allocation %"),
         ("fragmentation_pct", "fragmentation %"),
         ("multi_node_gangs_across_cliques", "multi-node gangs across NVLink cliques")
@@ -451,7 +457,12 @@ def summary_figure(summaries: list[dict[str, Any]]) -> Figure:
         ("gpu_hours_lost_to_faults", "GPU-hours lost to faults"),
         ("gang_recovery_median_s", "median gang recovery (s)"),
     )
-    figure, axes = plt.subplots(2, 4, figsize=(16, 8))
+    if all("gpu_hours_paid" in s for s in summaries):  # what the fleet cost, and how much of it ran work
+        metrics += (
+            ("gpu_hours_paid", "GPU-hours paid"),
+            ("gpu_hours_used_pct_of_paid", "GPU-hours used, % of paid"),
+        )
+    figure, axes = plt.subplots(2, len(metrics) // 2, figsize=(4 * len(metrics) // 2, 8))
     for axis, (key, label) in zip(axes.flat, metrics, strict=True):
         _bars(axis, summaries, key=key, label=label)
     figure.tight_layout()

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import ANNOTATION_GANG_TIER
-from gpuweave.simulate import FULL_AGENTS_UP_TO, SAMPLED_AGENTS
+from gpuweave.simulate import DEFAULT_BOOT_S, DEFAULT_MAX_NEW_NODES, FULL_AGENTS_UP_TO, SAMPLED_AGENTS
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.engine import RunResult, Simulation
 from gpuweave.simulate.faults import faults_for
@@ -25,9 +25,12 @@ from gpuweave.simulate.fleet import (
     clique_name,
     nvlink_pool_gpus,
     parse_profiles,
+    reserve_rows,
     share_pool,
 )
 from gpuweave.simulate.latent import LatentFaults
+from gpuweave.simulate.lifecycle import LifecycleSettings, NodeLifecycle
+from gpuweave.simulate.lifecycle_report import paid_line, replacement_line, scale_up_line
 from gpuweave.simulate.outcomes import GangRecovery
 from gpuweave.simulate.placers import SIMULATE_POLICIES, Placer, make_placer
 from gpuweave.simulate.report import (
@@ -50,6 +53,7 @@ from gpuweave.simulate.workload import (
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload, with_memory
 
 TICK_S = 60.0
+MAX_NEW_NODES_LIMIT = 1000  # each is a row of the cluster's arrays from the start
 GANG_TIER_ANNOTATION = f"{ANNOTATION_GANG_TIER}: {GANG_TIER_CLIQUE}"
 
 
@@ -70,6 +74,9 @@ class SimulateOptions:
     agent_nodes: int | None = None  # how many nodes run one (None: ``agent_sample``'s default)
     nodes_per_block: int = DEFAULT_NODES_PER_BLOCK  # nodes of one profile per layer-3 network block
     latent: bool = True  # inject latent faults; with agents, the active checks that look for them
+    lifecycle: bool = True  # broken nodes replaced, pending demand scaled up (``lifecycle``)
+    node_boot_s: float = DEFAULT_BOOT_S  # a launched machine until its node is ready
+    max_new_nodes: int = DEFAULT_MAX_NEW_NODES  # machines a scale-up may have added at once
 
 
 def _models(fleet: tuple[FleetNode, ...], jobs: list[Job]) -> tuple[FragmentModel, FragmentModel]:
@@ -105,27 +112,59 @@ def _jobs(options: SimulateOptions, fleet: tuple[FleetNode, ...]) -> list[Job]:
     return synthetic_jobs(settings, seed=options.seed)
 
 
-def _placer(policy: str, *, fleet: tuple[FleetNode, ...], options: SimulateOptions) -> Placer:
+@dataclass(frozen=True)
+class Cluster:
+    """The fleet of a run: its machines, then the rows kept for machines a scale-up adds."""
+
+    fleet: tuple[FleetNode, ...]
+    machines: int  # the first ``machines`` rows hold the fleet's machines at the start
+
+    @property
+    def base(self) -> tuple[FleetNode, ...]:
+        return self.fleet[: self.machines]
+
+    @property
+    def reserve(self) -> tuple[int, ...]:
+        return tuple(range(self.machines, len(self.fleet)))
+
+    @property
+    def share_nodes(self) -> frozenset[int]:
+        return share_pool(self.base)
+
+
+def _placer(policy: str, *, cluster: Cluster, options: SimulateOptions) -> Placer:
     """gpuweave is always the real extender (over HTTP, or its service objects called in-process
     with --in-process), learning the workload from the pods it sees; baselines are in-process."""
     if policy == "gpuweave":
         from gpuweave.simulate.extender_client import ExtenderPlacer  # noqa: PLC0415 (HTTP server on demand)
 
         transport = "in-process" if options.in_process else "http"
-        return ExtenderPlacer(fleet, share_nodes=share_pool(fleet), transport=transport)
-    return make_placer(policy, node_count=len(fleet), seed=options.seed)
+        return ExtenderPlacer(
+            cluster.fleet, share_nodes=cluster.share_nodes, transport=transport, absent=cluster.reserve
+        )
+    return make_placer(policy, node_count=len(cluster.fleet), seed=options.seed)
+
+
+def _lifecycle(cluster: Cluster, options: SimulateOptions) -> NodeLifecycle | None:
+    if not options.lifecycle:
+        return None
+    settings = LifecycleSettings(boot_s=options.node_boot_s, max_new_nodes=options.max_new_nodes)
+    return NodeLifecycle(
+        cluster.fleet, reserve=cluster.reserve, share_nodes=cluster.share_nodes, settings=settings
+    )
 
 
 def _run_one(
     policy: str,
     *,
-    fleet: tuple[FleetNode, ...],
+    cluster: Cluster,
     jobs: list[Job],
     models: tuple[FragmentModel, FragmentModel],
     options: SimulateOptions,
 ) -> RunResult:
-    placer = _placer(policy, fleet=fleet, options=options)
-    agents = _agents(fleet, options) if policy == "gpuweave" and options.agents else None
+    fleet = cluster.fleet
+    placer = _placer(policy, cluster=cluster, options=options)
+    agents = _agents(cluster, options) if policy == "gpuweave" and options.agents else None
     try:
         simulation = Simulation(
             fleet=fleet,
@@ -136,7 +175,9 @@ def _run_one(
             tick_s=TICK_S,
             seed=options.seed,
             agents=agents,
-            faults=faults_for(fleet),
+            faults=faults_for(cluster.base),
+            share_nodes=cluster.share_nodes,
+            lifecycle=_lifecycle(cluster, options),
             latent=(
                 LatentFaults(fleet, duration_s=options.duration_s, seed=options.seed, agents=agents)
                 if options.latent
@@ -186,13 +227,13 @@ def agent_sample(nodes: int, wanted: int | None) -> list[int] | None:
     return sorted({round(i * nodes / count) for i in range(count)})
 
 
-def _agents(fleet: tuple[FleetNode, ...], options: SimulateOptions) -> NodeAgentPool:
+def _agents(cluster: Cluster, options: SimulateOptions) -> NodeAgentPool:
     started = time.perf_counter()
-    only = agent_sample(len(fleet), options.agent_nodes)
-    pool = NodeAgentPool(fleet, share_nodes=share_pool(fleet), only=only)
+    only = agent_sample(cluster.machines, options.agent_nodes)
+    pool = NodeAgentPool(cluster.fleet, share_nodes=cluster.share_nodes, only=only, absent=cluster.reserve)
     if options.progress:
         elapsed = time.perf_counter() - started
-        sample = f" (a sample of the {len(fleet)} nodes)" if only is not None else ""
+        sample = f" (a sample of the {cluster.machines} nodes)" if only is not None else ""
         print(f"started {len(pool)} node agents (device plugins over gRPC){sample} in {elapsed:.1f} s")
     return pool
 
@@ -201,6 +242,9 @@ def run_simulation(options: SimulateOptions) -> int:
     # the agents' active-check runs log each finding; the report's latent-fault rows count them
     logging.getLogger("health.active_runner").setLevel(logging.ERROR)
     logging.getLogger("health.active_claims").setLevel(logging.ERROR)
+    # a reset that fails (an Xid 79's GPU stays off the bus) is the report's replacement line
+    logging.getLogger("health.remediation").setLevel(logging.ERROR)
+    logging.getLogger("hardware.health_probe").setLevel(logging.ERROR)
     if options.policy not in SIMULATE_POLICIES:
         raise InvalidInputError(
             f"unknown --policy {options.policy!r}; choose from {', '.join(SIMULATE_POLICIES)}"
@@ -209,13 +253,19 @@ def run_simulation(options: SimulateOptions) -> int:
     fleet = build_fleet(
         parse_profiles(options.profiles), nodes=options.nodes, nodes_per_block=options.nodes_per_block
     )
+    if not 0 <= options.max_new_nodes <= MAX_NEW_NODES_LIMIT:
+        raise InvalidInputError(
+            f"--max-new-nodes {options.max_new_nodes}: give 0 to {MAX_NEW_NODES_LIMIT} machines"
+        )
+    reserve = reserve_rows(fleet, options.max_new_nodes) if options.lifecycle else ()
+    cluster = Cluster(fleet + reserve, len(fleet))
     jobs = _jobs(options, fleet)
     models = _models(fleet, jobs)
     _print_setup(fleet, jobs, options)
     policies = [options.policy] + (
         [p for p in SIMULATE_POLICIES if p != options.policy] if options.compare else []
     )
-    results = [_run_one(p, fleet=fleet, jobs=jobs, models=models, options=options) for p in policies]
+    results = [_run_one(p, cluster=cluster, jobs=jobs, models=models, options=options) for p in policies]
     summaries = [summarize(r) for r in results]
     add_common_completion(results, summaries)
     print()
@@ -226,6 +276,9 @@ def run_simulation(options: SimulateOptions) -> int:
     print(f"gang recovery ({options.policy} run): {_recovery_line(results[0])}")
     if results[0].cliques:
         print(f"NVLink cliques ({options.policy} run): {_clique_line(summaries[0])}")
+    print(f"node replacement ({options.policy} run): {replacement_line(summaries[0])}")
+    print(f"scale-up ({options.policy} run): {scale_up_line(summaries[0])}")
+    print(f"GPU-hours ({options.policy} run): {paid_line(summaries[0])}")
     _write_outputs(options, results, summaries, fleet, elapsed=time.perf_counter() - started)
     return 0
 

@@ -7,11 +7,12 @@ run where. Withheld and MIG-mode GPUs show 0 free milli-GPU to whole-GPU and sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.cluster import ClusterState, NodeSpec, Request
 from gpuweave.simulate.fleet import FleetNode
@@ -56,6 +57,8 @@ class SimState:
     pods: dict[str, RunningPod] = field(default_factory=dict)
     efa_down: set[int] = field(default_factory=set)  # nodes whose EFA link is down
     fabric_down: set[int] = field(default_factory=set)  # trays whose NVLink fabric failed (no new pods)
+    # rows with no machine now (``node_left``): a reserve row no scale-up filled, or a machine gone
+    absent: set[int] = field(default_factory=set)
     # pod IDs by job and by node, in start order (as ``pods`` holds them): lookups without a scan
     _by_job: dict[str, dict[str, None]] = field(default_factory=dict, repr=False)
     _by_node: dict[int, dict[str, None]] = field(default_factory=dict, repr=False)
@@ -63,10 +66,42 @@ class SimState:
     _node_changes: dict[int, int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def create(cls, fleet: Sequence[FleetNode], metric_model: FragmentModel) -> SimState:
-        specs = [NodeSpec(n.name, n.cpu_milli, n.memory_mib, n.gpus, n.profile) for n in fleet]
+    def create(
+        cls, fleet: Sequence[FleetNode], metric_model: FragmentModel, *, absent: Collection[int] = ()
+    ) -> SimState:
+        """The cluster of ``fleet``; the rows ``absent`` names hold no machine yet (``node_joined``)."""
+        specs = [_spec(n) for n in fleet]
         modes = [[GpuMode.NORMAL] * n.gpus for n in fleet]
-        return cls(tuple(fleet), ClusterState(specs, metric_model), modes)
+        state = cls(tuple(fleet), ClusterState(specs, metric_model), modes)
+        for row in sorted(absent):
+            state.node_left(row)
+        return state
+
+    def present(self, node: int) -> bool:
+        return node not in self.absent
+
+    def node_left(self, node: int) -> None:
+        """The machine of row ``node`` is gone (its pods stopped before): no capacity, no GPUs."""
+        if self.pods_on(node):
+            raise InvalidInputError(f"node {self.fleet[node].name} still runs pods; drain it first")
+        self.absent.add(node)
+        self.modes[node] = []
+        self.efa_down.discard(node)
+        self.fabric_down.discard(node)
+        for key in [k for k in self.mig_slots if k[0] == node]:
+            del self.mig_slots[key]
+        self.cluster.set_node(node, None)
+        self._changed(node)
+
+    def node_joined(self, node: int, machine: FleetNode) -> None:
+        """A new machine takes the empty row ``node``: its GPUs normal and free."""
+        if node not in self.absent:
+            raise InvalidInputError(f"row {node} still holds {self.fleet[node].name}")
+        self.absent.discard(node)
+        self.fleet = (*self.fleet[:node], machine, *self.fleet[node + 1 :])
+        self.modes[node] = [GpuMode.NORMAL] * machine.gpus
+        self.cluster.set_node(node, _spec(machine))
+        self._changed(node)
 
     def full_free_gpus(self, node: int) -> frozenset[int]:
         """GPUs of ``node`` (by index) that are normal, healthy and entirely free."""
@@ -140,6 +175,10 @@ class SimState:
                     slots = self.mig_slots.get((node, gpu), [])
                     used += sum(s.compute_slices for s in slots if s.pod) * MILLI_PER_GPU / 7
         return used
+
+
+def _spec(node: FleetNode) -> NodeSpec:
+    return NodeSpec(node.name, node.cpu_milli, node.memory_mib, node.gpus, node.profile)
 
 
 def _forget(index: dict[Any, dict[str, None]], key: object, pod_id: str) -> None:

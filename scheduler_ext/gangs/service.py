@@ -38,6 +38,7 @@ from scheduler_ext.decide.verdict import Verdict
 from scheduler_ext.gangs.book import DEFAULT_TTL_S, SLOT_PREFIX, Clock, GangBook, Reservation, Slot
 from scheduler_ext.gangs.limits import HoldLimit, gpus_of, missing_members_reason, over_limit_reason
 from scheduler_ext.gangs.plan import GangAnswer, GangMiss, GangPlan, plan_gang
+from scheduler_ext.gangs.policy import HoldRefused, Taken
 from scheduler_ext.gangs.recovery import Recovery, placed_members, room_answer, without_holders
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_request
@@ -47,7 +48,6 @@ from topology.network import DEFAULT_TIER_LABELS, lowest_common_tier
 LOG = logging.getLogger(__name__)
 # planned | missed | expired | completed | incomplete | over-limit | released (the metric)
 Outcome = Callable[[str], None]
-HoldRefused = Callable[[PodRequest, str], None]  # (the member filtered, the reason): a pod Event
 
 
 class PodGroupSizes:
@@ -84,6 +84,9 @@ class GangSettings:
 
 @dataclass
 class GangCoordinator:
+    """The gang policy while gang placement is on (``gangs.policy.GangPolicy``: its hooks are the
+    public methods here; ``recovery`` answers the two a gang of one and a recovering gang need)."""
+
     cache: ClusterCache
     core: DecisionCore
     book: GangBook = field(default_factory=GangBook)
@@ -347,6 +350,29 @@ class GangCoordinator:
             return None
         return elsewhere
 
+    def unplaced_alone(
+        self,
+        gang: Gang,
+        request: PodRequest,
+        names: list[str],
+        host: HostRequest,
+        *,
+        failed: Mapping[str, str],
+        hopeless: Mapping[str, str],
+    ) -> GangAnswer | None:
+        """``Recovery.unplaced_alone``: a gang of one that fits no offered node."""
+        return self.recovery.unplaced_alone(gang, request, names, host, failed=failed, hopeless=hopeless)
+
+    def preemption_room(
+        self, gang: Gang, request: PodRequest, proposed: Sequence[str], host: HostRequest
+    ) -> frozenset[str]:
+        """``Recovery.preemption_room``: where a recovering gang's member may evict."""
+        return self.recovery.preemption_room(gang, request, proposed, host)
+
+    def tell_refused_holds(self, tell: HoldRefused) -> None:
+        """Holds refused for a namespace's limit go to ``tell`` (``EventRecorder.gang_hold_refused``)."""
+        self.on_hold_refused = tell
+
     # ---- restart ----------------------------------------------------------------------------
     def rebuild(self) -> int:
         """Once the cache holds the cluster after a (re)start: hold again the places of every gang
@@ -396,7 +422,7 @@ class GangCoordinator:
         return request, sorted(n for n, node_labels in labels.items() if node_labels.get(label) == value)
 
     # ---- bind -------------------------------------------------------------------------------
-    def take_slot(self, uid: str, node: str) -> tuple[Reservation, Slot] | None:
+    def take_slot(self, uid: str, node: str) -> Taken | None:
         """Release the member's slot on ``node`` so its bind can take the devices (node lock held
         by the caller); ``give_back`` undoes it if the bind fails."""
         found = self.book.slot_of(uid, node)
@@ -404,7 +430,7 @@ class GangCoordinator:
             self.cache.forget(found[1].holder)
         return found
 
-    def give_back(self, taken: tuple[Reservation, Slot], request: PodRequest) -> None:
+    def give_back(self, taken: Taken, request: PodRequest) -> None:
         """Hold the slot again after its member's bind failed, unless its reservation was released
         or expired meanwhile (nothing would release the slot then)."""
         if not self.book.current(taken[0]):  # no book lock: the caller holds a node lock
@@ -414,7 +440,7 @@ class GangCoordinator:
         except DoubleBookingError:
             LOG.info("gang %s: slot on %s not held again after a failed bind", taken[0].key, taken[1].node)
 
-    def bound(self, taken: tuple[Reservation, Slot]) -> None:
+    def bound(self, taken: Taken) -> None:
         reservation, slot = taken
         slot.bound = True
         if self.book.finish_if_done(reservation):

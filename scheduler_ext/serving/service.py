@@ -28,8 +28,7 @@ from scheduler_ext.decide.parsed import ParsedPod, ParsedPods
 from scheduler_ext.decide.ranking import ranked_scores, ranks
 from scheduler_ext.decide.shortlist import shortlist
 from scheduler_ext.decide.verdict import Verdict, materialize
-from scheduler_ext.gangs.book import Reservation, Slot
-from scheduler_ext.gangs.service import GangCoordinator
+from scheduler_ext.gangs.policy import NO_GANGS, GangPolicy, Taken, gang_policy
 from scheduler_ext.pods.host import NO_HOST, HostRequest
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest
 from scheduler_ext.serving.flights import FlightTimeoutError, SingleFlight
@@ -73,9 +72,13 @@ class ExtenderService:
     binder: Binder
     observer: Observer | None = None
     keep: int = 0  # filter passes at most this many fitting nodes (``shortlist``); 0: all of them
-    gangs: GangCoordinator | None = None  # all-or-nothing gang placement (``scheduler_ext.gangs.service``)
+    # all-or-nothing gang placement, or none (``NO_GANGS``; None is taken for it): ``gangs.policy``
+    gangs: GangPolicy = NO_GANGS
     binds: SingleFlight[str] = field(default_factory=lambda: SingleFlight(wait_s=BIND_WAIT_S))
     parsed: ParsedPods = field(default_factory=ParsedPods)  # each pod version parsed once for all verbs
+
+    def __post_init__(self) -> None:
+        self.gangs = gang_policy(self.gangs)
 
     # ---- filter / prioritize --------------------------------------------------------------------
     def filter(self, args: ExtenderArgs, pod: Mapping[str, Any]) -> ExtenderFilterResult:
@@ -86,37 +89,36 @@ class ExtenderService:
         self.cache.remember_pod(pod)
         try:
             request = parsed.checked()
-            gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+            gang = self.gangs.gang_of(pod)
         except (BadPodRequestError, BadGangError) as exc:
             reason = clip(str(exc))  # one reason per node: escaped and bounded whatever the pod carries
             self._observe("filter", 0, {reason: len(names)})
             return self._filter_result(args, [], {}, dict.fromkeys(names, reason))
         self._learn(request, parsed)
-        if self.gangs is not None:
-            self.gangs.sweep()
-            if gang is not None:
-                answer = self.gangs.filter(gang, request, names, parsed.host)
-                if answer is not None and answer.retry:  # e.g. its nodes' preflight is running
-                    self._observe("filter", 0, {clip(answer.retry): len(names)})
-                    return ExtenderFilterResult(NodeNames=[], Error=clip(answer.retry))
-                if answer is not None:  # the member goes to its planned node (no shortlist: one node)
-                    failed, hopeless = leaving(answer.failed), leaving(answer.hopeless)
-                    rejected = Counter([*failed.values(), *hopeless.values()])
-                    self._observe("filter", len(answer.passed), rejected)
-                    return self._filter_result(args, answer.passed, failed, hopeless)
+        self.gangs.sweep()
+        if gang is not None:
+            answer = self.gangs.filter(gang, request, names, parsed.host)
+            if answer is not None and answer.retry:  # e.g. its nodes' preflight is running
+                self._observe("filter", 0, {clip(answer.retry): len(names)})
+                return ExtenderFilterResult(NodeNames=[], Error=clip(answer.retry))
+            if answer is not None:  # the member goes to its planned node (no shortlist: one node)
+                failed, hopeless = leaving(answer.failed), leaving(answer.hopeless)
+                rejected = Counter([*failed.values(), *hopeless.values()])
+                self._observe("filter", len(answer.passed), rejected)
+                return self._filter_result(args, answer.passed, failed, hopeless)
         groups = StateGroups.of(self.cache.token_keys(names))
         representatives = groups.representatives(names)  # one name per state, decided for all
         verdicts = self._verdicts(request, representatives, parsed.host, groups.tokens)
         spread = Filtered.spread(names, groups, verdicts)
         fits = spread.fits
         self._observe("filter", int(fits.sum()), spread.rejected)
-        if gang is not None and self.gangs is not None and not fits.any():
-            alone = self.gangs.recovery.unplaced_alone(
+        if gang is not None and not fits.any():
+            alone = self.gangs.unplaced_alone(
                 gang, request, names, parsed.host, failed=spread.failed, hopeless=spread.hopeless
             )
             if alone is not None:  # a gang of one preempts by the gang rules (recovering only)
                 return self._filter_result(args, [], leaving(alone.failed), leaving(alone.hopeless))
-        if self.gangs is not None and (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
+        if (kept := self.gangs.keep_places(names, fits.tolist())) is not None:
             fits = np.array(kept, dtype=bool)  # kept for a waiting gang: only for pods that fit nowhere else
         passed: list[str] = list(compress(names, fits.tolist()))
         if 0 < self.keep < len(passed) and not parsed.soft:
@@ -190,7 +192,7 @@ class ExtenderService:
         if not gang_key(pod):
             return False
         try:
-            gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+            gang = self.gangs.gang_of(pod)
         except BadGangError:
             return True
         return gang is None or not gang.alone
@@ -320,41 +322,49 @@ class ExtenderService:
             return (
                 f"pod {key} already holds devices on node {held.record.node}; not binding it to {args.Node}"
             )
-        if self.gangs is not None:
-            self.gangs.sweep()
+        return self._bind_devices(pod, request, host=parsed.host, node=args.Node)
+
+    def _bind_devices(
+        self, pod: Mapping[str, Any], request: PodRequest, *, host: HostRequest, node: str
+    ) -> str:
+        """Hold the pod's devices on ``node`` and write the bind. A pod that names no gang binds past
+        every gang hook (``NO_GANGS``) whichever policy holds, so gangs on or off it takes the same
+        calls through the cache; a gang member takes over its planned slot, and a gang of one
+        remembers where it ran."""
         gang = gang_key(pod)
+        gangs = self.gangs if gang else NO_GANGS
+        gangs.sweep()
         try:
-            _, assignment, slot = self._assume(request, args.Node, parsed.host, gang=gang)
+            _, assignment, slot = self._assume(request, node, host, gang=gang, gangs=gangs)
         except (DoubleBookingError, BindError) as exc:
             return str(exc)
         if request.imex:
             assignment = with_imex_domain(assignment, request, slot, gang=gang)
         try:
-            self.binder.bind(pod, node=args.Node, assignment=assignment)
+            self.binder.bind(pod, node=node, assignment=assignment)
         except BindError as exc:
             self.cache.forget(request.uid)
-            if slot is not None and self.gangs is not None:
-                self.gangs.give_back(slot, request)
-            return str(exc)
-        if self.gangs is not None:
             if slot is not None:
-                self.gangs.bound(slot)
-            elif gang:
-                self.gangs.bound_alone(pod, args.Node)  # a gang of one remembers where it ran
+                gangs.give_back(slot, request)
+            return str(exc)
+        if slot is not None:
+            gangs.bound(slot)
+        elif gang:
+            gangs.bound_alone(pod, node)
         return ""
 
     def _assume(
-        self, request: PodRequest, node_name: str, host: HostRequest, *, gang: str = ""
-    ) -> tuple[PodRecord, PodAssignment, tuple[Reservation, Slot] | None]:
+        self, request: PodRequest, node_name: str, host: HostRequest, *, gang: str, gangs: GangPolicy
+    ) -> tuple[PodRecord, PodAssignment, Taken | None]:
         """Decide and hold the pod's devices on the node; a gang member first takes over the
         slot planned for it there (given back if the decision or the hold fails)."""
         with self.cache.node_lock(node_name):
-            slot = self.gangs.take_slot(request.uid, node_name) if self.gangs is not None else None
+            slot = gangs.take_slot(request.uid, node_name)
             try:
                 record, assignment = self._assume_locked(request, node_name, host, gang=gang)
             except (DoubleBookingError, BindError):
-                if slot is not None and self.gangs is not None:
-                    self.gangs.give_back(slot, request)
+                if slot is not None:
+                    gangs.give_back(slot, request)
                 raise
         return record, assignment, slot
 
@@ -397,13 +407,13 @@ class ExtenderService:
         else:
             try:
                 request = parsed.checked()
-                gang = self.gangs.gang_of(pod) if self.gangs is not None else None
+                gang = self.gangs.gang_of(pod)
             except (BadPodRequestError, BadGangError):
                 return ExtenderPreemptionResult()
-            if gang is not None and self.gangs is not None:
+            if gang is not None:
                 # a gang member evicts only where its recovering gang's plan needs room (else
                 # nowhere): the victims of the other nodes are never read
-                room = self.gangs.recovery.preemption_room(gang, request, nodes, parsed.host)
+                room = self.gangs.preemption_room(gang, request, nodes, parsed.host)
                 nodes = [n for n in nodes if n in room]
             proposed = {node: args.victims(node) for node in nodes}
             chosen = choose_victims(request, proposed, cache=self.cache, core=self.core)
@@ -426,7 +436,7 @@ def leaving(rejected: Mapping[str, str]) -> dict[str, str]:
 
 
 def with_imex_domain(
-    assignment: PodAssignment, request: PodRequest, slot: tuple[Reservation, Slot] | None, *, gang: str
+    assignment: PodAssignment, request: PodRequest, slot: Taken | None, *, gang: str
 ) -> PodAssignment:
     """The assignment with the pod's IMEX domain: a gang member's is its gang's planned nodes (the
     same name and nodes on every member), a lone pod's its own node."""
