@@ -149,9 +149,11 @@ def test_agent_rebinds_its_socket_when_deleted(p5: Node) -> None:
     registrations = p5.kubelet.registrations.count(RESOURCE_GPU)
     socket_path.unlink()
     assert p5.kubelet.wait_for(
-        lambda: p5.kubelet.registrations.count(RESOURCE_GPU) > registrations, timeout=5
+        lambda: p5.kubelet.registrations.count(RESOURCE_GPU) > registrations, timeout=15
     )
     assert socket_path.exists()
+    # the new registration's ListAndWatch lists the devices a moment after it
+    assert p5.kubelet.wait_for(lambda: len(p5.kubelet.healthy(RESOURCE_GPU)) == 8, timeout=15)
     ids, _ = p5.kubelet.allocate(RESOURCE_GPU, 1)
     assert len(ids) == 1
 
