@@ -303,6 +303,11 @@ class GangBook:
         ran = self._ran.get(family)
         return ran.nodes if ran is not None and ran.lost else frozenset()
 
+    def recovering(self) -> int:
+        """How many families are recovering now (the metric)."""
+        with self.lock:
+            return sum(1 for ran in self._ran.values() if ran.lost)
+
     def reservations(self) -> list[Reservation]:
         with self.lock:
             return list(self._reservations.values())

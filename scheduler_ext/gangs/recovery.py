@@ -152,7 +152,9 @@ class Recovery:
         if not preferred or self.book.get(gang.key) is not None:
             return frozenset()
         needed, placed_nodes = placed_members(self.cache, gang)
-        if needed <= 0 or len(self.cache.gang_member_uids(gang.key)) < gang.size:
+        # the asking pod counts as created even before the extender's watch brings it
+        members = {*self.cache.gang_member_uids(gang.key), request.uid}
+        if needed <= 0 or len(members) < gang.size:
             return frozenset()
         candidates = list(
             dict.fromkeys(

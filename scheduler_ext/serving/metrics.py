@@ -225,11 +225,12 @@ class GangCollector(Collector):
             self._book.held_devices(),
             len(waiting),
             len(self._book.kept_nodes()),
+            self._book.recovering(),
         )
 
     @staticmethod
     def _families(
-        reservations: int, devices: int, waiting: int = 0, kept: int = 0
+        reservations: int, devices: int, waiting: int = 0, kept: int = 0, recovering: int = 0
     ) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
             "gpuweave_extender_gang_reservations", "Gang reservations held now", value=reservations
@@ -246,6 +247,11 @@ class GangCollector(Collector):
             "gpuweave_extender_gang_kept_nodes",
             "Nodes kept for waiting gangs from pods that fit elsewhere",
             value=kept,
+        )
+        yield GaugeMetricFamily(
+            "gpuweave_extender_gangs_recovering",
+            "Gangs (families) that lost a member to a fault or a preemption and have not run again",
+            value=recovering,
         )
 
 

@@ -411,6 +411,8 @@ def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: Gan
         plane.core.delete_namespaced_pod("one-squat-b1", NAMESPACE, grace_period_seconds=0)
         assert _wait_bound(plane, "solo") == "gang-b1"
         _evict_pods(plane, ["solo"])  # as the node agent evicts it for a failed device
+        # as its Job controller would, it is created again once the loss is seen (here: by the extender)
+        wait_for("the extender to see solo's loss", lambda: gangs.metric(RECOVERING) >= 1)
         squat("one-squat-b1")
         started = time.monotonic()
         plane.core.create_namespaced_pod(NAMESPACE, solo())
@@ -465,6 +467,7 @@ def test_a_gangs_held_place_is_released_when_its_member_is_deleted(
 
 
 RESERVED = "gpuweave_extender_gang_reserved_devices"
+RECOVERING = "gpuweave_extender_gangs_recovering"
 
 
 def _outcome(gangs: GangCluster, outcome: str) -> float:

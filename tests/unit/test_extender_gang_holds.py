@@ -304,6 +304,7 @@ def test_a_jobset_recreated_under_its_name_is_a_new_gang(tmp_path: Path) -> None
         _bind(extender.service, pod_object(f"fill-{node}", limits={RESOURCE_GPU: 8}), [node])
     gangs = extender.gangs
     assert gangs is not None
+    assert b"gpuweave_extender_gangs_recovering 1.0" in extender.metrics.render()  # one family
     retry = gang_of(_jobset(0, attempt=1, uid="u1"), min_members={}, tier_labels=TIERS)
     fresh = gang_of(_jobset(0, attempt=0, uid="u2"), min_members={}, tier_labels=TIERS)
     assert retry is not None and fresh is not None and retry.owner == "jobset:u1"
@@ -314,4 +315,3 @@ def test_a_jobset_recreated_under_its_name_is_a_new_gang(tmp_path: Path) -> None
     result = _filter(extender.service, recreated[0])
     assert not result.FailedNodes and set(result.FailedAndUnresolvableNodes) == set(NODES)
     extender.close()
-

@@ -216,3 +216,16 @@ def test_a_pod_that_is_no_gang_of_one_preempts_as_before(tmp_path: Path, labels:
     proposed = {n: [fills[n]] for n in ("a0", "b1")}
     assert set(_preempt(extender.service, pod, proposed)) == {"a0", "b1"}
     extender.close()
+
+
+def test_a_recovering_gang_of_one_preempts_before_the_watch_brings_its_new_pod(tmp_path: Path) -> None:
+    """kube-scheduler rejects every node itself (too few free GPUs), so the first the extender
+    hears of the re-created pod is the preempt verb, which may come before its watch brought the
+    pod: the asking pod counts as the gang's member, and the gang preempts in its domain."""
+    extender, fills = _ran_on_b0(tmp_path, b1_priority=0)
+    again = _solo("solo-0", gang="solo")
+    again["metadata"]["uid"] = "uid-solo-0-unseen"
+    assert extender.cache.gang_member_uids("ml/gang:solo#1@") == set()  # not in the cache yet
+    proposed = {n: [fills[n]] for n in ("a0", "a1", "b1")}
+    assert _preempt(extender.service, again, proposed) == {"b1": [fills["b1"]]}
+    extender.close()
