@@ -136,8 +136,24 @@ def _running(
         pods: list[Any] = wait_for(f"Job {job}'s {count} pods Running", check, timeout=timeout)
     except BaseException:
         print(f"buffers seen: {seen.buffers}; their last status: {seen.last}")
+        _explain(cluster, job)
         raise
     return pods
+
+
+def _explain(cluster: LifecycleCluster, job: str) -> None:
+    """What a failed wait needs to be read later: each pod's phase, node and scheduling message,
+    each Node's extended allocatable, and the node agents' warnings."""
+    for pod in cluster.job_pods(job):
+        scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        message = scheduled[0].message if scheduled else ""
+        print(f"pod {pod.metadata.name}: {pod.status.phase} on {pod.spec.node_name}: {message}")
+    for node in cluster.plane.core.list_node().items:
+        extended = {k: v for k, v in (node.status.allocatable or {}).items() if "/" in k}
+        print(f"node {node.metadata.name}: {extended}")
+    for log in sorted(cluster.plane.work.glob("node-agent-*.log")):
+        warnings = [line for line in log.read_text(errors="replace").splitlines() if " WARNING " in line]
+        print(f"{log.name}:", *warnings[-15:], sep="\n  ")
 
 
 def _no_buffers(cluster: LifecycleCluster) -> None:
