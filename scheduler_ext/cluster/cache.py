@@ -258,8 +258,7 @@ class ClusterCache:
             previous = self._holdings.get(record.uid)
             if previous is None or previous.record != record:
                 return False
-            if previous.assumed:
-                self._holdings[record.uid] = Holding(record, assumed=False)
+            self._holdings[record.uid] = Holding(record, assumed=False)  # its start time, once known
             return True
 
     def delete_pod(self, uid: str, *, disrupted: bool = False) -> None:
@@ -427,5 +426,3 @@ def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:
     return registry.node_state(
         record.inventory, name=record.node, sharing=record.sharing, unhealthy=record.unhealthy
     )
-
-
