@@ -48,7 +48,8 @@ _NO_LABELS: Mapping[str, str] = {}
 
 @dataclass(frozen=True)
 class TightDomain:
-    """The domain a gang would wait for: its tier, ``LABEL=VALUE``, its nodes, the expected wait."""
+    """The domain a gang would wait for: its tier, ``LABEL=VALUE``, its nodes with GPUs free now
+    (kept for the gang while it waits, as for a gang that fits nowhere), the expected wait."""
 
     tier: int
     where: str
@@ -147,7 +148,8 @@ class TierWaits:
                 release = [self._release(states[n], now) for n in names]
                 wait_s = expected_wait(release, needed=needed, gpus_per_member=per_member)
                 if 0 < wait_s < math.inf and (best is None or wait_s < best.wait_s):
-                    best = TightDomain(tier, self._where(tier, domain), tuple(sorted(names)), wait_s)
+                    room = tuple(sorted(n for n, r in zip(names, release, strict=True) if r.free_gpus))
+                    best = TightDomain(tier, self._where(tier, domain), room, wait_s)
             if best is not None:
                 return best
         return None

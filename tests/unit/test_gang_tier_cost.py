@@ -78,7 +78,7 @@ def test_durations_read(text: object, seconds: float) -> None:
     "bad", ["", "4 hours", "-5m", "1.5h", "0", "31d", "h", True, 3.5, "9" * 300, "4h\x1b[2J"]
 )
 def test_a_bad_duration_is_refused_with_its_reason(bad: object) -> None:
-    with pytest.raises(BadGangError, match="gpuweave.io/expected-duration") as caught:
+    with pytest.raises(BadGangError, match=r"gpuweave\.io/expected-duration") as caught:
         parse_expected_duration(bad)
     assert "\x1b" not in str(caught.value) and len(str(caught.value)) < 200  # escaped, clipped
 
