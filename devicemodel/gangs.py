@@ -181,7 +181,7 @@ def parse_expected_duration(value: object, *, what: str = ANNOTATION_EXPECTED_DU
     if seconds is None:
         raise BadGangError(f"{what} is {echo(value, limit=40)}; {hint}")
     if not MIN_EXPECTED_DURATION_S <= seconds <= MAX_EXPECTED_DURATION_S:
-        raise BadGangError(f"{what} is {seconds:g} s; {hint}")
+        raise BadGangError(f"{what} is {seconds:.0f} s; {hint}")
     return seconds
 
 
