@@ -249,9 +249,10 @@ class ClusterCache:
     def _confirm(self, record: PodRecord) -> bool:
         """The watch shows a holding as the cache has it (same node, devices, requests): an
         assumed one stops being assumed, the record's start time and expected run (not part of its
-        equality) are kept, and the node's state, whose holders are the same, is not rebuilt. Every bind's annotated pod arrives this way once, and so does each later
-        update that changes no part of the record (the kubelet's status updates, a delete's
-        grace period starting)."""
+        equality) are kept, and the node's state, whose holders are the same, is not rebuilt.
+        Every bind's annotated pod arrives this way once, and so does each later update that
+        changes no part of the record (the kubelet's status updates, a delete's grace period
+        starting)."""
         if record.node is None or not record.devices:
             return False
         with self.node_lock(record.node):
