@@ -21,12 +21,18 @@ from gpuweave.simulate.cluster_objects import (
     pod_object,
     profile_inventory,
 )
+from gpuweave.simulate.engine import Simulation
+from gpuweave.simulate.extender_client import ExtenderPlacer
+from gpuweave.simulate.fleet import build_fleet
+from gpuweave.simulate.report import add_common_completion, summarize, summary_table
+from gpuweave.simulate.workload import Job, JobKind
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.gangs.tier_cost import TierCostSettings
 from scheduler_ext.gangs.tier_wait import TierWaits
 from tests.unit.test_extender_gang_tier import CLIQUES, PROFILE, TTL_S, Clock, _bind, _filter, _member
 from tests.unit.test_extender_gangs import _created
+from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 from topology.network import LABEL_AWS_LAYER_3, LABEL_GPU_CLIQUE
 
 BUSY = {"a1": "5m", "a2": "10h", "b1": "10h", "b2": "10h"}
@@ -100,3 +106,37 @@ def test_a_gang_that_waited_its_maximum_takes_the_looser_tier(tmp_path: Path) ->
 def _waits(extender: Extender) -> TierWaits:
     assert extender.gangs is not None and extender.gangs.tier_waits is not None
     return extender.gangs.tier_waits
+
+
+def test_the_simulation_counts_a_gang_that_waited_for_its_block() -> None:
+    """Through the simulation's extender: four p5 nodes in two layer-3 blocks, a 10-minute and a
+    10-hour one-node job on one node of each; a 4-hour two-node gang arriving at one minute waits
+    the 9 minutes left for a block instead of spanning both, and the report counts it."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=4, nodes_per_block=2)
+    jobs = [
+        Job("short", JobKind.GANG, 0.0, 600.0, 1, 8, 1000, 12_000, 65_536),
+        Job("long", JobKind.GANG, 0.0, 36000.0, 1, 8, 1000, 12_000, 65_536),
+        Job("train-0", JobKind.GANG, 60.0, 4 * 3600.0, 2, 8, 1000, 88_000, 786_432),
+    ]
+    model = FragmentModel(typical_workload([TaskShape(88_000, 1000, 8)]), models=["p5.48xlarge"], max_gpus=8)
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+    sim = Simulation(
+        fleet=fleet,
+        jobs=jobs,
+        placer=placer,
+        metric_model=model,
+        duration_s=2 * 3600.0,
+        faults=(),
+        share_nodes=frozenset(),
+    )
+    try:
+        result = sim.run()
+    finally:
+        placer.close()
+    (gang,) = [p for p in result.ledger.training if p.job_id == "train-0"]
+    assert gang.slowest == "network-block" and gang.waited_s == 540.0  # one block, after the short job
+    summary = summarize(result)
+    assert (summary["gang_tier_waited"], summary["gang_tier_looser"]) == (1, 0)
+    add_common_completion([result], [summary])
+    row = next(line for line in summary_table([summary]).splitlines() if "busy tightest tier" in line)
+    assert row.split()[-3:] == ["1", "/", "0"]
