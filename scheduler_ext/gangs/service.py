@@ -316,6 +316,8 @@ class GangCoordinator:
             for slot in released:
                 self.cache.forget(slot.holder)
             self.book.stop_waiting(gone.gang)
+        if self.tier_waits is not None:
+            self.tier_waits.forget(gone.gang)  # a gang of fewer members: its next wait is a new one
         if self.preflight is not None:
             self.preflight.forget(gone.gang)
         self.on_outcome("released")
