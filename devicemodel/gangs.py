@@ -82,12 +82,22 @@ ANNOTATION_GANG_EVICTION: Final = "gpuweave.io/gang-eviction"
 # which must hold every member (docs/extender.md, Gangs): where no domain of it (or of a closer
 # tier) holds the whole gang, the gang waits.
 ANNOTATION_GANG_TIER: Final = "gpuweave.io/gang-tier"
+# How long the pod's job is expected to run ("4h", "90m", "1h30m", "5400": seconds): what a gang
+# weighs a wait for its tightest network tier against (docs/extender.md, "Waiting for the tightest
+# tier"), and how long a running pod is expected to hold its GPUs.
+ANNOTATION_EXPECTED_DURATION: Final = "gpuweave.io/expected-duration"
+MIN_EXPECTED_DURATION_S: Final = 1.0
+MAX_EXPECTED_DURATION_S: Final = 30 * 86400.0  # 30 days: past it a run's length says nothing more
 POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
 POD_GROUP_VERSION: Final = "v1alpha1"
 POD_GROUP_PLURAL: Final = "podgroups"
 MAX_GANG_SIZE: Final = 4096
 MAX_NAME_LENGTH: Final = 253  # a Kubernetes object name
 _DIGITS = re.compile(r"[0-9]{1,5}")
+_SECONDS = re.compile(r"[0-9]{1,8}")
+_DURATION = re.compile(r"(?:[0-9]{1,6}[dhms]){1,4}")
+_DURATION_PART = re.compile(r"([0-9]{1,6})([dhms])")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _TIER_ECHO_CHARS = 100  # of a bad tier value quoted: leaves room in the reason for the labels it may take
 _OWNER_CHARS = 253  # of an owner's name or UID kept in a family (an object name's limit)
 
@@ -153,6 +163,35 @@ def parse_size(value: object, *, what: str = ANNOTATION_GANG_SIZE) -> int:
     if not 1 <= size <= MAX_GANG_SIZE:
         raise BadGangError(f"{what} is {size}; a gang has 1..{MAX_GANG_SIZE} members")
     return size
+
+
+def parse_expected_duration(value: object, *, what: str = ANNOTATION_EXPECTED_DURATION) -> float:
+    """Seconds of a run-time estimate: whole seconds ("5400", or a JSON integer) or units d, h,
+    m, s ("4h", "1h30m"), within ``MIN_EXPECTED_DURATION_S``..``MAX_EXPECTED_DURATION_S``; else
+    ``BadGangError`` saying what it takes (the value quoted escaped and clipped)."""
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else None
+    seconds: float | None = None
+    if text is not None and _SECONDS.fullmatch(text):
+        seconds = float(text)
+    elif text is not None and _DURATION.fullmatch(text):
+        seconds = float(sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text)))
+    hint = (
+        f"give a run time such as 4h, 90m, 1h30m or 5400 (seconds), 1s..{MAX_EXPECTED_DURATION_S / 86400:g}d"
+    )
+    if seconds is None:
+        raise BadGangError(f"{what} is {echo(value, limit=40)}; {hint}")
+    if not MIN_EXPECTED_DURATION_S <= seconds <= MAX_EXPECTED_DURATION_S:
+        raise BadGangError(f"{what} is {seconds:.0f} s; {hint}")
+    return seconds
+
+
+def active_deadline_s(pod: Mapping[str, Any]) -> float | None:
+    """The pod's ``spec.activeDeadlineSeconds`` (a Job's, which its pods carry, is its own bound),
+    None when absent or not a positive whole number: the longest the pod can run."""
+    value = _mapping(pod.get("spec")).get("activeDeadlineSeconds")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return float(min(value, MAX_EXPECTED_DURATION_S))
 
 
 def gang_key(pod: Mapping[str, Any]) -> str:

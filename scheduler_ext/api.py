@@ -32,6 +32,12 @@ from scheduler_ext.decide.workload import load_workload_file, pod_shape, workloa
 from scheduler_ext.gangs.book import DEFAULT_TTL_S
 from scheduler_ext.gangs.limits import DEFAULT_HOLD_SHARE, HOLD_LIMIT_FLAG, PERCENT_FLOOR_GPUS, HoldLimit
 from scheduler_ext.gangs.service import GangSettings
+from scheduler_ext.gangs.tier_cost import (
+    DEFAULT_JOB_DURATION_S,
+    DEFAULT_MAX_WAIT_S,
+    DEFAULT_STRETCH_PER_STEP,
+    TierCostSettings,
+)
 from scheduler_ext.leader import (
     DEFAULT_DURATION_S,
     DEFAULT_LEASE_NAME,
@@ -55,9 +61,12 @@ from scheduler_ext.serving.wire import (
 __all__ = [
     "DEFAULT_DURATION_S",
     "DEFAULT_HOLD_SHARE",
+    "DEFAULT_JOB_DURATION_S",
     "DEFAULT_KEEP",
     "DEFAULT_LEASE_NAME",
+    "DEFAULT_MAX_WAIT_S",
     "DEFAULT_RETRY_S",
+    "DEFAULT_STRETCH_PER_STEP",
     "DEFAULT_TTL_S",
     "FRESH_S",
     "HOLD_LIMIT_FLAG",
@@ -85,6 +94,7 @@ __all__ = [
     "PreflightSettings",
     "PriorityEncoder",
     "SnapshotBinder",
+    "TierCostSettings",
     "Verdict",
     "apply_objects",
     "assemble",

@@ -21,6 +21,7 @@ from scheduler_ext.decide.workload import WorkloadLearner
 from scheduler_ext.gangs.book import GangBook
 from scheduler_ext.gangs.policy import GangPolicy, gang_policy
 from scheduler_ext.gangs.service import GangCoordinator, GangSettings, PodGroupSizes
+from scheduler_ext.gangs.tier_wait import TierWaits
 from scheduler_ext.pods.selector import SelectorCache
 from scheduler_ext.serving.events import (
     EventCounts,
@@ -120,6 +121,13 @@ def gang_coordinator(
         pod_groups=settings.pod_groups or PodGroupSizes(),
         hold_limit=settings.hold_limit,
         on_outcome=metrics.gang_outcome,
+        tier_waits=TierWaits(
+            cache,
+            settings=settings.tier_cost,
+            tier_labels=settings.tier_labels,
+            clock=settings.clock,
+            wall_clock=settings.wall_clock,
+        ),
     )
     metrics.watch_gangs(coordinator.book, sweep=coordinator.sweep)
     return coordinator

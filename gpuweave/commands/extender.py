@@ -9,13 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.gangs import BadGangError, parse_expected_duration
 from gpuweave.stopping import stop_on_signals, wait_for
 from scheduler_ext.api import (
     DEFAULT_DURATION_S,
     DEFAULT_HOLD_SHARE,
+    DEFAULT_JOB_DURATION_S,
     DEFAULT_KEEP,
     DEFAULT_LEASE_NAME,
+    DEFAULT_MAX_WAIT_S,
     DEFAULT_RETRY_S,
+    DEFAULT_STRETCH_PER_STEP,
     DEFAULT_TTL_S,
     FRESH_S,
     HOLD_LIMIT_FLAG,
@@ -26,6 +30,7 @@ from scheduler_ext.api import (
     HoldLimit,
     LeaseSettings,
     PreflightSettings,
+    TierCostSettings,
     build_kube_extender,
     build_snapshot_extender,
     lease_settings,
@@ -155,6 +160,7 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help=f"GPUs that passed a preflight this recently are not asked again (default {FRESH_S:g})",
     )
+    _tier_wait_flags(parser)
     _leader_flags(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
@@ -228,6 +234,54 @@ def _listen_address(text: str, *, flag: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _tier_wait_flags(parser: argparse.ArgumentParser) -> None:
+    """A gang whose tightest network tier is busy waits for it, or takes a looser one now."""
+    parser.add_argument(
+        "--gang-expected-duration",
+        default=f"{DEFAULT_JOB_DURATION_S:.0f}",
+        metavar="DURATION",
+        help=(
+            "how long a job runs when its pod gives no gpuweave.io/expected-duration (4h, 90m, or "
+            "seconds; a shorter activeDeadlineSeconds wins): what a gang weighs a wait for its tightest "
+            f"network tier against (default {DEFAULT_JOB_DURATION_S:.0f} s)"
+        ),
+    )
+    parser.add_argument(
+        "--gang-tier-stretch",
+        type=float,
+        default=DEFAULT_STRETCH_PER_STEP,
+        metavar="FACTOR",
+        help=(
+            "how much longer a gang's job runs per network tier step looser than its tightest one "
+            "(1..10); a gang waits for the tightest tier when the expected wait is less than "
+            f"(stretch - 1) x its expected duration; 1 never waits (default {DEFAULT_STRETCH_PER_STEP:g})"
+        ),
+    )
+    parser.add_argument(
+        "--gang-max-tier-wait",
+        default=f"{DEFAULT_MAX_WAIT_S:.0f}",
+        metavar="DURATION",
+        help=(
+            "the longest a gang waits for its tightest tier (4h, 90m, or seconds; 0 never waits); "
+            f"past it the gang takes the looser tier (default {DEFAULT_MAX_WAIT_S:.0f} s)"
+        ),
+    )
+
+
+def _tier_cost_settings(args: argparse.Namespace) -> TierCostSettings:
+    try:
+        default_s = parse_expected_duration(args.gang_expected_duration, what="--gang-expected-duration")
+        max_wait = str(args.gang_max_tier_wait).strip()
+        max_wait_s = (
+            0.0 if max_wait == "0" else parse_expected_duration(max_wait, what="--gang-max-tier-wait")
+        )
+    except BadGangError as exc:
+        raise InvalidInputError(str(exc)) from exc
+    return TierCostSettings(
+        default_duration_s=default_s, stretch_per_step=args.gang_tier_stretch, max_wait_s=max_wait_s
+    )
+
+
 def _gang_settings(args: argparse.Namespace) -> GangSettings:
     if not 0 <= args.gang_ttl <= 3600:  # NaN fails both comparisons
         raise InvalidInputError(f"--gang-ttl {args.gang_ttl} is outside 0..3600 seconds; 0 turns gangs off")
@@ -239,6 +293,7 @@ def _gang_settings(args: argparse.Namespace) -> GangSettings:
         ttl_s=args.gang_ttl,
         tier_labels=parse_tier_labels(args.network_tier_labels),
         hold_limit=HoldLimit.parse(args.gang_hold_per_namespace),
+        tier_cost=_tier_cost_settings(args),
         preflight=PreflightSettings(
             check=args.gang_preflight,
             checks=args.gang_preflight_checks,

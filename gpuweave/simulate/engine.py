@@ -48,6 +48,7 @@ from gpuweave.simulate.placers import (
     PodWatcher,
     Preemptor,
     SimulatedTime,
+    TierDecider,
 )
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from gpuweave.simulate.timeline import Sample, take_sample
@@ -105,6 +106,7 @@ class RunResult:
     window_s: float = 0.0  # the arrival window
     gpu_hours_used: float = 0.0  # allocated over the arrival window
     gpu_hours_paid: float = 0.0  # every machine's GPUs x its time within the window
+    gang_tier_decisions: dict[str, int] | None = None  # waited / looser (None: no such scheduler)
 
 
 @dataclass
@@ -213,6 +215,8 @@ class Simulation:
             if on_drain is not None:
                 on_drain(self._jobs_left())
         self.result.drained_s = self._now - ticks * self._tick
+        if isinstance(self._placer, TierDecider):
+            self.result.gang_tier_decisions = self._placer.tier_decisions()
         self.result.jobs_unfinished = self._jobs_left()
         self.result.reshapes = list(self._mig.reshapes)
         return self.result
@@ -488,7 +492,7 @@ class Simulation:
         # job of a priority above 0 is an ordinary pod carrying the job's PriorityClass
         training = job.kind is JobKind.GANG or job.pods > 1
         gang = (
-            Gang(job.job_id, job.pods, job.priority, job.gang_tier, named=training)
+            Gang(job.job_id, job.pods, job.priority, job.gang_tier, named=training, duration_s=job.duration_s)
             if training or job.priority > 0
             else None
         )

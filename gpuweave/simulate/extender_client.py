@@ -31,6 +31,7 @@ import copy
 import http.client
 import re
 from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ import orjson
 from devicemodel.assignment import PodAssignment, parent_gpu_of_share
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, mig_resource_name
 from devicemodel.errors import GpuweaveError
-from devicemodel.gangs import ANNOTATION_GANG_TIER
+from devicemodel.gangs import ANNOTATION_EXPECTED_DURATION, ANNOTATION_GANG_TIER, MAX_EXPECTED_DURATION_S
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
@@ -136,7 +137,8 @@ class ExtenderPlacer:
         }
         # Gang reservations expire on the simulated clock, not the wall clock (a 6 h run takes a minute)
         self.now_s = 0.0
-        gangs = GangSettings(clock=lambda: self.now_s)
+        # pods' start times are written on the simulated clock too (``_started``)
+        gangs = GangSettings(clock=lambda: self.now_s, wall_clock=lambda: self.now_s)
         cache, core = build_core(share_workload=share_workload, gangs=gangs)
         apply_objects(iter(self._objects()), cache)
         self._extender: Extender = assemble(
@@ -286,6 +288,9 @@ class ExtenderPlacer:
         )
         if annotations is not None and gang is not None and gang.tier:
             annotations[ANNOTATION_GANG_TIER] = gang.tier  # e.g. every member inside one NVLink clique
+        if annotations is not None and gang is not None and gang.duration_s >= 1:
+            # the job's run time as its user would estimate it: its drawn time on the best set
+            annotations[ANNOTATION_EXPECTED_DURATION] = f"{min(gang.duration_s, MAX_EXPECTED_DURATION_S):.0f}"
         priority = gang.priority if gang is not None else 0
         limits = self._limits(request)
         return pod_object(uid, uid=uid, limits=limits, annotations=annotations, priority=priority)
@@ -347,7 +352,26 @@ class ExtenderPlacer:
         if error:
             return None
         self._remember(uid, self._node_of[host], requests)
+        self._started(uid)
         return self._placement(uid, host)
+
+    def _started(self, uid: str) -> None:
+        """The kubelet starts the bound pod: the watch delivers its ``status.startTime`` (what a
+        gang's wait for its tightest tier counts the pod's end from)."""
+        bound = self._extender.cache.pod_object(uid=uid)
+        if bound is None:
+            return
+        status = {**(bound.get("status") or {}), "phase": "Running", "startTime": _rfc3339(self.now_s)}
+        running = {**bound, "status": status}
+        self._extender.cache.upsert_pod(running)
+        self._extender.cache.remember_pod(running)  # offline, the cache is the record (SnapshotBinder)
+
+    def tier_decisions(self) -> dict[str, int] | None:
+        """How many gangs waited for their tightest tier, how many took a looser one (None: gangs off)."""
+        gangs = self._extender.gangs
+        if gangs is None or gangs.tier_waits is None:
+            return None
+        return dict(gangs.tier_waits.counts)
 
     def preempt(
         self,
@@ -562,3 +586,8 @@ def _dry_run(state: SimState, node: int, request: Request, priority: int) -> lis
         else:
             victims.append(pod.pod_id)
     return victims
+
+
+def _rfc3339(seconds: float) -> str:
+    """Simulated seconds as the API server writes a time (the simulation starts at the epoch)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

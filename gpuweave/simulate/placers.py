@@ -47,6 +47,7 @@ class Gang:
     priority: int = 0  # the members' PriorityClass value
     tier: str = ""  # the tier label one domain of which must hold every member (gpuweave.io/gang-tier)
     named: bool = True  # the pods carry gpuweave.io/gang + gpuweave.io/gang-size
+    duration_s: float = 0.0  # its drawn run time, on its pods as gpuweave.io/expected-duration (0: none)
 
 
 @runtime_checkable
@@ -81,6 +82,14 @@ class PodWatcher(Protocol):
     def created(self, pod_ids: Sequence[str], request: Request, gang: Gang) -> None: ...
 
     def evicted(self, pod_id: str) -> None: ...
+
+
+@runtime_checkable
+class TierDecider(Protocol):
+    """A scheduler whose gangs may wait for their tightest network tier (the extender's
+    ``gangs.tier_cost``): how many waited, and how many took a looser tier instead."""
+
+    def tier_decisions(self) -> dict[str, int] | None: ...
 
 
 @runtime_checkable

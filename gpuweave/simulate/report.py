@@ -62,6 +62,7 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
     for placed in ledger.training:
         links[placed.slowest] = links.get(placed.slowest, 0) + 1
     multi = [p for p in ledger.training if p.pods > 1]
+    decisions = result.gang_tier_decisions
     return {
         "job_completion_mean_min": _mean(done),
         "job_completion_p95_min": _percentile(done, 0.95),
@@ -85,6 +86,10 @@ def _job_figures(result: RunResult) -> dict[str, Any]:
         "pods_preempted": result.pods_preempted,
         "drained_min": result.drained_s / 60.0,
         "jobs_unfinished": result.jobs_unfinished,
+        # gangs whose tightest tier was busy: waited for it / took a looser one (the extender's
+        # cost decision; None for a scheduler without it)
+        "gang_tier_waited": decisions.get("waited") if decisions is not None else None,
+        "gang_tier_looser": decisions.get("looser") if decisions is not None else None,
     }
 
 
@@ -184,6 +189,11 @@ def _recovery_cell(summary: dict[str, Any]) -> str:
     return f"{median:.0f} s ({back}/{total})" if median is not None else f"- (0/{total})"
 
 
+def _pair_cell(first: Any, second: Any) -> str:
+    """``3 / 7``, or ``-`` for a scheduler that does not count them."""
+    return "-" if first is None or second is None else f"{first} / {second}"
+
+
 def _number(fmt: str, value: Any) -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -218,6 +228,7 @@ ROWS = (
     ("  training run time vs best set (mean)", "training_stretch_mean", "{:.3f}"),
     ("  multi-node gangs vs best set (mean)", "multi_node_gang_stretch_mean", "{:.3f}"),
     ("  multi-node gangs' wait, mean (min)", "multi_node_gang_wait_mean_min", "{:.1f}"),
+    ("  busy tightest tier: waited / took looser", "gang_tier", "pair"),
     ("jobs started / pending at the window's end", None, ""),
     ("  jobs not finished after the drain", "jobs_unfinished", "{}"),
     ("pods evicted by faults", "pods_evicted_by_faults", "{}"),
@@ -283,6 +294,8 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             cells = [_recovery_cell(s) for s in summaries]
         elif fmt == "parts":
             cells = [_parts_cell(s.get(key)) for s in summaries]
+        elif fmt == "pair":
+            cells = [_pair_cell(s.get(f"{key}_waited"), s.get(f"{key}_looser")) for s in summaries]
         else:
             cells = [_number(fmt, s[key]) for s in summaries]
         lines.append(f"{label:<{width}}" + "".join(f"{c:>22}" for c in cells))

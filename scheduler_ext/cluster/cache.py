@@ -248,18 +248,18 @@ class ClusterCache:
 
     def _confirm(self, record: PodRecord) -> bool:
         """The watch shows a holding as the cache has it (same node, devices, requests): an
-        assumed one stops being assumed, and the node's state, whose holders are the same, is
-        not rebuilt. Every bind's annotated pod arrives this way once, and so does each later
-        update that changes no part of the record (the kubelet's status updates, a delete's
-        grace period starting)."""
+        assumed one stops being assumed, the record's start time and expected run (not part of its
+        equality) are kept, and the node's state, whose holders are the same, is not rebuilt.
+        Every bind's annotated pod arrives this way once, and so does each later update that
+        changes no part of the record (the kubelet's status updates, a delete's grace period
+        starting)."""
         if record.node is None or not record.devices:
             return False
         with self.node_lock(record.node):
             previous = self._holdings.get(record.uid)
             if previous is None or previous.record != record:
                 return False
-            if previous.assumed:
-                self._holdings[record.uid] = Holding(record, assumed=False)
+            self._holdings[record.uid] = Holding(record, assumed=False)  # its start time, once known
             return True
 
     def delete_pod(self, uid: str, *, disrupted: bool = False) -> None:
@@ -427,5 +427,3 @@ def _base_state(registry: LayoutRegistry, record: InventoryRecord) -> NodeState:
     return registry.node_state(
         record.inventory, name=record.node, sharing=record.sharing, unhealthy=record.unhealthy
     )
-
-

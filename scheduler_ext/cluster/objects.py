@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from devicemodel.assignment import PodAssignment, fits_resource
@@ -33,7 +34,13 @@ from devicemodel.contracts import (
     mig_resource_name,
 )
 from devicemodel.errors import InvalidInputError
-from devicemodel.gangs import gang_key
+from devicemodel.gangs import (
+    ANNOTATION_EXPECTED_DURATION,
+    BadGangError,
+    active_deadline_s,
+    gang_key,
+    parse_expected_duration,
+)
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import DEFAULT_REPLICAS, GpuSharing, SharingMode
 from devicemodel.spec import NodeProfileSpec
@@ -72,6 +79,12 @@ class PodRecord:
     memory_mib: int = 0
     gang: str = ""  # the gang key it names (``gangs.gang_key``), "" for none
     disrupted: bool = False  # ended, or being ended, by an eviction or a preemption (``pod_disrupted``)
+    # How long it is expected to hold its devices (a gang's wait for its tightest tier counts on
+    # it, ``gangs.tier_wait``); not compared: a kubelet status update that adds the start time
+    # changes no decision, so it rebuilds no node state (``ClusterCache._confirm`` keeps it).
+    started_s: float | None = field(default=None, compare=False)  # status.startTime, Unix seconds
+    expected_s: float | None = field(default=None, compare=False)  # gpuweave.io/expected-duration
+    deadline_s: float | None = field(default=None, compare=False)  # spec.activeDeadlineSeconds
 
     @property
     def key(self) -> str:
@@ -181,7 +194,31 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         memory_mib=memory,
         gang=gang_key(obj),
         disrupted=pod_disrupted(obj),
+        started_s=_timestamp(status.get("startTime")),
+        expected_s=_declared_duration(annotations.get(ANNOTATION_EXPECTED_DURATION)),
+        deadline_s=active_deadline_s(obj),
     )
+
+
+def _timestamp(value: object) -> float | None:
+    """An RFC 3339 time the API server wrote (``2026-01-02T03:04:05Z``) as Unix seconds."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _declared_duration(value: object) -> float | None:
+    """A running pod's run-time estimate, None when it gives none (a bad one is the filter's to
+    report, on the pending pod; here it only falls back to the default)."""
+    if value is None:
+        return None
+    try:
+        return parse_expected_duration(value)
+    except BadGangError:
+        return None
 
 
 def _counted_devices(obj: Mapping[str, Any], raw: object, *, node: object, where: str) -> frozenset[str]:

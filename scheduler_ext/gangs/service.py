@@ -40,6 +40,8 @@ from scheduler_ext.gangs.limits import HoldLimit, gpus_of, missing_members_reaso
 from scheduler_ext.gangs.plan import GangAnswer, GangMiss, GangPlan, plan_gang
 from scheduler_ext.gangs.policy import HoldRefused, Taken
 from scheduler_ext.gangs.recovery import Recovery, placed_members, room_answer, without_holders
+from scheduler_ext.gangs.tier_cost import TierCostSettings
+from scheduler_ext.gangs.tier_wait import TierWaits
 from scheduler_ext.pods.host import HostRequest, host_requests
 from scheduler_ext.pods.requests import BadPodRequestError, PodRequest, pod_request
 from scheduler_ext.preflight.book import PreflightBook, PreflightSettings, gpus_of_devices
@@ -80,6 +82,8 @@ class GangSettings:
     clock: Clock = time.monotonic
     pod_groups: PodGroupSizes | None = None  # fed by the PodGroup watch in cluster mode
     preflight: PreflightSettings = field(default_factory=PreflightSettings)  # in cluster mode only
+    tier_cost: TierCostSettings = field(default_factory=TierCostSettings)  # wait for the tightest tier?
+    wall_clock: Clock = time.time  # pods' start times are Unix seconds (the simulation's own clock)
 
 
 @dataclass
@@ -97,10 +101,13 @@ class GangCoordinator:
     on_hold_refused: HoldRefused = lambda _request, _reason: None
     preflight: PreflightBook | None = None  # member nodes prove their GPUs before the gang starts
     _sweep_lock: threading.Lock = field(default_factory=threading.Lock)
+    tier_waits: TierWaits | None = None  # wait for the tightest tier, or take a looser one now
     recovery: Recovery = field(init=False, repr=False)  # where a recovering gang may preempt
 
     def __post_init__(self) -> None:
         self.recovery = Recovery(self.cache, self.core, self.book, self.tier_labels, self.gang_of)
+        if self.tier_waits is None:
+            self.tier_waits = TierWaits(self.cache, tier_labels=self.tier_labels, clock=self.book.clock)
 
     def gang_of(self, pod: Mapping[str, Any]) -> Gang | None:
         """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on (a required tier
@@ -142,7 +149,7 @@ class GangCoordinator:
         return self._steer(gang, slot, request, names, host)
 
     def _preflight(self, gang: Gang, reservation: Reservation) -> str:
-        """"" once every member node passed its preflight (or none is needed); else why the member
+        """ "" once every member node passed its preflight (or none is needed); else why the member
         waits. A failed preflight releases the plan: the gang is planned again without those nodes."""
         if self.preflight is None or any(s.bound for s in reservation.slots):
             return ""
@@ -182,10 +189,11 @@ class GangCoordinator:
             return GangAnswer([], hopeless=dict.fromkeys(names, reason))
         preferred = self.book.recovering_nodes(gang.family)
         avoided = self.preflight.avoided(gang.key) if self.preflight is not None else frozenset()
+        candidates = [n for n in names if n not in avoided]
         outcome = plan_gang(
             key=gang.key,
             needed=needed,
-            candidates=[n for n in names if n not in avoided],
+            candidates=candidates,
             states=self.cache.states(),
             labels=self.cache.node_labels(),
             decide=lambda state: self.core.decide(request, state, host=host),
@@ -204,10 +212,11 @@ class GangCoordinator:
             if room:
                 self.book.stop_waiting(gang.key)
                 return room_answer(gang, names, room, dict.fromkeys(names, outcome.reason))
-            self.book.wait(
-                gang.key, outcome.closest, cluster_nodes=len(self.cache.states()), size=gang.size
-            )
+            self.book.wait(gang.key, outcome.closest, cluster_nodes=len(self.cache.states()), size=gang.size)
             return GangAnswer([], hopeless=dict.fromkeys(names, outcome.reason))
+        waiting = self._wait_for_tighter(gang, request, outcome, names, candidates, placed_nodes=placed_nodes)
+        if waiting is not None:
+            return waiting
         self.book.stop_waiting(gang.key)
         self.book.forget_offered(gang.key)
         slots = self._slots(gang, outcome, host)
@@ -215,6 +224,35 @@ class GangCoordinator:
         if refused:
             return GangAnswer([], hopeless=dict.fromkeys(names, refused))
         return self._hold(gang, outcome, slots, request)
+
+    def _wait_for_tighter(
+        self,
+        gang: Gang,
+        request: PodRequest,
+        plan: GangPlan,
+        names: list[str],
+        candidates: list[str],
+        *,
+        placed_nodes: Sequence[str],
+    ) -> GangAnswer | None:
+        """The answer of a gang that waits for its tightest tier (``gangs.tier_cost``: the wait
+        costs less than the looser tier's stretch), keeping that domain's nodes for it; None when
+        it takes ``plan`` now. Placed members pin their domain: no choice is left then."""
+        if self.tier_waits is None or placed_nodes:
+            return None
+        pod = self.cache.pod_object(uid=request.uid)
+        decided = self.tier_waits.choose(gang, pod, plan, candidates=candidates)
+        if decided is None:
+            return None
+        choice, tight = decided
+        text = f"gang {gang.key}: {choice.describe()}"
+        LOG.info("%s", text)
+        if not choice.wait:
+            self.on_outcome("tier-looser")
+            return None
+        self.on_outcome("tier-waited")
+        self.book.wait(gang.key, tight.nodes, cluster_nodes=len(self.cache.states()), size=gang.size)
+        return GangAnswer([], hopeless=dict.fromkeys(names, f"{text}; no device is held for it"))
 
     def _slots(self, gang: Gang, plan: GangPlan, host: HostRequest) -> list[Slot]:
         states = self.cache.states()
@@ -278,6 +316,8 @@ class GangCoordinator:
             for slot in released:
                 self.cache.forget(slot.holder)
             self.book.stop_waiting(gone.gang)
+        if self.tier_waits is not None:
+            self.tier_waits.forget(gone.gang)  # a gang of fewer members: its next wait is a new one
         if self.preflight is not None:
             self.preflight.forget(gone.gang)
         self.on_outcome("released")
@@ -307,6 +347,8 @@ class GangCoordinator:
             key=gang.key, size=gang.size, slots=slots, tier=plan.tier, domain=plan.domain, family=gang.family
         )
         self.book.add(reservation)
+        if self.tier_waits is not None:
+            self.tier_waits.forget(gang.key)
         self.on_outcome("planned")
         LOG.info(
             "gang %s: planned %d member(s) on %s (tier %d, domain %r), held for %.0f s",

@@ -88,3 +88,20 @@ def test_the_watch_showing_other_devices_replaces_the_holding_and_rebuilds() -> 
     rebuilt = cache.node("n0")
     assert rebuilt is not state and rebuilt is not None
     assert {d for d, owner in rebuilt.holders.items() if owner == uid} == set(free)
+
+
+def test_the_kubelet_writing_the_start_time_keeps_it_without_a_rebuild() -> None:
+    """A gang waiting for its tightest tier counts a running pod's end from its start time: the
+    status update that brings it is kept on the holding, and the node's state is not rebuilt."""
+    extender, _, echoed = _bound(2)
+    cache = extender.cache
+    uid = echoed["metadata"]["uid"]
+    cache.upsert_pod(echoed)
+    state = cache.node("n0")
+    echoed["metadata"]["annotations"]["gpuweave.io/expected-duration"] = "2h"
+    echoed["status"] = {"phase": "Running", "startTime": "2026-01-02T03:04:05Z"}
+    cache.upsert_pod(echoed)
+    holding = cache.holding(uid)
+    assert holding is not None and holding.record.started_s == 1767323045.0
+    assert holding.record.expected_s == 7200.0
+    assert cache.node("n0") is state

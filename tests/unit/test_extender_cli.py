@@ -27,6 +27,19 @@ from gpuweave.cli import main
         (["extender", "--snapshot", "x", "--network-tier-labels", ", ,"], "names no label"),
         (["extender", "--snapshot", "x", "--network-tier-labels", "a,b,a"], "names a label twice"),
         (["extender", "--snapshot", "x", "--gang-hold-per-namespace", "0"], "per-namespace is '0'; give"),
+        (
+            ["extender", "--snapshot", "x", "--gang-expected-duration", "soon"],
+            "--gang-expected-duration is 'soon'",
+        ),
+        (["extender", "--snapshot", "x", "--gang-max-tier-wait", "31d"], "--gang-max-tier-wait is 2678400 s"),
+        (
+            ["extender", "--snapshot", "x", "--gang-max-tier-wait", "2d"],
+            "--gang-max-tier-wait 172800 s is outside",
+        ),
+        (
+            ["extender", "--snapshot", "x", "--gang-tier-stretch", "0.5"],
+            "--gang-tier-stretch 0.5 is outside 1..10",
+        ),
     ],
 )
 def test_bad_arguments_print_one_line(
@@ -95,4 +108,6 @@ def test_the_help_prints_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["extender", "--help"])
     assert exited.value.code == 0
-    assert "--gang-hold-per-namespace GPUS|PERCENT%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--gang-hold-per-namespace GPUS|PERCENT%" in out
+    assert "--gang-expected-duration DURATION" in out and "--gang-max-tier-wait DURATION" in out

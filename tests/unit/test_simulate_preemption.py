@@ -106,9 +106,9 @@ def test_a_one_pod_training_job_is_a_gang_of_one_and_any_other_job_carries_only_
         fleet=fleet, jobs=jobs, placer=recorder, metric_model=_model(), duration_s=60.0, faults=()
     )
     sim.run()
-    assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "", named=True)
+    assert recorder.gangs["train-0-0"] == Gang("train-0", 1, 1000, "", named=True, duration_s=600.0)
     assert recorder.gangs["single-1-0"] is None  # priority 0, one pod: no gang, no priority
-    assert recorder.gangs["single-2-0"] == Gang("single-2", 1, 500, "", named=False)
+    assert recorder.gangs["single-2-0"] == Gang("single-2", 1, 500, "", named=False, duration_s=600.0)
 
 
 def test_the_extender_sees_a_one_pod_training_job_as_a_gang_of_one_under_its_job_name() -> None:
