@@ -63,7 +63,13 @@ class Clock:
         return self.now
 
 
-def _extender(tmp_path: Path, clock: Clock | None = None, cliques: Mapping[str, str] = CLIQUES) -> Extender:
+def _extender(
+    tmp_path: Path,
+    clock: Clock | None = None,
+    cliques: Mapping[str, str] = CLIQUES,
+    *,
+    settings: GangSettings | None = None,
+) -> Extender:
     items: list[dict[str, Any]] = []
     for name, clique in cliques.items():
         labels = {LABEL_GPU_CLIQUE: clique, LABEL_AWS_LAYER_3: "block-1"}
@@ -73,7 +79,7 @@ def _extender(tmp_path: Path, clock: Clock | None = None, cliques: Mapping[str, 
         ]
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps(cluster_list(items)))
-    return build_snapshot_extender(path, gangs=GangSettings(ttl_s=TTL_S, clock=clock or Clock()))
+    return build_snapshot_extender(path, gangs=settings or GangSettings(ttl_s=TTL_S, clock=clock or Clock()))
 
 
 def _member(

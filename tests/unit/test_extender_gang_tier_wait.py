@@ -8,48 +8,33 @@ of 4-GPU trays in one layer-3 block. Every tray is busy but ``a0`` and ``b0``, s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from devicemodel.contracts import RESOURCE_GPU
 from devicemodel.gangs import ANNOTATION_EXPECTED_DURATION
 from gpuweave.simulate.cluster_objects import (
-    cluster_list,
-    inventory_object,
-    node_object,
     pod_object,
-    profile_inventory,
 )
 from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.report import add_common_completion, summarize, summary_table
 from gpuweave.simulate.workload import Job, JobKind
-from scheduler_ext.app import Extender, build_snapshot_extender
+from scheduler_ext.app import Extender
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.gangs.tier_cost import TierCostSettings
 from scheduler_ext.gangs.tier_wait import TierWaits
-from tests.unit.test_extender_gang_tier import CLIQUES, PROFILE, TTL_S, Clock, _bind, _filter, _member
+from tests.unit.test_extender_gang_tier import TTL_S, Clock, _bind, _extender, _filter, _member
 from tests.unit.test_extender_gangs import _created
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
-from topology.network import LABEL_AWS_LAYER_3, LABEL_GPU_CLIQUE
 
 BUSY = {"a1": "5m", "a2": "10h", "b1": "10h", "b2": "10h"}
 
 
 def _cluster(tmp_path: Path, clock: Clock, **cost: float) -> Extender:
-    items: list[dict[str, Any]] = []
-    for name, clique in CLIQUES.items():
-        labels = {LABEL_GPU_CLIQUE: clique, LABEL_AWS_LAYER_3: "block-1"}
-        items += [
-            node_object(name, gpus=4, labels=labels),
-            inventory_object(profile_inventory(PROFILE, name)),
-        ]
-    path = tmp_path / "cluster.json"
-    path.write_text(json.dumps(cluster_list(items)))
     settings = GangSettings(ttl_s=TTL_S, clock=clock, wall_clock=clock, tier_cost=TierCostSettings(**cost))
-    extender = build_snapshot_extender(path, gangs=settings)
+    extender = _extender(tmp_path, clock, settings=settings)
     for node, left in BUSY.items():
         pod = pod_object(
             f"busy-{node}", limits={RESOURCE_GPU: 4}, annotations={ANNOTATION_EXPECTED_DURATION: left}
