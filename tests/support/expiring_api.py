@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client
 
-from tests.support.loopback_api import loopback_api
+from tests.support.loopback_api import answer_json, loopback_api
 
 GONE = {
     "type": "ERROR",
@@ -75,12 +75,7 @@ def handler_for(paths: dict[str, Collection]) -> type[BaseHTTPRequestHandler]:
             lines = found.answer(query)
             if query.get("watch") == "true" and not lines:
                 threading.Event().wait(0.2)  # an idle watch: nothing happens until it ends
-            data = b"".join(lines)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            answer_json(self, 200, b"".join(lines))
 
     return Handler
 

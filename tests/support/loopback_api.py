@@ -7,9 +7,11 @@ talk to it through ``client.ApiClient``, so requests, serialisation and errors a
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from kubernetes import client
 
@@ -30,3 +32,13 @@ def loopback_api(handler: type[BaseHTTPRequestHandler]) -> Iterator[client.ApiCl
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def answer_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+    """Send ``body`` (JSON-encoded unless it is bytes already) with ``status`` and its length."""
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)

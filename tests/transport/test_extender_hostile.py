@@ -26,7 +26,7 @@ from scheduler_ext.cluster.snapshot import load_snapshot
 from scheduler_ext.kube import KubeBinder
 from scheduler_ext.pods.selector import SelectorCache
 from scheduler_ext.pods.selector_sandbox import SelectorSandbox
-from tests.support.loopback_api import loopback_api
+from tests.support.loopback_api import answer_json, loopback_api
 from tests.support.waiting import wait_until
 
 NODES = ["h100-a", "h100-b"]
@@ -188,12 +188,7 @@ class _SlowBindingApi(BaseHTTPRequestHandler):
         self._answer(self.status, {"kind": "Status", "apiVersion": "v1", "code": self.status})
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        answer_json(self, status, body)
 
 
 def test_a_bind_retried_while_the_first_is_in_flight_gets_the_first_ones_result(tmp_path: Path) -> None:

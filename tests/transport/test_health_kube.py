@@ -33,6 +33,7 @@ from health.badlist import BadGpu
 from health.kube import EVICTION_LABEL, NODE_PATCH_ATTEMPTS, KubeCluster, bad_hardware_name
 from health.remediation import EvictionOutcome, PodRef
 from health.scope import NodeCondition
+from tests.support.loopback_api import answer_json
 from tests.support.pods import pod_body
 
 BAD_PATH = "/apis/gpuweave.io/v1alpha1/gpubadhardwares"
@@ -71,12 +72,7 @@ def handler_for(api: ApiState) -> type[BaseHTTPRequestHandler]:
             pass
 
         def reply(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            answer_json(self, code, body)
 
         def body(self) -> Any:
             return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubeio import client as kubeio_client
 from kubeio.client import TokenAccess, Writer, api_client
 from kubeio.errors import describe
-from tests.support.loopback_api import loopback_api
+from tests.support.loopback_api import answer_json, loopback_api
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -31,12 +31,7 @@ class Recorder(BaseHTTPRequestHandler):
                 "body": json.loads(body),
             }
         )
-        answer = b'{"kind":"Status"}'
-        self.send_response(Recorder.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+        answer_json(self, Recorder.status, {"kind": "Status"})
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -12,7 +12,7 @@ from kubernetes import client
 
 from devicemodel.contracts import MIG_LAYOUT_ANNOTATION
 from mig.kube import node_annotation_reader
-from tests.support.loopback_api import loopback_api
+from tests.support.loopback_api import answer_json, loopback_api
 
 
 def handler_for(nodes: dict[str, dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
@@ -23,12 +23,8 @@ def handler_for(nodes: dict[str, dict[str, Any]]) -> type[BaseHTTPRequestHandler
         def do_GET(self) -> None:
             name = self.path.split("?")[0].removeprefix("/api/v1/nodes/")
             found = nodes.get(name)
-            body = json.dumps(found or {"kind": "Status", "code": 404, "reason": "NotFound"}).encode()
-            self.send_response(200 if found else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            missing = {"kind": "Status", "code": 404, "reason": "NotFound"}
+            answer_json(self, 200 if found else 404, found or missing)
 
     return NodeHandler
 

@@ -36,7 +36,7 @@ from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.node import SimulatedNode
 from health.kube import KubeCluster
 from tests.support.agent_process import short_temp_dir
-from tests.support.loopback_api import loopback_api
+from tests.support.loopback_api import answer_json, loopback_api
 from tests.support.podresources_server import PodResourcesServer
 
 NODE = "n0"
@@ -70,12 +70,7 @@ class Api(BaseHTTPRequestHandler):
         self._answer(200, {"apiVersion": "gpuweave.io/v1alpha1", "kind": "GpuNodeInventory", **body})
 
     def _answer(self, status: int, body: Any) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        answer_json(self, status, body)
 
 
 class Clock:
