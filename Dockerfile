@@ -13,6 +13,7 @@ COPY devicemodel/ devicemodel/
 COPY topology/ topology/
 COPY kubeio/ kubeio/
 COPY netio/ netio/
+COPY devicekinds/ devicekinds/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/

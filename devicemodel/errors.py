@@ -17,6 +17,11 @@ class InvalidInputError(GpuweaveError):
     """Input from a user, a file or a peer failed validation."""
 
 
+class AllocationRejectedError(InvalidInputError):
+    """A kubelet request names devices or sizes we cannot honour (gRPC INVALID_ARGUMENT); raised
+    by the resource kinds (``devicekinds``) and the device plugin alike."""
+
+
 class TopologyError(GpuweaveError):
     """A topology query cannot be answered for the given inventory."""
 

@@ -40,6 +40,12 @@ MIB_PER_GIB = 1024  # gpuweave.io/gpu-memory is counted in GiB
 DEFAULT_REPLICAS = 4  # gpuweave.io/gpu-shared replicas of a time-sliced GPU that names none
 
 
+def memory_units(memory_mib: int) -> int:
+    """The ``gpuweave.io/gpu-memory`` units (whole GiB) a GPU of ``memory_mib`` offers: the one
+    count the node agent lists and the extender plans against."""
+    return memory_mib // MIB_PER_GIB
+
+
 class SharingMode(StrEnum):
     EXCLUSIVE = "exclusive"
     FRACTIONAL = "fractional"

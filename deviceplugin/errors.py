@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from devicemodel.errors import GpuweaveError, InvalidInputError
+from devicemodel.errors import AllocationRejectedError, GpuweaveError
 
 
 class DevicePluginError(GpuweaveError):
     """The node agent could not serve, register or publish."""
-
-
-class AllocationRejectedError(InvalidInputError):
-    """A kubelet request names devices or sizes we cannot honour (gRPC INVALID_ARGUMENT)."""
 
 
 class ControlError(GpuweaveError):
@@ -19,3 +15,6 @@ class ControlError(GpuweaveError):
     def __init__(self, message: str, *, code: str = "bad_request") -> None:
         super().__init__(message)
         self.code = code
+
+
+__all__ = ["AllocationRejectedError"]

@@ -9,7 +9,8 @@ resource should come from:
 - ``vpc.amazonaws.com/efa`` after ``nvidia.com/gpu``: adapters on the GPUs' PCIe switches and
   NUMA node (a NIC on the GPU's switch is what GPUDirect RDMA wants).
 
-Each record is used once. The extender's recorded assignment, when present, still wins.
+Which resource sits beside which is its resource kind's (``ResourceKind.siblings``, asked through
+the registry). Each record is used once. The extender's recorded assignment, when present, still wins.
 """
 
 from __future__ import annotations
@@ -18,34 +19,34 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
+from devicekinds.registry import KINDS, KindRegistry
 from deviceplugin.devices import PluginDevice
 
-SIBLINGS = {
-    RESOURCE_GPU_COMPUTE: RESOURCE_GPU_MEMORY,
-    RESOURCE_GPU_MEMORY: RESOURCE_GPU_COMPUTE,
-    RESOURCE_EFA: RESOURCE_GPU,
-}
 DEFAULT_WINDOW_S = 5.0
 
 
 class SiblingGrants:
     def __init__(
-        self, *, window: float = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        window: float = DEFAULT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+        kinds: KindRegistry = KINDS,
     ) -> None:
+        self._kinds = kinds
         self._window = window
         self._clock = clock
         self._lock = threading.Lock()
         self._last: dict[str, tuple[tuple[PluginDevice, ...], float]] = {}  # resource -> (devices, when)
 
     def remember(self, resource: str, devices: Sequence[PluginDevice]) -> None:
-        if devices and resource in SIBLINGS.values():
+        if devices and self._kinds.is_sibling_target(resource):
             with self._lock:
                 self._last[resource] = (tuple(devices), self._clock())
 
     def near(self, resource: str) -> tuple[PluginDevice, ...]:
         """The devices just granted to the resource this one should sit beside (used once)."""
-        sibling = SIBLINGS.get(resource)
+        sibling = self._kinds.sibling_of(resource)
         if sibling is None:
             return ()
         with self._lock:

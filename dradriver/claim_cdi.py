@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from devicekinds.grant import GrantContext
+from devicekinds.registry import KINDS
 from devicemodel.contracts import IMEX_CHANNELS_ENV
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import replace_file_atomically
@@ -61,6 +63,33 @@ def imex_edits(device: PluginDevice) -> dict[str, Any]:
         ],
         "env": [f"{IMEX_CHANNELS_ENV}={device.unit}"],
     }
+
+
+def kind_edits(device: PluginDevice) -> dict[str, Any] | None:
+    """A generically planned kind's device (``dradriver.devices``, ``DraKind.KIND``): the edits of
+    what its kind's Allocate would hand a container for it alone (env, device nodes, mounts)."""
+    kind = KINDS.kind_of(device)
+    if kind is None:
+        return None
+    grant = kind.grant(device.resource, [device], GrantContext())
+    edits: dict[str, Any] = {}
+    if grant.envs:
+        edits["env"] = [f"{key}={value}" for key, value in sorted(grant.envs.items())]
+    if grant.device_nodes:
+        edits["deviceNodes"] = [
+            {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions}
+            for n in grant.device_nodes
+        ]
+    if grant.mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["rbind", "ro" if m.read_only else "rw"],
+            }
+            for m in grant.mounts
+        ]
+    return edits
 
 
 def _with_extra(edits: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -104,6 +133,12 @@ def claim_spec(
         edits |= {str(entry["name"]): entry["containerEdits"] for entry in file_spec["devices"]}
         common += file_spec.get("containerEdits", {}).get("deviceNodes", [])
     edits |= {d.id: imex_edits(d) for d in served if d.kind is DeviceKind.IMEX}
+    kinds = {
+        d.plugin.id: found
+        for d in devices
+        if d.kind is DraKind.KIND and d.plugin and (found := kind_edits(d.plugin))
+    }
+    edits |= kinds
     visible = list(dict.fromkeys(uuid for d in devices if (uuid := _visible_uuid(d)) is not None))
     spec_devices = [
         {

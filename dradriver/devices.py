@@ -35,6 +35,7 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import Any
 
+from devicekinds.registry import KINDS
 from devicemodel.contracts import RESOURCE_IMEX_CHANNEL
 from devicemodel.inventory import Gpu, LostGpu, MigDevice, Nic, NicType, NodeInventory
 from devicemodel.sharing import SharingPlan
@@ -55,6 +56,7 @@ class DraKind(StrEnum):
     MIG = "mig"
     EFA = "efa"
     IMEX_CHANNEL = "imex-channel"
+    KIND = "kind"  # a device of a registry kind the DRA driver has no code of its own for
 
 
 class MigPublishing(StrEnum):
@@ -359,11 +361,24 @@ def _imex_channel(inventory: NodeInventory, plugin: PluginDevice) -> DraDevice:
     return DraDevice(name=plugin.id, kind=DraKind.IMEX_CHANNEL, attributes=attrs, capacity={}, plugin=plugin)
 
 
+def _kind_device(plugin: PluginDevice) -> DraDevice:
+    """A device of a resource kind the extender plans generically (``devicekinds``): published
+    under its ID, ``type`` its kind's word; prepared with its kind's grant (``claim_cdi``)."""
+    attrs: dict[str, dict[str, Any]] = {ATTR_TYPE: _s(str(plugin.kind)), "id": _s(plugin.id)}
+    if plugin.numa_node is not None:
+        attrs["numaNode"] = {"int": plugin.numa_node}
+    if plugin.pcie_switch:
+        attrs["pcieSwitch"] = _s(plugin.pcie_switch)
+    name = dns_part(plugin.id)[:63].strip("-") or "device"
+    return DraDevice(name=name, kind=DraKind.KIND, attributes=attrs, capacity={}, plugin=plugin)
+
+
 def dra_devices(
     inventory: NodeInventory, *, mig: MigPublishing = MigPublishing.STATIC
 ) -> tuple[DraDevice, ...]:
     """Every device of the node's pool, GPUs by index (each followed by its MIG devices), then EFA,
-    then the IMEX channel (a node with a clique only)."""
+    then the IMEX channel (a node with a clique only), then the devices of every generically
+    planned resource kind of the registry (``KindRegistry.planned_generically``)."""
     catalogue = build_catalogue(inventory, SharingPlan())
     plugin_by_id: Mapping[str, PluginDevice] = {d.id: d for ds in catalogue.values() for d in ds}
     devices: list[DraDevice] = []
@@ -388,4 +403,8 @@ def dra_devices(
         for d in catalogue.get(RESOURCE_IMEX_CHANNEL, ())
         if d.kind is DeviceKind.IMEX
     ]
+    generic = KINDS.planned_generically()
+    for resource, listed in catalogue.items():
+        if KINDS.kind_for(resource) in generic:
+            devices += [_kind_device(d) for d in listed]
     return tuple(devices)

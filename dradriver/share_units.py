@@ -41,7 +41,7 @@ from typing import Any
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import Gpu
-from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, memory_units
 from deviceplugin.devices import DeviceKind, PluginDevice
 from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
 from dradriver.taint import Taint
@@ -62,7 +62,7 @@ def share_counter_set_name(gpu: Gpu) -> str:
 
 def share_counters(gpu: Gpu) -> dict[str, int]:
     """A fractional GPU's counter set: its compute units and its memory in GiB."""
-    return {COUNTER_COMPUTE: COMPUTE_UNITS_PER_GPU, COUNTER_MEMORY: gpu.memory_mib // MIB_PER_GIB}
+    return {COUNTER_COMPUTE: COMPUTE_UNITS_PER_GPU, COUNTER_MEMORY: memory_units(gpu.memory_mib)}
 
 
 def _unit(gpu: Gpu, kind: DraKind, plugin: PluginDevice) -> DraDevice:

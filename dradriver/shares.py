@@ -39,7 +39,7 @@ from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.errors import GpuweaveError, InvalidInputError
 from devicemodel.inventory import Gpu, NodeInventory
 from devicemodel.quantity import parse_quantity
-from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, MIB_PER_GIB, SharingMode, SharingPlan
+from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan, memory_units
 from deviceplugin.allocation import (
     VISIBLE_DEVICES_ENV,
     ContainerGrant,
@@ -75,7 +75,7 @@ def _range_policy(maximum: str, step: str) -> dict[str, Any]:
 def share_device(whole: DraDevice, gpu: Gpu) -> DraDevice:
     """The fractional GPU's one shared device, from its whole-GPU device (same attributes, so a
     claim selects and constrains it as it would the GPU, but ``type: gpu-share``)."""
-    memory = f"{gpu.memory_mib // MIB_PER_GIB}Gi"
+    memory = f"{memory_units(gpu.memory_mib)}Gi"
     plugin = PluginDevice(
         id=gpu.uuid,
         resource=RESOURCE_GPU_COMPUTE,

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
-from devicemodel.sharing import MIB_PER_GIB
+from devicemodel.sharing import memory_units
 from devicemodel.validation import first_problem
 from gpuweave.lifecycle.capacity import PoolOffer
 from hardware.mig_catalog import default_catalog
@@ -83,7 +83,7 @@ def offer_of(pool: PoolModel) -> tuple[PoolOffer, NodeInventory]:
         name=pool.node_pool,
         instance_type=pool.instance_type,
         gpus=len(inventory.gpus),
-        memory_gib=first.memory_mib // MIB_PER_GIB,
+        memory_gib=memory_units(first.memory_mib),
         offers=pool.offers,
         replicas=pool.replicas,
         mig_max=mig_max,

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from devicemodel.contracts import VERDICT_REBOOT, VERDICT_REPLACE
+from devicemodel.sharing import memory_units
 from gpuweave.lifecycle.capacity import GangDemand, MigDemand, PoolOffer, ShareDemand
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.workload import Job, JobKind
@@ -33,7 +34,7 @@ def pools_of(fleet: Sequence[FleetNode], share_nodes: frozenset[int]) -> dict[st
         offers = "fractional" if shared else "mig" if node.mig_managed else "exclusive"
         model = catalog.for_product(node.product) if node.mig_managed else None
         mig_max = {p.name: p.max_count for p in model.profiles} if model is not None else {}
-        memory_gib = node.inventory.gpus[0].memory_mib // 1024
+        memory_gib = memory_units(node.inventory.gpus[0].memory_mib)
         offer = PoolOffer(node.profile, node.profile, node.gpus, memory_gib, offers, mig_max=mig_max)
         pools[node.profile] = Pool(offer, node, shared)
     return pools

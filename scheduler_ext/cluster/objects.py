@@ -8,7 +8,7 @@ A pod's ``gpuweave.io/assignment`` annotation is trusted only as far as the pod 
 those devices (anyone who may create a pod can write the annotation): it counts only once the pod
 is bound (``spec.nodeName``) to the node the annotation names, and per container and resource only
 IDs of that resource's form (a ``GPU-`` UUID for ``nvidia.com/gpu``, a compute unit for
-``gpuweave.io/gpu-compute``, ...: ``assignment.fits_resource``), up to the count the container
+``gpuweave.io/gpu-compute``, ...: its resource kind's ``fits_id``), up to the count the container
 requests (the first IDs in the annotation's order; the requests as ``requests.pod_request`` reads
 them, so a pod whose containers it refuses counts nothing); a Pending pod's annotation holds
 nothing. The extender's own bind is counted before the watch shows it (the
@@ -23,16 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from devicekinds.registry import KINDS
 from devicemodel.assignment import PodAssignment, fits_resource
-from devicemodel.contracts import (
-    ANNOTATION_ASSIGNMENT,
-    RESOURCE_EFA,
-    RESOURCE_GPU,
-    RESOURCE_GPU_COMPUTE,
-    RESOURCE_GPU_MEMORY,
-    RESOURCE_GPU_SHARED,
-    mig_resource_name,
-)
+from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import (
     ANNOTATION_EXPECTED_DURATION,
@@ -46,7 +39,7 @@ from devicemodel.sharing import DEFAULT_REPLICAS, GpuSharing, SharingMode
 from devicemodel.spec import NodeProfileSpec
 from devicemodel.spec_templates import SpecTemplates
 from scheduler_ext.pods.host import host_requests
-from scheduler_ext.pods.requests import PodRequest, pod_request
+from scheduler_ext.pods.requests import PodRequest, pod_request, request_counts
 
 LOG = logging.getLogger(__name__)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -252,7 +245,8 @@ def _within(ids: list[str], resource: str, limit: int, *, where: str) -> list[st
     """Of the IDs named for one container and resource, those of that resource's form
     (``fits_resource``), the first ``limit`` of them in the annotation's order."""
     named = list(dict.fromkeys(ids))
-    fitting = [d for d in named if fits_resource(resource, d)]
+    kind = KINDS.kind_for(resource)
+    fitting = [d for d in named if (kind.fits_id(resource, d) if kind else fits_resource(resource, d))]
     if len(fitting) < len(named) or len(fitting) > limit:
         LOG.warning(
             "%s: its gpuweave.io/assignment names %d devices of %.200s (%d not of that resource's "
@@ -270,15 +264,4 @@ def _within(ids: list[str], resource: str, limit: int, *, where: str) -> list[st
 def requested_units(request: PodRequest) -> dict[tuple[str, str], int]:
     """(container name, resource name) -> the units that container requests, init containers
     included, as ``requests.pod_request`` parsed them."""
-    units: dict[tuple[str, str], int] = {}
-    for c in request.containers:
-        counts = (
-            (RESOURCE_GPU, c.gpus),
-            (RESOURCE_EFA, c.efa),
-            (RESOURCE_GPU_COMPUTE, c.compute),
-            (RESOURCE_GPU_MEMORY, c.memory_gib),
-            (RESOURCE_GPU_SHARED, c.shared),
-            *((mig_resource_name(profile), n) for profile, n in c.mig),
-        )
-        units.update(((c.name, resource), n) for resource, n in counts if n)
-    return units
+    return {(c.name, resource): n for c in request.containers for resource, n in request_counts(c).items()}

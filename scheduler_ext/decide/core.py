@@ -212,7 +212,13 @@ class DecisionCore:
             host_free=node.host_free,
         )
         steps: list[PlanStep] = []
-        for stage in (planner.plan_gpus, planner.plan_migs, planner.plan_shares, planner.plan_nics):
+        for stage in (
+            planner.plan_gpus,
+            planner.plan_migs,
+            planner.plan_shares,
+            planner.plan_nics,
+            planner.plan_kinds,
+        ):
             step = stage()
             if isinstance(step, Verdict):
                 return step

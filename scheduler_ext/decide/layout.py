@@ -9,12 +9,14 @@ device IDs at bind time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import combinations
 
+from devicekinds.kind import KindSlot
+from devicekinds.registry import KINDS
 from devicemodel.inventory import Gpu, NicType, NodeInventory
-from devicemodel.sharing import GpuSharing, SharingMode
+from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan, memory_units
 from scheduler_ext.pods.selector import DeviceAttributes
 
 
@@ -54,6 +56,12 @@ class NodeLayout:
     nvlink_pairs: frozenset[tuple[int, int]]
     migs: tuple[MigSlot, ...]
     nics: tuple[NicSlot, ...]
+    # The devices of the resource kinds the core plans generically, per resource name (``KINDS``).
+    extra: tuple[tuple[str, tuple[KindSlot, ...]], ...] = ()
+
+    @cached_property
+    def extra_slots(self) -> Mapping[str, tuple[KindSlot, ...]]:
+        return dict(self.extra)
 
     @cached_property
     def gpu_by_index(self) -> Mapping[int, GpuSlot]:
@@ -81,6 +89,7 @@ class LayoutIndex:
     gpu_uuids: Mapping[int, str]
     mig_uuids: tuple[str, ...]
     nic_names: tuple[str, ...]
+    extra_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # by ``NodeLayout.extra``
 
 
 def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
@@ -106,13 +115,35 @@ def build_layout(
     migs = tuple(MigSlot(i, m.parent_index, m.profile) for i, m in enumerate(inventory.mig_devices))
     efa = [n for n in inventory.nics if n.type is NicType.EFA]
     nics = tuple(NicSlot(i, n.numa_node, n.pcie_switch) for i, n in enumerate(efa))
-    layout = NodeLayout(gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics)
+    extra, extra_ids = _kind_devices(inventory, sharing or {})
+    layout = NodeLayout(gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics, extra=extra)
     index = LayoutIndex(
         gpu_uuids={g.index: g.uuid for g in inventory.gpus},
         mig_uuids=tuple(m.uuid for m in inventory.mig_devices),
         nic_names=tuple(n.name for n in efa),
+        extra_ids=extra_ids,
     )
     return layout, index
+
+
+def _kind_devices(
+    inventory: NodeInventory, sharing: Mapping[str, GpuSharing]
+) -> tuple[tuple[tuple[str, tuple[KindSlot, ...]], ...], dict[str, tuple[str, ...]]]:
+    """The devices of every generically planned kind, as each kind lists them on the node (the
+    same list the node agent serves), split into identifier-free slots and their IDs."""
+    kinds = KINDS.planned_generically()
+    if not kinds:
+        return (), {}
+    plan = SharingPlan(per_gpu=dict(sharing))
+    slots: dict[str, list[KindSlot]] = {}
+    ids: dict[str, list[str]] = {}
+    for kind in kinds:
+        for device in kind.devices(inventory, plan):
+            listed = slots.setdefault(device.resource, [])
+            listed.append(KindSlot(len(listed), device.numa_node, device.pcie_switch, device.gpu_index))
+            ids.setdefault(device.resource, []).append(device.id)
+    extra = tuple((resource, tuple(found)) for resource, found in sorted(slots.items()))
+    return extra, {resource: tuple(found) for resource, found in ids.items()}
 
 
 def _gpu_slot(
@@ -142,6 +173,6 @@ def _gpu_slot(
         attributes=attributes,
         mode=entry.mode,
         replicas=entry.replicas,
-        memory_gib=gpu.memory_mib // 1024,
+        memory_gib=memory_units(gpu.memory_mib),
         mig_enabled=gpu.mig_enabled or bool(inventory.mig_devices_of(gpu.index)),
     )

@@ -1,4 +1,5 @@
-"""Per-resource planners: whole GPUs, MIG devices, GPU shares and EFA adapters for one pod on one node.
+"""Per-resource planners: whole GPUs, MIG devices, GPU shares and EFA adapters for one pod on one
+node, and one planner for every other resource kind of the registry (``plan_kinds``).
 
 Each stage returns either a ``PlanStep`` (what each container gets, plus a 0..1 quality) or a
 failing ``Verdict`` with a specific reason. Init containers run one at a time before the app
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from devicekinds.kind import KindSlot
+from devicekinds.registry import KINDS
 from devicemodel.sharing import SharingMode
 from scheduler_ext.decide.layout import NodeLayout
 from scheduler_ext.decide.nics import plan_nic_containers
@@ -218,6 +221,53 @@ class Planner:
             request=self.request, layout=self.layout, free=self.free, gpus_chosen=self._gpus_chosen
         )
 
+    # ---- kinds without a planner of their own (``devicekinds``) -----------------------------
+    def plan_kinds(self) -> PlanStep | Verdict:
+        """Each requested resource of a generically planned kind: counted against the node's
+        healthy and free devices of it, the set chosen by its kind (``ResourceKind.choose``)."""
+        wanted = sorted({resource for c in self.request.containers for resource, _ in c.extra})
+        plans: dict[str, ContainerPlan] = {}
+        for resource in wanted:
+            failed = self._plan_kind(resource, plans)
+            if failed is not None:
+                return failed
+        return PlanStep(plans=plans) if wanted else PlanStep()
+
+    def _plan_kind(self, resource: str, plans: dict[str, ContainerPlan]) -> Verdict | None:
+        def count(c: ContainerRequest) -> int:
+            return dict(c.extra).get(resource, 0)
+
+        app = sum(count(c) for c in self.request.containers if not c.init)
+        need = max(app, max((count(c) for c in self.request.containers if c.init), default=0))
+        slots = self.layout.extra_slots.get(resource, ())
+        healthy = dict(self.free.extra_healthy).get(resource, frozenset())
+        free = dict(self.free.extra_free).get(resource, frozenset())
+        kind = KINDS.kind_for(resource)
+        if kind is None or len(healthy) < need:
+            return unresolvable(
+                f"pod needs {need} {resource}; node has {len(healthy)} healthy of {len(slots)}"
+            )
+        if len(free) < need:
+            return fail(f"pod needs {need} free {resource}; node has {len(free)} free")
+        near = [
+            KindSlot(g, self.layout.gpu_by_index[g].numa_node, self.layout.gpu_by_index[g].pcie_switch, g)
+            for g in sorted({g for chosen in self._gpus_chosen.values() for g in chosen})
+        ]
+        pool = list(kind.choose([slots[p] for p in sorted(free)], need, near=near))
+        if len(pool) != need or len(set(pool)) != need or not set(pool) <= free:
+            return fail(f"the {resource} kind chose no set of {need} of the node's {len(free)} free devices")
+        remaining = list(pool)
+        for container in self.request.containers:
+            want = count(container)
+            if not want:
+                continue
+            taken = tuple(pool[:want]) if container.init else tuple(remaining[:want])
+            if not container.init:
+                remaining = remaining[want:]
+            base = plans.get(container.name, ContainerPlan(name=container.name))
+            plans[container.name] = replace(base, extra=(*base.extra, (resource, taken)))
+        return None
+
     def combine(self, steps: list[PlanStep]) -> Verdict:
         plans: dict[str, ContainerPlan] = {}
         for step in steps:
@@ -247,4 +297,5 @@ def _merge(base: ContainerPlan, part: ContainerPlan) -> ContainerPlan:
         compute=base.compute + part.compute,
         memory=base.memory + part.memory,
         replicas=base.replicas + part.replicas,
+        extra=base.extra + part.extra,
     )

@@ -36,9 +36,16 @@ class FreeState:
     share_use: tuple[tuple[int, ShareUse], ...]  # healthy share-mode GPUs only
     free_nics: frozenset[int]
     healthy_nics: frozenset[int]
+    # Generically planned kinds (``NodeLayout.extra``): per resource, healthy and free positions.
+    extra_healthy: tuple[tuple[str, frozenset[int]], ...] = ()
+    extra_free: tuple[tuple[str, frozenset[int]], ...] = ()
 
     @cached_property
     def key(self) -> tuple[object, ...]:
+        extra = tuple(
+            (r, _mask(h), _mask(f))
+            for (r, h), (_, f) in zip(self.extra_healthy, self.extra_free, strict=True)
+        )
         return (
             _mask(self.free_gpus),
             _mask(self.healthy_gpus),
@@ -47,6 +54,7 @@ class FreeState:
             self.share_use,
             _mask(self.free_nics),
             _mask(self.healthy_nics),
+            extra,
         )
 
 
@@ -107,6 +115,7 @@ def free_state(node: NodeState) -> FreeState:
         n.position for n in layout.nics if index.nic_names[n.position] not in node.unhealthy
     )
     free_nics = frozenset(p for p in healthy_nics if index.nic_names[p] not in held)
+    extra_healthy, extra_free = _kind_state(node, bad_gpus)
     return FreeState(
         free_gpus=free_gpus,
         healthy_gpus=healthy_gpus,
@@ -115,7 +124,30 @@ def free_state(node: NodeState) -> FreeState:
         share_use=_share_use(node, bad_gpus),
         free_nics=free_nics,
         healthy_nics=healthy_nics,
+        extra_healthy=extra_healthy,
+        extra_free=extra_free,
     )
+
+
+Positions = tuple[tuple[str, frozenset[int]], ...]
+
+
+def _kind_state(node: NodeState, bad_gpus: frozenset[int]) -> tuple[Positions, Positions]:
+    """Healthy and free positions of each generically planned resource: a device is withheld when
+    it, or the GPU it is made from, is unhealthy; free when no pod holds its ID."""
+    assert node.layout is not None and node.index is not None
+    healthy: list[tuple[str, frozenset[int]]] = []
+    free: list[tuple[str, frozenset[int]]] = []
+    for resource, slots in node.layout.extra:
+        ids = node.index.extra_ids[resource]
+        good = frozenset(
+            s.position
+            for s in slots
+            if ids[s.position] not in node.unhealthy and (s.gpu_index is None or s.gpu_index not in bad_gpus)
+        )
+        healthy.append((resource, good))
+        free.append((resource, frozenset(p for p in good if ids[p] not in node.holders)))
+    return tuple(healthy), tuple(free)
 
 
 def _share_use(node: NodeState, bad_gpus: frozenset[int]) -> tuple[tuple[int, ShareUse], ...]:

@@ -11,26 +11,15 @@ index, MIG profile and parent), not by UUID: a line of eight GPU UUIDs fits no t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from devicemodel.assignment import PodAssignment, parent_gpu_of_share
-from devicemodel.contracts import (
-    RESOURCE_EFA,
-    RESOURCE_GPU,
-    RESOURCE_GPU_COMPUTE,
-    RESOURCE_GPU_MEMORY,
-    RESOURCE_GPU_SHARED,
-    mig_profile_of_resource,
-)
+from devicekinds.kind import DeviceNames, DeviceText
+from devicekinds.registry import KINDS
+from devicemodel.assignment import PodAssignment
 from scheduler_ext.decide.state import NodeState
 
 MAX_MESSAGE = 1000  # an Event message is meant to be read in `kubectl describe`, not to be a report
-SHARE_WORDS = {
-    RESOURCE_GPU_COMPUTE: ("% compute", "% compute"),
-    RESOURCE_GPU_MEMORY: (" GiB", " GiB"),
-    RESOURCE_GPU_SHARED: (" replica", " replicas"),
-}
 
 
 @dataclass(frozen=True)
@@ -65,24 +54,19 @@ def shorten(text: str, limit: int = MAX_MESSAGE) -> str:
 
 
 def device_groups(assignment: PodAssignment, state: NodeState | None) -> list[DeviceGroup]:
-    """The assignment's devices per container and resource, named by index on ``state``'s node."""
-    gpu_index, mig_names = _names(state)
+    """The assignment's devices per container and resource, named by index on ``state``'s node,
+    in its resource kind's words (``ResourceKind.describe``)."""
+    names = _names(state)
     groups = []
     for container, chosen in sorted(assignment.containers.items()):
         for resource, ids in sorted(chosen.devices.items()):
-            if resource == RESOURCE_GPU:
-                indices = tuple(sorted(gpu_index[i] for i in ids if i in gpu_index))
-                labels = [*map(str, indices), *(_short(i) for i in ids if i not in gpu_index)]
-                text = ("GPUs " if len(labels) > 1 else "GPU ") + ",".join(labels)
-                groups.append(DeviceGroup(container, resource, text, indices))
-            elif resource in SHARE_WORDS:
-                groups.append(DeviceGroup(container, resource, _share_text(resource, ids, gpu_index)))
-            elif mig_profile_of_resource(resource) is not None:
-                names = [mig_names.get(i, _short(i)) for i in sorted(ids)]
-                groups.append(DeviceGroup(container, resource, ", ".join(names)))
-            else:
-                label = "EFA " if resource == RESOURCE_EFA else f"{resource} "
-                groups.append(DeviceGroup(container, resource, label + ",".join(sorted(ids))))
+            kind = KINDS.kind_for(resource)
+            said = (
+                kind.describe(resource, ids, names)
+                if kind
+                else DeviceText(f"{resource} " + ",".join(sorted(ids)))
+            )
+            groups.append(DeviceGroup(container, resource, said.text, said.gpu_indices))
     return groups
 
 
@@ -93,26 +77,11 @@ def placement_text(node: str, groups: Sequence[DeviceGroup]) -> str:
     return f"node {node}: " + ("; ".join(parts) if parts else "no devices")
 
 
-def _names(state: NodeState | None) -> tuple[dict[str, int], dict[str, str]]:
+def _names(state: NodeState | None) -> DeviceNames:
     """GPU UUID -> index and MIG UUID -> ``MIG 1g.10gb on GPU 2`` for the node's layout."""
     if state is None or state.layout is None or state.index is None:
-        return {}, {}
+        return DeviceNames()
     gpu_index = {uuid: index for index, uuid in state.index.gpu_uuids.items()}
     uuids = state.index.mig_uuids
     migs = {uuids[m.position]: f"MIG {m.profile} on GPU {m.parent_index}" for m in state.layout.migs}
-    return gpu_index, migs
-
-
-def _share_text(resource: str, ids: Sequence[str], gpu_index: Mapping[str, int]) -> str:
-    """``40% compute of GPU 7``: share units counted per parent GPU."""
-    per_gpu = Counter(parent_gpu_of_share(i) or i for i in ids)
-    one, many = SHARE_WORDS[resource]
-    parts = []
-    for parent, count in sorted(per_gpu.items()):
-        where = f"GPU {gpu_index[parent]}" if parent in gpu_index else _short(parent)
-        parts.append(f"{count}{one if count == 1 else many} of {where}")
-    return ", ".join(parts)
-
-
-def _short(device_id: str) -> str:
-    return device_id if len(device_id) <= 16 else device_id[:15] + "…"
+    return DeviceNames(gpu_index=gpu_index, mig_names=migs)

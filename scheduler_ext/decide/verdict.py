@@ -1,6 +1,7 @@
 """Decision values: a node verdict for a pod and the index-based device plan behind it.
 
-Plans name layout positions (GPU index, MIG/NIC position, share GPU and unit counts), never
+Plans name layout positions (GPU index, MIG/NIC position, share GPU and unit counts, a
+generically planned kind's positions), never
 device IDs, so one memoized plan serves every node of the same layout and free state. IDs are
 filled in only at bind (``materialize``), against the node's own identifiers and holders.
 """
@@ -33,6 +34,7 @@ class ContainerPlan:
     compute: int = 0
     memory: int = 0
     replicas: int = 0
+    extra: tuple[tuple[str, tuple[int, ...]], ...] = ()  # generically planned kinds: (resource, positions)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ def materialize(plan: tuple[ContainerPlan, ...], node: NodeState) -> PodAssignme
             ):
                 if count:
                     devices[resource] = _free_units(uuid, kind, count, taken)
+        for resource, positions in item.extra:
+            ids = index.extra_ids[resource]
+            devices.setdefault(resource, []).extend(ids[p] for p in positions)
         containers[item.name] = ContainerAssignment(devices=devices)
     return PodAssignment(node=node.name, containers=containers)
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
+from devicekinds.registry import KINDS
 from devicemodel.contracts import (
     ANNOTATION_GPU_SELECTOR,
     ANNOTATION_PLACEMENT,
@@ -25,6 +26,7 @@ from devicemodel.contracts import (
     RESOURCE_IMEX_CHANNEL,
     RESOURCE_MIG_PREFIX,
     mig_profile_of_resource,
+    mig_resource_name,
     requests_resource,
 )
 from devicemodel.errors import InvalidInputError, echo
@@ -32,7 +34,6 @@ from devicemodel.quantity import MAX_STORED, QuantityError, whole_units
 
 GPUWEAVE_PREFIX = "gpuweave.io/"
 OUR_PREFIXES = (RESOURCE_GPU, RESOURCE_MIG_PREFIX, RESOURCE_EFA, GPUWEAVE_PREFIX)
-GPUWEAVE_RESOURCES = frozenset({RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY, RESOURCE_GPU_SHARED})
 
 
 class Placement(StrEnum):
@@ -50,7 +51,9 @@ class BadPodRequestError(InvalidInputError):
 
 @dataclass(frozen=True)
 class ContainerRequest:
-    """Device counts one container asks for. ``mig`` is sorted (profile, count) pairs."""
+    """Device counts one container asks for. ``mig`` is sorted (profile, count) pairs; ``extra``
+    sorted (resource, count) pairs of the kinds the decision core plans generically (a resource
+    kind of the registry with no planner of its own, ``ResourceKind.core_planned`` False)."""
 
     name: str
     init: bool = False
@@ -60,10 +63,13 @@ class ContainerRequest:
     compute: int = 0  # 1% of one GPU's SMs per unit
     memory_gib: int = 0  # 1 GiB of one GPU's memory per unit
     shared: int = 0  # time-sliced replicas of one GPU
+    extra: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not (self.gpus or self.mig or self.efa or self.compute or self.memory_gib or self.shared)
+        return not (
+            self.gpus or self.mig or self.efa or self.compute or self.memory_gib or self.shared or self.extra
+        )
 
     @property
     def wants_share(self) -> bool:
@@ -100,7 +106,8 @@ class PodRequest:
     @property
     def containers_signature(self) -> tuple[tuple[object, ...], ...]:
         return tuple(
-            (c.init, c.gpus, c.mig, c.efa, c.compute, c.memory_gib, c.shared) for c in self.containers
+            (c.init, c.gpus, c.mig, c.efa, c.compute, c.memory_gib, c.shared, c.extra)
+            for c in self.containers
         )
 
     def pod_gpus(self) -> int:
@@ -141,10 +148,11 @@ def _our_resources(values: object, *, section: str, container: str) -> dict[str,
     counts: dict[str, int] = {}
     for key, value in values.items():
         name = str(key)
-        if not name.startswith(OUR_PREFIXES) or name == RESOURCE_IMEX_CHANNEL:
-            continue  # the IMEX channel: one per node, counted by kube-scheduler, given by the kubelet
-        if name.startswith(GPUWEAVE_PREFIX) and name not in GPUWEAVE_RESOURCES:
-            known = ", ".join(sorted(GPUWEAVE_RESOURCES | {RESOURCE_IMEX_CHANNEL}))
+        kind = KINDS.kind_for(name)
+        if (kind is None and not name.startswith(OUR_PREFIXES)) or (kind is not None and not kind.scheduled):
+            continue  # not ours, or left to kube-scheduler (the IMEX channel: given by the kubelet)
+        if kind is None and name.startswith(GPUWEAVE_PREFIX):
+            known = ", ".join(sorted(KINDS.names_under(GPUWEAVE_PREFIX)))
             raise BadPodRequestError(
                 f"container {echo(container)}: unknown resource {echo(name)}; gpuweave serves {known}"
             )
@@ -179,6 +187,13 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
             if n and (profile := mig_profile_of_resource(k)) is not None
         )
     )
+    extra = tuple(
+        sorted(
+            (k, n)
+            for k, n in counts.items()
+            if n and (kind := KINDS.kind_for(k)) is not None and not kind.core_planned
+        )
+    )
     return ContainerRequest(
         name=name,
         init=init,
@@ -188,20 +203,31 @@ def _container_request(container: Mapping[str, Any], *, init: bool) -> Container
         compute=counts.get(RESOURCE_GPU_COMPUTE, 0),
         memory_gib=counts.get(RESOURCE_GPU_MEMORY, 0),
         shared=counts.get(RESOURCE_GPU_SHARED, 0),
+        extra=extra,
     )
 
 
 def _validate_container(request: ContainerRequest) -> None:
-    if request.gpus and request.wants_share:
-        raise BadPodRequestError(
-            f"container {echo(request.name)} asks for whole GPUs and GPU shares at once; "
-            "request either nvidia.com/gpu or gpuweave.io/gpu-* in one container"
-        )
-    if request.shared and (request.compute or request.memory_gib):
-        raise BadPodRequestError(
-            f"container {echo(request.name)} mixes time-sliced replicas (gpuweave.io/gpu-shared) with "
-            "MPS shares (gpu-compute/gpu-memory); choose one"
-        )
+    """Each resource kind's rules across one container's counts (whole GPUs and shares at once...)."""
+    counts = request_counts(request)
+    for kind in KINDS:
+        problem = kind.check_request(counts, container=echo(request.name))
+        if problem is not None:
+            raise BadPodRequestError(problem)
+
+
+def request_counts(request: ContainerRequest) -> dict[str, int]:
+    """Resource name -> the count one container asks (the counts ``pod_request`` parsed)."""
+    counts = (
+        (RESOURCE_GPU, request.gpus),
+        (RESOURCE_EFA, request.efa),
+        (RESOURCE_GPU_COMPUTE, request.compute),
+        (RESOURCE_GPU_MEMORY, request.memory_gib),
+        (RESOURCE_GPU_SHARED, request.shared),
+        *((mig_resource_name(profile), n) for profile, n in request.mig),
+        *request.extra,
+    )
+    return {resource: n for resource, n in counts if n}
 
 
 def _check_unique_names(containers: list[ContainerRequest]) -> None:
@@ -280,6 +306,10 @@ def pod_is_ours(pod: Mapping[str, Any]) -> bool:
             if not isinstance(resources, Mapping):
                 continue
             for values in (resources.get("requests"), resources.get("limits")):
-                if isinstance(values, Mapping) and any(str(k).startswith(OUR_PREFIXES) for k in values):
+                if isinstance(values, Mapping) and any(_ours(str(k)) for k in values):
                     return True
     return False
+
+
+def _ours(resource: str) -> bool:
+    return resource.startswith(OUR_PREFIXES) or KINDS.kind_for(resource) is not None
