@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--reports", type=Path, help="reuse DIR/<seed>/report.json; new runs go there")
     parser.add_argument("--name", default="simulate_seeds", help="results file name")
+    parser.add_argument("--label", default="", help="the code the reports came from (a commit)")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     with tempfile.TemporaryDirectory(prefix="gpuweave-sim-seeds-") as work:
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     summary = totals(rows)
     print(json.dumps(summary, indent=1))
-    report = {"benchmark": "simulate over seeds", "seeds": seeds, "totals": summary, "rows": rows}
+    report = {"benchmark": "simulate over seeds", "label": args.label, "seeds": seeds, "totals": summary}
+    report["rows"] = rows
     write_results(args.name, report, module="benchmarks.simulate_seeds", argv=argv)
     return 0
 
