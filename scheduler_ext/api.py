@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from scheduler_ext.app import Extender, assemble, build_core, build_snapshot_extender
 from scheduler_ext.cluster.cache import ClusterCache
-from scheduler_ext.cluster.objects import InventoryRecord, PodRecord, inventory_record
+from scheduler_ext.cluster.objects import (
+    DISRUPTION_CONDITION,
+    PREEMPTED_REASON,
+    InventoryRecord,
+    PodRecord,
+    inventory_record,
+)
 from scheduler_ext.cluster.snapshot import SnapshotBinder, apply_objects, read_objects
 from scheduler_ext.decide.core import DecisionCore
 from scheduler_ext.decide.layout import GpuSlot
@@ -68,9 +74,11 @@ __all__ = [
     "DEFAULT_RETRY_S",
     "DEFAULT_STRETCH_PER_STEP",
     "DEFAULT_TTL_S",
+    "DISRUPTION_CONDITION",
     "FRESH_S",
     "HOLD_LIMIT_FLAG",
     "PERCENT_FLOOR_GPUS",
+    "PREEMPTED_REASON",
     "TIMEOUT_S",
     "BadPodRequestError",
     "ClusterCache",

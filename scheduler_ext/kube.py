@@ -44,7 +44,7 @@ from kubeio.lease import LeaseElector
 from kubeio.listwatch import ListWatch, metadata_only
 from scheduler_ext.app import Extender, assemble, build_core
 from scheduler_ext.cluster.cache import ClusterCache
-from scheduler_ext.cluster.objects import pod_disrupted
+from scheduler_ext.cluster.objects import pod_disrupted, pod_preempted
 from scheduler_ext.gangs.service import GangSettings, PodGroupSizes
 from scheduler_ext.kueue.controller import KueueChecks
 from scheduler_ext.leader import AlwaysLeading, LeaderLoop, Leadership, LeaseSettings, Transition
@@ -103,7 +103,7 @@ def watched_kinds(cache: ClusterCache, api: client.ApiClient) -> tuple[WatchedKi
 
     def on_pod(kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "DELETED":  # the deleted object says whether an eviction or preemption ended it
-            cache.delete_pod(_uid(obj), disrupted=pod_disrupted(obj))
+            cache.delete_pod(_uid(obj), disrupted=pod_disrupted(obj), preempted=pod_preempted(obj))
         else:
             cache.upsert_pod(obj)
 

@@ -171,6 +171,9 @@ class Simulation:
         # lower-priority pods until the job starts
         self._nominated: dict[str, tuple[int, set[int]]] = {}
         self._ends: dict[str, float] = {}
+        # jobs whose last attempt a fault or a drain ended (not a preemption), until they start again
+        self._disrupted: set[str] = set()
+        self._preflight_failed = False  # the last try placed every pod and failed only its preflight
         self._restores: list[tuple[float, FaultRecord]] = []
         self._fault_nodes: set[int] = set()
         self._life = LifecycleTick(self, lifecycle) if lifecycle is not None else None
@@ -404,14 +407,17 @@ class Simulation:
         self._queue.insert(0, _Queued(pod.job, pod.started_s, self._now))
         return evicted
 
-    def _stop_job(self, pod: RunningPod, *, fault: FaultContext | None) -> int:
-        """Stop every pod of ``pod``'s job, their run so far lost (ledger); returns pods stopped."""
+    def _stop_job(self, pod: RunningPod, *, fault: FaultContext | None, preempted: bool = False) -> int:
+        """Stop every pod of ``pod``'s job, their run so far lost (ledger); returns pods stopped.
+        ``preempted``: kube-scheduler's preemption stops them (their eviction says so)."""
         self.result.ledger.job_evicted(pod.job, fault=fault)
+        if not preempted:
+            self._disrupted.add(pod.job.job_id)
         members = self.state.pods_of_job(pod.job.job_id)
         for member in members:
             self.result.ledger.pod_evicted(member, now=self._now)
             if isinstance(self._placer, PodWatcher):  # an eviction, not the job's own end
-                self._placer.evicted(member.pod_id)
+                self._placer.evicted(member.pod_id, preempted=preempted)
             self._stop(member.pod_id)
             self._ends.pop(member.pod_id, None)
         return len(members)
@@ -429,7 +435,10 @@ class Simulation:
 
     def _start_by_preemption(self, job: Job, now: float) -> bool:
         """The scheduler's preemption for a job of priority above 0 that did not fit: one round
-        per pod at most (each frees one node), the job tried again after each."""
+        per pod at most (each frees one node), the job tried again after each. A try that placed
+        every pod and failed only its preflight is made once more at once, without the GPUs the
+        preflight withheld: as the extender plans again after a failed preflight, and so that
+        the next round has the filter's answer to preempt on."""
         if job.priority <= 0 or job.kind is JobKind.MIG or not isinstance(self._placer, Preemptor):
             return False
         request = Request(job.cpu_milli, job.memory_mib, job.gpus_per_pod, job.gpu_milli)
@@ -445,13 +454,16 @@ class Simulation:
                         self.state.pods[pod_id].node
                     )
                     self._preempt_job(self.state.pods[pod_id], now)
+            self._preflight_failed = False
             if self._start(job, now, delay_s=PREEMPTION_GRACE_S):
+                return True
+            if self._preflight_failed and self._start(job, now, delay_s=PREEMPTION_GRACE_S):
                 return True
         return False
 
     def _preempt_job(self, pod: RunningPod, now: float) -> None:
         """Evict every pod of a preemption victim's job; the job is queued again as a new one."""
-        self.result.pods_preempted += self._stop_job(pod, fault=None)
+        self.result.pods_preempted += self._stop_job(pod, fault=None, preempted=True)
         self._preempted.append(_Queued(pod.job, now))
 
     def _stop(self, pod_id: str) -> RunningPod:
@@ -500,7 +512,7 @@ class Simulation:
             # a gang's pods all exist before the first is scheduled (its plan waits for them)
             self._placer.created([f"{job.job_id}-{i}" for i in range(job.pods)], request, gang)
         placed = self._place_all(job, request, allowed, gang)
-        if placed is None or not self._preflight(placed, now):
+        if placed is None or not self._preflight(job, placed, now):
             return False
         started: list[RunningPod] = []
         for index, (pod_id, placement) in enumerate(placed):
@@ -527,6 +539,7 @@ class Simulation:
             job, now=now + delay_s, timing=timing, run_s=run_s, grace_s=delay_s, cliques=cliques
         )
         self._nominated.pop(job.job_id, None)
+        self._disrupted.discard(job.job_id)
         self.result.topology.extend(outcomes)
         if self._lifecycle is not None:
             names = [self.state.fleet[p.node].name for p in started]
@@ -552,14 +565,22 @@ class Simulation:
             allowed[placement.node] = False  # one pod of a gang per node
         return placed
 
-    def _preflight(self, placed: list[tuple[str, PodPlacement]], now: float) -> bool:
+    def _preflight(self, job: Job, placed: list[tuple[str, PodPlacement]], now: float) -> bool:
         """A multi-node gang starts only when its nodes' agents pass the GPUs planned for it
-        (``latent``); a failed node's GPUs are withheld and the gang is placed again next tick."""
+        (``latent``); a failed node's GPUs are withheld and the gang is placed again next tick.
+
+        The deployed extender runs a gang's preflight before it binds the members, so a failed
+        one leaves the gang as it was; here the members were bound first, so a gang re-created
+        after a fault or a drain has its members' deletes delivered as evictions: still
+        recovering (it may preempt), as with the extender's own preflight."""
         if self._latent is None or self._latent.preflight(
             self.state, [(p.node, p.gpus) for _, p in placed], now
         ):
             return True
+        self._preflight_failed = True
         for pod_id, _ in placed:
+            if job.job_id in self._disrupted and isinstance(self._placer, PodWatcher):
+                self._placer.evicted(pod_id)
             self._placer.forget(pod_id)
         self._deliver_published(*{p.node for _, p in placed})
         return False

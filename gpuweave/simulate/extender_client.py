@@ -53,6 +53,8 @@ from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_sco
 from gpuweave.simulate.state import SimState
 from scheduler_ext.api import (
     DEFAULT_KEEP,
+    DISRUPTION_CONDITION,
+    PREEMPTED_REASON,
     Extender,
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -303,17 +305,19 @@ class ExtenderPlacer:
             if self._extender.cache.pod_object(uid=uid) is None and uid not in self._bound:
                 self._extender.cache.upsert_pod(self._pod(uid, request, gang))
 
-    def evicted(self, pod_id: str) -> None:
-        """The pod is evicted (a fault's, or a preemption's): the API server marks it with the
-        ``DisruptionTarget`` condition before it deletes it, and the watch delivers that update;
-        ``forget`` delivers the delete."""
+    def evicted(self, pod_id: str, *, preempted: bool = False) -> None:
+        """The pod is evicted (a fault's, or a preemption's): the ``DisruptionTarget`` condition is
+        set before the delete, and the watch delivers that update; ``forget`` delivers the delete.
+        Its reason is the writer's: kube-scheduler's preemption writes ``PreemptionByScheduler``
+        on its victims, the API server's Eviction (a fault's or a drain's) ``EvictionByEvictionAPI``."""
         uid = _NAME.sub("-", pod_id.lower())
         bound = self._extender.cache.pod_object(uid=uid)
         if bound is None:
             return
         disrupted = copy.deepcopy(dict(bound))
         status = disrupted.setdefault("status", {})
-        condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        reason = PREEMPTED_REASON if preempted else "EvictionByEvictionAPI"
+        condition = {"type": DISRUPTION_CONDITION, "status": "True", "reason": reason}
         status["conditions"] = [*status.get("conditions", []), condition]
         self._extender.cache.upsert_pod(disrupted)
         self._extender.cache.remember_pod(disrupted)  # offline, the cache is the record (SnapshotBinder)

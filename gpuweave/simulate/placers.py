@@ -77,11 +77,12 @@ class InventoryWatcher(Protocol):
 class PodWatcher(Protocol):
     """A scheduler that watches pods as the API server's watch delivers them: a job's pods created
     (pending) before any of them is scheduled, and a pod's eviction (its ``DisruptionTarget``
-    condition) before its delete (``Placer.forget``)."""
+    condition, whose reason says a preemption from any other eviction) before its delete
+    (``Placer.forget``)."""
 
     def created(self, pod_ids: Sequence[str], request: Request, gang: Gang) -> None: ...
 
-    def evicted(self, pod_id: str) -> None: ...
+    def evicted(self, pod_id: str, *, preempted: bool = False) -> None: ...
 
 
 @runtime_checkable

@@ -68,6 +68,7 @@ class PodGone:
     gang: str  # the gang key it named ("" for none)
     bound: bool  # it held devices as a bound pod (not only assumed at bind)
     disrupted: bool  # an eviction or a preemption ended it (``objects.pod_disrupted``)
+    preempted: bool = False  # that was kube-scheduler's preemption (``objects.pod_preempted``)
 
 
 PodGoneHook = Callable[[PodGone], None]
@@ -224,7 +225,7 @@ class ClusterCache:
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         record = pod_record(obj)
         if record.terminated:
-            self.delete_pod(record.uid, disrupted=record.disrupted)
+            self.delete_pod(record.uid, disrupted=record.disrupted, preempted=record.preempted)
             return
         host_changed: set[str] = set()
         if record.node is None:
@@ -262,9 +263,10 @@ class ClusterCache:
             self._holdings[record.uid] = Holding(record, assumed=False)  # its start time, once known
             return True
 
-    def delete_pod(self, uid: str, *, disrupted: bool = False) -> None:
+    def delete_pod(self, uid: str, *, disrupted: bool = False, preempted: bool = False) -> None:
         """The pod is gone (the watch's delete, or its end); ``disrupted``: the deleted object says
-        an eviction or a preemption ended it (``objects.pod_disrupted``)."""
+        an eviction or a preemption ended it (``objects.pod_disrupted``), ``preempted``: that it
+        was kube-scheduler's preemption (``objects.pod_preempted``)."""
         holding = self._holdings.get(uid)
         gang = self._pods.gang_of(uid) or (holding.record.gang if holding is not None else "")
         self._drop_object(uid)
@@ -273,8 +275,10 @@ class ClusterCache:
             self._rebuild(node)
         if gang and self.on_pod_gone is not None:
             bound = holding is not None and not holding.assumed
-            ended = disrupted or (holding is not None and holding.record.disrupted)
-            self.on_pod_gone(PodGone(uid=uid, gang=gang, bound=bound, disrupted=ended))
+            record = holding.record if holding is not None else None
+            ended = disrupted or (record is not None and record.disrupted)
+            preempted = preempted or (record is not None and record.preempted)
+            self.on_pod_gone(PodGone(uid=uid, gang=gang, bound=bound, disrupted=ended, preempted=preempted))
 
     def _put_host_use(self, uid: str, record: PodRecord | None) -> set[str]:
         """Count a bound pod's CPU and memory on its node (any pod: kube-scheduler binds most);

@@ -45,6 +45,7 @@ LOG = logging.getLogger(__name__)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 DISRUPTION_CONDITION = "DisruptionTarget"  # set by evictions, preemption, taint and node-shutdown deletions
 EVICTED_REASON = "Evicted"  # status.reason of a pod the kubelet evicted (also before the condition existed)
+PREEMPTED_REASON = "PreemptionByScheduler"  # the DisruptionTarget reason kube-scheduler's preemption writes
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class PodRecord:
     memory_mib: int = 0
     gang: str = ""  # the gang key it names (``gangs.gang_key``), "" for none
     disrupted: bool = False  # ended, or being ended, by an eviction or a preemption (``pod_disrupted``)
+    preempted: bool = False  # ... by kube-scheduler's preemption, for a higher priority (``pod_preempted``)
     # How long it is expected to hold its devices (a gang's wait for its tightest tier counts on
     # it, ``gangs.tier_wait``); not compared: a kubelet status update that adds the start time
     # changes no decision, so it rebuilds no node state (``ClusterCache._confirm`` keeps it).
@@ -165,6 +167,20 @@ def pod_disrupted(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def pod_preempted(obj: Mapping[str, Any]) -> bool:
+    """Whether the disruption is kube-scheduler's preemption: the ``DisruptionTarget`` condition
+    True with reason ``PreemptionByScheduler`` (what its preemption writes on each victim before
+    the delete). Such a pod made room for more important work on purpose; a fault, a drain or a
+    node's loss end a pod with another reason."""
+    conditions = _mapping(obj.get("status")).get("conditions")
+    return any(
+        _mapping(c).get("type") == DISRUPTION_CONDITION
+        and _mapping(c).get("status") == "True"
+        and _mapping(c).get("reason") == PREEMPTED_REASON
+        for c in (conditions if isinstance(conditions, list) else [])
+    )
+
+
 def pod_record(obj: Mapping[str, Any]) -> PodRecord:
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
@@ -187,6 +203,7 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord:
         memory_mib=memory,
         gang=gang_key(obj),
         disrupted=pod_disrupted(obj),
+        preempted=pod_preempted(obj),
         started_s=_timestamp(status.get("startTime")),
         expected_s=_declared_duration(annotations.get(ANNOTATION_EXPECTED_DURATION)),
         deadline_s=active_deadline_s(obj),

@@ -302,11 +302,17 @@ class GangCoordinator:
 
     # ---- members gone -------------------------------------------------------------------------
     def pod_gone(self, gone: PodGone) -> None:
-        """The cache's ``on_pod_gone``: a bound member ended by a fault or a preemption makes its
-        gang's family recovering; a gang left with fewer pods than it declares has its reservation
-        and its kept places released at once (the devices are free for the very next decision)."""
-        if gone.bound and gone.disrupted and self.book.member_lost(gone.gang):
-            LOG.info("gang %s: a member was evicted or preempted; its next attempt is recovering", gone.gang)
+        """The cache's ``on_pod_gone``: a bound member ended by a disruption other than
+        kube-scheduler's preemption (a fault's eviction, a drain, a node's loss) makes its gang's
+        family recovering; a gang left with fewer pods than it declares has its reservation and
+        its kept places released at once (the devices are free for the very next decision).
+
+        A member preempted for a higher priority makes nothing recovering: its room went to more
+        important work on purpose, and a recovery would let it preempt lower-priority work in turn
+        (a chain, each step throwing away the run of pods that had no part in the fault). Its next
+        attempt waits as a new gang does."""
+        if gone.bound and gone.disrupted:
+            self._member_lost(gone)
         with self.book.lock:
             size = self.book.declared_size(gone.gang)
             if not size or len(self.cache.gang_member_uids(gone.gang)) >= size:
@@ -328,6 +334,12 @@ class GangCoordinator:
             size,
             len(released),
         )
+
+    def _member_lost(self, gone: PodGone) -> None:
+        if gone.preempted:
+            LOG.info("gang %s: a member was preempted for a higher priority; not recovering", gone.gang)
+        elif self.book.member_lost(gone.gang):
+            LOG.info("gang %s: a member was evicted; its next attempt is recovering", gone.gang)
 
     def _hold(
         self, gang: Gang, plan: GangPlan, slots: list[Slot], request: PodRequest

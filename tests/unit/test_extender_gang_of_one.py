@@ -8,6 +8,7 @@ The cluster: five DGX H100 nodes, ``a0``, ``a1`` in EKS layer-3 block A and ``b0
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -228,4 +229,52 @@ def test_a_recovering_gang_of_one_preempts_before_the_watch_brings_its_new_pod(t
     assert extender.cache.gang_member_uids("ml/gang:solo#1@") == set()  # not in the cache yet
     proposed = {n: [fills[n]] for n in ("a0", "a1", "b1")}
     assert _preempt(extender.service, again, proposed) == {"b1": [fills["b1"]]}
+    extender.close()
+
+
+def _ended(extender: Extender, pod: dict[str, Any], *, node: str, reason: str) -> None:
+    """The bound pod ends by a disruption: the watch's last word on it is the object with the
+    ``DisruptionTarget`` condition its writer set (``reason``) and a terminal phase."""
+    ended = copy.deepcopy(pod)
+    ended["spec"]["nodeName"] = node
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+    ended["status"] = {"phase": "Failed", "conditions": [condition]}
+    extender.cache.upsert_pod(ended)
+
+
+@pytest.mark.parametrize(
+    ("reason", "recovering"),
+    [
+        ("PreemptionByScheduler", False),  # kube-scheduler's preemption, for a higher priority
+        ("EvictionByEvictionAPI", True),  # a fault's eviction, a drain
+        ("DeletionByTaintManager", True),  # the node's NoExecute taint
+    ],
+)
+def test_a_gang_of_one_preempted_for_a_higher_priority_does_not_preempt_in_turn(
+    tmp_path: Path, reason: str, recovering: bool
+) -> None:
+    """It ran on b0 and ended by a disruption; b0 then went to a priority-0 pod, and every node
+    holds one. Ended by a fault (an eviction, a taint), its next attempt is recovering and may
+    preempt priority-0 pods in its domain (block B). Preempted by kube-scheduler for more
+    important work, it is not: every node is unresolvable, the preempt verb answers none, so the
+    priority-0 pods, which had no part in it, keep their run (no chain of preemptions)."""
+    extender = _cluster(tmp_path)
+    fills = {n: _fill(extender, n, priority=0) for n in ("a0", "a1", "b1", "b2")}
+    first = _solo("solo-0")
+    assert _bind(extender.service, first, NAMES) == "b0"
+    _ended(extender, first, node="b0", reason=reason)
+    fills["b0"] = _fill(extender, "b0", priority=0)
+    assert extender.gangs is not None
+    assert bool(extender.gangs.book.recovering_nodes("ml/gang:solo#1@")) is recovering
+    again = _solo("solo-0")
+    again["metadata"]["uid"] = "uid-solo-0-again"
+    result = _filter(extender.service, again, NAMES)
+    assert not result.NodeNames
+    answer = _preempt(extender.service, again, {n: [u] for n, u in fills.items()})
+    if recovering:
+        assert set(result.FailedNodes) == {"b0", "b1", "b2"}
+        assert set(answer) == {"b0", "b1", "b2"}  # kube-scheduler picks one of them
+    else:
+        assert not result.FailedNodes and set(result.FailedAndUnresolvableNodes) == set(NAMES)
+        assert answer == {}
     extender.close()

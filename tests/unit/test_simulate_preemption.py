@@ -209,3 +209,84 @@ def test_a_node_too_small_for_the_pod_is_no_preemption_candidate() -> None:
         assert placer._unplaced is not None and placer._unplaced[1] == ["p5.48xlarge-00"]
     finally:
         placer.close()
+
+
+def test_a_preemption_victims_eviction_says_so_and_leaves_its_gang_of_one_not_recovering() -> None:
+    """The loop's eviction of a pod marks it as its writer would: kube-scheduler's preemption
+    with ``PreemptionByScheduler``, a fault's or a drain's eviction with ``EvictionByEvictionAPI``.
+    The extender reads the difference: a gang of one evicted by a fault is recovering (it may
+    preempt on its next attempt), one preempted for a higher priority is not."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=1)
+    request = Request(1000, 1024, 8, 1000)
+    for preempted in (False, True):
+        placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+        state = SimState.create(fleet, _model())
+        try:
+            gang = Gang("train-0", 1, TRAINING_POD_PRIORITY)
+            placement = placer.place(
+                state,
+                request,
+                allowed=np.ones(1, dtype=bool),
+                rng=np.random.default_rng(0),
+                pod_id="train-0-0",
+                gang=gang,
+            )
+            assert placement is not None
+            placer.evicted("train-0-0", preempted=preempted)
+            marked = placer._extender.cache.pod_object(uid="train-0-0")
+            assert marked is not None
+            (condition,) = marked["status"]["conditions"]
+            assert condition["reason"] == ("PreemptionByScheduler" if preempted else "EvictionByEvictionAPI")
+            placer.forget("train-0-0")
+            gangs = placer._extender.gangs
+            assert gangs is not None
+            assert bool(gangs.book.recovering_nodes("default/gang:train-0#1@")) is not preempted
+        finally:
+            placer.close()
+
+
+class _FailingPreflight:
+    """Latent faults whose gang preflight fails on its second call (a node found bad)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def preflight(self, state: SimState, placed: object, now: float) -> bool:
+        self.calls += 1
+        return self.calls != 2
+
+    def pods_started(self, pods: object, now: float) -> None: ...
+
+
+def test_a_failed_gang_preflight_leaves_a_gang_re_created_after_a_fault_recovering() -> None:
+    """The loop binds a gang's members before its preflight (the deployed extender checks before
+    it binds), and a failed preflight deletes them. The gang ran, a fault evicted it (recovering:
+    it may preempt); its next try fails its preflight, and the deletes are evictions, so the
+    extender still counts it recovering. A gang that never ran stays a new gang."""
+    fleet = build_fleet(["p5.48xlarge"], nodes=2)
+    job = Job("train-0", JobKind.GANG, 0.0, 600.0, 2, 8, 1000, 1000, 1024, priority=TRAINING_GANG_PRIORITY)
+    family = "default/gang:train-0#2@"
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset(), transport="in-process")
+    latent = _FailingPreflight()
+    sim = Simulation(
+        fleet=fleet,
+        jobs=[],
+        placer=placer,
+        metric_model=_model(),
+        duration_s=600.0,
+        faults=(),
+        latent=cast(Any, latent),
+    )
+    try:
+        gangs = placer._extender.gangs
+        assert gangs is not None
+        assert sim._start(job, 0.0)
+        assert not gangs.book.recovering_nodes(family)  # it runs
+        sim._evict_job(sim.state.pods["train-0-0"])  # a fault's eviction
+        assert gangs.book.recovering_nodes(family)
+        assert not sim._start(job, 60.0) and latent.calls == 2  # placed, preflight failed
+        assert gangs.book.recovering_nodes(family)  # still recovering
+        assert sim._start(job, 120.0)
+        assert not gangs.book.recovering_nodes(family)
+    finally:
+        placer.close()
