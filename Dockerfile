@@ -16,6 +16,7 @@ COPY netio/ netio/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/
+COPY nodeagent/ nodeagent/
 COPY deviceplugin/ deviceplugin/
 COPY dradriver/ dradriver/
 COPY scheduler_ext/ scheduler_ext/

@@ -26,11 +26,11 @@ from typing import Any
 
 from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig, NodeAgent
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
 

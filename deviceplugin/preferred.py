@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from devicemodel.share_rule import tightest_gpu
-from deviceplugin.devices import DeviceKind, PluginDevice
-from deviceplugin.errors import AllocationRejectedError
+from nodeagent.devices import DeviceKind, PluginDevice
+from nodeagent.errors import AllocationRejectedError
 
 GpuSetChooser = Callable[[frozenset[int], int, frozenset[int]], "tuple[int, ...] | None"]
 """(available GPU indexes, size, must-include indexes) -> the chosen indexes, or None."""

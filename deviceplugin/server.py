@@ -24,11 +24,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from deviceplugin.allocation import ContainerGrant
-from deviceplugin.errors import AllocationRejectedError, DevicePluginError
 from deviceplugin.preferred import PreferenceRequest
-from deviceplugin.state import ResourceState
-from deviceplugin.streams import StreamBudget
+from nodeagent.allocation import ContainerGrant
+from nodeagent.errors import AllocationRejectedError, DevicePluginError
+from nodeagent.state import ResourceState
+from nodeagent.streams import StreamBudget
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
-from deviceplugin.devices import PluginDevice
+from nodeagent.devices import PluginDevice
 
 SIBLINGS = {
     RESOURCE_GPU_COMPUTE: RESOURCE_GPU_MEMORY,

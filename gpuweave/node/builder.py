@@ -34,11 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
-from deviceplugin.agent import AgentConfig, HandoffSource, NodeAgent
-from deviceplugin.cdi import CdiPublisher
-from deviceplugin.metrics import AgentMetrics, serve_metrics
-from deviceplugin.mps import MpsSettings
-from deviceplugin.podresources import HeldDevices, PodResourcesClient
 from deviceplugin.topology_choice import gpu_chooser_for
 from gpuweave.node.dra import NodeDra, start_node_dra
 from gpuweave.node.fabric import fabric_gate
@@ -59,6 +54,11 @@ from health.engine import Clock
 from health.service import HealthService
 from health.signals.fabric import FabricGate
 from mig.service import HeldByPods, MigService
+from nodeagent.agent import AgentConfig, HandoffSource, NodeAgent
+from nodeagent.cdi import CdiPublisher
+from nodeagent.metrics import AgentMetrics, serve_metrics
+from nodeagent.mps import MpsSettings
+from nodeagent.podresources import HeldDevices, PodResourcesClient
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts

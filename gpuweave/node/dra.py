@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.agent import NodeAgent
-from deviceplugin.podresources import PodResourcesClient
 from dradriver.claim_allocation import ClaimSource
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
@@ -55,6 +53,8 @@ from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
 from health.service import HealthService
 from mig.service import MigService
+from nodeagent.agent import NodeAgent
+from nodeagent.podresources import PodResourcesClient
 
 if TYPE_CHECKING:  # the kubernetes client is imported only in DRA mode (start-up time, memory)
     from kubernetes import client

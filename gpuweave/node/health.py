@@ -20,9 +20,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.agent import NodeAgent
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.podresources import HeldDevices
 from gpuweave.node.active import HeldByPods, busy_for, exerciser_for, hold_for, register_check_routes
 from hardware.backend import GpuBackend
 from hardware.gpu_reset import GpuInUseError, nvidia_smi_reset
@@ -39,6 +36,9 @@ from health.service import HealthParts, HealthService
 from mig.owners import GpuOwners
 from mig.planner import MigPlanError
 from mig.service import MigService
+from nodeagent.agent import NodeAgent
+from nodeagent.metrics import AgentMetrics
+from nodeagent.podresources import HeldDevices
 
 if TYPE_CHECKING:
     from health.kube import KubeCluster

@@ -22,8 +22,14 @@ from typing import Any
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan, load_sharing_plan
-from deviceplugin.agent import NodeAgent
-from deviceplugin.mps import (
+from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
+from hardware.mps_ledger import LEDGER_FILE
+from hardware.mps_process import ProcessMpsDaemons
+from health.monitor import HealthMonitor
+from health.policy import DeviceState, Fault
+from health.xid import Action, Cause, Severity
+from nodeagent.agent import NodeAgent
+from nodeagent.mps import (
     GATE,
     HOST_BASE_DIR,
     MpsSettings,
@@ -32,12 +38,6 @@ from deviceplugin.mps import (
     status,
     wanted_daemons,
 )
-from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
-from hardware.mps_ledger import LEDGER_FILE
-from hardware.mps_process import ProcessMpsDaemons
-from health.monitor import HealthMonitor
-from health.policy import DeviceState, Fault
-from health.xid import Action, Cause, Severity
 
 log = logging.getLogger(__name__)
 MPS_SIGNAL = "mps-daemon"

@@ -16,9 +16,9 @@ import pytest
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
-from deviceplugin.errors import ControlError
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
+from nodeagent.errors import ControlError
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory

@@ -15,8 +15,8 @@ import pytest
 
 from devicemodel.contracts import RESOURCE_GPU
 from devicemodel.sharing import SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.streams import MAX_STREAMS
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.streams import MAX_STREAMS
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory

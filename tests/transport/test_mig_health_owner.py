@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
 from gpuweave.node.health import mig_recreator, start_node_health
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig, NodeAgent
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import poll_until
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
-from deviceplugin.errors import ControlError
-from deviceplugin.podresources import AllocationLog, PodResourcesClient, default_socket_for
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import call_agent
+from nodeagent.errors import ControlError
+from nodeagent.podresources import AllocationLog, PodResourcesClient, default_socket_for
 from tests.support.agent_process import short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.podresources_server import PodResourcesServer

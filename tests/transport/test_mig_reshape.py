@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
-from deviceplugin.errors import ControlError
 from gpuweave.cli import main
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import call_agent
+from nodeagent.errors import ControlError
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator, SeenDevice
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import call_agent
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
 

@@ -18,8 +18,6 @@ import pytest
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfile
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.mps import MpsSettings
 from gpuweave.node.health import start_node_health
 from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
 from hardware.mps_process import ProcessMpsDaemons
@@ -27,6 +25,8 @@ from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.mps import MpsSettings
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.mps_node import blockable_control
 from tests.support.small_inventory import gpu_uuid, small_inventory

@@ -38,8 +38,8 @@ from pathlib import Path
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
-from deviceplugin.errors import AllocationRejectedError
 from hardware.mps import MpsControlError, MpsDaemonQuitError, MpsDaemons, MpsDaemonSpec
+from nodeagent.errors import AllocationRejectedError
 
 log = logging.getLogger(__name__)
 

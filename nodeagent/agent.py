@@ -11,7 +11,7 @@
   placing new work there (the Suspect state of the health design), without calling them failed;
   ``set_gate(name, reasons)`` does the same for a named node-level condition (the NVSwitch fabric).
   The bookkeeping behind these (faults, withheld devices, gates, lost GPUs) is
-  ``deviceplugin.health_book.DeviceHealthBook``; the agent pushes its verdicts into every list
+  ``nodeagent.health_book.DeviceHealthBook``; the agent pushes its verdicts into every list
   and streams the change.
 - ``control.add_route(method, handler)`` adds a command to ``STATE_DIR/agent.sock``.
 - ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
@@ -38,19 +38,19 @@ from typing import Any, Protocol, runtime_checkable
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 from devicemodel.state_file import write_json_atomically
-from deviceplugin.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
-from deviceplugin.cdi import CdiPublisher
-from deviceplugin.control import ControlServer
-from deviceplugin.devices import PluginDevice, build_catalogue
-from deviceplugin.errors import AllocationRejectedError
-from deviceplugin.health_book import DeviceHealthBook
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.podresources import AllocationLog
 from deviceplugin.preferred import GpuSetChooser, PreferenceRequest, preferred_devices
 from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import DevicePluginService, ResourceServer
 from deviceplugin.siblings import SiblingGrants
-from deviceplugin.state import ResourceState
+from nodeagent.allocation import ContainerGrant, DeviceListing, MpsPipeLookup, grant_for
+from nodeagent.cdi import CdiPublisher
+from nodeagent.control import ControlServer
+from nodeagent.devices import PluginDevice, build_catalogue
+from nodeagent.errors import AllocationRejectedError
+from nodeagent.health_book import DeviceHealthBook
+from nodeagent.metrics import AgentMetrics
+from nodeagent.podresources import AllocationLog
+from nodeagent.state import ResourceState
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class NodeAgent:
         self._discover = discover
         self._chooser_for = chooser_for
         self._handoff = handoff
-        self._cdi = cdi  # CDI specs follow every change of the device lists (deviceplugin.cdi)
+        self._cdi = cdi  # CDI specs follow every change of the device lists (nodeagent.cdi)
         self._lock = threading.RLock()
         self._file_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -207,7 +207,7 @@ class NodeAgent:
         return self.refresh_inventory()
 
     def use_mps_pipes(self, lookup: MpsPipeLookup) -> None:
-        """Grant each share its own GPU's MPS pipe directory (``deviceplugin.mps``), not one for all."""
+        """Grant each share its own GPU's MPS pipe directory (``nodeagent.mps``), not one for all."""
         self._mps_pipes = lookup
 
     @property

@@ -14,7 +14,7 @@ How the GPUs are named to the container runtime is the node's device-list strate
   ``NVIDIA_VISIBLE_DEVICES=all`` cannot widen it.
 - ``cdi-annotations``: a ``cdi.k8s.io/gpuweave_<resource>`` annotation listing CDI names.
 - ``cdi-cri``: CDI names in the Allocate answer's ``cdi_devices`` (kubelet 1.28+), resolved by
-  containerd or CRI-O against the specs ``deviceplugin.cdi`` writes.
+  containerd or CRI-O against the specs ``nodeagent.cdi`` writes.
 
 Without ``envvar`` or ``volume-mounts`` the variable is set to ``void`` so an image's default never
 makes the toolkit's hook inject every GPU.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from devicemodel.contracts import IMEX_CHANNELS_ENV
-from deviceplugin.devices import DeviceKind, PluginDevice
-from deviceplugin.errors import AllocationRejectedError
+from nodeagent.devices import DeviceKind, PluginDevice
+from nodeagent.errors import AllocationRejectedError
 
 CDI_KIND_GPU = "nvidia.com/gpu"
 CDI_KIND_EFA = "vpc.amazonaws.com/efa"
