@@ -159,7 +159,7 @@ class PodView(VersionedState):
 
 
 class HandoffMatcher:
-    """Implements ``nodeagent.agent.HandoffSource`` over a ``PodView``."""
+    """Implements ``deviceplugin.frontend.HandoffSource`` over a ``PodView``."""
 
     def __init__(
         self,

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
+from deviceplugin.frontend import DevicePluginFrontEnd, HandoffSource
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node.dra import NodeDra, start_node_dra
+from gpuweave.node.dra import NodeDra, NodeDraStarter
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
 from gpuweave.node.imex import ImexConfigWriter, ImexMetrics, ImexReconciler, ImexSource
@@ -54,7 +55,7 @@ from health.engine import Clock
 from health.service import HealthService
 from health.signals.fabric import FabricGate
 from mig.service import HeldByPods, MigService
-from nodeagent.agent import AgentConfig, HandoffSource, NodeAgent
+from nodeagent.agent import AgentConfig, NodeAgent
 from nodeagent.cdi import CdiPublisher
 from nodeagent.metrics import AgentMetrics, serve_metrics
 from nodeagent.mps import MpsSettings
@@ -117,15 +118,13 @@ class NodeAgentBuilder:
     def agent(
         self, config: AgentConfig, *, handoff: HandoffSource | None = None, cdi: CdiPublisher | None = None
     ) -> NodeAgent:
-        """The agent, not started: ``mps`` (and, in the process, ``start_parts``) come next."""
-        return NodeAgent(
-            config,
-            discover=self.backend.discover,
-            chooser_for=gpu_chooser_for,
-            handoff=handoff,
-            metrics=self.metrics,
-            cdi=cdi,
-        )
+        """The agent, not started: ``mps`` (and, in the process, ``start_parts``) come next. Its
+        device-plugin front end is attached unless ``config.serve_device_plugins`` is False (DRA
+        mode: ``gpuweave.node.dra.NodeDraStarter`` serves the devices)."""
+        agent = NodeAgent(config, discover=self.backend.discover, metrics=self.metrics, cdi=cdi)
+        if config.serve_device_plugins:
+            agent.attach(DevicePluginFrontEnd(agent, chooser_for=gpu_chooser_for, handoff=handoff))
+        return agent
 
     def mps(
         self,
@@ -310,7 +309,7 @@ class NodeAgentBuilder:
         if not args.dra or kube is None:
             log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
             return (lambda: None), None
-        dra = start_node_dra(
+        dra = NodeDraStarter(
             args,
             agent=agent,
             backend=self.backend,
@@ -319,7 +318,7 @@ class NodeAgentBuilder:
             node=self.node_name,
             mig_service=mig,
             pod_resources=pod_resources,
-        )
+        ).start()
         stop_imex = self.imex(kube, agent, config_dir=args.imex_config_dir, source=dra.imex)
 
         def stop() -> None:

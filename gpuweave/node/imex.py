@@ -35,7 +35,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from devicemodel.state_file import replace_file_atomically
 from deviceplugin.handoff import PodView
-from nodeagent.imex import ImexConfig, ImexDecision, ImexPlan, LeftOut, imex_config, wanted_domain
+from deviceplugin.imex_pods import wanted_domain
+from nodeagent.imex import ImexConfig, ImexDecision, ImexPlan, LeftOut, imex_config
 
 log = logging.getLogger(__name__)
 NODES_CONFIG = "nodes_config.cfg"

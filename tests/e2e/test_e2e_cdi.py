@@ -23,6 +23,7 @@ import pytest
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.profiles import load_profile
@@ -141,7 +142,7 @@ def start_node() -> Iterator[NodeFactory]:
             device_listing=listing,
         )
         watch = ListedDevicesCheck(spec_dir, backend.sysfs_root)
-        agent = NodeAgent(
+        agent = device_plugin_agent(
             config, discover=backend.discover, cdi=CdiPublisher(CdiSpecWriter(spec_dir), host=watch)
         )
         watch.agent = agent

@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client, config, watch
 
 from devicemodel.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -91,7 +92,7 @@ def nodes(plane: ControlPlane) -> Iterator[dict[str, SimNode]]:
             kubelet.start()
             backend = SimulatedBackend(load_profile("dgx-h100"), root / name / "sysfs", node_name=name)
             config_ = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir)
-            agent = NodeAgent(config_, discover=backend.discover)
+            agent = device_plugin_agent(config_, discover=backend.discover)
             service = build_mig_service(
                 agent, backend=backend, state_dir=state_dir, inventory=backend.discover()
             )

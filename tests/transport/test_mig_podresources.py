@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import mig_resource_name
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
@@ -62,7 +63,7 @@ def node() -> Iterator[Node]:
     pod_resources.start()
     backend = SimulatedBackend(load_profile("dgx-h100"), root / "sysfs")
     clock = FakeClock()
-    agent = NodeAgent(
+    agent = device_plugin_agent(
         AgentConfig(kubelet_dir=plugin_dir, state_dir=state_dir),
         discover=backend.discover,
         allocations=AllocationLog(clock),

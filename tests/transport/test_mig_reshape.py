@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.cli import main
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
@@ -45,7 +46,9 @@ def node() -> Iterator[Node]:
     kubelet = KubeletEmulator(kubelet_dir)
     kubelet.start()
     backend = SimulatedBackend(load_profile("dgx-h100"), root / "sysfs")
-    agent = NodeAgent(AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir), discover=backend.discover)
+    agent = device_plugin_agent(
+        AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir), discover=backend.discover
+    )
     service = build_mig_service(agent, backend=backend, state_dir=state_dir, inventory=backend.discover())
     service.start()
     agent.start()

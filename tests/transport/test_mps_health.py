@@ -18,6 +18,7 @@ import pytest
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfile
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.health import start_node_health
 from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
 from hardware.mps_process import ProcessMpsDaemons
@@ -25,7 +26,7 @@ from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
-from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.agent import AgentConfig
 from nodeagent.mps import MpsSettings
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.mps_node import blockable_control
@@ -60,7 +61,7 @@ def test_mps_daemon_that_cannot_restart_is_a_gpu_fault_remediated_alone(root: Pa
     kubelet.start()
     fractional = GpuSharing(SharingMode.FRACTIONAL)
     plan = SharingPlan(per_gpu={"0": fractional, "1": fractional})
-    agent = NodeAgent(
+    agent = device_plugin_agent(
         AgentConfig(kubelet_dir=root / "k", state_dir=state, sharing=plan), discover=backend.discover
     )
     program, block = blockable_control(root)
