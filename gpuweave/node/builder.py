@@ -41,7 +41,7 @@ from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
 from gpuweave.node.imex import ImexConfigWriter, ImexMetrics, ImexReconciler, ImexSource
 from gpuweave.node.mig import build_mig_service, register_mig_routes
-from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
+from gpuweave.node.mps import MpsSignal, NodeMps, mps_base_dir, start_node_mps
 from gpuweave.node.usage import start_pod_usage
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
@@ -194,7 +194,7 @@ class NodeAgentBuilder:
             recreate_mig=mig_recreator(mig, agent) if mig is not None else None,
             gpu_owners=mig.reconciler.owners if mig is not None else None,
             pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
-            round_hooks=(MpsRoundHook(mps),),
+            signals=(MpsSignal(mps),),
             kill_mps=mps.kill,
             taints_evict=taints_evict,
             held_by_pods=held_by_pods or HeldDevices(pod_resources, agent.allocations),

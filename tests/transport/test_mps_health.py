@@ -2,7 +2,7 @@
 
 Real parts, wired as ``gpuweave node-agent`` wires them: the agent's gRPC servers and the kubelet
 emulator, ``start_node_mps`` with the simulated control program run as processes (behind a
-wrapper that can refuse starts), ``start_node_health`` with ``MpsRoundHook`` over the simulated
+wrapper that can refuse starts), ``start_node_health`` with ``MpsSignal`` over the simulated
 driver. Short rounds; MPS restarts retried after 0.05 s, 0.1 s, ... (pytest -k mps).
 """
 
@@ -20,7 +20,7 @@ from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfile
 from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.health import start_node_health
-from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
+from gpuweave.node.mps import MPS_SIGNAL, MpsSignal, start_node_mps
 from hardware.mps_process import ProcessMpsDaemons
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
@@ -78,7 +78,7 @@ def test_mps_daemon_that_cannot_restart_is_a_gpu_fault_remediated_alone(root: Pa
         state_dir=state,
         node_name="node-a",
         settings=SETTINGS,
-        round_hooks=(MpsRoundHook(mps),),
+        signals=(MpsSignal(mps),),
         kill_mps=mps.kill,
     )
     try:
