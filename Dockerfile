@@ -17,6 +17,7 @@ COPY devicekinds/ devicekinds/
 COPY hardware/ hardware/
 COPY mig/ mig/
 COPY health/ health/
+COPY nodeagent/ nodeagent/
 COPY deviceplugin/ deviceplugin/
 COPY dradriver/ dradriver/
 COPY scheduler_ext/ scheduler_ext/

@@ -54,9 +54,9 @@ from typing import Any
 from kubernetes import client
 
 from benchmarks.results_file import RESULTS_DIR, write_results
-from deviceplugin.published import inventory_object
 from gpuweave.simulate.cluster_objects import profile_inventory
 from kubeio.listwatch import ListWatch
+from nodeagent.published import inventory_object
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,

@@ -29,9 +29,9 @@ import yaml
 
 from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU
-from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
 from hardware.simulated.health_calls import xid_kernel_line
+from nodeagent.control import call_agent
 from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir
 

@@ -26,11 +26,12 @@ from typing import Any
 
 from benchmarks.results_file import write_results
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
 
@@ -55,7 +56,7 @@ def one_start(order: str, *, latency_s: float) -> dict[str, float]:
         kubelet = KubeletEmulator(root / "k")
         kubelet.start()
         others = {g.uuid for g in backend.inventory.gpus if g.index != 3}
-        agent = NodeAgent(
+        agent = device_plugin_agent(
             AgentConfig(kubelet_dir=root / "k", state_dir=root / "s"), discover=backend.discover
         )
         started = time.monotonic()

@@ -8,7 +8,7 @@ how GPUs are named to the container runtime: the node's device-list strategies.
   ``NVIDIA_VISIBLE_DEVICES=all`` cannot widen it.
 - ``cdi-annotations``: a ``cdi.k8s.io/gpuweave_<resource>`` annotation listing CDI names.
 - ``cdi-cri``: CDI names in the Allocate answer's ``cdi_devices`` (kubelet 1.28+), resolved by
-  containerd or CRI-O against the specs ``deviceplugin.cdi`` writes.
+  containerd or CRI-O against the specs ``nodeagent.cdi`` writes.
 
 Without ``envvar`` or ``volume-mounts`` the variable is set to ``void`` so an image's default never
 makes the toolkit's hook inject every GPU.

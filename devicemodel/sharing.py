@@ -6,7 +6,7 @@ the same GPU out twice: ``exclusive`` (``nvidia.com/gpu``), ``fractional``
 ``time-sliced`` (``gpuweave.io/gpu-shared`` with a per-GPU replica count). The configuration is a
 YAML file read at the edge with pydantic and turned into a frozen ``SharingPlan``.
 
-A fractional GPU's limits are enforced by its own MPS control daemon (``deviceplugin.mps``):
+A fractional GPU's limits are enforced by its own MPS control daemon (``nodeagent.mps``):
 ``mpsPipeDirectory`` is the base path under which each such GPU gets ``<uuid>/pipe`` and
 ``<uuid>/log``, and a GPU's ``mps`` entry sets the defaults its daemon gives a client that sets
 no limit of its own.

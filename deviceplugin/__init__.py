@@ -1,4 +1,4 @@
-"""The node agent's device-plugin side: the device catalogue, one kubelet-facing gRPC server per
-resource, allocation, the extender handoff, MPS supervision, publishing, and the ``NodeAgent``
-that runs them. Composed into a process by ``gpuweave.node``.
+"""The node agent's device-plugin front end: one kubelet-facing gRPC server per resource,
+registration, GetPreferredAllocation and Allocate, the extender handoff, over the core in
+``nodeagent``. Composed into a process by ``gpuweave.node``.
 """

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU
-from deviceplugin.errors import DevicePluginError
 from deviceplugin.server import socket_name_for
+from nodeagent.errors import DevicePluginError
 
 log = logging.getLogger(__name__)
 MIG_PREFIX = "nvidia.com/mig-"

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment, parent_gpu_of_share
 from devicemodel.errors import InvalidInputError
-from deviceplugin.devices import PluginDevice
-from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
-from deviceplugin.versioned import VersionedState
+from nodeagent.devices import PluginDevice
+from nodeagent.metrics import AgentMetrics
+from nodeagent.versioned import VersionedState
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class PodView(VersionedState):
 
 
 class HandoffMatcher:
-    """Implements ``deviceplugin.agent.HandoffSource`` over a ``PodView``."""
+    """Implements ``deviceplugin.frontend.HandoffSource`` over a ``PodView``."""
 
     def __init__(
         self,

@@ -29,15 +29,15 @@ from devicemodel.contracts import (
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 from devicemodel.text import MAX_EVENT_CHARS, safe_text
-from deviceplugin.agent import NodeAgent
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.pod_usage import PodIdentities
-from deviceplugin.podresources import PodRef, PodResourcesUnavailableError
-from deviceplugin.published import inventory_object, node_labels
 from kubeio.client import api_client
 from kubeio.errors import NOT_FOUND, describe, status_of
 from kubeio.listwatch import ListWatch, metadata_only
+from nodeagent.agent import NodeAgent
+from nodeagent.metrics import AgentMetrics
+from nodeagent.pod_usage import PodIdentities
+from nodeagent.podresources import PodRef, PodResourcesUnavailableError
+from nodeagent.published import inventory_object, node_labels
 from topology.network import LABEL_GPU_CLIQUE
 
 log = logging.getLogger(__name__)

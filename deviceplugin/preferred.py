@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from devicekinds.kind import GpuSetChooser, PreferContext
 from devicekinds.registry import KINDS, KindRegistry
-from deviceplugin.devices import PluginDevice
-from deviceplugin.errors import AllocationRejectedError
+from nodeagent.devices import PluginDevice
+from nodeagent.errors import AllocationRejectedError
 
 Devices = Sequence[PluginDevice]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.errors import DevicePluginError
 from deviceplugin.server import DevicePluginService, ResourceServer
+from nodeagent.errors import DevicePluginError
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from deviceplugin.allocation import ContainerGrant
-from deviceplugin.errors import AllocationRejectedError, DevicePluginError
 from deviceplugin.preferred import PreferenceRequest
-from deviceplugin.state import ResourceState
-from deviceplugin.streams import StreamBudget
+from nodeagent.allocation import ContainerGrant
+from nodeagent.errors import AllocationRejectedError, DevicePluginError
+from nodeagent.grpc_decoding import decoding_handler
+from nodeagent.state import ResourceState
+from nodeagent.streams import StreamBudget
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -152,21 +153,6 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
-
-
-def decoding_handler(
-    message_type: type[Message], method: Callable[[Any, grpc.ServicerContext], Any]
-) -> Callable[[bytes, grpc.ServicerContext], Any]:
-    """Wrap an RPC so undecodable request bytes get INVALID_ARGUMENT instead of INTERNAL."""
-
-    def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
-        try:
-            request = message_type.FromString(raw)
-        except DecodeError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
-        return method(request, context)
-
-    return handler
 
 
 def strict_handler(service: DevicePluginService) -> grpc.GenericRpcHandler[Any, Any]:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from devicekinds.registry import KINDS, KindRegistry
-from deviceplugin.devices import PluginDevice
+from nodeagent.devices import PluginDevice
 
 DEFAULT_WINDOW_S = 5.0
 

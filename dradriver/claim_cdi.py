@@ -1,7 +1,7 @@
 """CDI specs for prepared DRA claims: one spec file per claim, built from the device plugin's edits.
 
 A claim's devices get the same container edits Allocate gives a container
-(``deviceplugin.cdi.build_specs``: ``/dev/nvidia<minor>`` per GPU, the parent's node plus the
+(``nodeagent.cdi.build_specs``: ``/dev/nvidia<minor>`` per GPU, the parent's node plus the
 ``nvidia-caps`` access nodes per MIG device, ``uverbsN`` per EFA adapter; ``nvidiactl``,
 ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset`` and ``rdma_cm`` as common edits) and the
 same ``NVIDIA_VISIBLE_DEVICES`` (the claim's GPU and MIG UUIDs, for the NVIDIA Container Toolkit's
@@ -32,11 +32,11 @@ from devicekinds.registry import KINDS
 from devicemodel.contracts import IMEX_CHANNELS_ENV
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import replace_file_atomically
-from deviceplugin.allocation import VISIBLE_DEVICES_ENV
-from deviceplugin.cdi import CDI_VERSION, build_specs
-from deviceplugin.devices import DeviceKind, PluginDevice
 from dradriver.devices import DraDevice, DraKind
 from hardware.device_nodes import HostDeviceNodes
+from nodeagent.allocation import VISIBLE_DEVICES_ENV
+from nodeagent.cdi import CDI_VERSION, build_specs
+from nodeagent.devices import DeviceKind, PluginDevice
 
 CLAIM_KIND = "gpuweave.io/claim"
 CLAIM_FILE_PREFIX = "gpuweave.io-claim_"

@@ -2,7 +2,7 @@
 
 Pure: ``dra_devices(inventory, mig=...)`` turns a ``NodeInventory`` into ``DraDevice`` values, each
 with the DRA attributes and capacity it is published with and the device-plugin entry
-(``deviceplugin.devices.PluginDevice``) it stands for, so NodePrepareResources hands a container
+(``nodeagent.devices.PluginDevice``) it stands for, so NodePrepareResources hands a container
 exactly what Allocate would. Names are DNS labels, unique in the node's pool:
 
 - ``gpu-<index>``: a whole GPU (not in MIG mode, or MIG-capable under ``MigPublishing.DYNAMIC``);
@@ -39,8 +39,8 @@ from devicekinds.registry import KINDS
 from devicemodel.contracts import RESOURCE_IMEX_CHANNEL
 from devicemodel.inventory import Gpu, LostGpu, MigDevice, Nic, NicType, NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
 from hardware.mig_catalog import GiProfile, MigCatalogError, default_catalog
+from nodeagent.devices import DeviceKind, PluginDevice, build_catalogue
 
 DRIVER = "gpuweave.io"
 STANDARD = "resource.kubernetes.io"
@@ -350,7 +350,7 @@ def _efa_device(nic: Nic, plugin: PluginDevice) -> DraDevice:
 
 
 def _imex_channel(inventory: NodeInventory, plugin: PluginDevice) -> DraDevice:
-    """The node's IMEX channel (``deviceplugin.devices`` serves the same one as
+    """The node's IMEX channel (``nodeagent.devices`` serves the same one as
     ``gpuweave.io/imex-channel``): one device, so the allocator gives it to one claim at a time and
     two jobs on a node never share a channel (the node's IMEX daemon serves one domain)."""
     attrs = {

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.streams import StreamBudget
+from nodeagent.streams import StreamBudget
 from proto.dra.health.v1 import api_pb2 as health_pb2
 
 SERVICE = "v1.DRAResourceHealth"

@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from devicemodel.assignment import MAX_IMEX_NODES, ImexDomain, imex_domain_name
 from devicemodel.errors import InvalidInputError, clip, echo
 from devicemodel.validation import first_problem
-from deviceplugin.imex import ImexDecision
 from dradriver.devices import DRIVER
+from nodeagent.imex import ImexDecision
 
 GROUP = "gpuweave.io"
 VERSION = "v1alpha1"

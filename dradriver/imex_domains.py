@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from deviceplugin.imex import ImexDecision
-from deviceplugin.versioned import VersionedState
 from dradriver.imex_domain import DomainNode, DomainRef, ImexDomainError, domain_decision
+from nodeagent.imex import ImexDecision
+from nodeagent.versioned import VersionedState
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ import grpc
 from google.protobuf.message import Message
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.server import decoding_handler
 from dradriver.devices import DRIVER
 from dradriver.health_stream import HealthStream
 from dradriver.prepare import ClaimError, ClaimPreparer, ClaimRef, PreparedDevice
+from nodeagent.grpc_decoding import decoding_handler
 from proto.dra.v1 import api_pb2 as dra_v1
 from proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from proto.pluginregistration.v1 import api_pb2 as registration_pb2

@@ -42,9 +42,9 @@ from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import Gpu
 from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, memory_units
-from deviceplugin.devices import DeviceKind, PluginDevice
 from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
 from dradriver.taint import Taint
+from nodeagent.devices import DeviceKind, PluginDevice
 
 CLOSED_TAINT = Taint(key="gpuweave.io/share-units", value="closed", effect="NoSchedule")
 COUNTER_COMPUTE = "compute"
@@ -85,7 +85,7 @@ def _unit(gpu: Gpu, kind: DraKind, plugin: PluginDevice) -> DraDevice:
 
 def unit_devices(gpu: Gpu, catalogue: Mapping[str, Sequence[PluginDevice]]) -> list[DraDevice]:
     """The GPU's compute units, then its memory units, each the device plugin's unit device
-    (``catalogue``: ``deviceplugin.devices.build_catalogue`` under the node's sharing plan)."""
+    (``catalogue``: ``nodeagent.devices.build_catalogue`` under the node's sharing plan)."""
     units: list[DraDevice] = []
     for kind, (_, resource, _) in UNIT_KINDS.items():
         mine = [d for d in catalogue.get(resource, ()) if d.gpu_uuid == gpu.uuid]

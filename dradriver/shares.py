@@ -17,7 +17,7 @@ a GPU's shares there until the next claim does not fit, so claims of 30 and 50 c
 on one GPU and a third of 30 on the next.
 
 Prepare gives a share what the device plugin's Allocate gives ``gpu-compute`` and ``gpu-memory``
-units of the same GPU (``deviceplugin.allocation.grant_for`` builds both): the GPU's device
+units of the same GPU (``nodeagent.allocation.grant_for`` builds both): the GPU's device
 nodes, ``CUDA_MPS_PIPE_DIRECTORY`` and a mount of that GPU's pipe directory (its live daemon's,
 waiting for a restart under way; refused while it has none), ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
 from the consumed compute and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<N>G`` from the consumed memory;
@@ -40,7 +40,9 @@ from devicemodel.errors import GpuweaveError, InvalidInputError
 from devicemodel.inventory import Gpu, NodeInventory
 from devicemodel.quantity import parse_quantity
 from devicemodel.sharing import COMPUTE_UNITS_PER_GPU, SharingMode, SharingPlan, memory_units
-from deviceplugin.allocation import (
+from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
+from dradriver.share_units import share_counter_set_name, share_counters, unit_devices
+from nodeagent.allocation import (
     VISIBLE_DEVICES_ENV,
     ContainerGrant,
     DeviceListing,
@@ -48,10 +50,8 @@ from deviceplugin.allocation import (
     MpsPipeLookup,
     grant_for,
 )
-from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue
-from deviceplugin.errors import AllocationRejectedError
-from dradriver.devices import ATTR_TYPE, DraDevice, DraKind
-from dradriver.share_units import share_counter_set_name, share_counters, unit_devices
+from nodeagent.devices import DeviceKind, PluginDevice, build_catalogue
+from nodeagent.errors import AllocationRejectedError
 
 SHARE_CLASS = "gpu-share.gpuweave.io"
 CAPACITY_COMPUTE = "compute"

@@ -26,8 +26,8 @@ from hardware.exerciser.protocol import (
 )
 from hardware.health_probe import GpuReadings
 from health.active import CounterDelta
-from health.monitor import nvlinks_per_gpu
 from health.runner import TimeoutRunner
+from health.signals.gpu_checks import nvlinks_per_gpu
 
 Link = tuple[int, int]  # PCIe generation, width
 

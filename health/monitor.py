@@ -4,9 +4,11 @@ Three threads feed one ``HealthEngine`` under one lock:
 
 - the **event listener** waits on NVML Xid/DBE events (``event_wait_ms`` at a time, its heartbeat)
   and applies each at once, so a fatal Xid withholds the device within one wait period;
-- the **round loop** every ``round_interval_s`` reads the kernel log, reads each GPU's counters
-  in parallel under ``check_timeout_s`` (a hung read fails that GPU closed: Suspect, "check timed
-  out", while the others go on), checks EFA, runs remediation, and closes the round;
+- the **round loop** every ``round_interval_s`` reads every health signal in order
+  (``health.signals.protocol.HealthSignal``: the kernel log, each GPU's counters in parallel
+  under ``check_timeout_s`` (a hung read fails that GPU closed: Suspect, "check timed out", while
+  the others go on), EFA, then the node's own, such as MPS supervision), hands what they saw to
+  the engine, runs the round hooks (remediation, active re-checks), and closes the round;
 - the **watchdog** supervises both: it restarts a loop that died and, while a loop is dead or its
   heartbeat is older than ``stall_threshold_s``, withholds every GPU (their health is unknown
   while events or checks are not read), so checking never silently stops. The round loop in
@@ -17,7 +19,8 @@ plugin) and every ``on_change`` callback gets the new snapshot. A push the sink 
 remembered as pushed, so the next publish sends it again; no failure of a sink or listener
 reaches a loop.
 
-The kernel log is read line by line: a line that cannot be parsed or applied is counted
+A signal that raises is logged and the round does not count as complete. The kernel log is
+applied line by line: a line that cannot be parsed or applied is counted
 (``gpuweave_health_kernel_log_bad_lines``) and skipped, the rest of the batch is still acted on,
 and the saved cursor moves only past lines handled.
 """
@@ -27,19 +30,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-from devicemodel.inventory import NicType
-from hardware.health_probe import EfaAdapter, GpuReadings, XidEvent
-from health.checks import Finding, judge_efa, judge_failure, judge_readings, temperature_outliers
+from hardware.health_probe import XidEvent
+from health.checks import Finding
 from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
-from health.policy import DeviceState, Fault, Window, WindowCounter
+from health.policy import DeviceState, Fault
 from health.runner import TimeoutRunner
-from health.scope import HealthSnapshot, NodeFaultKind
-from health.signals.efa_counters import EfaCounterWatch
-from health.signals.kmsg import KernelLine, KernelLogTail, parse_line
+from health.scope import HealthSnapshot
+from health.signals.efa import EfaCheck
+from health.signals.gpu_checks import GpuChecks
+from health.signals.kernel_log import KernelLogSignal
+from health.signals.kmsg import KernelLogTail
+from health.signals.protocol import HealthProbe, HealthSignal, KernelEntry, Observations, RoundContext
 from health.xid import Severity
+
+__all__ = ["HealthMonitor", "HealthProbe", "HealthSink", "RoundHook", "builtin_signals"]
 
 log = logging.getLogger(__name__)
 # Health states whose arrival is logged at INFO: steps on the way back, after the WARNING that
@@ -53,17 +60,18 @@ class HealthSink(Protocol):
     def set_device_health(self, device_id: str, healthy: bool, reason: str = "") -> None: ...
 
 
-class HealthProbe(Protocol):
-    def register_events(self, gpu_uuids: list[str]) -> list[str]: ...
-    def wait_event(self, timeout_ms: int) -> XidEvent | None: ...
-    def read_gpu(self, uuid: str, *, expected_nvlinks: int) -> GpuReadings: ...
-    def read_efa(self) -> tuple[EfaAdapter, ...]: ...
-
-
 class RoundHook(Protocol):
-    """Runs at the end of each round with the monitor (remediation, cluster publishing)."""
+    """Acts at the end of each round with the monitor (remediation, active re-checks); evidence
+    about a device is a ``HealthSignal`` instead."""
 
     def __call__(self, monitor: HealthMonitor) -> None: ...
+
+
+def builtin_signals(kernel_log: KernelLogTail | None) -> tuple[HealthSignal, ...]:
+    """The signals every node reads, in round order: the kernel log (when there is one), each
+    GPU's counters, the EFA adapters."""
+    kernel = (KernelLogSignal(kernel_log),) if kernel_log is not None else ()
+    return (*kernel, GpuChecks(), EfaCheck())
 
 
 class HealthMonitor:
@@ -75,16 +83,18 @@ class HealthMonitor:
         clock: Clock,
         sink: HealthSink | None = None,
         kernel_log: KernelLogTail | None = None,
+        signals: tuple[HealthSignal, ...] = (),
         round_hooks: tuple[RoundHook, ...] = (),
         metrics: HealthMetrics | None = None,
     ) -> None:
+        """``signals`` are read each round after the built-in ones (``builtin_signals``)."""
         self.engine = engine
         self.metrics = metrics or HealthMetrics()
         self.settings = engine.settings
         self._probe = probe
         self._clock = clock
         self._sink = sink
-        self._kernel_log = kernel_log
+        self._signals = (*builtin_signals(kernel_log), *signals)
         self._round_hooks = round_hooks
         self._listeners: list[Callable[[HealthSnapshot], None]] = []
         self.lock = threading.RLock()
@@ -96,10 +106,7 @@ class HealthMonitor:
         self._runner = TimeoutRunner()
         self._threads: dict[str, threading.Thread] = {}
         self._beats: dict[str, float] = {}
-        self._temperature: dict[str, WindowCounter] = {}
-        self._efa_counters = EfaCounterWatch()
         self.rounds_completed = 0
-        self._first_kernel_read = True
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -277,11 +284,17 @@ class HealthMonitor:
             self._stop.wait(self.settings.round_interval_s)
 
     def run_round(self) -> None:
-        """One round: kernel log, GPU checks (parallel, time-boxed), EFA, hooks, close the round."""
-        self.read_kernel_log()
-        findings, completed, temps = self._check_gpus()
-        findings = self._add_temperature(findings, temps)
-        efa_ok = self._check_efa()
+        """One round: every signal in order (kernel log, GPU checks, EFA, the node's own), their
+        GPU findings, hooks, close the round."""
+        context = self._context()
+        findings: dict[str, list[Finding]] = {}
+        complete = True
+        for signal in self._signals:
+            seen = self._observe(signal, context)
+            self._apply(seen)
+            for uuid, found in seen.findings.items():
+                findings.setdefault(uuid, []).extend(found)
+            complete = complete and seen.complete
         with self.lock:
             clean = {uuid for uuid, found in findings.items() if self.engine.on_findings(uuid, found)}
         self.publish()
@@ -291,99 +304,66 @@ class HealthMonitor:
             except Exception:
                 log.exception("health round hook failed")
         with self.lock:
-            self.engine.end_round(clean, all_checks_completed=completed and efa_ok)
+            self.engine.end_round(clean, all_checks_completed=complete)
             self.rounds_completed += 1
         self.publish()
 
     def read_kernel_log(self) -> None:
-        """Act on new kernel-log lines one by one; the cursor moves past each line once handled.
-        Each round starts with it; the simulation calls it right after an Xid it injects, as a
-        round would read the line within ``round_interval_s``."""
-        if self._kernel_log is None:
-            return
-        at_boot = self._first_kernel_read and self._kernel_log.fresh_start
-        self._first_kernel_read = False
-        try:
-            lines = self._kernel_log.read_new()
-        except OSError as exc:
-            log.warning("cannot read the kernel log: %s", exc)
-            return
-        for line in lines:
-            self._kernel_line(line, at_boot=at_boot)
-            self._kernel_log.handled(line)
-        if lines:
-            self._kernel_log.save()
+        """Act on new kernel-log lines now. Each round starts with it; the simulation calls it
+        right after an Xid it injects, as a round would read the line within ``round_interval_s``."""
+        context = self._context()
+        for signal in self._signals:
+            if isinstance(signal, KernelLogSignal):
+                self._apply(self._observe(signal, context))
 
-    def _kernel_line(self, line: KernelLine, *, at_boot: bool) -> None:
-        """Parse and apply one line; a line that fails is counted and skipped, never fatal."""
+    def _context(self) -> RoundContext:
+        return RoundContext(
+            inventory=self.engine.inventory,
+            settings=self.settings,
+            probe=self._probe,
+            runner=self._runner,
+            clock=self._clock,
+            gpu_states=self._gpu_states,
+        )
+
+    def _gpu_states(self) -> dict[str, DeviceState]:
+        with self.lock:
+            return {uuid: record.state for uuid, record in self.engine.gpus.items()}
+
+    @staticmethod
+    def _observe(signal: HealthSignal, context: RoundContext) -> Observations:
+        """A signal's observations; one that fails is logged and makes the round incomplete."""
         try:
-            record = parse_line(line.text)
-            if record is not None:
+            return signal.observe(context)
+        except Exception:
+            log.exception("health signal %s failed; the round does not count as complete", signal.name)
+            return Observations(complete=False)
+
+    def _apply(self, seen: Observations) -> None:
+        """Hand a signal's kernel lines, faults and EFA state to the engine (findings wait for
+        the round's end)."""
+        for entry in seen.kernel:
+            self._kernel_entry(entry, at_boot=seen.at_boot)
+        if seen.handled is not None:
+            seen.handled()
+        with self.lock:
+            for device, fault in seen.faults:
+                self.engine.apply(device, fault)
+            if seen.efa is not None:
+                self.engine.efa_up = dict(seen.efa.up)
+                self.engine.set_checked_node_faults(set(seen.efa.kinds), seen.efa.faults)
+
+    def _kernel_entry(self, entry: KernelEntry, *, at_boot: bool) -> None:
+        """Apply one line's record; a line that fails is counted and skipped, never fatal."""
+        try:
+            if entry.problem:
+                raise ValueError(entry.problem)
+            if entry.record is not None:
                 with self.lock:
-                    self.engine.on_kernel_record(record, at_boot=at_boot)
+                    self.engine.on_kernel_record(entry.record, at_boot=at_boot)
         except Exception as exc:
             self.metrics.kernel_log_bad_lines.inc()
-            log.warning("skipping kernel-log line %.160r: %s", line.text, str(exc)[:200])
-
-    def _check_gpus(self) -> tuple[dict[str, list[Finding]], bool, dict[str, int]]:
-        inventory = self.engine.inventory
-        links = nvlinks_per_gpu(inventory)
-        started = {}
-        for gpu in inventory.gpus:
-            read = _reader(self._probe, gpu.uuid, links.get(gpu.index, 0))
-            started[gpu.uuid] = self._runner.start(gpu.uuid, read)
-        deadline = self._clock() + self.settings.check_timeout_s
-        findings: dict[str, list[Finding]] = {}
-        temps: dict[str, int] = {}
-        completed = True
-        for uuid, fresh in started.items():
-            status, value = (
-                self._runner.collect(uuid, deadline - self._clock()) if fresh else ("timeout", None)
-            )
-            if status == "ok" and isinstance(value, GpuReadings):
-                findings[uuid] = judge_readings(value)
-                if value.temperature_c is not None:
-                    temps[uuid] = value.temperature_c
-                continue
-            completed = False
-            error = value if status == "error" else None
-            findings[uuid] = [judge_failure(error, timeout_s=self.settings.check_timeout_s)]
-        return findings, completed, temps
-
-    def _add_temperature(
-        self, findings: dict[str, list[Finding]], temps: dict[str, int]
-    ) -> dict[str, list[Finding]]:
-        window: Window = self.settings.temperature_window
-        at = self._clock()
-        for uuid, gap in temperature_outliers(temps, gap_c=self.settings.temperature_gap_c).items():
-            counter, tripped = self._temperature.get(uuid, WindowCounter()).observe(at, window)
-            self._temperature[uuid] = counter
-            if tripped:
-                reason = f"{gap:.0f} C above the node median for {window.threshold} rounds"
-                findings[uuid].append(Finding("temperature-gap", Severity.SUSPECT, reason))
-        return findings
-
-    def _check_efa(self) -> bool:
-        expected = [n.name for n in self.engine.inventory.nics if n.type is NicType.EFA]
-        if not expected and self.settings.expected_efa is None:
-            return True
-        if not self._runner.start("efa", self._probe.read_efa):
-            return False
-        status, value = self._runner.collect("efa", self.settings.check_timeout_s)
-        if status != "ok":
-            log.warning("EFA check did not complete: %s %s", status, value)
-            return False
-        count = self.settings.expected_efa if self.settings.expected_efa is not None else len(expected)
-        counters = self._efa_counters.observe(value, at=self._clock())
-        for reason in counters.degraded.values():
-            log.warning("%s", reason)
-        up, faults = judge_efa(value, expected=expected, expected_count=count, counter_down=counters.down)
-        with self.lock:
-            self.engine.efa_up = up
-            self.engine.set_checked_node_faults(
-                {NodeFaultKind.EFA_MISSING, NodeFaultKind.EFA_LINK_DOWN}, faults
-            )
-        return True
+            log.warning("skipping kernel-log line %.160r: %s", entry.line.text, str(exc)[:200])
 
     # --- watchdog -------------------------------------------------------------------------------
 
@@ -419,19 +399,3 @@ class HealthMonitor:
             if name == "rounds":
                 self.engine.efa_up = dict.fromkeys(self.engine.efa_up, False)
         self.publish()
-
-
-def _reader(probe: HealthProbe, uuid: str, links: int) -> Callable[[], GpuReadings]:
-    return lambda: probe.read_gpu(uuid, expected_nvlinks=links)
-
-
-def nvlinks_per_gpu(inventory: Any) -> dict[int, int]:
-    """NVLink links each GPU should have active (direct links plus NVSwitch links)."""
-    links: dict[int, int] = {}
-    for link in inventory.nvlinks:
-        links[link.gpu_a] = links.get(link.gpu_a, 0) + link.links
-        links[link.gpu_b] = links.get(link.gpu_b, 0) + link.links
-    if inventory.nvswitch is not None:
-        for index in inventory.nvswitch.gpus:
-            links[index] = links.get(index, 0) + inventory.nvswitch.links_per_gpu
-    return links

@@ -28,12 +28,13 @@ from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
 from health.metrics import HealthMetrics
-from health.monitor import HealthMonitor, HealthProbe, HealthSink, RoundHook
+from health.monitor import HealthMonitor, HealthProbe, HealthSink
 from health.persist import StateWriter
 from health.policy import Fault
 from health.remediation import ClusterActions, DeviceOps, MigRecreate, PodDeviceLookup, Remediator
 from health.scope import HealthSnapshot
 from health.signals.kmsg import KernelLogTail
+from health.signals.protocol import HealthSignal
 
 log = logging.getLogger(__name__)
 KMSG_CURSOR_FILE = "kmsg-cursor.json"
@@ -54,7 +55,7 @@ class HealthParts:
     metrics: HealthMetrics | None = None
     clock: Clock = time.monotonic
     pod_devices: PodDeviceLookup | None = None  # the kubelet's view of pod devices (pod-resources API)
-    round_hooks: tuple[RoundHook, ...] = ()  # run each round before remediation (MPS supervision)
+    signals: tuple[HealthSignal, ...] = ()  # read each round after the built-in ones (MPS supervision)
     taints_evict: bool = False  # DRA mode: device-taint eviction evicts a failed device's pods
     exerciser: Exerciser | None = None  # active checks (burn-in, on demand); None: passive only
     hold: Hold | None = None  # withholds the GPUs an active check runs on (the agent's gate)
@@ -91,7 +92,8 @@ class HealthService:
             clock=parts.clock,
             sink=parts.sink,
             kernel_log=tail,
-            round_hooks=(*parts.round_hooks, self.remediator, self._recheck),
+            signals=parts.signals,
+            round_hooks=(self.remediator, self._recheck),
             metrics=self.metrics,
         )
         self.engine.fault_observers.append(self._count_fault)

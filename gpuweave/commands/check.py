@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0

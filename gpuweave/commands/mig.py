@@ -16,11 +16,11 @@ from typing import Any
 
 from devicemodel.errors import GpuweaveError, InvalidInputError
 from devicemodel.inventory import NodeInventory
-from deviceplugin.control import call_agent
 from hardware.mig_catalog import GpuModel, default_catalog
 from hardware.profiles import load_profile
 from mig.intent import parse_entry, parse_profile_list
 from mig.planner import Instance, Plan, plan_demand, plan_layout
+from nodeagent.control import call_agent
 
 APPLY_TIMEOUT_S = 600.0
 

@@ -19,11 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.sharing import SharingPlan, load_sharing_plan
-from deviceplugin.agent import AgentConfig
 from deviceplugin.coexistence import refuse_if_served_by_another
-from deviceplugin.devices import build_catalogue
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.podresources import PodResourcesClient, default_socket_for
 from gpuweave.node.builder import NodeAgentBuilder, open_backend
 from gpuweave.node.cdi import add_cdi_arguments, cdi_publisher, check_cdi_arguments, device_listing
 from gpuweave.node.cleanup_command import add_cleanup_arguments, run_cleanup
@@ -41,6 +37,10 @@ from gpuweave.stopping import stop_on_signals, wait_for
 from hardware.backend import GpuBackend
 from health.persist import require_writable_dir
 from health.signals.fabric import DEFAULT_INTERVAL_S as DEFAULT_FABRIC_INTERVAL_S
+from nodeagent.agent import AgentConfig
+from nodeagent.devices import build_catalogue
+from nodeagent.metrics import AgentMetrics
+from nodeagent.podresources import PodResourcesClient, default_socket_for
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts

@@ -1,6 +1,6 @@
 """`gpuweave publish`: print the objects the node agent would publish for a node.
 
-The same builders the running agent uses (``deviceplugin.published``): the cluster-scoped
+The same builders the running agent uses (``nodeagent.published``): the cluster-scoped
 ``GpuNodeInventory`` named after the node and the Node's GFD-compatible labels, printed as a
 Kubernetes ``List`` in YAML (or JSON with ``--json``), all devices healthy.
 
@@ -23,12 +23,12 @@ import yaml
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.sharing import SharingPlan, load_sharing_plan
-from deviceplugin.published import published_list
 from dradriver.devices import MigPublishing
 from dradriver.slices import pool_slices
 from gpuweave.node.flags import add_dra_mig_argument
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.published import published_list
 
 
 def register(subparsers: Any) -> None:

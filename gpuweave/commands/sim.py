@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 
 
 def register(subparsers: Any) -> None:

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from devicemodel.contracts import RESOURCE_GPU
-from deviceplugin.control import call_agent
-from deviceplugin.errors import ControlError
 from gpuweave.gpucheck.process import CheckFailedError, gpuweave_command, product_env
 from gpuweave.simulate.kubelet import HEALTHY, SimKubelet
+from nodeagent.control import call_agent
+from nodeagent.errors import ControlError
 
 AGENT_REGISTER_S = 40.0
 AGENT_ROUND_S = 30.0

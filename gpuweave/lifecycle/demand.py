@@ -17,13 +17,13 @@ from typing import Any
 from devicemodel.contracts import NODE_INVENTORY_KIND
 from devicemodel.gangs import BadGangError, gang_of
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.published import inventory_object
 from gpuweave.lifecycle.capacity import GangDemand, MigDemand, PoolOffer, ShareDemand
 from gpuweave.lifecycle.capacity_config import CapacityConfig
 from gpuweave.status.cluster_view import ClusterView
 from gpuweave.status.node_rules import excluded_by_scheduler
 from health.scope import TAINT_HEALTH_PENDING
 from mig.demand import claim_of
+from nodeagent.published import inventory_object
 from scheduler_ext.api import BadPodRequestError, PodRequest, host_requests, pod_is_ours, pod_request
 from topology.network import DEFAULT_TIER_LABELS
 

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devicemodel.errors import GpuweaveError, InvalidInputError
 from devicemodel.validation import first_problem
-from deviceplugin.agent import NodeAgent
 from hardware.backend import GpuBackend
 from hardware.exerciser.dcgm import DcgmExerciser
 from hardware.exerciser.process import ProcessExerciser
@@ -34,6 +33,7 @@ from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
 from health.active_runner import ActiveCheckRunner, Busy, Hold
 from health.config import ActiveSettings
+from nodeagent.agent import NodeAgent
 
 log = logging.getLogger(__name__)
 GATE = "active-check"

@@ -34,18 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
-from deviceplugin.agent import AgentConfig, HandoffSource, NodeAgent
-from deviceplugin.cdi import CdiPublisher
-from deviceplugin.metrics import AgentMetrics, serve_metrics
-from deviceplugin.mps import MpsSettings
-from deviceplugin.podresources import HeldDevices, PodResourcesClient
+from deviceplugin.frontend import DevicePluginFrontEnd, HandoffSource
 from deviceplugin.topology_choice import gpu_chooser_for
-from gpuweave.node.dra import NodeDra, start_node_dra
+from gpuweave.node.dra import NodeDra, NodeDraStarter
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE, mig_recreator, start_node_health
 from gpuweave.node.imex import ImexConfigWriter, ImexMetrics, ImexReconciler, ImexSource
 from gpuweave.node.mig import build_mig_service, register_mig_routes
-from gpuweave.node.mps import MpsRoundHook, NodeMps, mps_base_dir, start_node_mps
+from gpuweave.node.mps import MpsSignal, NodeMps, mps_base_dir, start_node_mps
 from gpuweave.node.usage import start_pod_usage
 from hardware.backend import GpuBackend
 from hardware.gpu_identity import IDENTITY_FILE
@@ -59,6 +55,11 @@ from health.engine import Clock
 from health.service import HealthService
 from health.signals.fabric import FabricGate
 from mig.service import HeldByPods, MigService
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.cdi import CdiPublisher
+from nodeagent.metrics import AgentMetrics, serve_metrics
+from nodeagent.mps import MpsSettings
+from nodeagent.podresources import HeldDevices, PodResourcesClient
 
 if TYPE_CHECKING:
     from deviceplugin.kube import KubeParts
@@ -117,15 +118,13 @@ class NodeAgentBuilder:
     def agent(
         self, config: AgentConfig, *, handoff: HandoffSource | None = None, cdi: CdiPublisher | None = None
     ) -> NodeAgent:
-        """The agent, not started: ``mps`` (and, in the process, ``start_parts``) come next."""
-        return NodeAgent(
-            config,
-            discover=self.backend.discover,
-            chooser_for=gpu_chooser_for,
-            handoff=handoff,
-            metrics=self.metrics,
-            cdi=cdi,
-        )
+        """The agent, not started: ``mps`` (and, in the process, ``start_parts``) come next. Its
+        device-plugin front end is attached unless ``config.serve_device_plugins`` is False (DRA
+        mode: ``gpuweave.node.dra.NodeDraStarter`` serves the devices)."""
+        agent = NodeAgent(config, discover=self.backend.discover, metrics=self.metrics, cdi=cdi)
+        if config.serve_device_plugins:
+            agent.attach(DevicePluginFrontEnd(agent, chooser_for=gpu_chooser_for, handoff=handoff))
+        return agent
 
     def mps(
         self,
@@ -195,7 +194,7 @@ class NodeAgentBuilder:
             recreate_mig=mig_recreator(mig, agent) if mig is not None else None,
             gpu_owners=mig.reconciler.owners if mig is not None else None,
             pod_devices=pod_resources.pod_devices if pod_resources is not None else None,
-            round_hooks=(MpsRoundHook(mps),),
+            signals=(MpsSignal(mps),),
             kill_mps=mps.kill,
             taints_evict=taints_evict,
             held_by_pods=held_by_pods or HeldDevices(pod_resources, agent.allocations),
@@ -310,7 +309,7 @@ class NodeAgentBuilder:
         if not args.dra or kube is None:
             log.warning("node agent serving %s from %s", ", ".join(agent.resource_names()), args.kubelet_dir)
             return (lambda: None), None
-        dra = start_node_dra(
+        dra = NodeDraStarter(
             args,
             agent=agent,
             backend=self.backend,
@@ -319,7 +318,7 @@ class NodeAgentBuilder:
             node=self.node_name,
             mig_service=mig,
             pod_resources=pod_resources,
-        )
+        ).start()
         stop_imex = self.imex(kube, agent, config_dir=args.imex_config_dir, source=dra.imex)
 
         def stop() -> None:

@@ -15,11 +15,11 @@ from functools import partial
 from pathlib import Path
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.allocation import DeviceListing, DeviceListStrategy, parse_strategies
-from deviceplugin.cdi import DEFAULT_CDI_SPEC_DIR, CdiPublisher, CdiSpecWriter
 from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.allocation import DeviceListing, DeviceListStrategy, parse_strategies
+from nodeagent.cdi import DEFAULT_CDI_SPEC_DIR, CdiPublisher, CdiSpecWriter
 
 DEFAULT_STRATEGY = "envvar,cdi-cri"
 SIMULATED_SPEC_SUBDIR = "cdi"

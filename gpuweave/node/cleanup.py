@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cdi import SPEC_FILE_PREFIX
-from deviceplugin.published import AGENT_LABEL_KEYS, LABEL_TOPOLOGY
 from dradriver.claim_cdi import CLAIM_FILE_PREFIX
 from health.badlist import BAD_HARDWARE_FILE, STRIKES_FILE
 from health.kube import CORDON_ANNOTATION
@@ -30,6 +28,8 @@ from health.scope import (
     TAINT_HEALTH_PENDING,
     TAINT_NODE_FAULT,
 )
+from nodeagent.cdi import SPEC_FILE_PREFIX
+from nodeagent.published import AGENT_LABEL_KEYS, LABEL_TOPOLOGY
 
 AGENT_TAINTS = frozenset({TAINT_NODE_FAULT, TAINT_HEALTH_PENDING})
 AGENT_ANNOTATIONS = frozenset({CORDON_ANNOTATION})

@@ -20,7 +20,6 @@ from kubernetes.client.exceptions import ApiException
 
 from devicemodel.contracts import API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL
 from devicemodel.errors import GpuweaveError
-from deviceplugin.control import CONTROL_SOCKET
 from gpuweave.node.cleanup import (
     HostPlaces,
     NodeLeftovers,
@@ -32,6 +31,7 @@ from gpuweave.node.cleanup import (
 )
 from health.kube import NODE_PATCH_ATTEMPTS
 from kubeio.errors import CONFLICT, NOT_FOUND, status_of
+from nodeagent.control import CONTROL_SOCKET
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.agent import NodeAgent
-from deviceplugin.podresources import PodResourcesClient
 from dradriver.claim_allocation import ClaimSource
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
@@ -55,6 +53,8 @@ from hardware.backend import GpuBackend
 from hardware.device_nodes import read_host_device_nodes
 from health.service import HealthService
 from mig.service import MigService
+from nodeagent.agent import NodeAgent
+from nodeagent.podresources import PodResourcesClient
 
 if TYPE_CHECKING:  # the kubernetes client is imported only in DRA mode (start-up time, memory)
     from kubernetes import client
@@ -170,83 +170,89 @@ def _node_owner(api: client.ApiClient, node: str) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
 
 
-def start_node_dra(
-    args: argparse.Namespace,
-    *,
-    agent: NodeAgent,
-    backend: GpuBackend,
-    api: client.ApiClient,
-    health: HealthService | None,
-    node: str,
-    mig_service: MigService | None = None,
-    pod_resources: PodResourcesClient | None = None,
-) -> NodeDra:
-    """Start the DRA plugin and the slice publisher for a started agent."""
-    from dradriver.kube import (  # noqa: PLC0415 (deferred: DRA mode only)
-        KubeClaimSource,
-        KubeImexDomains,
-        SlicePublisher,
+@dataclass
+class NodeDraStarter:
+    """DRA mode for a started agent: the pool's devices (built again only for a new inventory or
+    sharing plan), the claim preparer, the slice publisher with health as device taints, the health
+    stream and the kubelet plugin; ``start`` starts them and returns them as a ``NodeDra``."""
+
+    args: argparse.Namespace
+    agent: NodeAgent
+    backend: GpuBackend
+    api: client.ApiClient
+    health: HealthService | None
+    node: str
+    mig_service: MigService | None = None
+    pod_resources: PodResourcesClient | None = None
+    _built: list[tuple[NodeInventory, SharingPlan, tuple[DraDevice, ...]]] = field(
+        default_factory=list, init=False
     )
+    _owner: dict[str, Any] | None = field(default=None, init=False)
 
-    mig = MigPublishing(args.dra_mig)
-    directory = spec_dir(args)
-    if directory is None:  # refused by check_dra_arguments already
-        raise GpuweaveError("--dra needs a CDI spec directory")
-
-    built: list[tuple[NodeInventory, SharingPlan, tuple[DraDevice, ...]]] = []
-
-    def devices() -> tuple[NodeInventory, tuple[DraDevice, ...]]:
+    def devices(self) -> tuple[NodeInventory, tuple[DraDevice, ...]]:
         """The pool's devices, built again only when the inventory or the sharing plan is a new
         object (a fractional GPU's units make a pool of ~1,400 devices on 8 GPUs: ~0.1 s to build,
         and the pod-resources resolver asks once per claim device)."""
-        inventory, plan = agent.inventory, agent.config.sharing
+        inventory, plan = self.agent.inventory, self.agent.config.sharing
+        built = self._built
         if not built or built[0][0] is not inventory or built[0][1] is not plan:
+            mig = MigPublishing(self.args.dra_mig)
             built[:] = [(inventory, plan, with_shares(dra_devices(inventory, mig=mig), inventory, plan))]
         return inventory, built[0][2]
 
-    def clique() -> str | None:
-        fabric = agent.inventory.nvswitch
+    def clique(self) -> str | None:
+        fabric = self.agent.inventory.nvswitch
         return fabric.clique if fabric is not None else None
 
-    imex = NodeImexDomains(node=node, api=KubeImexDomains(api), clique=clique)
+    def preparer(self, imex: NodeImexDomains) -> ClaimPreparer:
+        from dradriver.kube import KubeClaimSource  # noqa: PLC0415 (deferred: DRA mode only)
 
-    preparer = ClaimPreparer(
-        pool=node,
-        state_dir=args.state_dir,
-        source=ClaimingSource(KubeClaimSource(api), pool=node, devices=devices, agent=agent),
-        devices=devices,
-        specs=ClaimSpecWriter(directory),
-        host=partial(read_host_device_nodes, host_root(backend)),
-        mig=(
+        agent, mig_service = self.agent, self.mig_service
+        directory = spec_dir(self.args)
+        if directory is None:  # refused by check_dra_arguments already
+            raise GpuweaveError("--dra needs a CDI spec directory")
+        on_demand = (
             MigOnDemand(mig_service.reconciler, refresh=agent.refresh_inventory)
-            if mig is MigPublishing.DYNAMIC and mig_service is not None
+            if MigPublishing(self.args.dra_mig) is MigPublishing.DYNAMIC and mig_service is not None
             else None
-        ),
-        imex=imex,
-        share_edits=ShareEdits(
-            sharing=lambda: (agent.inventory, agent.config.sharing), pipes=lambda: agent.mps_pipes
-        ),
-    )
-    owner = _node_owner(api, node)
+        )
+        source = ClaimingSource(KubeClaimSource(self.api), pool=self.node, devices=self.devices, agent=agent)
+        return ClaimPreparer(
+            pool=self.node,
+            state_dir=self.args.state_dir,
+            source=source,
+            devices=self.devices,
+            specs=ClaimSpecWriter(directory),
+            host=partial(read_host_device_nodes, host_root(self.backend)),
+            mig=on_demand,
+            imex=imex,
+            share_edits=ShareEdits(
+                sharing=lambda: (agent.inventory, agent.config.sharing), pipes=lambda: agent.mps_pipes
+            ),
+        )
 
-    def taints_now() -> tuple[NodeInventory, tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
-        inventory, pool = devices()
-        faults, withheld = agent.health_maps()
-        conditions = conditions_from(health.snapshot() if health else None, faults=faults, withheld=withheld)
+    def taints_now(self) -> tuple[NodeInventory, tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
+        inventory, pool = self.devices()
+        faults, withheld = self.agent.health_maps()
+        snapshot = self.health.snapshot() if self.health else None
+        conditions = conditions_from(snapshot, faults=faults, withheld=withheld)
         return inventory, pool, device_taints(pool, conditions)
 
-    def build(generation: int, published: Mapping[str, list[Mapping[str, str]]]) -> list[dict[str, Any]]:
-        inventory, pool, taints = taints_now()
+    def slices(
+        self, preparer: ClaimPreparer, generation: int, published: Mapping[str, list[Mapping[str, str]]]
+    ) -> list[dict[str, Any]]:
+        """The pool's ResourceSlices: health taints, the share units' closed taints, checked."""
+        inventory, pool, taints = self.taints_now()
         held = {d.device_name for prepared in preparer.prepared().values() for d in prepared}
         closed = closed_unit_taints(pool, held=held, tainted=set(taints))
         taints = {name: (*taints.get(name, ()), *closed.get(name, ())) for name in {*taints, *closed}}
         kept = carry_time_added(taints, published)
-        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=owner)
+        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=self._owner)
         check_slices(slices)
         return slices
 
-    def report() -> list[tuple[str, bool, str]]:
-        _, pool, taints = taints_now()
+    def report(self) -> list[tuple[str, bool, str]]:
+        _, pool, taints = self.taints_now()
         return [
             (
                 d.name,
@@ -256,28 +262,37 @@ def start_node_dra(
             for d in pool
         ]
 
-    def device_id(driver: str, pool_name: str, name: str) -> str | None:
+    def device_id(self, driver: str, pool_name: str, name: str) -> str | None:
         """A DRA device the kubelet lists for a pod, as the device ID health and MIG know."""
-        if driver != DRIVER or pool_name != node:
+        if driver != DRIVER or pool_name != self.node:
             return None
-        found = next((d for d in devices()[1] if d.name == name), None)
+        found = next((d for d in self.devices()[1] if d.name == name), None)
         if found is None:
             return None
         return found.plugin.id if found.plugin is not None else found.gpu_uuid
 
-    if pod_resources is not None:
-        pod_resources.resolve_dra_with(device_id)
-    stream = HealthStream(report, pool=node)
-    publisher = SlicePublisher(api, node=node, build=build)
-    preparer.listeners.append(publisher.changed)  # the open GPU of share units follows the claims
-    server = DraPluginServer(
-        preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.resync
-    )
-    server.start()
-    for changed in (publisher.changed, stream.changed):
-        agent.add_listener(changed)
-        if health is not None:
-            health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
-    publisher.start()
-    log.warning("node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", node, server.socket_path)
-    return NodeDra(server, publisher, imex, preparer)
+    def start(self) -> NodeDra:
+        """Start the DRA plugin and the slice publisher."""
+        from dradriver.kube import KubeImexDomains, SlicePublisher  # noqa: PLC0415 (DRA mode only)
+
+        imex = NodeImexDomains(node=self.node, api=KubeImexDomains(self.api), clique=self.clique)
+        preparer = self.preparer(imex)
+        self._owner = _node_owner(self.api, self.node)
+        if self.pod_resources is not None:
+            self.pod_resources.resolve_dra_with(self.device_id)
+        stream = HealthStream(self.report, pool=self.node)
+        publisher = SlicePublisher(self.api, node=self.node, build=partial(self.slices, preparer))
+        preparer.listeners.append(publisher.changed)  # the open GPU of share units follows the claims
+        server = DraPluginServer(
+            preparer, kubelet_root=kubelet_root(self.args), health=stream, on_registered=publisher.resync
+        )
+        server.start()
+        for changed in (publisher.changed, stream.changed):
+            self.agent.add_listener(changed)
+            if self.health is not None:
+                self.health.add_listener(lambda _snapshot, changed=changed: changed())  # type: ignore[misc]
+        publisher.start()
+        log.warning(
+            "node agent in DRA mode: driver gpuweave.io, pool %s, plugin %s", self.node, server.socket_path
+        )
+        return NodeDra(server, publisher, imex, preparer)

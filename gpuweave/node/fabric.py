@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.agent import NodeAgent
 from hardware.backend import GpuBackend
 from hardware.fabric import FabricReader
 from hardware.nvml import NvmlBackend
 from hardware.simulated.backend import SimulatedBackend
 from health.signals.fabric import FabricGate
+from nodeagent.agent import NodeAgent
 
 
 def fabric_gate(agent: NodeAgent, backend: GpuBackend, *, interval_s: float) -> FabricGate:

@@ -20,9 +20,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.agent import NodeAgent
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.podresources import HeldDevices
 from gpuweave.node.active import HeldByPods, busy_for, exerciser_for, hold_for, register_check_routes
 from hardware.backend import GpuBackend
 from hardware.gpu_reset import GpuInUseError, nvidia_smi_reset
@@ -33,12 +30,15 @@ from hardware.simulated.health_inject import inject_route
 from health.config import HealthSettings, load_health_settings
 from health.engine import Clock
 from health.metrics import HealthMetrics
-from health.monitor import RoundHook
 from health.remediation import DeviceOps, MigRecreate, PodDeviceLookup
 from health.service import HealthParts, HealthService
+from health.signals.protocol import HealthSignal
 from mig.owners import GpuOwners
 from mig.planner import MigPlanError
 from mig.service import MigService
+from nodeagent.agent import NodeAgent
+from nodeagent.metrics import AgentMetrics
+from nodeagent.podresources import HeldDevices
 
 if TYPE_CHECKING:
     from health.kube import KubeCluster
@@ -73,7 +73,7 @@ def start_node_health(
     recreate_mig: MigRecreate | None = None,
     pod_devices: PodDeviceLookup | None = None,
     gpu_owners: GpuOwners | None = None,
-    round_hooks: tuple[RoundHook, ...] = (),
+    signals: tuple[HealthSignal, ...] = (),
     kill_mps: Callable[[int], str] | None = None,
     taints_evict: bool = False,
     held_by_pods: HeldByPods | None = None,
@@ -85,8 +85,8 @@ def start_node_health(
     ``pod_devices`` (the kubelet's pod-resources API, e.g. ``PodResourcesClient.pod_devices``)
     joins the extender's assignment annotations when finding the pods on a failed device.
     ``gpu_owners`` (the MIG reconciler's ``owners``) makes each GPU reset own its GPU, so a
-    reset never runs inside a MIG reshape of that GPU. ``round_hooks`` run each round before
-    remediation (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
+    reset never runs inside a MIG reshape of that GPU. ``signals`` are read each round after the
+    built-in ones (MPS daemon supervision); ``kill_mps`` lets ``sim.inject`` kill a GPU's MPS daemon.
     ``taints_evict`` (DRA mode) leaves the eviction of a failed device's pods to the device-taint
     eviction controller. ``held_by_pods`` names the devices pods hold (``HeldDevices``), which active
     checks leave alone; by default the agent's recent Allocate grants. ``pods_known``: it names every
@@ -111,7 +111,7 @@ def start_node_health(
             metrics=HealthMetrics(metrics.registry) if metrics is not None else None,
             recreate_mig=recreate_mig,
             pod_devices=pod_devices,
-            round_hooks=round_hooks,
+            signals=signals,
             taints_evict=taints_evict,
             exerciser=exerciser_for(backend, settings.active),
             hold=hold_for(agent),

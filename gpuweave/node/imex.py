@@ -2,7 +2,7 @@
 
 ``ImexReconciler`` follows one source of the node's domain (``ImexSource``): in device-plugin mode
 the agent's pod view (``deviceplugin.kube.PodWatcher``; ``PodImexSource``: the pod that asks for the
-channel, ``deviceplugin.imex``), in DRA mode the GpuImexDomain the channel's claim joined
+channel, ``nodeagent.imex``), in DRA mode the GpuImexDomain the channel's claim joined
 (``dradriver.imex_domains.NodeImexDomains``: its status entries of this node's clique). Whenever
 the source changes, and every ``interval_s`` while a domain is incomplete, it asks the source which
 domain the node should serve, looks up the InternalIPs of the nodes in this node's clique (one
@@ -18,7 +18,7 @@ domain the node should serve, looks up the InternalIPs of the nodes in this node
 Both are replaced atomically and removed when no pod (or claim) holds the channel any more (the
 domain is torn down with the job). Restarting a host's ``nvidia-imex`` service after a change is
 left to the host (docs/nvlink-domains.md, IMEX). A peer whose InternalIP is not exactly one IP
-address (``deviceplugin.imex.peer_address``), repeats another's, or comes past the largest NVLink
+address (``nodeagent.imex.peer_address``), repeats another's, or comes past the largest NVLink
 domain is left out of the file, logged, and counted (``gpuweave_imex_peers_left_out``).
 """
 
@@ -35,7 +35,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from devicemodel.state_file import replace_file_atomically
 from deviceplugin.handoff import PodView
-from deviceplugin.imex import ImexConfig, ImexDecision, ImexPlan, LeftOut, imex_config, wanted_domain
+from deviceplugin.imex_pods import wanted_domain
+from nodeagent.imex import ImexConfig, ImexDecision, ImexPlan, LeftOut, imex_config
 
 log = logging.getLogger(__name__)
 NODES_CONFIG = "nodes_config.cfg"
@@ -46,7 +47,7 @@ _STEP_S = 0.5
 
 class ImexMetrics:
     """The reconciler's metric, on the agent's registry: the nodes of the served domain that its
-    ``nodes_config.cfg`` leaves out, per reason (``deviceplugin.imex.LeftOut``), as of the last round."""
+    ``nodes_config.cfg`` leaves out, per reason (``nodeagent.imex.LeftOut``), as of the last round."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.left_out = Gauge(

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
-from deviceplugin.agent import NodeAgent
-from deviceplugin.podresources import HeldDevices, PodResourcesClient
 from hardware.backend import GpuBackend
 from hardware.mig_catalog import default_catalog
 from hardware.mig_ops import GpuResetter, MigOps, NvidiaSmiResetter
@@ -26,6 +24,8 @@ from mig.journal import MigJournal
 from mig.metrics import MigMetrics
 from mig.reconciler import GpuRef, MigReconciler
 from mig.service import AgentHooks, HeldByPods, MigService
+from nodeagent.agent import NodeAgent
+from nodeagent.podresources import HeldDevices, PodResourcesClient
 
 
 def build_mig_service(

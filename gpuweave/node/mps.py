@@ -5,7 +5,7 @@ Called through ``gpuweave.node.builder.NodeAgentBuilder.mps`` (the process's dae
 daemons *before* the agent serves (a fractional GPU whose daemon cannot start is under the ``mps``
 gate from the first device list), starts the supervisor's restarter thread (a daemon that exits
 is restarted at once), installs the per-GPU pipe lookup for Allocate and adds the control commands
-``mps.status`` and ``sharing.reload``. ``MpsRoundHook`` then runs the supervisor in every health
+``mps.status`` and ``sharing.reload``. ``MpsSignal`` then runs the supervisor in every health
 round; a GPU whose daemon cannot be restarted becomes a fault of that GPU in the health engine
 (Event, metric, graded remediation of the pods on it).
 """
@@ -22,8 +22,14 @@ from typing import Any
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan, load_sharing_plan
-from deviceplugin.agent import NodeAgent
-from deviceplugin.mps import (
+from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
+from hardware.mps_ledger import LEDGER_FILE
+from hardware.mps_process import ProcessMpsDaemons
+from health.policy import DeviceState, Fault
+from health.signals.protocol import Observations, RoundContext
+from health.xid import Action, Cause, Severity
+from nodeagent.agent import NodeAgent
+from nodeagent.mps import (
     GATE,
     HOST_BASE_DIR,
     MpsSettings,
@@ -32,12 +38,6 @@ from deviceplugin.mps import (
     status,
     wanted_daemons,
 )
-from hardware.mps import DEFAULT_BINARY, MpsDaemons, MpsDaemonSpec, simulated_command
-from hardware.mps_ledger import LEDGER_FILE
-from hardware.mps_process import ProcessMpsDaemons
-from health.monitor import HealthMonitor
-from health.policy import DeviceState, Fault
-from health.xid import Action, Cause, Severity
 
 log = logging.getLogger(__name__)
 MPS_SIGNAL = "mps-daemon"
@@ -140,29 +140,31 @@ def _reload(agent: NodeAgent, mps: NodeMps, path: Path) -> dict[str, Any]:
     return {"resources": counts, "mps": status(mps.supervisor)}
 
 
-class MpsRoundHook:
-    """Each health round: supervise the daemons; fault the GPUs whose daemon cannot be restarted."""
+class MpsSignal:
+    """A health signal (``health.signals.protocol.HealthSignal``): each round, supervise the
+    daemons; a GPU whose daemon cannot be restarted gets a fatal fault."""
+
+    name = MPS_SIGNAL
 
     def __init__(self, mps: NodeMps) -> None:
         self._mps = mps
 
-    def __call__(self, monitor: HealthMonitor) -> None:
-        with monitor.lock:
-            retired = {uuid for uuid, r in monitor.engine.gpus.items() if r.state is DeviceState.RETIRED}
+    def observe(self, context: RoundContext) -> Observations:
+        retired = {uuid for uuid, state in context.gpu_states().items() if state is DeviceState.RETIRED}
         to_fault = self._mps.supervisor.check(self._mps.wanted(retired), in_round=True)
-        if not to_fault:
-            return
-        with monitor.lock:
-            for record in to_fault:
-                reason = f"MPS control daemon cannot be restarted: {record.reason}"
-                fault = Fault(
-                    monitor.now(),
+        faults = [
+            (
+                record.spec.gpu_uuid,
+                Fault(
+                    context.clock(),
                     MPS_SIGNAL,
                     Severity.FATAL,
-                    reason,
+                    f"MPS control daemon cannot be restarted: {record.reason}",
                     cause=Cause.DRIVER,
                     ladder=(Action.RESET_GPU,),
                     strike=False,
-                )
-                monitor.engine.apply(record.spec.gpu_uuid, fault)
-        monitor.publish()
+                ),
+            )
+            for record in to_fault
+        ]
+        return Observations(faults=faults)

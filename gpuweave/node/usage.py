@@ -1,4 +1,4 @@
-"""Per-pod GPU use for the node agent (``deviceplugin.usage_service``), started by the builder.
+"""Per-pod GPU use for the node agent (``nodeagent.usage_service``), started by the builder.
 
 The processes come from the backend's NVML session through an ``NvmlCaller`` of their own (a read
 stuck in the driver costs a deadline and holds up the next usage rounds only, never discovery's
@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.agent import NodeAgent
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.pod_usage import PodIdentities, ShareMemory
-from deviceplugin.podresources import PodResourcesClient
-from deviceplugin.usage_service import Evictor, PodUsageService, UsageSettings
 from hardware.backend import GpuBackend
 from hardware.gpu_processes import GpuProcessReader
 from hardware.nvml import NvmlBackend
 from hardware.nvml_call import NvmlCaller
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.node import SimulatedNode
+from nodeagent.agent import NodeAgent
+from nodeagent.metrics import AgentMetrics
+from nodeagent.pod_usage import PodIdentities, ShareMemory
+from nodeagent.podresources import PodResourcesClient
+from nodeagent.usage_service import Evictor, PodUsageService, UsageSettings
 
 if TYPE_CHECKING:  # the kubernetes client only with an API server
     from deviceplugin.kube import KubeParts
@@ -109,7 +109,7 @@ class _Publishing:
         self._node = node
 
     def attach(self, service: PodUsageService) -> None:
-        from deviceplugin.usage_kube import UsagePublisher  # noqa: PLC0415 (kubernetes: with kube only)
+        from nodeagent.usage_kube import UsagePublisher  # noqa: PLC0415 (kubernetes: with kube only)
 
         publisher = UsagePublisher(self._kube.api, node=self._node, rows=service.published)
         service.listeners.append(publisher.changed)
@@ -118,8 +118,8 @@ class _Publishing:
 def _kube_side(kube: KubeParts | None, agent: NodeAgent) -> tuple[Evictor | None, _Publishing | None]:
     if kube is None:
         return None, None
-    from deviceplugin.usage_kube import KubeEvictor  # noqa: PLC0415 (kubernetes: with kube only)
     from health.kube import KubeCluster  # noqa: PLC0415
+    from nodeagent.usage_kube import KubeEvictor  # noqa: PLC0415 (kubernetes: with kube only)
 
     node = agent.inventory.name
     return KubeEvictor(KubeCluster(kube.api, node_name=node)), _Publishing(kube, node)

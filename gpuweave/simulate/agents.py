@@ -1,6 +1,6 @@
 """The real node agents of the simulated cluster, one per node, each with its own kubelet.
 
-Every node runs ``deviceplugin.agent.NodeAgent`` on simulated hardware
+Every node runs ``nodeagent.agent.NodeAgent`` on simulated hardware
 (``hardware.simulated.SimulatedBackend``: the production NVML/sysfs readers over a fake NVML),
 built by the same ``gpuweave.node.builder.NodeAgentBuilder`` as ``gpuweave node-agent``: the
 node's sharing plan, metrics in a registry of its own, one MPS daemon per fractional GPU (on
@@ -48,8 +48,6 @@ from devicemodel.contracts import mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.published import inventory_object
 from gpuweave.node.builder import NodeAgentBuilder
 from gpuweave.node.fabric import fabric_gate
 from gpuweave.node.health import SIM_KMSG_FILE
@@ -70,6 +68,8 @@ from health.signals.fabric import DEFAULT_INTERVAL_S as FABRIC_INTERVAL_S
 from health.signals.fabric import FabricGate
 from mig.planner import TargetEntry
 from mig.service import MigService
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.published import inventory_object
 
 
 class AgentStartError(GpuweaveError):

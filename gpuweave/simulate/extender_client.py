@@ -1,7 +1,7 @@
 """The real gpuweave extender, driven over HTTP as kube-scheduler drives it.
 
 The extender runs in this process in snapshot mode on 127.0.0.1 port 0, fed the objects the node
-agents publish (``deviceplugin.published``: the GpuNodeInventory of each node, with device health)
+agents publish (``nodeagent.published``: the GpuNodeInventory of each node, with device health)
 plus Node objects. This side plays kube-scheduler: it checks CPU and memory itself (NodeResourcesFit),
 then calls ``/filter``, ``/prioritize`` and ``/bind``, and reads the device choice
 back from the ``gpuweave.io/assignment`` annotation the bind recorded. It also
@@ -44,13 +44,13 @@ from devicemodel.gangs import ANNOTATION_EXPECTED_DURATION, ANNOTATION_GANG_TIER
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
-from deviceplugin.published import inventory_object
 from gpuweave.simulate.cluster import ClusterState, Request
 from gpuweave.simulate.cluster_objects import pod_object
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.placers import Gang, PodPlacement
 from gpuweave.simulate.scheduler_profile import ProfileScoring, load_profile_scoring
 from gpuweave.simulate.state import SimState
+from nodeagent.published import inventory_object
 from scheduler_ext.api import (
     DEFAULT_KEEP,
     DISRUPTION_CONDITION,

@@ -1,5 +1,5 @@
 """The simulated workload's share pods as processes on their GPUs, so the NVML process calls (and
-the node agent's per-pod GPU use, ``deviceplugin.usage_service``) see them as on a host.
+the node agent's per-pod GPU use, ``nodeagent.usage_service``) see them as on a host.
 
 A pod granted ``gpuweave.io/gpu-compute`` / ``gpu-memory`` units of a GPU runs one MPS client there
 for as long as it runs: it holds ``MEMORY_FILL`` of its memory limit (1 GiB without one) and keeps

@@ -13,7 +13,7 @@ from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.published import inventory_object
+from nodeagent.published import inventory_object
 from tests.e2e.cluster import ControlPlane
 
 INVENTORIES = ("gpuweave.io", "v1alpha1", "gpunodeinventories")

@@ -23,15 +23,16 @@ import pytest
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.allocation import DeviceListing, DeviceListStrategy
-from deviceplugin.cdi import CdiPublisher, CdiSpecWriter
-from deviceplugin.control import call_agent
-from deviceplugin.devices import DeviceKind
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.allocation import DeviceListing, DeviceListStrategy
+from nodeagent.cdi import CdiPublisher, CdiSpecWriter
+from nodeagent.control import call_agent
+from nodeagent.devices import DeviceKind
 from proto.v1beta1 import api_pb2
 from tests.e2e.cluster import REPO
 from tests.support.control_plane import built_binary
@@ -141,7 +142,7 @@ def start_node() -> Iterator[NodeFactory]:
             device_listing=listing,
         )
         watch = ListedDevicesCheck(spec_dir, backend.sysfs_root)
-        agent = NodeAgent(
+        agent = device_plugin_agent(
             config, discover=backend.discover, cdi=CdiPublisher(CdiSpecWriter(spec_dir), host=watch)
         )
         watch.agent = agent

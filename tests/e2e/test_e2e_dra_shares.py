@@ -28,7 +28,7 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 from tests.e2e.cluster import (
     REPO,
     ControlPlane,

@@ -23,7 +23,7 @@ import yaml
 
 from devicemodel.contracts import LABEL_PREFLIGHT
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 from tests.e2e.cluster import (
     ControlPlane,
     Process,

@@ -40,8 +40,8 @@ from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_IMEX_CHANNEL
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE, ANNOTATION_GANG_TIER
 from devicemodel.inventory import NodeInventory
-from deviceplugin.published import node_labels
 from gpuweave.simulate.cluster_objects import profile_inventory
+from nodeagent.published import node_labels
 from tests.e2e.cluster import (
     ControlPlane,
     Process,

@@ -40,8 +40,8 @@ from devicemodel.contracts import (
 )
 from devicemodel.gangs import LABEL_JOBSET_NAME, LABEL_JOBSET_REPLICAS, LABEL_REPLICATED_JOB
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.devices import build_catalogue
 from gpuweave.simulate.cluster_objects import profile_inventory
+from nodeagent.devices import build_catalogue
 from scheduler_ext.kueue.checks import CONTROLLER_NAME
 from tests.e2e.cluster import (
     ControlPlane,

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from deviceplugin.podresources import PodRef, PodResourcesClient, default_socket_for
+from nodeagent.podresources import PodRef, PodResourcesClient, default_socket_for
 from tests.e2e.cluster import ControlPlane, SimNode, harness_binary
 from tests.e2e.pods import GPU, HANDOFF_NODE, gpu_pod, wait_admitted
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.pod_usage import ContainerKey, PodGpuUsage
-from deviceplugin.usage_service import UsageMetrics
 from gpuweave.simulate.cluster_objects import cluster_list, inventory_object, node_object, profile_inventory
 from health.metrics import HealthMetrics
 from mig.metrics import MigMetrics
+from nodeagent.metrics import AgentMetrics
+from nodeagent.pod_usage import ContainerKey, PodGpuUsage
+from nodeagent.usage_service import UsageMetrics
 from scheduler_ext.app import build_snapshot_extender
 
 # Labels the scrape adds: Prometheus' target labels, the Prometheus Operator's Service discovery,

@@ -19,10 +19,10 @@ import yaml
 
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from devicemodel.spec import NodeProfile
-from deviceplugin.control import call_agent
 from hardware.mps import is_mps_control
 from hardware.simulated import mps_control
 from health.badlist import BAD_HARDWARE_FILE
+from nodeagent.control import call_agent
 from proto.v1beta1 import api_pb2
 from tests.support.agent_node import AgentNode
 from tests.support.agent_process import short_temp_dir

@@ -9,7 +9,7 @@ from __future__ import annotations
 import yaml
 
 from devicemodel.contracts import RESOURCE_EFA
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import short_temp_dir
 from tests.support.waiting import wait_until

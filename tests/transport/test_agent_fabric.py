@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from devicemodel.contracts import RESOURCE_GPU
-from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
+from nodeagent.control import call_agent
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.waiting import wait_until
 

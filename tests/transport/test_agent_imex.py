@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import IMEX_CHANNELS_ENV, RESOURCE_GPU, RESOURCE_IMEX_CHANNEL
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.devices import IMEX_CHANNEL_ID
 from gpuweave.node.builder import NodeAgentBuilder
 from gpuweave.simulate.kubelet import SimKubelet
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.devices import IMEX_CHANNEL_ID
 
 
 def _agent(tmp_path: Path, profile: str) -> Iterator[tuple[SimKubelet, NodeAgent, SimulatedBackend]]:

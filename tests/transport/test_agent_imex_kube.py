@@ -19,9 +19,9 @@ import pytest
 from devicemodel.assignment import ImexDomain, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_IMEX_CHANNEL
 from deviceplugin.kube import KubeParts
-from deviceplugin.metrics import AgentMetrics
 from gpuweave.node.imex import NODES_CONFIG, ImexConfigWriter, ImexReconciler
 from gpuweave.simulate.cluster_objects import pod_object
+from nodeagent.metrics import AgentMetrics
 from tests.support.control_plane import ControlPlane, wait_for
 from topology.network import LABEL_GPU_CLIQUE
 

@@ -16,9 +16,10 @@ import pytest
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
-from deviceplugin.errors import ControlError
+from deviceplugin.frontend import device_plugin_agent
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
+from nodeagent.errors import ControlError
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory
@@ -59,7 +60,7 @@ def start(
     kubelet = KubeletEmulator(kubelet_dir)
     kubelet.start()
     config = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir, sharing=sharing or SharingPlan())
-    agent = NodeAgent(config, discover=holder.discover)
+    agent = device_plugin_agent(config, discover=holder.discover)
     agent.start()
     return agent, kubelet
 
@@ -290,7 +291,7 @@ def test_periodic_rediscovery_finds_hot_plugged_gpus_and_survives_failures(dirs:
     kubelet.start()
     holder = FlakyHolder(small_inventory(gpus=2))
     config = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir, rediscover_interval=0.05)
-    agent = NodeAgent(config, discover=holder.discover)
+    agent = device_plugin_agent(config, discover=holder.discover)
     agent.start()
     try:
         assert kubelet.wait_for(lambda: len(kubelet.devices(RESOURCE_GPU)) == 2)

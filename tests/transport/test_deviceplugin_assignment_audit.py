@@ -18,8 +18,8 @@ from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
 from deviceplugin.handoff import PodView
 from deviceplugin.kube import AssignmentAuditor, EventReporter, PodWatcher
-from deviceplugin.metrics import AgentMetrics
-from deviceplugin.podresources import PodResourcesClient
+from nodeagent.metrics import AgentMetrics
+from nodeagent.podresources import PodResourcesClient
 from tests.support.control_plane import ControlPlane
 from tests.support.podresources_server import PodResourcesServer
 from tests.support.small_inventory import gpu_uuid

@@ -18,7 +18,7 @@ from kubernetes import client, config
 
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 from proto.v1beta1 import api_pb2
 from tests.support.agent_node import AgentNode
 from tests.support.control_plane import ControlPlane

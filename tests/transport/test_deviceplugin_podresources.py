@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from devicemodel.assignment import device_id_share
-from deviceplugin.podresources import (
+from nodeagent.podresources import (
     AllocationLog,
     HeldDevices,
     PodRef,

@@ -15,8 +15,9 @@ import pytest
 
 from devicemodel.contracts import RESOURCE_GPU
 from devicemodel.sharing import SharingPlan
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.streams import MAX_STREAMS
+from deviceplugin.frontend import device_plugin_agent
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.streams import MAX_STREAMS
 from proto.v1beta1 import api_pb2, api_pb2_grpc
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.small_inventory import gpu_uuid, small_inventory
@@ -30,7 +31,7 @@ def node() -> Iterator[tuple[NodeAgent, KubeletEmulator]]:
     kubelet = KubeletEmulator(root / "k")
     kubelet.start()
     inventory = small_inventory()
-    agent = NodeAgent(
+    agent = device_plugin_agent(
         AgentConfig(kubelet_dir=root / "k", state_dir=root / "s", sharing=SharingPlan()),
         discover=lambda: inventory,
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.podresources import AllocationLog, HeldDevices, PodRef, PodResourcesClient
+from nodeagent.podresources import AllocationLog, HeldDevices, PodRef, PodResourcesClient
 from proto.podresources.v1 import api_pb2
 from tests.support.agent_process import short_temp_dir
 from tests.support.podresources_server import PodResourcesServer

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from devicemodel.contracts import RESOURCE_GPU
-from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
+from nodeagent.control import call_agent
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import REPO_ROOT, short_temp_dir
 

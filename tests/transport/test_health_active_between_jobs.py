@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from devicemodel.contracts import RESOURCE_GPU
-from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
 from hardware.simulated.node import ACTIVITY_FILE
 from health.active_claims import CLAIMED_REASON
+from nodeagent.control import call_agent
 from proto.v1beta1 import api_pb2
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import REPO_ROOT, short_temp_dir

@@ -17,8 +17,8 @@ import yaml
 
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED, mig_resource_name
 from devicemodel.spec import NodeProfile
-from deviceplugin.control import call_agent
 from hardware.profiles import load_profile
+from nodeagent.control import call_agent
 from tests.support.agent_node import AgentNode, run_sim_inject
 from tests.support.agent_process import short_temp_dir
 from tests.support.small_inventory import small_inventory

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.podresources import PodResourcesClient
 from hardware.health_probe import NvmlHealthProbe
 from hardware.simulated.health_calls import SimHealthState
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthParts, HealthService
+from nodeagent.podresources import PodResourcesClient
 from tests.support.agent_process import short_temp_dir
 from tests.support.podresources_server import PodResourcesServer
 from tests.support.small_inventory import gpu_uuid

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.control import call_agent
+from nodeagent.control import call_agent
 from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 

@@ -22,13 +22,14 @@ import pytest
 from kubernetes import client, config, watch
 
 from devicemodel.contracts import MIG_LAYOUT_ANNOTATION, RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.demand import CLAIM_ANNOTATION, CLAIM_TIME_ANNOTATION
 from mig.kube import MigKube, start_mig_kube
 from mig.service import MigService
+from nodeagent.agent import AgentConfig, NodeAgent
 from tests.support.agent_process import AgentProcess, remove_tree, short_temp_dir
 from tests.support.control_plane import REPO, ControlPlane, wait_for
 from tests.support.kubelet_emulator import KubeletEmulator
@@ -91,7 +92,7 @@ def nodes(plane: ControlPlane) -> Iterator[dict[str, SimNode]]:
             kubelet.start()
             backend = SimulatedBackend(load_profile("dgx-h100"), root / name / "sysfs", node_name=name)
             config_ = AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir)
-            agent = NodeAgent(config_, discover=backend.discover)
+            agent = device_plugin_agent(config_, discover=backend.discover)
             service = build_mig_service(
                 agent, backend=backend, state_dir=state_dir, inventory=backend.discover()
             )

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.health import mig_recreator, start_node_health
 from gpuweave.node.mig import build_mig_service
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.waiting import poll_until
 
@@ -54,7 +55,9 @@ def test_xid_48_on_an_instance_a_reshape_destroys_waits_and_reverts_nothing(root
     backend = SimulatedBackend(load_profile("dgx-h100"), root / "sysfs", kmsg_path=state / "kmsg")
     kubelet = KubeletEmulator(root / "k")
     kubelet.start()
-    agent = NodeAgent(AgentConfig(kubelet_dir=root / "k", state_dir=state), discover=backend.discover)
+    agent = device_plugin_agent(
+        AgentConfig(kubelet_dir=root / "k", state_dir=state), discover=backend.discover
+    )
     mig = build_mig_service(agent, backend=backend, state_dir=state, inventory=backend.discover())
     mig.begin_restore()
     agent.start()

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
-from deviceplugin.errors import ControlError
-from deviceplugin.podresources import AllocationLog, PodResourcesClient, default_socket_for
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import call_agent
+from nodeagent.errors import ControlError
+from nodeagent.podresources import AllocationLog, PodResourcesClient, default_socket_for
 from tests.support.agent_process import short_temp_dir
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.podresources_server import PodResourcesServer
@@ -62,7 +63,7 @@ def node() -> Iterator[Node]:
     pod_resources.start()
     backend = SimulatedBackend(load_profile("dgx-h100"), root / "sysfs")
     clock = FakeClock()
-    agent = NodeAgent(
+    agent = device_plugin_agent(
         AgentConfig(kubelet_dir=plugin_dir, state_dir=state_dir),
         discover=backend.discover,
         allocations=AllocationLog(clock),

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
-from deviceplugin.errors import ControlError
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.cli import main
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.agent import AgentConfig, NodeAgent
+from nodeagent.control import call_agent
+from nodeagent.errors import ControlError
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator, SeenDevice
 
@@ -45,7 +46,9 @@ def node() -> Iterator[Node]:
     kubelet = KubeletEmulator(kubelet_dir)
     kubelet.start()
     backend = SimulatedBackend(load_profile("dgx-h100"), root / "sysfs")
-    agent = NodeAgent(AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir), discover=backend.discover)
+    agent = device_plugin_agent(
+        AgentConfig(kubelet_dir=kubelet_dir, state_dir=state_dir), discover=backend.discover
+    )
     service = build_mig_service(agent, backend=backend, state_dir=state_dir, inventory=backend.discover())
     service.start()
     agent.start()

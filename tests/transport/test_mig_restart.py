@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.control import call_agent
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.mig import build_mig_service, register_mig_routes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from mig.planner import TargetEntry
+from nodeagent.agent import AgentConfig
+from nodeagent.control import call_agent
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.sim_mig import mig_reconciler
 
@@ -60,7 +61,7 @@ def test_restart_mid_reshape_serves_known_gpus_while_gpu_3_is_restored(root: Pat
             first_life.apply(3, [TargetEntry("3g.40gb"), TargetEntry("3g.40gb")])
         assert first_life.journal.load().gpus[backend.inventory.gpu(3).uuid].in_flight
 
-        agent = NodeAgent(
+        agent = device_plugin_agent(
             AgentConfig(kubelet_dir=root / "k", state_dir=root / "s"), discover=backend.discover
         )
         mig = build_mig_service(agent, backend=backend, state_dir=root / "s", inventory=backend.discover())
@@ -94,7 +95,7 @@ def test_gpus_whose_journalled_layout_nvml_shows_are_not_withheld(root: Path) ->
     try:
         first_life = mig_reconciler(backend.lib, backend.inventory, root / "s")
         first_life.apply(5, [TargetEntry("7g.80gb")])  # finished: the journal and NVML agree
-        agent = NodeAgent(
+        agent = device_plugin_agent(
             AgentConfig(kubelet_dir=root / "k", state_dir=root / "s"), discover=backend.discover
         )
         mig = build_mig_service(agent, backend=backend, state_dir=root / "s", inventory=backend.discover())

@@ -22,11 +22,11 @@ import yaml
 
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.spec import NodeProfile
-from deviceplugin.control import call_agent
 from hardware.mps import is_mps_control, simulated_command
 from hardware.mps_ledger import LEDGER_FILE
 from hardware.simulated import mps_control
 from mig.journal import JOURNAL_FILE
+from nodeagent.control import call_agent
 from tests.support.agent_node import run_sim_inject
 from tests.support.agent_process import REPO_ROOT, AgentProcess, remove_tree, short_temp_dir
 from tests.support.device_watch import Watch

@@ -2,7 +2,7 @@
 
 Real parts, wired as ``gpuweave node-agent`` wires them: the agent's gRPC servers and the kubelet
 emulator, ``start_node_mps`` with the simulated control program run as processes (behind a
-wrapper that can refuse starts), ``start_node_health`` with ``MpsRoundHook`` over the simulated
+wrapper that can refuse starts), ``start_node_health`` with ``MpsSignal`` over the simulated
 driver. Short rounds; MPS restarts retried after 0.05 s, 0.1 s, ... (pytest -k mps).
 """
 
@@ -18,15 +18,16 @@ import pytest
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from devicemodel.spec import NodeProfile
-from deviceplugin.agent import AgentConfig, NodeAgent
-from deviceplugin.mps import MpsSettings
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.node.health import start_node_health
-from gpuweave.node.mps import MPS_SIGNAL, MpsRoundHook, start_node_mps
+from gpuweave.node.mps import MPS_SIGNAL, MpsSignal, start_node_mps
 from hardware.mps_process import ProcessMpsDaemons
 from hardware.simulated.backend import SimulatedBackend
 from health.config import HealthSettings
 from health.policy import DeviceState
 from health.service import HealthService
+from nodeagent.agent import AgentConfig
+from nodeagent.mps import MpsSettings
 from tests.support.kubelet_emulator import KubeletEmulator
 from tests.support.mps_node import blockable_control
 from tests.support.small_inventory import gpu_uuid, small_inventory
@@ -60,7 +61,7 @@ def test_mps_daemon_that_cannot_restart_is_a_gpu_fault_remediated_alone(root: Pa
     kubelet.start()
     fractional = GpuSharing(SharingMode.FRACTIONAL)
     plan = SharingPlan(per_gpu={"0": fractional, "1": fractional})
-    agent = NodeAgent(
+    agent = device_plugin_agent(
         AgentConfig(kubelet_dir=root / "k", state_dir=state, sharing=plan), discover=backend.discover
     )
     program, block = blockable_control(root)
@@ -77,7 +78,7 @@ def test_mps_daemon_that_cannot_restart_is_a_gpu_fault_remediated_alone(root: Pa
         state_dir=state,
         node_name="node-a",
         settings=SETTINGS,
-        round_hooks=(MpsRoundHook(mps),),
+        signals=(MpsSignal(mps),),
         kill_mps=mps.kill,
     )
     try:

@@ -24,17 +24,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.metrics import serve_metrics
-from deviceplugin.pod_usage import GIB, PodIdentities
-from deviceplugin.podresources import PodResourcesClient
-from deviceplugin.published import inventory_object
-from deviceplugin.usage_kube import KubeEvictor, UsagePublisher
-from deviceplugin.usage_service import PodUsageService, UsageSettings
 from hardware.gpu_processes import GpuProcessReader
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.node import SimulatedNode
 from health.kube import KubeCluster
+from nodeagent.metrics import serve_metrics
+from nodeagent.pod_usage import GIB, PodIdentities
+from nodeagent.podresources import PodResourcesClient
+from nodeagent.published import inventory_object
+from nodeagent.usage_kube import KubeEvictor, UsagePublisher
+from nodeagent.usage_service import PodUsageService, UsageSettings
 from tests.support.agent_process import short_temp_dir
 from tests.support.loopback_api import answer_json, loopback_api
 from tests.support.podresources_server import PodResourcesServer

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from deviceplugin.metrics import metrics_listener
 from gpuweave.simulate.cluster_objects import cluster_list
 from netio.gate import GateLimits
 from netio.probe_http import PROBE_LIMITS, TEXT, ProbeListener
+from nodeagent.metrics import metrics_listener
 from scheduler_ext.app import build_snapshot_extender
 from tests.support.waiting import wait_until
 

@@ -21,7 +21,7 @@ import pytest
 from devicekinds.registry import KINDS
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
-from deviceplugin.agent import AgentConfig, NodeAgent
+from deviceplugin.frontend import device_plugin_agent
 from gpuweave.simulate.cluster_objects import (
     cluster_list,
     inventory_object,
@@ -29,6 +29,7 @@ from gpuweave.simulate.cluster_objects import (
     pod_object,
     profile_inventory,
 )
+from nodeagent.agent import AgentConfig, NodeAgent
 from proto.v1beta1 import api_pb2
 from scheduler_ext.app import Extender, build_snapshot_extender
 from tests.support.kubelet_emulator import KubeletEmulator
@@ -81,7 +82,8 @@ def agent_and_kubelet() -> Iterator[tuple[NodeAgent, KubeletEmulator]]:
     kubelet = KubeletEmulator(root / "k")
     kubelet.start()
     inventory = profile_inventory(PROFILES["big"], "big")
-    agent = NodeAgent(AgentConfig(kubelet_dir=root / "k", state_dir=root / "s"), discover=lambda: inventory)
+    config = AgentConfig(kubelet_dir=root / "k", state_dir=root / "s")
+    agent = device_plugin_agent(config, discover=lambda: inventory)
     agent.start()
     try:
         yield agent, kubelet

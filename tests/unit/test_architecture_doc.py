@@ -1,9 +1,11 @@
 """docs/architecture.md's "Where to change what" names files that exist, and covers the likely
-changes; the extender's front door resolves every name it promises."""
+changes; its Layers table is the order pyproject's layers contract holds; the extender's front door
+resolves every name it promises."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ LIKELY_CHANGES = (
     "a GPU model",
     "a resource kind",
     "a placement score term",
+    "something both node-agent modes serve",
     "a health signal",
     "an Xid rule",
     "a Kubernetes API version",
@@ -62,6 +65,24 @@ def test_a_row_naming_a_missing_file_is_reported(tmp_path: Path) -> None:
     table = "| change | files |\n|---|---|\n| an Xid rule | `health/xid.py`, `health/gone.py` |\n"
     text = f"{SECTION}\n\n{table}"
     assert missing_paths(section_rows(text), tmp_path) == ["an Xid rule: health/gone.py"]
+
+
+def layers_in_doc(text: str) -> list[str]:
+    """The Layers table's package cells, top to bottom, as ``a | b`` (the contract's spelling)."""
+    start = text.index("## Layers")
+    rows = []
+    for line in text[start : text.index("\n### ", start)].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) >= 3 and cells[0].isdigit():
+            rows.append(" | ".join(re.findall(r"`(\w+)`", cells[1])))
+    return rows
+
+
+def test_the_layers_table_is_the_contract() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers" and "containers" not in c)
+    assert layers_in_doc(ARCHITECTURE.read_text()) == layers
 
 
 @pytest.mark.parametrize("name", scheduler_ext.api.__all__)

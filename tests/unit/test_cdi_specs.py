@@ -16,7 +16,11 @@ import pytest
 from devicemodel.contracts import RESOURCE_EFA, RESOURCE_GPU, RESOURCE_GPU_SHARED
 from devicemodel.inventory import LostGpu, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.allocation import (
+from gpuweave.cli import main
+from gpuweave.node.cdi import add_cdi_arguments, spec_dir
+from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
+from hardware.simulated.dev_tree import write_fake_dev
+from nodeagent.allocation import (
     VOLUME_MOUNT_ROOT,
     DeviceListing,
     DeviceListStrategy,
@@ -24,12 +28,8 @@ from deviceplugin.allocation import (
     grant_for,
     parse_strategies,
 )
-from deviceplugin.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs, conflicts
-from deviceplugin.devices import PluginDevice, build_catalogue
-from gpuweave.cli import main
-from gpuweave.node.cdi import add_cdi_arguments, spec_dir
-from hardware.device_nodes import HostDeviceNodes, read_host_device_nodes
-from hardware.simulated.dev_tree import write_fake_dev
+from nodeagent.cdi import CDI_VERSION, CdiPublisher, CdiSpecs, CdiSpecWriter, build_specs, conflicts
+from nodeagent.devices import PluginDevice, build_catalogue
 from tests.support.small_inventory import gpu_uuid, small_inventory
 
 GPU_FILE, EFA_FILE = "gpuweave-nvidia.com-gpu.json", "gpuweave-vpc.amazonaws.com-efa.json"

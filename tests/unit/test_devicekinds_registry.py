@@ -18,8 +18,8 @@ from devicemodel.contracts import (
 )
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import SharingPlan
-from deviceplugin.devices import build_catalogue
 from gpuweave.simulate.cluster_objects import profile_inventory
+from nodeagent.devices import build_catalogue
 from tests.support.widget_kind import RESOURCE_WIDGET, TestWidget
 
 

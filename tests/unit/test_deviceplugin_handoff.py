@@ -10,8 +10,8 @@ import pytest
 from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from deviceplugin.handoff import HandoffMatcher, PodView, admission_ranks, corrections
-from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest
+from nodeagent.metrics import AgentMetrics
 from tests.support.small_inventory import gpu_uuid
 
 

@@ -6,9 +6,9 @@ import dataclasses
 
 from devicemodel.inventory import LostGpu, NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.devices import PluginDevice, build_catalogue
-from deviceplugin.health_book import DeviceHealthBook
 from hardware.profiles import load_profile
+from nodeagent.devices import PluginDevice, build_catalogue
+from nodeagent.health_book import DeviceHealthBook
 
 
 def _gpu_devices(profile: str = "p4d.24xlarge") -> tuple[NodeInventory, tuple[PluginDevice, ...]]:

@@ -17,13 +17,13 @@ from devicemodel.contracts import (
 )
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan, load_sharing_plan
-from deviceplugin.allocation import grant_for
-from deviceplugin.devices import DeviceKind, PluginDevice, build_catalogue, unhealthy_reasons
-from deviceplugin.errors import AllocationRejectedError
 from deviceplugin.handoff import HandoffMatcher, PodView
-from deviceplugin.metrics import AgentMetrics
 from deviceplugin.preferred import PreferenceRequest, preferred_devices
 from deviceplugin.siblings import SiblingGrants
+from nodeagent.allocation import grant_for
+from nodeagent.devices import DeviceKind, PluginDevice, build_catalogue, unhealthy_reasons
+from nodeagent.errors import AllocationRejectedError
+from nodeagent.metrics import AgentMetrics
 from tests.support.small_inventory import gpu_uuid, small_inventory
 
 MIG = "nvidia.com/mig-3g.40gb"

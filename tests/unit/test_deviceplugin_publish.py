@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from devicemodel.spec import NodeProfileSpec
-from deviceplugin.published import inventory_object, label_value, node_labels, topology_shape
 from gpuweave.cli import main
 from hardware.profiles import builtin_profile_names, load_profile
+from nodeagent.published import inventory_object, label_value, node_labels, topology_shape
 from scheduler_ext.cluster.objects import inventory_record
 from tests.support.small_inventory import gpu_uuid, small_inventory
 

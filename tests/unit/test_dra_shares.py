@@ -15,15 +15,15 @@ import yaml
 from devicemodel.assignment import device_id_share
 from devicemodel.contracts import RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.allocation import DeviceListing, DeviceListStrategy, grant_for
-from deviceplugin.devices import build_catalogue
-from deviceplugin.errors import AllocationRejectedError
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DraDevice, MigPublishing, dra_devices
 from dradriver.prepare import ClaimError, ClaimPreparer, ClaimRef
 from dradriver.shares import ShareEdits, ShareError, share_allocations, with_shares
 from dradriver.slices import pool_slices
 from hardware.device_nodes import CharDevice, HostDeviceNodes
+from nodeagent.allocation import DeviceListing, DeviceListStrategy, grant_for
+from nodeagent.devices import build_catalogue
+from nodeagent.errors import AllocationRejectedError
 from tests.support.small_inventory import gpu_uuid, small_inventory
 
 REPO = Path(__file__).parents[2]

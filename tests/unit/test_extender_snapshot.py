@@ -12,10 +12,10 @@ from devicemodel.assignment import ContainerAssignment, PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT, RESOURCE_GPU, RESOURCE_GPU_COMPUTE
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.published import inventory_object as published_inventory
-from deviceplugin.published import node_label_object
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
+from nodeagent.published import inventory_object as published_inventory
+from nodeagent.published import node_label_object
 from scheduler_ext.app import build_core
 from scheduler_ext.cluster.snapshot import load_snapshot
 from scheduler_ext.pods.requests import pod_request

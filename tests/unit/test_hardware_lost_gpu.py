@@ -18,13 +18,13 @@ import yaml
 from devicemodel.contracts import RESOURCE_GPU
 from devicemodel.sharing import SharingPlan
 from devicemodel.spec import NodeProfile, ProfileError
-from deviceplugin.devices import build_catalogue, lost_device_id, lost_reasons
-from deviceplugin.published import inventory_object
 from gpuweave.cli import main
 from hardware.backend import HardwareError
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.structs import NVMLError
+from nodeagent.devices import build_catalogue, lost_device_id, lost_reasons
+from nodeagent.published import inventory_object
 from scheduler_ext.cluster.objects import inventory_record
 
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from devicemodel.spec import NodeProfile, ProfileError
-from deviceplugin.published import inventory_object, node_labels
 from dradriver.devices import dra_devices
 from hardware.discovery import GpuFacts, _domain
 from hardware.fabric import FabricReader, FabricState, fabric_domain
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
+from nodeagent.published import inventory_object, node_labels
 from topology.network import LABEL_GPU_CLIQUE
 
 TRAY = "gb200-compute-tray"

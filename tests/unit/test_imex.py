@@ -19,7 +19,7 @@ from devicemodel.contracts import (
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import ANNOTATION_GANG, ANNOTATION_GANG_SIZE, ANNOTATION_GANG_TIER
 from deviceplugin.handoff import PendingPod, PodView
-from deviceplugin.imex import imex_config, wanted_domain
+from deviceplugin.imex_pods import wanted_domain
 from gpuweave.node.imex import DOMAIN_FILE, NODES_CONFIG, ImexConfigWriter, ImexReconciler
 from gpuweave.simulate.cluster_objects import (
     cluster_list,
@@ -28,6 +28,7 @@ from gpuweave.simulate.cluster_objects import (
     pod_object,
     profile_inventory,
 )
+from nodeagent.imex import imex_config
 from scheduler_ext.app import Extender, build_snapshot_extender
 from scheduler_ext.gangs.service import GangSettings
 from scheduler_ext.serving.wire import ExtenderArgs, ExtenderBindingArgs, parse

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from devicemodel.assignment import MAX_IMEX_NODES, ImexDomain, PodAssignment
 from deviceplugin.handoff import PodView
-from deviceplugin.imex import MAX_ADDRESS_CHARS, LeftOut, imex_config, peer_address
 from gpuweave.node.imex import NODES_CONFIG, ImexConfigWriter, ImexMetrics, ImexReconciler
+from nodeagent.imex import MAX_ADDRESS_CHARS, LeftOut, imex_config, peer_address
 
 CLIQUE = "6a2b1c3d-0000-4000-8000-00000000aaaa.1"
 HOSTILE = {

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = ("topology", "hardware", "mig", "health", "deviceplugin", "scheduler_ext", "gpuweave")
+PACKAGES = ("topology", "hardware", "mig", "health", "nodeagent", "deviceplugin", "scheduler_ext", "gpuweave")
 WATCH_KEYWORDS = {"watch", "allow_watch_bookmarks"}
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from devicemodel.contracts import NODE_INVENTORY_KIND
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.published import inventory_object
 from gpuweave.lifecycle.capacity import (
     KIND_GANG,
     KIND_MIG,
@@ -25,6 +24,7 @@ from gpuweave.lifecycle.capacity_config import CapacityConfig, PoolModel, offer_
 from gpuweave.lifecycle.demand import LABEL_NODEPOOL, NewMachines, read_demand, shares_stuck
 from gpuweave.status.cluster_view import ClusterView
 from hardware.profiles import load_profile
+from nodeagent.published import inventory_object
 
 SHARES = PoolOffer("shares", "p5.48xlarge", gpus=8, memory_gib=80, offers="fractional")
 MIG = PoolOffer(

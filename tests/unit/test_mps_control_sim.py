@@ -17,13 +17,13 @@ import yaml
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import SharingMode, load_sharing_plan
-from deviceplugin.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
 from hardware.mps import MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, is_mps_control, simulated_command
 from hardware.mps_ledger import LEDGER_FILE
 from hardware.mps_process import ProcessMpsDaemons
 from hardware.simulated import mps_control
 from hardware.simulated.health_inject import apply_request, parse_request
 from hardware.simulated.node import SimulatedNode
+from nodeagent.mps import HOST_BASE_DIR, MpsSettings, MpsSupervisor
 from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.mps_node import read_pid
 from tests.support.small_inventory import small_inventory

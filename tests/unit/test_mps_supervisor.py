@@ -11,8 +11,9 @@ import pytest
 
 from devicemodel.errors import InvalidInputError
 from devicemodel.sharing import GpuSharing, MpsDefaults, SharingMode, SharingPlan
-from deviceplugin.errors import AllocationRejectedError
-from deviceplugin.mps import (
+from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, OnExit
+from nodeagent.errors import AllocationRejectedError
+from nodeagent.mps import (
     CONTROL_SOCKET,
     SOCKET_PATH_MAX,
     MpsSettings,
@@ -21,7 +22,6 @@ from deviceplugin.mps import (
     restart_delay,
     wanted_daemons,
 )
-from hardware.mps import InMemoryMpsDaemons, MpsControlError, MpsDaemonQuitError, MpsDaemonSpec, OnExit
 from tests.support.agent_process import remove_tree, short_temp_dir
 from tests.support.small_inventory import gpu_uuid, small_inventory
 from tests.support.waiting import poll_until

@@ -21,7 +21,6 @@ from devicemodel.gangs import (
     LABEL_POD_GROUP,
     LABEL_REPLICATED_JOB,
 )
-from deviceplugin.published import AGENT_LABEL_KEYS, node_labels
 from gpuweave.simulate.cluster_objects import profile_inventory
 from hardware.profiles import builtin_profile_names
 from health.kube import CORDON_ANNOTATION, EVICTION_LABEL
@@ -30,6 +29,7 @@ from health.scope import (
     TAINT_HEALTH_PENDING,
     TAINT_NODE_FAULT,
 )
+from nodeagent.published import AGENT_LABEL_KEYS, node_labels
 
 MANIFEST = Path(__file__).parents[2] / "manifests" / "admission-node-agent.yaml"
 AGENT = "system:serviceaccount:gpuweave-system:gpuweave-node-agent"

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.pod_usage import (
+from hardware.gpu_processes import GpuProcess, GpuProcessReader
+from hardware.proc_cgroup import ContainerCgroup, container_of, parse_cgroup
+from hardware.profiles import load_profile
+from hardware.simulated.backend import SimulatedBackend
+from nodeagent.pod_usage import (
     GIB,
     ContainerKey,
     MemoryLimitWatch,
@@ -18,11 +22,7 @@ from deviceplugin.pod_usage import (
     memory_limits,
     pod_usage,
 )
-from deviceplugin.podresources import ContainerDevices
-from hardware.gpu_processes import GpuProcess, GpuProcessReader
-from hardware.proc_cgroup import ContainerCgroup, container_of, parse_cgroup
-from hardware.profiles import load_profile
-from hardware.simulated.backend import SimulatedBackend
+from nodeagent.podresources import ContainerDevices
 
 UID = "6c1f2a3b-1111-4222-8333-444455556666"
 CID = "a" * 64

@@ -10,8 +10,8 @@ import pytest
 from devicemodel.errors import InvalidInputError
 from devicemodel.spec import NodeProfileSpec
 from devicemodel.spec_templates import SpecTemplates
-from deviceplugin.published import inventory_object
 from gpuweave.simulate.cluster_objects import profile_inventory, unique_uuids
+from nodeagent.published import inventory_object
 
 
 def _spec(profile: str, name: str) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from devicemodel.contracts import ANNOTATION_GPU_SELECTOR, RESOURCE_GPU
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
 from devicemodel.text import MAX_JSON_CHARS
-from deviceplugin.published import inventory_object
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from gpuweave.status.explain import Pending, Placed, explain
 from gpuweave.status.text import WIDTH, explain_text, to_json
+from nodeagent.published import inventory_object
 from scheduler_ext.decide.summary import reason_counts, rejection_message
 from tests.unit.test_status_rows import bound
 from topology.graph import TopologyGraph

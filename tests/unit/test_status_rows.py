@@ -18,12 +18,12 @@ from devicemodel.contracts import (
 )
 from devicemodel.inventory import MigDevice, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
-from deviceplugin.published import inventory_object
 from gpuweave.cli import main
 from gpuweave.simulate.cluster_objects import node_object, pod_object, profile_inventory
 from gpuweave.status.cluster_view import ClusterView
 from gpuweave.status.rows import HEALTHY, RETIRED, WITHHELD, cluster_status
 from gpuweave.status.text import WIDTH, status_text, to_json
+from nodeagent.published import inventory_object
 from scheduler_ext.decide.workload import COLD_START_PRIOR
 from topology.fragmentation import node_fragment
 

@@ -18,7 +18,7 @@ is bounded here:
   Unhealthy, never a sibling's), and so does one restarting for ``allocate_wait_s`` without
   answering (quit again at every start: no pod should wait for it). A failed start is retried
   with exponential backoff; after ``failures_to_fault`` failed starts in a row it is handed to
-  the health engine as a fault of that GPU (``check`` returns it for ``MpsRoundHook``).
+  the health engine as a fault of that GPU (``check`` returns it for ``gpuweave.node.mps.MpsSignal``).
 - ``check`` starts missing daemons, stops unwanted ones and queries every running one; in each
   health round (``in_round``) it leaves the starts to the restarter thread, so a round never
   waits for a daemon's start.
@@ -38,8 +38,8 @@ from pathlib import Path
 from devicemodel.errors import InvalidInputError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
-from deviceplugin.errors import AllocationRejectedError
 from hardware.mps import MpsControlError, MpsDaemonQuitError, MpsDaemons, MpsDaemonSpec
+from nodeagent.errors import AllocationRejectedError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 from devicemodel.assignment import parent_gpu_of_share
-from deviceplugin.errors import DevicePluginError
+from nodeagent.errors import DevicePluginError
 from proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)

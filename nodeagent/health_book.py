@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from devicemodel.inventory import NodeInventory
-from deviceplugin.devices import PluginDevice, lost_reasons, unhealthy_reasons
+from nodeagent.devices import PluginDevice, lost_reasons, unhealthy_reasons
 
 
 class DeviceHealthBook:

@@ -34,8 +34,8 @@ from devicekinds.grant import (
 )
 from devicekinds.registry import KINDS, KindRegistry
 from devicekinds.shares import MPS_PIPE_ENV
-from deviceplugin.devices import PluginDevice
-from deviceplugin.errors import AllocationRejectedError
+from nodeagent.devices import PluginDevice
+from nodeagent.errors import AllocationRejectedError
 
 
 def validate_request(

@@ -35,7 +35,9 @@ from prometheus_client.registry import Collector
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
-from deviceplugin.pod_usage import (
+from hardware.gpu_processes import GpuProcess, GpuProcessReader
+from hardware.proc_cgroup import ContainerCgroup, container_of
+from nodeagent.pod_usage import (
     MIB,
     MemoryLimitWatch,
     PodGpuUsage,
@@ -44,9 +46,7 @@ from deviceplugin.pod_usage import (
     memory_limits,
     pod_usage,
 )
-from deviceplugin.podresources import ContainerDevices
-from hardware.gpu_processes import GpuProcess, GpuProcessReader
-from hardware.proc_cgroup import ContainerCgroup, container_of
+from nodeagent.podresources import ContainerDevices
 
 log = logging.getLogger(__name__)
 EVENT_REASON = "GpuShareMemoryExceeded"

@@ -1,7 +1,7 @@
 """CDI specs for the devices the agent serves, so a runtime with CDI on can start their containers.
 
 Allocate names every GPU, MIG device and GPU share as ``nvidia.com/gpu=<uuid>`` and every EFA adapter
-as ``vpc.amazonaws.com/efa=<name>`` (``deviceplugin.allocation``). containerd and CRI-O refuse a
+as ``vpc.amazonaws.com/efa=<name>`` (``nodeagent.allocation``). containerd and CRI-O refuse a
 container whose CDI names they cannot resolve, and a MIG reshape makes new MIG UUIDs with new
 ``nvidia-caps`` nodes, so the agent writes the specs itself from the inventory it serves:
 
@@ -35,9 +35,9 @@ import yaml
 
 from devicemodel.inventory import NodeInventory
 from devicemodel.state_file import replace_file_atomically
-from deviceplugin.allocation import CDI_KIND_EFA, CDI_KIND_GPU
-from deviceplugin.devices import DeviceKind, PluginDevice
 from hardware.device_nodes import CharDevice, HostDeviceNodes
+from nodeagent.allocation import CDI_KIND_EFA, CDI_KIND_GPU
+from nodeagent.devices import DeviceKind, PluginDevice
 
 log = logging.getLogger(__name__)
 

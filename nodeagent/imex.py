@@ -3,9 +3,9 @@
 An IMEX daemon runs per node and serves one domain at a time: the nodes of one multi-node NVLink
 job, which import and export GPU memory to each other through the channel the job's pods hold.
 The node has one channel (``gpuweave.io/imex-channel``), so the kubelet admits at most one pod that
-asks for it; that pod's ``gpuweave.io/assignment`` names the domain (``imex``: its name and nodes,
-written by the extender at bind). The daemon is configured for that domain while the pod lives,
-and for none otherwise.
+asks for it; in device-plugin mode that pod's ``gpuweave.io/assignment`` names the domain
+(``imex``: its name and nodes, written by the extender at bind; ``deviceplugin.imex_pods``). The
+daemon is configured for that domain while the pod lives, and for none otherwise.
 
 Trust: only the extender writes the annotation where the admission policy
 (``manifests/admission-assignment.yaml``) is installed; without it anyone who may create a pod
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from devicemodel.assignment import MAX_IMEX_NODES, ImexDomain
 from devicemodel.errors import echo
-from deviceplugin.handoff import PendingPod
 
 # The longest text of one IP address: an IPv6 address with an embedded IPv4 one (45 characters).
 MAX_ADDRESS_CHARS = 45
@@ -57,25 +56,6 @@ class ImexDecision:
     domain: ImexDomain | None  # the domain asked for (None: the daemon serves nothing)
     holder: str = ""  # namespace/name of the pod that asks for it
     problem: str = ""  # why a domain asked for is refused, or what is left out of it
-
-
-def wanted_domain(pods: Iterable[PendingPod], *, node: str) -> ImexDecision:
-    """The domain of the one live pod on ``node`` that asks for the node's IMEX channel."""
-    claimants = [p for p in pods if p.requests_imex and p.assignment.node == node]
-    if not claimants:
-        return ImexDecision(None)
-    if len(claimants) > 1:
-        names = ", ".join(sorted(f"{p.namespace}/{p.name}" for p in claimants))
-        return ImexDecision(None, problem=f"pods {names} all ask for the node's one IMEX channel")
-    pod = claimants[0]
-    holder = f"{pod.namespace}/{pod.name}"
-    domain = pod.assignment.imex
-    if domain is None:
-        return ImexDecision(None, holder, f"pod {holder} asks for an IMEX channel but names no IMEX domain")
-    if node not in domain.nodes:
-        problem = f"pod {holder}'s IMEX domain {domain.name} does not list node {node}"
-        return ImexDecision(None, holder, problem)
-    return ImexDecision(domain, holder)
 
 
 class LeftOut(StrEnum):

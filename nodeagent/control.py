@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.errors import GpuweaveError
-from deviceplugin.errors import ControlError
 from netio.gate import Gate, GateLimits, Refusal, line_end
+from nodeagent.errors import ControlError
 
 log = logging.getLogger(__name__)
 

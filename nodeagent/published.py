@@ -17,7 +17,7 @@ from devicemodel.contracts import API_GROUP, API_VERSION, LABEL_PREFLIGHT, NODE_
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
-from deviceplugin.devices import lost_reasons
+from nodeagent.devices import lost_reasons
 from topology.network import LABEL_GPU_CLIQUE
 
 HEALTHY = "Healthy"

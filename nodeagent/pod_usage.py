@@ -1,6 +1,6 @@
 """Per-pod GPU use: which pod's container each GPU process belongs to, how much it uses, its limit.
 
-Pure: values in, rows out. The node agent's ``PodUsageService`` (``deviceplugin.usage_service``)
+Pure: values in, rows out. The node agent's ``PodUsageService`` (``nodeagent.usage_service``)
 gathers the inputs each round:
 
 - each GPU's processes with their memory and SM utilisation (``hardware.gpu_processes``);
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devicemodel.assignment import parent_gpu_of_share
-from deviceplugin.podresources import ContainerDevices
 from hardware.gpu_processes import GpuProcess
 from hardware.proc_cgroup import ContainerCgroup
+from nodeagent.podresources import ContainerDevices
 
 GIB = 2**30
 MIB = 2**20

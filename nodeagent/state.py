@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deviceplugin.devices import PluginDevice
+from nodeagent.devices import PluginDevice
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
