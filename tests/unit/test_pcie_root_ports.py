@@ -18,7 +18,7 @@ from devicemodel.spec import NodeProfile, NodeProfileSpec
 from hardware.nvml import NvmlBackend
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
-from tests.unit.test_deviceplugin_publish import assert_fits, crd_schema
+from tests.unit.test_nodeagent_published import assert_fits, crd_schema
 from topology.graph import TopologyGraph
 from topology.links import LinkClass
 
