@@ -8,6 +8,7 @@ containers, so (as the kubelet does) they reuse devices picked for the pod rathe
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from devicekinds.kind import KindSlot
@@ -192,16 +193,8 @@ class Planner:
         ordered = sorted(free, key=lambda m: (per_parent[m.parent_index], m.parent_index, m.position))
         pool = [m.position for m in ordered[:need]]
         left.difference_update(pool)
-        remaining = list(pool)
-        for container in self.request.containers:
-            want = count(container)
-            if not want:
-                continue
-            taken = tuple(pool[:want]) if container.init else tuple(remaining[:want])
-            if not container.init:
-                remaining = remaining[want:]
-            base = plans.get(container.name, ContainerPlan(name=container.name))
-            plans[container.name] = replace(base, migs=base.migs + taken)
+        containers = self.request.containers
+        _deal(containers, pool, count, plans, lambda base, got: replace(base, migs=base.migs + got))
         return None
 
     # ---- shares and EFA ---------------------------------------------------------------------
@@ -256,16 +249,13 @@ class Planner:
         pool = list(kind.choose([slots[p] for p in sorted(free)], need, near=near))
         if len(pool) != need or len(set(pool)) != need or not set(pool) <= free:
             return fail(f"the {resource} kind chose no set of {need} of the node's {len(free)} free devices")
-        remaining = list(pool)
-        for container in self.request.containers:
-            want = count(container)
-            if not want:
-                continue
-            taken = tuple(pool[:want]) if container.init else tuple(remaining[:want])
-            if not container.init:
-                remaining = remaining[want:]
-            base = plans.get(container.name, ContainerPlan(name=container.name))
-            plans[container.name] = replace(base, extra=(*base.extra, (resource, taken)))
+        _deal(
+            self.request.containers,
+            pool,
+            count,
+            plans,
+            lambda base, taken: replace(base, extra=(*base.extra, (resource, taken))),
+        )
         return None
 
     def combine(self, steps: list[PlanStep]) -> Verdict:
@@ -285,6 +275,26 @@ class Planner:
         return Verdict(
             fits=True, score=score, plan=ordered, quality=max(0.0, min(1.0, quality)), level=level, idle=idle
         )
+
+
+def _deal(
+    containers: Sequence[ContainerRequest],
+    pool: Sequence[int],
+    count: Callable[[ContainerRequest], int],
+    plans: dict[str, ContainerPlan],
+    add: Callable[[ContainerPlan, tuple[int, ...]], ContainerPlan],
+) -> None:
+    """Hand the chosen ``pool`` to the containers in order: app containers take successive
+    devices, an init container (which ends before the app containers start) reuses the first."""
+    remaining = list(pool)
+    for container in containers:
+        want = count(container)
+        if not want:
+            continue
+        taken = tuple(pool[:want]) if container.init else tuple(remaining[:want])
+        if not container.init:
+            remaining = remaining[want:]
+        plans[container.name] = add(plans.get(container.name, ContainerPlan(name=container.name)), taken)
 
 
 def _merge(base: ContainerPlan, part: ContainerPlan) -> ContainerPlan:
