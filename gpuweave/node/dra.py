@@ -35,6 +35,7 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 from deviceplugin.agent import NodeAgent
 from deviceplugin.podresources import PodResourcesClient
+from dradriver.api_fields import ServedFields, served_devices
 from dradriver.claim_allocation import ClaimSource
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
@@ -228,6 +229,7 @@ def start_node_dra(
         ),
     )
     owner = _node_owner(api, node)
+    served = ServedFields()  # what the API server keeps of a slice, learned by the publisher
 
     def taints_now() -> tuple[NodeInventory, tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
         inventory, pool = devices()
@@ -240,8 +242,13 @@ def start_node_dra(
         held = {d.device_name for prepared in preparer.prepared().values() for d in prepared}
         closed = closed_unit_taints(pool, held=held, tainted=set(taints))
         taints = {name: (*taints.get(name, ()), *closed.get(name, ())) for name in {*taints, *closed}}
-        kept = carry_time_added(taints, published)
-        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=owner)
+        served_pool, served_taints = served_devices(
+            pool, taints, served.unsupported
+        )  # the API server's fields
+        kept = carry_time_added(served_taints, published)
+        slices = build_resource_slices(
+            inventory, served_pool, generation=generation, taints=kept, owner=owner
+        )
         check_slices(slices)
         return slices
 
@@ -268,7 +275,7 @@ def start_node_dra(
     if pod_resources is not None:
         pod_resources.resolve_dra_with(device_id)
     stream = HealthStream(report, pool=node)
-    publisher = SlicePublisher(api, node=node, build=build)
+    publisher = SlicePublisher(api, node=node, build=build, served=served)
     preparer.listeners.append(publisher.changed)  # the open GPU of share units follows the claims
     server = DraPluginServer(
         preparer, kubelet_root=kubelet_root(args), health=stream, on_registered=publisher.resync
