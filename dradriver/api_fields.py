@@ -104,7 +104,9 @@ def without_fields(spec: Mapping[str, Any], features: Iterable[SliceFeature]) ->
 
 
 def served_devices(
-    devices: Sequence[DraDevice], taints: Mapping[str, tuple[Taint, ...]], unsupported: frozenset[SliceFeature]
+    devices: Sequence[DraDevice],
+    taints: Mapping[str, tuple[Taint, ...]],
+    unsupported: frozenset[SliceFeature],
 ) -> tuple[tuple[DraDevice, ...], dict[str, tuple[Taint, ...]]]:
     """The pool's devices and taints reduced to what an API server without ``unsupported`` keeps
     correct (see the module docstring)."""

@@ -73,9 +73,9 @@ func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx)
 	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: n.otherActivePods(pod),
 		Operation: lifecycle.AddOperation}
-	result := n.topology.Admit(ctx, attrs)
+	result := admitWith(ctx, n.topology, attrs) // compat_k1xx.go
 	if result.Admit {
-		result = n.predAdm.Admit(ctx, attrs)
+		result = admitWith(ctx, n.predAdm, attrs)
 	}
 	if !result.Admit {
 		n.markAdmitted(pod)
@@ -147,7 +147,7 @@ func (n *simNode) allocationOf(ctx context.Context, pod *v1.Pod) (podAllocation,
 			slices.Sort(ids)
 			got.Devices[resourceName] = ids
 		}
-		opts, err := n.devices.GetDeviceRunContainerOptions(ctx, pod, c)
+		opts, err := deviceRunOptions(ctx, n.devices, pod, c)
 		if err != nil {
 			return alloc, fmt.Errorf("device run options for %s/%s: %w", pod.Name, c.Name, err)
 		}

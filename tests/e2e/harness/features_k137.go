@@ -1,3 +1,5 @@
+//go:build !k134
+
 package main
 
 // The feature gates every component of the e2e cluster runs with for DRA. In 1.37 all four are on
@@ -8,16 +10,7 @@ package main
 // request policies, which the API server discards without an error when its gate is off, nor stop
 // kube-scheduler from serving an extended resource through a DeviceClass's extendedResourceName. kube-apiserver and kube-scheduler get
 // them as --feature-gates; harness node (the kubelet's DRA manager) and harness controllers set
-// them on the process's default gate.
-
-import (
-	utilfeature "k8s.io/apiserver/pkg/util/feature"
-)
+// them on the process's default gate; harness realnode writes them into the kubelet's config.
+// features_k134.go is the 1.34 build's set.
 
 const draFeatureGates = "DRAPartitionableDevices=true,DRADeviceTaints=true,DRAConsumableCapacity=true,DRAExtendedResource=true"
-
-func draFeatureGateFlag() string { return "--feature-gates=" + draFeatureGates }
-
-func enableDRAFeatureGates() error {
-	return utilfeature.DefaultMutableFeatureGate.Set(draFeatureGates)
-}
