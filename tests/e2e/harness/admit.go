@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
-	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
 // AllocatedCondition is the pod condition type that carries the device manager's allocation.
@@ -71,9 +70,8 @@ func (n *simNode) syncPod(ctx context.Context, key string) error {
 
 func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx)
-	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: n.otherActivePods(pod),
-		Operation: lifecycle.AddOperation}
-	result := admitWith(ctx, n.topology, attrs) // compat_k1xx.go
+	attrs := newAdmitAttributes(pod, n.otherActivePods(pod)) // compat_k1xx.go
+	result := admitWith(ctx, n.topology, attrs)              // compat_k1xx.go
 	if result.Admit {
 		result = admitWith(ctx, n.predAdm, attrs)
 	}

@@ -37,7 +37,7 @@ func newNUMANode(id int) numaNode { return cadvisorapi.Node{Id: id} }
 
 func newDeviceManagers(_ klog.Logger, topo []numaNode, policy string) (topologymanager.Manager,
 	*devicemanager.ManagerImpl, error) {
-	tm, err := topologymanager.NewManager(topo, policy, topologymanager.ContainerTopologyScope, nil)
+	tm, err := topologymanager.NewManager(topo, policy, containerTopologyScope, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -77,6 +77,17 @@ func admitWith(_ context.Context, h lifecycle.PodAdmitHandler, attrs *lifecycle.
 func startDRAManager(ctx context.Context, m *dra.Manager, n *simNode, ready config.SourcesReady) error {
 	return m.Start(ctx, n.activePods, n.nodeNow, ready)
 }
+
+// containerTopologyScope is the kubelet's topologyManagerScope "container" (unexported in 1.34).
+const containerTopologyScope = "container"
+
+// newAdmitAttributes: a pod being added (1.34's attributes have no operation).
+func newAdmitAttributes(pod *v1.Pod, others []*v1.Pod) *lifecycle.PodAdmitAttributes {
+	return &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others}
+}
+
+// stopDRAManager: 1.34's DRA manager has no Stop; its goroutines end with the context.
+func stopDRAManager(*dra.Manager) {}
 
 func runPluginManager(ctx context.Context, pm pluginmanager.PluginManager, ready config.SourcesReady) {
 	pm.Run(ready, ctx.Done())

@@ -83,6 +83,13 @@ func startDRAManager(ctx context.Context, m *dra.Manager, n *simNode, ready conf
 	return m.Start(ctx, n.activePods, getNode, ready)
 }
 
+// newAdmitAttributes: a pod being added, as the kubelet's HandlePodAdditions admits it.
+func newAdmitAttributes(pod *v1.Pod, others []*v1.Pod) *lifecycle.PodAdmitAttributes {
+	return &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others, Operation: lifecycle.AddOperation}
+}
+
+func stopDRAManager(m *dra.Manager) { m.Stop() }
+
 func runPluginManager(ctx context.Context, pm pluginmanager.PluginManager, ready config.SourcesReady) {
 	pm.Run(ctx, ready, ctx.Done())
 }

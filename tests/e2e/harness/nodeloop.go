@@ -81,7 +81,7 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 	if err := n.startDRA(ctx, n.ready); err != nil { // after the Node exists: drivers register against it
 		return fmt.Errorf("DRA manager: %w", err)
 	}
-	defer n.dra.Stop()
+	defer stopDRAManager(n.dra) // compat_k1xx.go
 	n.startPodInformer(ctx)
 	if err := n.servePodResources(ctx); err != nil {
 		return fmt.Errorf("pod-resources API: %w", err)
