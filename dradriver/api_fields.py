@@ -38,8 +38,8 @@ class SliceFeature(StrEnum):
 
 
 DEGRADED = {
-    SliceFeature.PARTITIONABLE: "MIG placements and fractional GPUs' units are not published "
-    "(MIG is served as --dra-mig static serves it)",
+    SliceFeature.PARTITIONABLE: "MIG placements and fractional GPUs (shared devices, units) are not "
+    "published; a MIG-capable GPU is published whole",
     SliceFeature.TAINTS: "a device with a health or closing taint is left out of the pool instead",
     SliceFeature.CONSUMABLE: "fractional GPUs are not published through DRA",
 }

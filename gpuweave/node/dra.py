@@ -17,7 +17,9 @@ configuration makes fractional is published as one device claims share (``dradri
 and as its units, for pods that ask ``gpuweave.io/gpu-compute`` / ``gpu-memory`` through a
 DeviceClass's ``extendedResourceName`` (``dradriver.share_units``: one GPU's units open at a time,
 the others tainted closed, moved after each prepare and unprepare); prepare gives each share the
-MPS pipe directory and limits of the GPU's supervised daemon.
+MPS pipe directory and limits of the GPU's supervised daemon. On an API server that drops gated
+slice fields (Kubernetes before 1.36 by default) the pool is reduced to what it keeps
+(``dradriver.api_fields``, learned by the publisher from its writes).
 """
 
 from __future__ import annotations
