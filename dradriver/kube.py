@@ -36,6 +36,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dradriver.api_fields import ServedFields, SliceFeature, without_fields
 from dradriver.devices import DRIVER
 from dradriver.imex_domain import (
     GROUP,
@@ -85,8 +86,12 @@ class KubeClaimSource:
         return data
 
 
-def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A slice's content without what the API server adds or the generation counts."""
+def _comparable(
+    spec: Mapping[str, Any], unsupported: frozenset[SliceFeature] = frozenset()
+) -> dict[str, Any]:
+    """A slice's content without what the API server adds or the generation counts, nor the
+    fields it drops (``unsupported``), so a pool it keeps without them is not written again."""
+    spec = without_fields(spec, unsupported)
     devices = []
     for device in spec.get("devices") or []:
         taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints") or []]
@@ -116,8 +121,12 @@ class SlicePublisher:
         build: PoolBuilder,
         resync_s: float = RESYNC_S,
         clock: Callable[[], float] = time.monotonic,
+        served: ServedFields | None = None,
     ) -> None:
+        """``served``: what the API server keeps of a slice, learned from each write's answer and
+        read by ``build`` (``dradriver.api_fields``)."""
         self._resource = client.ResourceV1Api(api)
+        self.served = served or ServedFields()
         self._resync_s = resync_s
         self._clock = clock
         self._list_at = clock() + resync_s  # the next periodic LIST (the first reconcile lists anyway)
@@ -211,8 +220,10 @@ class SlicePublisher:
         generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
         desired = self._build(max(generation, 1), published_taints(existing))
         by_name = {s["metadata"]["name"]: s for s in existing}
+        unsupported = self.served.unsupported
         same = set(by_name) == {s["metadata"]["name"] for s in desired} and all(
-            _comparable(by_name[s["metadata"]["name"]]["spec"]) == _comparable(s["spec"])
+            _comparable(by_name[s["metadata"]["name"]]["spec"], unsupported)
+            == _comparable(s["spec"], unsupported)
             and by_name[s["metadata"]["name"]]["spec"]["pool"] == s["spec"]["pool"]
             for s in desired
         )
@@ -246,6 +257,8 @@ class SlicePublisher:
         log.info(
             "published %d ResourceSlices of pool %s, generation %d", len(desired), self._node, generation + 1
         )
+        if self.served.learn(desired, written):
+            self._wake.set()  # the API server dropped fields: publish the pool that needs none of them
         return True
 
     def delete_all(self) -> None:

@@ -17,7 +17,9 @@ configuration makes fractional is published as one device claims share (``dradri
 and as its units, for pods that ask ``gpuweave.io/gpu-compute`` / ``gpu-memory`` through a
 DeviceClass's ``extendedResourceName`` (``dradriver.share_units``: one GPU's units open at a time,
 the others tainted closed, moved after each prepare and unprepare); prepare gives each share the
-MPS pipe directory and limits of the GPU's supervised daemon.
+MPS pipe directory and limits of the GPU's supervised daemon. On an API server that drops gated
+slice fields (Kubernetes before 1.36 by default) the pool is reduced to what it keeps
+(``dradriver.api_fields``, learned by the publisher from its writes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
+from dradriver.api_fields import ServedFields, served_devices
 from dradriver.claim_allocation import ClaimSource
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import DRIVER, DraDevice, DraKind, MigPublishing, dra_devices
@@ -188,6 +191,8 @@ class NodeDraStarter:
         default_factory=list, init=False
     )
     _owner: dict[str, Any] | None = field(default=None, init=False)
+    # what the API server keeps of a slice, learned by the publisher from its writes
+    _served: ServedFields = field(default_factory=ServedFields, init=False)
 
     def devices(self) -> tuple[NodeInventory, tuple[DraDevice, ...]]:
         """The pool's devices, built again only when the inventory or the sharing plan is a new
@@ -246,8 +251,11 @@ class NodeDraStarter:
         held = {d.device_name for prepared in preparer.prepared().values() for d in prepared}
         closed = closed_unit_taints(pool, held=held, tainted=set(taints))
         taints = {name: (*taints.get(name, ()), *closed.get(name, ())) for name in {*taints, *closed}}
-        kept = carry_time_added(taints, published)
-        slices = build_resource_slices(inventory, pool, generation=generation, taints=kept, owner=self._owner)
+        served_pool, served_taints = served_devices(pool, taints, self._served.unsupported)
+        kept = carry_time_added(served_taints, published)
+        slices = build_resource_slices(
+            inventory, served_pool, generation=generation, taints=kept, owner=self._owner
+        )
         check_slices(slices)
         return slices
 
@@ -281,7 +289,9 @@ class NodeDraStarter:
         if self.pod_resources is not None:
             self.pod_resources.resolve_dra_with(self.device_id)
         stream = HealthStream(self.report, pool=self.node)
-        publisher = SlicePublisher(self.api, node=self.node, build=partial(self.slices, preparer))
+        publisher = SlicePublisher(
+            self.api, node=self.node, build=partial(self.slices, preparer), served=self._served
+        )
         preparer.listeners.append(publisher.changed)  # the open GPU of share units follows the claims
         server = DraPluginServer(
             preparer, kubelet_root=kubelet_root(self.args), health=stream, on_registered=publisher.resync

@@ -39,6 +39,7 @@ from tests.support.control_plane import (
     Process,
     built_binary,
     harness_binary,
+    harness_k134_binary,
     wait_for,
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "free_port",
     "gpuweave_command",
     "harness_binary",
+    "harness_k134_binary",
     "queueing_crds",
     "render_scheduler_config",
     "start_controllers",
@@ -139,7 +141,7 @@ class SimNode:
 
     def _start_kubelet(self) -> Process:
         self.kubelet_starts += 1
-        argv = [str(harness_binary()), "node", "--name", self.name]
+        argv = [str(self.plane.harness), "node", "--name", self.name]
         argv += ["--kubelet-dir", str(self.kubelet_dir), "--control-plane-dir", str(self.plane.dir)]
         argv += ["--topology-policy", self.topology_policy, *self.node_args]
         return Process(f"kubelet-{self.name}-{self.kubelet_starts}", argv, log_dir=self.plane.work)
@@ -235,7 +237,7 @@ def start_scheduler(
     return Process(
         name,
         [
-            str(harness_binary()),
+            str(plane.harness),
             "kube-scheduler",
             f"--config={config_path}",
             *serving,
@@ -249,7 +251,7 @@ def start_controllers(plane: ControlPlane, *, daemonsets: bool = False, jobs: bo
     """``harness controllers``: the ResourceClaim and device taint eviction controllers; with
     ``daemonsets`` also the DaemonSet controller and the root CA publisher, with ``jobs`` the Job
     controller."""
-    argv = [str(harness_binary()), "controllers", "--control-plane-dir", str(plane.dir)]
+    argv = [str(plane.harness), "controllers", "--control-plane-dir", str(plane.dir)]
     argv += ["--daemonsets"] if daemonsets else []
     argv += ["--jobs"] if jobs else []
     name = "controllers" + ("-daemonsets" if daemonsets else "") + ("-jobs" if jobs else "")

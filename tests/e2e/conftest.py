@@ -6,7 +6,7 @@ Every test here is marked ``e2e``. The harness binary must be built first
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,12 @@ TOPOLOGY_POLICIES = {NUMA_NODE: "best-effort"}
 EVICTION_GRACE_S = 3
 
 
-def base_plane(tmp_path_factory: pytest.TempPathFactory, *, name: str = "e2e") -> Iterator[ControlPlane]:
-    """kube-apiserver + etcd with the kustomize base (manifests/) applied as an admin would."""
-    control = ControlPlane(tmp_path_factory.mktemp(name))
+def base_plane(
+    tmp_path_factory: pytest.TempPathFactory, *, name: str = "e2e", harness: Path | None = None
+) -> Iterator[ControlPlane]:
+    """kube-apiserver + etcd with the kustomize base (manifests/) applied as an admin would;
+    ``harness``: the harness binary of the whole cluster (default: the newest minor's)."""
+    control = ControlPlane(tmp_path_factory.mktemp(name), harness=harness)
     try:
         control.apply(control.kustomize(REPO / "manifests"))
         yield control
@@ -50,15 +53,16 @@ def base_plane(tmp_path_factory: pytest.TempPathFactory, *, name: str = "e2e") -
         control.stop()
 
 
-def own_plane_fixtures(name: str) -> tuple[Any, Any]:
+def own_plane_fixtures(name: str, *, harness: Callable[[], Path] | None = None) -> tuple[Any, Any]:
     """``plane`` and ``scheduler_kubeconfig`` for one module, on a control plane of its own: for
     tests that change the whole cluster (``gpuweave uninstall`` sweeps every Node, a previous
     release's chart replaces the base, Kueue checks that only the module's extenders may answer).
-    In the module: ``plane, scheduler_kubeconfig = own_plane_fixtures("e2e-NAME")``."""
+    In the module: ``plane, scheduler_kubeconfig = own_plane_fixtures("e2e-NAME")``; with
+    ``harness=harness_k134_binary`` the module's whole cluster runs Kubernetes 1.34."""
 
     @pytest.fixture(scope="module")
     def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-        yield from base_plane(tmp_path_factory, name=name)
+        yield from base_plane(tmp_path_factory, name=name, harness=harness() if harness else None)
 
     @pytest.fixture(scope="module")
     def scheduler_kubeconfig(plane: ControlPlane) -> Path:

@@ -28,7 +28,7 @@ from proto.podresources.v1 import api_pb2, api_pb2_grpc
 from release.image import build_image
 from release.oci_image import ImageFile, write_image_archive
 from tests.e2e.pods import inventory
-from tests.support.control_plane import REPO, ControlPlane, Process, harness_binary, wait_for
+from tests.support.control_plane import REPO, ControlPlane, Process, wait_for
 
 REALNODE_DIR = REPO / "tests" / "e2e" / "realnode"
 BIN_DIR = REALNODE_DIR / "bin"
@@ -155,7 +155,7 @@ class RealNode:
         self.cdi_dir = self.dir / "cdi"
         images = build_images(self.dir) + ([build_agent_image(self.dir)] if agent_image else [])
         images += more_images
-        argv = [str(harness_binary()), "realnode", "--name", name, "--dir", str(self.dir)]
+        argv = [str(plane.harness), "realnode", "--name", name, "--dir", str(self.dir)]
         argv += ["--control-plane-dir", str(plane.dir), "--bin-dir", str(realnode_binaries())]
         argv += ["--images", ",".join(str(p) for p in images), "--kubelet-port", str(kubelet_port)]
         argv += ["--device-nodes", str(simulated_device_nodes(profile, self.dir))]

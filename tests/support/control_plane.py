@@ -43,12 +43,23 @@ def built_binary(default: Path, *, env: str, what: str, build: str) -> Path:
 
 
 def harness_binary() -> Path:
-    """The built e2e harness (tests/e2e/harness)."""
+    """The built e2e harness (tests/e2e/harness) at the newest supported Kubernetes minor."""
     return built_binary(
         HARNESS_DIR / "bin" / "harness",
         env="GPUWEAVE_E2E_HARNESS",
         what="e2e harness binary",
         build="tests/e2e/harness/build.sh (Go >= 1.26, modules from the Go proxy; ~15 min cold)",
+    )
+
+
+def harness_k134_binary() -> Path:
+    """The same harness built at the oldest supported minor, Kubernetes 1.34 (go.k134.mod, build
+    tag k134), for the version-skew tests."""
+    return built_binary(
+        HARNESS_DIR / "bin" / "harness-k134",
+        env="GPUWEAVE_E2E_HARNESS_K134",
+        what="e2e harness binary at Kubernetes 1.34",
+        build="tests/e2e/harness/build.sh (builds bin/harness and bin/harness-k134)",
     )
 
 
@@ -107,13 +118,16 @@ class Process:
 class ControlPlane:
     """``harness control-plane`` and an admin client for it."""
 
-    def __init__(self, work: Path, *, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, work: Path, *, extra_args: Sequence[str] = (), harness: Path | None = None) -> None:
         """Start it in ``work``/control-plane; ``extra_args`` go to ``harness control-plane``
-        (e.g. ``--apiserver-arg=--watch-cache=false``)."""
+        (e.g. ``--apiserver-arg=--watch-cache=false``). ``harness`` is the harness binary of the
+        whole cluster (every node, kube-scheduler and controller started on this plane runs it):
+        by default the newest minor's, ``harness_k134_binary()`` for a 1.34 cluster."""
         self.dir = work / "control-plane"
         self.dir.mkdir(parents=True)
         self.work = work
-        argv = [str(harness_binary()), "control-plane", "--dir", str(self.dir), *extra_args]
+        self.harness = harness or harness_binary()
+        argv = [str(self.harness), "control-plane", "--dir", str(self.dir), *extra_args]
         self.process = Process("control-plane", argv, log_dir=work)
         ready = self.dir / "ready"
         wait_for("kube-apiserver /readyz", lambda: self.process.alive_and(ready.exists), timeout=180)
@@ -130,7 +144,7 @@ class ControlPlane:
     def kustomize(self, directory: Path) -> list[dict[str, Any]]:
         """Render a kustomization with kustomize's library (``harness kustomize``)."""
         out = subprocess.run(
-            [str(harness_binary()), "kustomize", str(directory)], check=True, capture_output=True, text=True
+            [str(self.harness), "kustomize", str(directory)], check=True, capture_output=True, text=True
         ).stdout
         return [doc for doc in yaml.safe_load_all(out) if doc]
 

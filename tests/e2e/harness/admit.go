@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
-	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
 // AllocatedCondition is the pod condition type that carries the device manager's allocation.
@@ -71,11 +70,10 @@ func (n *simNode) syncPod(ctx context.Context, key string) error {
 
 func (n *simNode) admit(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx)
-	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: n.otherActivePods(pod),
-		Operation: lifecycle.AddOperation}
-	result := n.topology.Admit(ctx, attrs)
+	attrs := newAdmitAttributes(pod, n.otherActivePods(pod)) // compat_k1xx.go
+	result := admitWith(ctx, n.topology, attrs)              // compat_k1xx.go
 	if result.Admit {
-		result = n.predAdm.Admit(ctx, attrs)
+		result = admitWith(ctx, n.predAdm, attrs)
 	}
 	if !result.Admit {
 		n.markAdmitted(pod)
@@ -147,7 +145,7 @@ func (n *simNode) allocationOf(ctx context.Context, pod *v1.Pod) (podAllocation,
 			slices.Sort(ids)
 			got.Devices[resourceName] = ids
 		}
-		opts, err := n.devices.GetDeviceRunContainerOptions(ctx, pod, c)
+		opts, err := deviceRunOptions(ctx, n.devices, pod, c)
 		if err != nil {
 			return alloc, fmt.Errorf("device run options for %s/%s: %w", pod.Name, c.Name, err)
 		}

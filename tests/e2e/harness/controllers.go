@@ -35,9 +35,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
 	"k8s.io/kubernetes/pkg/controller/daemon"
-	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
-	"k8s.io/kubernetes/pkg/controller/job"
-	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 )
 
 // Worker counts are kube-controller-manager's defaults (--concurrent-resource-claim-syncs 50,
@@ -76,16 +73,10 @@ func runControllers(args []string) error {
 	defer stop()
 	logger := klog.FromContext(ctx)
 	factory := informers.NewSharedInformerFactory(client, 0)
-	claims, err := resourceclaim.NewController(klog.LoggerWithName(logger, "resource-claim-controller"),
-		client, factory.Core().V1().Pods(), factory.Scheduling().V1beta1().PodGroups(),
-		factory.Resource().V1().ResourceClaims(), factory.Resource().V1().ResourceClaimTemplates())
+	runDRA, names, err := draControllers(ctx, client, factory) // compat_k1xx.go
 	if err != nil {
 		return err
 	}
-	taints := devicetainteviction.New(client, factory.Core().V1().Pods(),
-		factory.Resource().V1().ResourceClaims(), factory.Resource().V1().ResourceSlices(),
-		factory.Resource().V1().DeviceTaintRules(), factory.Resource().V1().DeviceClasses(),
-		deviceTaintControllerName)
 	var extra []func()
 	if *daemonsets {
 		run, err := daemonSetControllers(ctx, client, factory, filepath.Join(*dir, "pki", "ca.crt"))
@@ -105,14 +96,8 @@ func runControllers(args []string) error {
 	for _, run := range extra {
 		go run()
 	}
-	go claims.Run(ctx, resourceClaimWorkers)
-	go func() {
-		if err := taints.Run(ctx, deviceTaintEvictWorkers); err != nil {
-			logger.Error(err, "device taint eviction stopped")
-		}
-	}()
-	logger.Info("DRA controllers running", "controllers", []string{"resource-claim-controller",
-		deviceTaintControllerName})
+	go runDRA()
+	logger.Info("DRA controllers running", "controllers", names)
 	<-ctx.Done()
 	factory.Shutdown()
 	return nil
@@ -143,15 +128,4 @@ func daemonSetControllers(ctx context.Context, client kubernetes.Interface, fact
 		go publisher.Run(ctx, 1)
 		dsc.Run(ctx, 2)
 	}, nil
-}
-
-// jobController builds the Job controller on the shared factory as kube-controller-manager does
-// (pkg/controller/job; the Workload and PodGroup informers only with the WorkloadWithJob gate,
-// which is off here); the returned function runs it with kube-controller-manager's worker count.
-func jobController(ctx context.Context, client kubernetes.Interface, factory informers.SharedInformerFactory) (func(), error) {
-	jc, err := job.NewController(ctx, client, factory.Core().V1().Pods(), factory.Batch().V1().Jobs(), nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	return func() { jc.Run(ctx, jobWorkers) }, nil
 }

@@ -51,13 +51,12 @@ func (n *simNode) startDRA(ctx context.Context, ready config.SourcesReady) error
 	if err != nil {
 		return err
 	}
-	getNode := func(ctx context.Context) (*v1.Node, error) { return n.getNode(ctx, false) }
-	if err := manager.Start(ctx, n.activePods, getNode, ready); err != nil {
+	if err := startDRAManager(ctx, manager, n, ready); err != nil { // compat_k1xx.go
 		return err
 	}
 	plugins := pluginmanager.NewPluginManager(pluginsRegistryDir, &record.FakeRecorder{})
 	plugins.AddHandler(pluginwatcherapi.DRAPlugin, manager.GetWatcherHandler())
-	go plugins.Run(ctx, ready, ctx.Done())
+	go runPluginManager(ctx, plugins, ready)
 	n.dra = manager
 	logger.Info("DRA manager serving", "pluginsRegistry", pluginsRegistryDir,
 		"hostPath", n.flags.kubeletDir+"/plugins_registry")

@@ -1,23 +1,25 @@
 package main
 
-// The feature gates every component of the e2e cluster runs with for DRA. In 1.37 all four are on
-// by default (pkg/features/kube_features.go: DRAPartitionableDevices beta since 1.36,
-// DRADeviceTaints GA in 1.37, not locked; DRAConsumableCapacity beta since 1.36; DRAExtendedResource
-// GA and locked in 1.37); they are set explicitly so that a Kubernetes bump that changes a default
-// does not silently drop shared counters, device taints or a device's allowMultipleAllocations and
-// request policies, which the API server discards without an error when its gate is off, nor stop
-// kube-scheduler from serving an extended resource through a DeviceClass's extendedResourceName. kube-apiserver and kube-scheduler get
-// them as --feature-gates; harness node (the kubelet's DRA manager) and harness controllers set
-// them on the process's default gate.
+// How the DRA feature gates of features_k1xx.go reach each component.
 
 import (
+	"strings"
+
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 )
-
-const draFeatureGates = "DRAPartitionableDevices=true,DRADeviceTaints=true,DRAConsumableCapacity=true,DRAExtendedResource=true"
 
 func draFeatureGateFlag() string { return "--feature-gates=" + draFeatureGates }
 
 func enableDRAFeatureGates() error {
 	return utilfeature.DefaultMutableFeatureGate.Set(draFeatureGates)
+}
+
+// draFeatureGateMap is the gates as a kubelet configuration's featureGates.
+func draFeatureGateMap() map[string]bool {
+	gates := map[string]bool{}
+	for _, kv := range strings.Split(draFeatureGates, ",") {
+		name, value, _ := strings.Cut(kv, "=")
+		gates[name] = value == "true"
+	}
+	return gates
 }

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
@@ -74,14 +74,14 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 	if err := n.startManagers(logger); err != nil {
 		return err
 	}
-	defer func() { _ = n.devices.Stop(logger) }()
+	defer func() { _ = stopDeviceManager(logger, n.devices) }()
 	if err := n.register(ctx, n.devices.ShouldResetExtendedResourceCapacity()); err != nil {
 		return err
 	}
 	if err := n.startDRA(ctx, n.ready); err != nil { // after the Node exists: drivers register against it
 		return fmt.Errorf("DRA manager: %w", err)
 	}
-	defer n.dra.Stop()
+	defer stopDRAManager(n.dra) // compat_k1xx.go
 	n.startPodInformer(ctx)
 	if err := n.servePodResources(ctx); err != nil {
 		return fmt.Errorf("pod-resources API: %w", err)
@@ -94,26 +94,19 @@ func serveNode(ctx context.Context, f nodeFlags) error {
 }
 
 func (n *simNode) startManagers(logger klog.Logger) error {
-	var topo []cadvisorapi.Node
+	var topo []numaNode
 	for i := 0; i < n.flags.numaNodes && n.flags.topologyPolicy != topologymanager.PolicyNone; i++ {
-		topo = append(topo, cadvisorapi.Node{Id: i})
+		topo = append(topo, newNUMANode(i))
 	}
-	tm, err := topologymanager.NewManager(logger, topo, n.flags.topologyPolicy,
-		topologymanager.ContainerTopologyScope, nil)
+	tm, dm, err := newDeviceManagers(logger, topo, n.flags.topologyPolicy) // compat_k1xx.go
 	if err != nil {
-		return fmt.Errorf("topology manager: %w", err)
+		return fmt.Errorf("topology and device managers: %w", err)
 	}
-	dm, err := devicemanager.NewManagerImpl(logger, topo, tm)
-	if err != nil {
-		return fmt.Errorf("device manager: %w", err)
-	}
-	tm.AddHintProvider(logger, dm)
 	n.topology, n.devices = tm, dm
-	n.predAdm = lifecycle.NewPredicateAdmitHandler(n.getNode, lifecycle.NewAdmissionFailureHandlerStub(),
-		dm.UpdatePluginResources)
+	n.predAdm = newPredicateAdmitHandler(n)
 	n.ready = config.NewSourcesReady(func(sets.Set[string]) bool { return n.sourcesReady.Load() })
 	containers, running := n.runtime.initial()
-	if err := dm.Start(logger, n.activePods, n.ready, containers, running); err != nil {
+	if err := startDeviceManager(logger, dm, n.activePods, n.ready, containers, running); err != nil {
 		return fmt.Errorf("device manager start (plugin registration server): %w", err)
 	}
 	logger.Info("device manager serving", "socket", "/var/lib/kubelet/device-plugins/kubelet.sock",
@@ -121,7 +114,8 @@ func (n *simNode) startManagers(logger klog.Logger) error {
 	return nil
 }
 
-func (n *simNode) getNode(context.Context, bool) (*v1.Node, error) {
+// nodeNow is the Node as this node last wrote it (the kubelet's getNodeAnyWay).
+func (n *simNode) nodeNow() (*v1.Node, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.node == nil {
@@ -209,7 +203,7 @@ func (n *simNode) adopt(ctx context.Context, resetExtended bool) (*v1.Node, erro
 // updateStatus writes capacity/allocatable (base + device manager) and a Ready condition.
 func (n *simNode) updateStatus(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	capacity, allocatable, removed := n.devices.GetCapacity(logger)
+	capacity, allocatable, removed := deviceCapacity(logger, n.devices)
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		node, err := n.client.CoreV1().Nodes().Get(ctx, n.flags.name, metav1.GetOptions{})
 		if err != nil {
@@ -264,7 +258,7 @@ func setReady(node *v1.Node) {
 	}
 	node.Status.Conditions = append(node.Status.Conditions, ready)
 	node.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}}
-	node.Status.NodeInfo.KubeletVersion = "v1.37.2"
+	node.Status.NodeInfo.KubeletVersion = version.Get().GitVersion // build.sh sets it
 	node.Status.NodeInfo.OperatingSystem = "linux"
 	node.Status.NodeInfo.Architecture = "amd64"
 }

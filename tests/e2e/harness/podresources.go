@@ -4,7 +4,8 @@ package main
 // as the kubelet serves it on /var/lib/kubelet/pod-resources/kubelet.sock (in this node's mount
 // namespace; <kubelet-dir>/pod-resources/kubelet.sock from outside), backed by this node's device
 // manager, its DRA manager (prepared claims) and pods. No CPU or memory managers run here, so
-// those lists are empty, as on a kubelet with the none policies.
+// those lists are empty, as on a kubelet with the none policies. The providers' method sets differ
+// between minors: podresources_k137.go and podresources_k134.go.
 
 import (
 	"context"
@@ -44,20 +45,6 @@ func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 	return obj.(*v1.Pod), true
 }
 
-type devicesProvider struct{ dm *devicemanager.ManagerImpl }
-
-func (d devicesProvider) UpdateAllocatedDevices(logger klog.Logger) {
-	d.dm.UpdateAllocatedDevices(logger)
-}
-
-func (d devicesProvider) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(d.dm.GetDevices(podUID, containerName))
-}
-
-func (d devicesProvider) GetAllocatableDevices(logger klog.Logger) []*podresourcesapi.ContainerDevices {
-	return toContainerDevices(d.dm.GetAllocatableDevices(logger))
-}
-
 // toContainerDevices lists one entry per device and NUMA node, the kubelet's wire shape.
 func toContainerDevices(devs devicemanager.ResourceDeviceInstances) []*podresourcesapi.ContainerDevices {
 	var out []*podresourcesapi.ContainerDevices
@@ -75,51 +62,6 @@ func toContainerDevices(devs devicemanager.ResourceDeviceInstances) []*podresour
 				out = append(out, withTopology)
 			}
 		}
-	}
-	return out
-}
-
-type noCPUs struct{}
-
-func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
-func (noCPUs) GetPodCPUs(string) []int64              { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64            { return nil }
-
-type noMemory struct{}
-
-func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.ContainerMemory {
-	return nil
-}
-func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
-
-// draResources lists a container's prepared claims from the DRA manager's claim cache, as the
-// kubelet's container manager does (GetDynamicResources in container_manager_linux.go, whose
-// shape is kept: the CDI IDs of a claim's devices accumulate per driver, so a device's entry
-// also lists those of the devices before it).
-type draResources struct{ n *simNode }
-
-func (d draResources) GetDynamicResources(logger klog.Logger, pod *v1.Pod, c *v1.Container) []*podresourcesapi.DynamicResource {
-	infos, err := d.n.dra.GetContainerClaimInfos(pod, c)
-	if err != nil {
-		logger.Error(err, "Unable to get container claim info state")
-		return []*podresourcesapi.DynamicResource{}
-	}
-	var out []*podresourcesapi.DynamicResource
-	for _, info := range infos {
-		var resources []*podresourcesapi.ClaimResource
-		for driver, state := range info.DriverState {
-			var cdi []*podresourcesapi.CDIDevice
-			for _, device := range state.Devices {
-				for _, id := range device.CDIDeviceIDs {
-					cdi = append(cdi, &podresourcesapi.CDIDevice{Name: id})
-				}
-				resources = append(resources, &podresourcesapi.ClaimResource{CdiDevices: cdi, DriverName: driver,
-					PoolName: device.PoolName, DeviceName: device.DeviceName, ShareId: (*string)(device.ShareID)})
-			}
-		}
-		out = append(out, &podresourcesapi.DynamicResource{ClaimName: info.ClaimName,
-			ClaimNamespace: info.Namespace, ClaimResources: resources})
 	}
 	return out
 }
@@ -156,7 +98,7 @@ func runPodResourcesList(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client, conn, err := podresources.GetV1Client(ctx, "unix://"+args[0], 10*time.Second, 16*1024*1024)
+	client, conn, err := podResourcesClient(ctx, "unix://"+args[0]) // podresources_k1xx.go
 	if err != nil {
 		return err
 	}

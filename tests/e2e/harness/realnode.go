@@ -184,7 +184,7 @@ state = "/run/containerd"
 			"imagefs.available": "1%", "nodefs.inodesFree": "1%"},
 		"imageGCHighThresholdPercent": 100,
 		"imageGCLowThresholdPercent":  99,
-		"featureGates":                map[string]bool{"DRAPartitionableDevices": true, "DRADeviceTaints": true, "DRAConsumableCapacity": true, "DRAExtendedResource": true},
+		"featureGates":                draFeatureGateMap(), // features_k1xx.go
 		"resolvConf":                  "",
 		"registerNode":                true,
 		"serializeImagePulls":         false,
