@@ -4,9 +4,13 @@ the extender and the node agent serve a kind they were never written for."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from devicekinds.device import PluginDevice, numa_of
 from devicekinds.grant import ANNOTATION_DEVICES, ContainerGrant, GrantContext
 from devicekinds.kind import Devices, ResourceKind
+from devicekinds.registry import KINDS
 from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import SharingPlan
 
@@ -35,3 +39,14 @@ class TestWidget(ResourceKind):
     def grant(self, resource: str, chosen: Devices, context: GrantContext) -> ContainerGrant:
         ids = ",".join(d.id for d in chosen)
         return ContainerGrant(envs={WIDGETS_ENV: ids}, annotations={ANNOTATION_DEVICES: ids})
+
+
+@contextlib.contextmanager
+def registered_widget() -> Iterator[TestWidget]:
+    """The widget kind in the process-wide registry for the block's length (its one registry line)."""
+    kind = TestWidget()
+    KINDS.register(kind)
+    try:
+        yield kind
+    finally:
+        KINDS.unregister(kind)

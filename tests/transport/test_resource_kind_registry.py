@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 import pytest
 
-from devicekinds.registry import KINDS
 from devicemodel.assignment import PodAssignment
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
 from deviceplugin.frontend import device_plugin_agent
@@ -33,7 +32,7 @@ from nodeagent.agent import AgentConfig, NodeAgent
 from proto.v1beta1 import api_pb2
 from scheduler_ext.app import Extender, build_snapshot_extender
 from tests.support.kubelet_emulator import KubeletEmulator
-from tests.support.widget_kind import RESOURCE_WIDGET, WIDGETS_ENV, TestWidget
+from tests.support.widget_kind import RESOURCE_WIDGET, WIDGETS_ENV, TestWidget, registered_widget
 from tests.transport.test_extender_http import Client
 
 PROFILES = {"big": "p5.48xlarge", "small": "dgx1-v100"}  # 32 NICs, 4 NICs
@@ -42,12 +41,8 @@ NODES = ["big", "small", "cpu-only"]
 
 @pytest.fixture
 def widgets() -> Iterator[TestWidget]:
-    kind = TestWidget()
-    KINDS.register(kind)
-    try:
+    with registered_widget() as kind:
         yield kind
-    finally:
-        KINDS.unregister(kind)
 
 
 def _extender(tmp_path: Path) -> Extender:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from devicekinds.registry import KINDS
 from devicemodel.inventory import NodeInventory
 from dradriver.claim_cdi import ClaimSpecWriter
 from dradriver.devices import dra_devices
@@ -20,7 +19,7 @@ from dradriver.slices import pool_slices
 from hardware.device_nodes import CharDevice, HostDeviceNodes
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
-from tests.support.widget_kind import WIDGETS_ENV, TestWidget
+from tests.support.widget_kind import WIDGETS_ENV, TestWidget, registered_widget
 
 HOST = HostDeviceNodes(control=(CharDevice("/dev/nvidiactl", 195, 255),))
 
@@ -36,12 +35,8 @@ def inventory() -> NodeInventory:
 
 @pytest.fixture
 def widgets() -> Iterator[TestWidget]:
-    kind = TestWidget()
-    KINDS.register(kind)
-    try:
+    with registered_widget() as kind:
         yield kind
-    finally:
-        KINDS.unregister(kind)
 
 
 def _published(inventory: NodeInventory) -> dict[str, dict[str, Any]]:
