@@ -118,6 +118,7 @@ def start_node_health(
             busy=busy_for(held),
             held=held if pods_known else None,
             clock=clock,
+            links=agent.set_degraded_links,
         )
     )
     if isinstance(backend, SimulatedBackend):
