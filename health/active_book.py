@@ -41,6 +41,7 @@ class RunOutcome:
     results: tuple[CheckResult, ...] = ()
     deltas: Mapping[str, CounterDelta] = field(default_factory=dict)
     error: str = ""
+    slow_links: tuple[str, ...] = ()  # NVLink pairs measured below threshold (degraded links, no GPU fails)
 
     def summary(self) -> str:
         """One line: the run, each failed GPU with its first reason, the passed count."""
@@ -55,6 +56,7 @@ class RunOutcome:
         other = len(self.gpus) - passed - len(failed)
         if other:
             parts.append(f"{other} skipped or incomplete")
+        parts += [f"degraded link: {text}" for text in self.slow_links]
         return f"{head} in {self.seconds:.1f} s: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +73,7 @@ class RunOutcome:
             },
             "results": [result_to_dict(r) for r in self.results],
             "error": self.error,
+            "slowLinks": list(self.slow_links),
         }
 
 
@@ -98,6 +101,7 @@ class RunBook:
         deltas: Mapping[str, CounterDelta],
         seconds: float,
         indexes: Mapping[str, int],
+        slow_links: tuple[str, ...] = (),
     ) -> RunOutcome:
         gpus = {uuid: GpuOutcome(indexes.get(uuid, -1), "skipped", (why,)) for uuid, why in skipped.items()}
         for uuid, verdict in verdicts.items():
@@ -116,6 +120,7 @@ class RunBook:
                 results=results,
                 deltas=dict(deltas),
                 backend=backend or first.backend,
+                slow_links=slow_links,
             )
             self._runs[run] = outcome
         return outcome

@@ -19,7 +19,9 @@ preflight (``gpuweave.node.preflight``). Its rules hold for every caller:
 Around the run each GPU's counters are read (double- and single-bit ECC, remapped rows) and the
 Xids the engine saw are counted, so errors the exercise provoked are findings too. A failed GPU
 gets its findings as faults (``health.active``) and is held for a re-check: no round is clean for
-it until a check passes again, then it goes through probation back to Healthy.
+it until a check passes again, then it goes through probation back to Healthy. An NVLink pair
+measured below threshold fails neither GPU: the run's pair measurements go to ``ActiveParts.links``
+(the health service keeps the slow ones as degraded links, ``health.links``).
 """
 
 from __future__ import annotations
@@ -238,6 +240,7 @@ class ActiveCheckRunner:
             verdicts=verdicts,
             seconds=self.monitor.now() - started,
             indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},
+            slow_links=tuple(v.text for _, v in sorted(links.items(), key=lambda i: sorted(i[0])) if v.slow),
         )
         self._apply(outcome)
         if links and self.parts.links is not None:
@@ -366,7 +369,7 @@ class ActiveCheckRunner:
             metrics.active_gpus.labels(outcome.trigger, gpu.verdict).inc()
         failed = {u: g for u, g in outcome.gpus.items() if g.verdict == Verdict.FAILED.value}
         summary = outcome.summary()
-        log.log(logging.WARNING if failed else logging.INFO, "%s", summary)
+        log.log(logging.WARNING if failed or outcome.slow_links else logging.INFO, "%s", summary)
         if self.parts.events is not None:
             reason = "GpuweaveActiveCheckFailed" if failed else "GpuweaveActiveCheckPassed"
             try:

@@ -29,8 +29,8 @@ policy, whose pod holds both of its GPUs and starts after that runs with the pai
 its slowest link). A bad cell changes no job's run time (the simulation models no corrupted result).
 
 Each fault ends up **caught before a job** (a check found it before any job was hit), **found
-after** a job hit it, or **not found** by the end of the run. The baselines run no agents and no active checks: nothing finds a latent fault, and
-every job placed on one is hit.
+after** a job hit it, or **not found** by the end of the run. The baselines run no agents and no
+active checks: nothing finds a latent fault, and every job placed on one is hit.
 """
 
 from __future__ import annotations

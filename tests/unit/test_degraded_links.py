@@ -44,7 +44,8 @@ def _peer_run(tmp_path: Path, slow: tuple[int, int] | None) -> tuple[ExerciseRep
         if slow is not None:
             backend.node.exerciser.slow_pair(*slow)
         exerciser = SimulatedExerciser(inventory, backend.node.health, backend.node.exerciser)
-        (plan,) = plans(inventory, list(inventory.gpus), level_number=1, max_gpus=8, gpu_checks=BANDWIDTH_CHECKS)
+        gpus = list(inventory.gpus)
+        (plan,) = plans(inventory, gpus, level_number=1, max_gpus=8, gpu_checks=BANDWIDTH_CHECKS)
         report = exerciser.run(plan, deadline_s=30.0)
         return report, inventory, {g.uuid: (16, 5) for g in inventory.gpus}
     finally:
@@ -118,7 +119,8 @@ def test_an_inventory_without_the_field_or_with_a_bad_entry_still_parses() -> No
     plain = inventory_object(inventory)
     assert "degradedLinks" not in plain["status"]
     assert inventory_record(plain).inventory.degraded_links == ()
-    odd = {**plain, "status": {**plain["status"], "degradedLinks": [{"gpus": [1]}, {"gpus": [2, 9], "fraction": 0.5}]}}
+    bad = [{"gpus": [1]}, {"gpus": [2, 9], "fraction": 0.5}]
+    odd = {**plain, "status": {**plain["status"], "degradedLinks": bad}}
     assert inventory_record(odd).inventory.degraded_links == ()  # one malformed, one naming no GPU of it
     links, problems = links_from_wire([{"gpus": [0, 1], "fraction": 1.5}, {"gpus": [0, 1], "fraction": 0.3}])
     assert links == (DegradedLink(0, 1, 0.3),) and len(problems) == 1
