@@ -42,6 +42,7 @@ class RunOutcome:
     deltas: Mapping[str, CounterDelta] = field(default_factory=dict)
     error: str = ""
     slow_links: tuple[str, ...] = ()  # NVLink pairs measured below threshold (degraded links, no GPU fails)
+    new_links: tuple[str, ...] = ()  # those of them not degraded before this run (a gang's preflight fails)
 
     def summary(self) -> str:
         """One line: the run, each failed GPU with its first reason, the passed count."""
@@ -56,7 +57,9 @@ class RunOutcome:
         other = len(self.gpus) - passed - len(failed)
         if other:
             parts.append(f"{other} skipped or incomplete")
-        parts += [f"degraded link: {text}" for text in self.slow_links]
+        parts += [
+            f"{'newly ' if text in self.new_links else ''}degraded link: {text}" for text in self.slow_links
+        ]
         return f"{head} in {self.seconds:.1f} s: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -74,6 +77,7 @@ class RunOutcome:
             "results": [result_to_dict(r) for r in self.results],
             "error": self.error,
             "slowLinks": list(self.slow_links),
+            "newLinks": list(self.new_links),
         }
 
 
@@ -124,6 +128,12 @@ class RunBook:
             )
             self._runs[run] = outcome
         return outcome
+
+    def with_new_links(self, run: int, texts: tuple[str, ...]) -> RunOutcome:
+        """The run's outcome with the slow links it newly found (``RunOutcome.new_links``)."""
+        with self._lock:
+            self._runs[run] = replace(self._runs[run], new_links=texts)
+            return self._runs[run]
 
     def failed(self, run: int, error: str, *, at: float) -> None:
         with self._lock:

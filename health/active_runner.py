@@ -71,7 +71,8 @@ Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID 
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
 Held = Callable[[], Collection[str]]  # the device IDs pods hold now, GPU UUIDs among them (raises: unknown)
 EventSink = Callable[[str, str, bool], None]  # reason, message, warning
-LinkSink = Callable[[Mapping[frozenset[str], LinkVerdict]], None]  # the NVLink pairs a run measured
+# the NVLink pairs a run measured -> those it newly found slow (degraded links now)
+LinkSink = Callable[[Mapping[frozenset[str], LinkVerdict]], Collection[frozenset[str]]]
 _Links = dict[frozenset[str], LinkVerdict]
 
 
@@ -244,7 +245,8 @@ class ActiveCheckRunner:
         )
         self._apply(outcome)
         if links and self.parts.links is not None:
-            self.parts.links(links)
+            new = self.parts.links(links)
+            outcome = self.runs.with_new_links(run, tuple(v.text for pair, v in links.items() if pair in new))
         self._announce(outcome)
         return outcome
 

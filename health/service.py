@@ -126,13 +126,14 @@ class HealthService:
         )
         return ActiveCheckRunner(self.monitor, active)
 
-    def _measured_links(self, measured: Mapping[frozenset[str], LinkVerdict]) -> None:
+    def _measured_links(self, measured: Mapping[frozenset[str], LinkVerdict]) -> set[frozenset[str]]:
         """A run measured NVLink pairs: a slow one becomes a degraded link (its GPUs stay in
-        service), one measured at its rate again is cleared; persisted, logged, published."""
+        service), one measured at its rate again is cleared; persisted, logged, published. The
+        pairs newly degraded (a gang's preflight that found one fails: ``health.preflight``)."""
         with self._links_lock:
             change = next_links(self.links, measured)
             if not change.changed:
-                return
+                return set()
             self.links = change.links
             self._link_file.save(change.links)
         for record in change.added:
@@ -144,6 +145,7 @@ class HealthService:
         for record in change.cleared:
             log.warning("NVLink %s <-> %s measured at its rate again: no longer degraded", *record.gpus)
         self._push_links()
+        return {record.pair for record in change.added}
 
     def start_links(self) -> None:
         """Publish the degraded links remembered from before a restart (``start`` does it first)."""

@@ -15,8 +15,9 @@ own runner, exerciser and health engine (``NodeAgentPool.active_check``), on the
   tick, last checked ``interval_s`` ago or freed by a job: ``IdleSettings`` below), at most
   ``max_gpus`` at once;
 - **gang preflight**: before a multi-node gang starts, the copies (host <-> device, NVLink) on
-  every GPU planned for it; a node that fails keeps the gang from starting there, the agent
-  withholds the GPUs and the gang is placed again (the next tick).
+  every GPU planned for it; a node that fails (a GPU failed, or a slow pair found now among them)
+  keeps the gang from starting there, the agent withholds the failed GPUs or publishes the pair
+  degraded, and the gang is placed again (the next tick) knowing it.
 
 A GPU a check fails (a bad cell) is withheld by its agent (the extender learns it from the published
 inventory) and taken out of the simulated state. A slow pair fails neither GPU: the agent records
@@ -233,8 +234,8 @@ class LatentFaults:
             return True
         passed = True
         for node, gpus in placed:
-            if self._agents.has(node) and self._check(state, node, list(gpus), now, trigger="preflight")[0]:
-                passed = False
+            if self._agents.has(node) and any(self._check(state, node, list(gpus), now, trigger="preflight")):
+                passed = False  # a GPU failed, or a slow pair the plan did not know of (``health.preflight``)
         return passed
 
     def _check(

@@ -22,7 +22,9 @@ from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
 from health.active import LinkVerdict, Thresholds, judge, judge_links, verdicts
+from health.active_book import GpuOutcome, RunOutcome
 from health.links import inventory_links, next_links
+from health.preflight import status_for
 from nodeagent.published import inventory_object
 from scheduler_ext.cluster.objects import inventory_record
 from scheduler_ext.decide.core import DecisionCore
@@ -204,3 +206,14 @@ def test_a_job_across_a_slow_pair_runs_at_its_slowest_link() -> None:
     assert across.stretch > 1.01
     assert beside.stretch == pytest.approx(job_timing([(p5, (0, 1, 2, 3))]).stretch)
     assert job_timing([(p5, (4,))], slow_pairs=slow).stretch == 1.0
+
+
+# ---- a gang's preflight ----------------------------------------------------------------------
+
+
+def test_a_preflight_fails_on_a_slow_pair_it_found_now_and_passes_on_one_already_published() -> None:
+    gpus = {"GPU-a": GpuOutcome(0, "passed", ()), "GPU-b": GpuOutcome(1, "passed", ())}
+    found = RunOutcome(7, "preflight", 1, "simulated", state="done", gpus=gpus, slow_links=("slow a-b",))
+    assert status_for(replace(found, new_links=("slow a-b",))).phase == "Failed"
+    assert "newly degraded link: slow a-b" in status_for(replace(found, new_links=("slow a-b",))).message
+    assert status_for(found).phase == "Passed"  # published before the gang was planned: it knew

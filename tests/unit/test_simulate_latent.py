@@ -96,14 +96,15 @@ def test_a_gang_preflight_finds_a_slow_nvlink_pair_a_job_already_ran_on_and_keep
         assert record.jobs_hit == ["pair"]
         whole = tuple(range(8))
         assert latent.slow_pairs() == {state.fleet[node].name: {frozenset(pair): 0.5}}  # truth, found or not
-        # a slow link fails no GPU: the gang may run (slower across the pair); the agent publishes it
-        assert latent.preflight(state, [(0, whole), (1, whole)], 200.0) is True
+        # a slow link fails no GPU, but the plan did not know it: the gang is placed again knowing it
+        assert latent.preflight(state, [(0, whole), (1, whole)], 200.0) is False
         assert record.outcome == "found after a job hit it" and record.caught_by == "preflight"
         assert {state.modes[node][g] for g in pair} == {GpuMode.NORMAL}
         assert all(pool.gpu_healthy(node, g) for g in pair)
         assert pool.degraded_pairs(node) == {frozenset(pair)}
         (published,) = pool.published(node)["status"]["degradedLinks"]
         assert sorted(published["gpus"]) == sorted(pair) and published["fraction"] == 0.425
+        assert latent.preflight(state, [(0, whole), (1, whole)], 205.0) is True  # known now: it passes
         other = 1 - node
         assert latent.preflight(state, [(other, whole)], 210.0) is True  # one node: nothing to prove
     finally:
