@@ -371,7 +371,7 @@ class ActiveCheckRunner:
             metrics.active_gpus.labels(outcome.trigger, gpu.verdict).inc()
         failed = {u: g for u, g in outcome.gpus.items() if g.verdict == Verdict.FAILED.value}
         summary = outcome.summary()
-        log.log(logging.WARNING if failed or outcome.slow_links else logging.INFO, "%s", summary)
+        log.log(logging.WARNING if failed or outcome.new_links else logging.INFO, "%s", summary)
         if self.parts.events is not None:
             reason = "GpuweaveActiveCheckFailed" if failed else "GpuweaveActiveCheckPassed"
             try:

@@ -42,6 +42,7 @@ from health.signals.kmsg import KernelLogTail
 from health.signals.protocol import HealthSignal
 
 log = logging.getLogger(__name__)
+links_log = logging.getLogger("health.links")  # degraded NVLink links' transitions
 KMSG_CURSOR_FILE = "kmsg-cursor.json"
 
 
@@ -139,11 +140,11 @@ class HealthService:
         for record in change.added:
             a, b = record.gpus
             line = f"NVLink {a} <-> {b} degraded ({record.fraction:.0%} of its rate): {record.reason}"
-            log.warning("%s; both GPUs stay in service, work spanning the pair is placed elsewhere", line)
+            links_log.warning("%s; both GPUs stay in service, work across the pair is placed elsewhere", line)
             if self.parts.cluster is not None:
                 self._event("GpuweaveNvlinkDegraded", line, True)
         for record in change.cleared:
-            log.warning("NVLink %s <-> %s measured at its rate again: no longer degraded", *record.gpus)
+            links_log.warning("NVLink %s <-> %s measured at its rate again: no longer degraded", *record.gpus)
         self._push_links()
         return {record.pair for record in change.added}
 
