@@ -107,6 +107,27 @@ class NvLink:
 
 
 @dataclass(frozen=True)
+class DegradedLink:
+    """An NVLink path between two GPUs (by index) that an active check measured below its threshold.
+
+    NVML still reports every lane up, so discovery cannot see it: the node agent's peer-copy check
+    found the pair slow (e.g. half its lanes trained) and publishes it in its inventory's status
+    (``degradedLinks``). The two GPUs stay fine for any work that does not span the pair; work across
+    it runs at ``fraction`` of the modelled NVLink bandwidth (``topology.graph``), and the pair no
+    longer counts as NVLink-connected (``nvlink-required`` never gets it).
+    """
+
+    gpu_a: int
+    gpu_b: int
+    fraction: float  # measured / expected copy rate, 0..1
+    reason: str = field(default="", compare=False)
+
+    @property
+    def pair(self) -> frozenset[int]:
+        return frozenset((self.gpu_a, self.gpu_b))
+
+
+@dataclass(frozen=True)
 class NvSwitchFabric:
     """All listed GPUs reach each other through NVSwitches with ``links_per_gpu`` links each."""
 
@@ -154,6 +175,9 @@ class NodeInventory:
     driver_version: str = ""
     cuda_driver_version: str = ""
     lost_gpus: tuple[LostGpu, ...] = ()  # counted by the driver, unreachable; not in ``gpus``
+    # NVLink pairs an active check found slow (health, not hardware: the published status carries
+    # them, ``status.degradedLinks``; discovery never fills this)
+    degraded_links: tuple[DegradedLink, ...] = ()
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def gpu(self, index: int) -> Gpu:
@@ -167,6 +191,12 @@ class NodeInventory:
             if gpu.uuid == uuid:
                 return gpu
         raise KeyError(f"node {self.name} has no GPU with UUID {uuid}")
+
+    def degraded_fraction(self, a: int, b: int) -> float | None:
+        """The share of its bandwidth the pair keeps when an active check found it slow, else None."""
+        pair = frozenset((a, b))
+        found = [link.fraction for link in self.degraded_links if link.pair == pair]
+        return min(found) if found else None
 
     def mig_devices_of(self, gpu_index: int) -> tuple[MigDevice, ...]:
         return tuple(m for m in self.mig_devices if m.parent_index == gpu_index)

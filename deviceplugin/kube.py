@@ -26,7 +26,7 @@ from devicemodel.contracts import (
     RESOURCE_IMEX_CHANNEL,
     requests_resource,
 )
-from devicemodel.inventory import NodeInventory
+from devicemodel.inventory import DegradedLink, NodeInventory
 from devicemodel.sharing import SharingPlan
 from devicemodel.text import MAX_EVENT_CHARS, safe_text
 from deviceplugin.handoff import Correction, HandoffMatcher, Held, PendingPod, PodView, corrections
@@ -54,11 +54,13 @@ class Publisher:
         *,
         snapshot: Callable[[], tuple[NodeInventory, dict[str, str], dict[str, str]]],
         sharing: SharingPlan,
+        degraded: Callable[[], tuple[DegradedLink, ...]] = tuple,
     ) -> None:
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._snapshot = snapshot
         self._sharing = sharing
+        self._degraded = degraded
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
@@ -92,7 +94,9 @@ class Publisher:
 
     def publish_once(self) -> None:
         inventory, faults, withheld = self._snapshot()
-        body = inventory_object(inventory, sharing=self._sharing, faults=faults, withheld=withheld)
+        body = inventory_object(
+            inventory, sharing=self._sharing, faults=faults, withheld=withheld, degraded=self._degraded()
+        )
         name = inventory.name
         args = (API_GROUP, API_VERSION, NODE_INVENTORY_PLURAL)
         # the Node's labels first, so a reader that sees this round's status sees its labels; the
@@ -386,7 +390,10 @@ class KubeParts:
         ``kubelet_devices`` (pod-resources' ``list_devices``) audit annotations after Allocate calls,
         and with ``correct_assignments`` patch them to the kubelet's allocation."""
         self.publisher = Publisher(
-            self.api, snapshot=lambda: (agent.inventory, *agent.health_maps()), sharing=agent.config.sharing
+            self.api,
+            snapshot=lambda: (agent.inventory, *agent.health_maps()),
+            sharing=agent.config.sharing,
+            degraded=agent.degraded_links,
         )
         agent.add_listener(self.publisher.changed)
         self.publisher.start()

@@ -8,11 +8,16 @@ the GPU is withheld. Grading, from the worst:
   Failed straight to replacement (the bad-hardware list); DCGM's memory tests likewise;
 - a wrong answer from the compute kernel, a check still running at the deadline (hung), double-bit
   ECC errors or an Xid while exercising an otherwise idle GPU: Failed (reset, then replace);
-- copies below ``min_pcie_fraction`` of the PCIe link's rate (x8 on an x16 link), an NVLink pair
-  below ``min_nvlink_fraction`` of its lanes' rate (both ends: a link belongs to two GPUs), the
-  compute kernel slower than ``compute_slack`` times the model's time, corrected ECC errors at
+- copies below ``min_pcie_fraction`` of the PCIe link's rate (x8 on an x16 link), the compute
+  kernel slower than ``compute_slack`` times the model's time, corrected ECC errors at
   ``sbe_limit`` or more, rows remapped or pages retired during the run, a check the driver
   refused: Suspect.
+
+An NVLink pair's copies below ``min_nvlink_fraction`` of its lanes' rate fail neither GPU: the
+link is slow, the GPUs are fine for any work that does not span it. ``judge_links`` says so per
+measured pair (``LinkVerdict``), and the agent publishes the slow ones as degraded links
+(``health.links``) for the scheduler to avoid; a peer copy that hung or could not run is still a
+finding on both ends.
 
 A GPU passes only when every check planned for it measured and none found anything.
 """
@@ -131,10 +136,8 @@ def _judge_one(
         return [(uuid, refused) for uuid in ends]
     if result.status is not ResultStatus.DONE:
         return []
-    if result.check is CheckKind.PEER:
-        pair = pairs.get((result.gpu, result.peer or ""))
-        item_or_none = _peer(result, expected, thresholds, pair)
-        return [(uuid, item_or_none) for uuid in ends] if item_or_none else []
+    if result.check is CheckKind.PEER:  # a slow pair is a degraded link (``judge_links``), no finding
+        return []
     checks = {
         CheckKind.MEMORY: lambda: _memory(result),
         CheckKind.COMPUTE: lambda: _compute(result, expected, thresholds, report),
@@ -200,19 +203,60 @@ def _pcie(result: CheckResult, expected: Expectations, thresholds: Thresholds) -
     return finding(Severity.SUSPECT, text)
 
 
+@dataclass(frozen=True)
+class LinkVerdict:
+    """One measured NVLink pair (GPU UUIDs): its copy rate against its lanes' rate."""
+
+    src: str
+    dst: str
+    gbps: float
+    expected_gbps: float
+    slow: bool  # below ``min_nvlink_fraction`` of the expected rate
+    text: str
+
+    @property
+    def pair(self) -> frozenset[str]:
+        return frozenset((self.src, self.dst))
+
+    @property
+    def fraction(self) -> float:
+        """The share of the expected rate measured, 0..1."""
+        return min(1.0, max(0.0, self.gbps / self.expected_gbps)) if self.expected_gbps > 0 else 1.0
+
+
+def judge_links(
+    reports: Iterable[ExerciseReport], expected: Expectations, *, thresholds: Thresholds
+) -> dict[frozenset[str], LinkVerdict]:
+    """Per NVLink pair measured in these reports (UUID pair): slow or not; a pair measured twice
+    (both directions, several batches) is as slow as its slowest copy."""
+    out: dict[frozenset[str], LinkVerdict] = {}
+    for report in reports:
+        pairs = {(p.src, p.dst): p for p in report.plan.pairs}
+        for result in report.results:
+            if result.check is not CheckKind.PEER or result.status is not ResultStatus.DONE:
+                continue
+            verdict = _peer(result, expected, thresholds, pairs.get((result.gpu, result.peer or "")))
+            if verdict is not None and (verdict.pair not in out or verdict.gbps < out[verdict.pair].gbps):
+                out[verdict.pair] = verdict
+    return out
+
+
 def _peer(
     result: CheckResult, expected: Expectations, thresholds: Thresholds, pair: PeerPair | None
-) -> Finding | None:
+) -> LinkVerdict | None:
     if pair is None or result.gbps is None:
         return None
     rate = expected.peer_gbps(pair)
-    if rate <= 0 or result.gbps >= rate * thresholds.min_nvlink_fraction:
+    if rate <= 0:
         return None
+    slow = result.gbps < rate * thresholds.min_nvlink_fraction
     text = (
-        f"NVLink copies {pair.src} -> {pair.dst} at {result.gbps:.1f} GB/s, below "
+        f"{SIGNAL}: NVLink copies {pair.src} -> {pair.dst} at {result.gbps:.1f} GB/s, below "
         f"{thresholds.min_nvlink_fraction:.0%} of its {pair.lanes} lanes' {rate:.1f} GB/s"
+        if slow
+        else f"{SIGNAL}: NVLink copies {pair.src} -> {pair.dst} at {result.gbps:.1f} GB/s of {rate:.1f} GB/s"
     )
-    return finding(Severity.SUSPECT, text)
+    return LinkVerdict(pair.src, pair.dst, result.gbps, rate, slow, text)
 
 
 def _dcgm(result: CheckResult) -> Finding | None:

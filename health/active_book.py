@@ -41,6 +41,8 @@ class RunOutcome:
     results: tuple[CheckResult, ...] = ()
     deltas: Mapping[str, CounterDelta] = field(default_factory=dict)
     error: str = ""
+    slow_links: tuple[str, ...] = ()  # NVLink pairs measured below threshold (degraded links, no GPU fails)
+    new_links: tuple[str, ...] = ()  # those of them not degraded before this run (a gang's preflight fails)
 
     def summary(self) -> str:
         """One line: the run, each failed GPU with its first reason, the passed count."""
@@ -55,6 +57,9 @@ class RunOutcome:
         other = len(self.gpus) - passed - len(failed)
         if other:
             parts.append(f"{other} skipped or incomplete")
+        parts += [
+            f"{'newly ' if text in self.new_links else ''}degraded link: {text}" for text in self.slow_links
+        ]
         return f"{head} in {self.seconds:.1f} s: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +76,8 @@ class RunOutcome:
             },
             "results": [result_to_dict(r) for r in self.results],
             "error": self.error,
+            "slowLinks": list(self.slow_links),
+            "newLinks": list(self.new_links),
         }
 
 
@@ -98,6 +105,7 @@ class RunBook:
         deltas: Mapping[str, CounterDelta],
         seconds: float,
         indexes: Mapping[str, int],
+        slow_links: tuple[str, ...] = (),
     ) -> RunOutcome:
         gpus = {uuid: GpuOutcome(indexes.get(uuid, -1), "skipped", (why,)) for uuid, why in skipped.items()}
         for uuid, verdict in verdicts.items():
@@ -116,9 +124,16 @@ class RunBook:
                 results=results,
                 deltas=dict(deltas),
                 backend=backend or first.backend,
+                slow_links=slow_links,
             )
             self._runs[run] = outcome
         return outcome
+
+    def with_new_links(self, run: int, texts: tuple[str, ...]) -> RunOutcome:
+        """The run's outcome with the slow links it newly found (``RunOutcome.new_links``)."""
+        with self._lock:
+            self._runs[run] = replace(self._runs[run], new_links=texts)
+            return self._runs[run]
 
     def failed(self, run: int, error: str, *, at: float) -> None:
         with self._lock:

@@ -19,7 +19,9 @@ preflight (``gpuweave.node.preflight``). Its rules hold for every caller:
 Around the run each GPU's counters are read (double- and single-bit ECC, remapped rows) and the
 Xids the engine saw are counted, so errors the exercise provoked are findings too. A failed GPU
 gets its findings as faults (``health.active``) and is held for a re-check: no round is clean for
-it until a check passes again, then it goes through probation back to Healthy.
+it until a check passes again, then it goes through probation back to Healthy. An NVLink pair
+measured below threshold fails neither GPU: the run's pair measurements go to ``ActiveParts.links``
+(the health service keeps the slow ones as degraded links, ``health.links``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,16 @@ from hardware.exerciser.levels import level as level_spec
 from hardware.exerciser.levels import plans
 from hardware.exerciser.model import Expectations, expectations
 from hardware.exerciser.protocol import GPU_CHECKS, CheckKind, ExercisePlan, Exerciser, ExerciseReport
-from health.active import CounterDelta, Thresholds, Verdict, judge, judge_deltas, merged_verdicts
+from health.active import (
+    CounterDelta,
+    LinkVerdict,
+    Thresholds,
+    Verdict,
+    judge,
+    judge_deltas,
+    judge_links,
+    merged_verdicts,
+)
 from health.active_book import RunBook, RunOutcome, ordered
 from health.active_claims import CLAIMED_REASON, RunClaims
 from health.active_io import CounterReader, Readings, deltas, pcie_links, run_with_backstop, without_gpus
@@ -60,6 +71,9 @@ Hold = Callable[[Mapping[str, str]], None]  # withhold exactly these GPUs (UUID 
 Busy = Callable[[str], str | None]  # why a GPU cannot be exercised now (a pod holds it), None when idle
 Held = Callable[[], Collection[str]]  # the device IDs pods hold now, GPU UUIDs among them (raises: unknown)
 EventSink = Callable[[str, str, bool], None]  # reason, message, warning
+# the NVLink pairs a run measured -> those it newly found slow (degraded links now)
+LinkSink = Callable[[Mapping[frozenset[str], LinkVerdict]], Collection[frozenset[str]]]
+_Links = dict[frozenset[str], LinkVerdict]
 
 
 @dataclass
@@ -71,6 +85,7 @@ class ActiveParts:
     busy: Busy | None = None
     held: Held | None = None  # for the checks between jobs: which GPUs pods hold, in one call
     events: EventSink | None = None
+    links: LinkSink | None = None  # told every run's NVLink pair measurements (``health.links``)
     runs: RunBook = field(default_factory=RunBook)
     backstop_grace_s: float = BACKSTOP_GRACE_S
 
@@ -209,7 +224,7 @@ class ActiveCheckRunner:
         self.claims.begin(chosen, hold=shape.trigger != BURN_IN)
         try:
             chosen, skipped = self._still_idle(chosen, skipped)
-            reports, found, changed = self._exercise_all(chosen, shape)
+            reports, found, changed, links = self._exercise_all(chosen, shape)
         finally:
             claimed = self.claims.claimed
             self.claims.end()
@@ -226,8 +241,12 @@ class ActiveCheckRunner:
             verdicts=verdicts,
             seconds=self.monitor.now() - started,
             indexes={g.uuid: g.index for g in self.monitor.engine.inventory.gpus},
+            slow_links=tuple(v.text for _, v in sorted(links.items(), key=lambda i: sorted(i[0])) if v.slow),
         )
         self._apply(outcome)
+        if links and self.parts.links is not None:
+            new = self.parts.links(links)
+            outcome = self.runs.with_new_links(run, tuple(v.text for pair, v in links.items() if pair in new))
         self._announce(outcome)
         return outcome
 
@@ -262,9 +281,9 @@ class ActiveCheckRunner:
 
     def _exercise_all(
         self, gpus: list[Gpu], shape: _Shape
-    ) -> tuple[list[ExerciseReport], dict[str, list[Finding]], dict[str, CounterDelta]]:
+    ) -> tuple[list[ExerciseReport], dict[str, list[Finding]], dict[str, CounterDelta], _Links]:
         if not gpus:
-            return [], {}, {}
+            return [], {}, {}, {}
         inventory = self.monitor.engine.inventory
         before, xids = self._counters.read_all(inventory, gpus), dict(self._xids)
         deadline = self.settings.deadline_s or level_spec(shape.level).deadline_s
@@ -278,7 +297,9 @@ class ActiveCheckRunner:
         )
         reports = [r for r in (self._batch(plan, deadline) for plan in batches) if r is not None]
         changed = deltas(before, self._counters.read_all(inventory, gpus), xids, self._xids)
-        return reports, self._judge(reports, changed, expectations(inventory, pcie_links(before))), changed
+        expected = expectations(inventory, pcie_links(before))
+        links = judge_links(reports, expected, thresholds=self._thresholds())
+        return reports, self._judge(reports, changed, expected), changed, links
 
     def _batch(self, plan: ExercisePlan, deadline: float) -> ExerciseReport | None:
         """One batch, without the GPUs a pod claimed meanwhile (None: nothing left of it)."""
@@ -303,13 +324,7 @@ class ActiveCheckRunner:
     def _judge(
         self, reports: list[ExerciseReport], changed: dict[str, CounterDelta], expected: Expectations
     ) -> dict[str, list[Finding]]:
-        settings = self.settings
-        thresholds = Thresholds(
-            settings.min_pcie_fraction,
-            settings.min_nvlink_fraction,
-            settings.compute_slack,
-            settings.sbe_limit,
-        )
+        thresholds = self._thresholds()
         found: dict[str, list[Finding]] = {}
         for report in reports:
             for uuid, items in judge(report, expected, thresholds=thresholds).items():
@@ -317,6 +332,15 @@ class ActiveCheckRunner:
         for uuid, items in judge_deltas(changed, thresholds=thresholds).items():
             found.setdefault(uuid, []).extend(items)
         return found
+
+    def _thresholds(self) -> Thresholds:
+        settings = self.settings
+        return Thresholds(
+            settings.min_pcie_fraction,
+            settings.min_nvlink_fraction,
+            settings.compute_slack,
+            settings.sbe_limit,
+        )
 
     # --- results ------------------------------------------------------------------------------
 
@@ -347,7 +371,7 @@ class ActiveCheckRunner:
             metrics.active_gpus.labels(outcome.trigger, gpu.verdict).inc()
         failed = {u: g for u, g in outcome.gpus.items() if g.verdict == Verdict.FAILED.value}
         summary = outcome.summary()
-        log.log(logging.WARNING if failed else logging.INFO, "%s", summary)
+        log.log(logging.WARNING if failed or outcome.new_links else logging.INFO, "%s", summary)
         if self.parts.events is not None:
             reason = "GpuweaveActiveCheckFailed" if failed else "GpuweaveActiveCheckPassed"
             try:

@@ -10,7 +10,10 @@ health engine as every run's do, so a GPU that fails is withheld (Suspect or Fai
 this gang. The status says, per GPU, what the run found:
 
 - ``Passed``: every GPU asked for passed;
-- ``Failed``: some GPU failed (the node's health now withholds it);
+- ``Failed``: some GPU failed (the node's health now withholds it), or the run found an NVLink pair
+  among them slow that was not known degraded before (``health.links``: both GPUs stay in service,
+  the link is published, and the gang is planned again knowing it; a pair already published as
+  degraded when the gang was planned fails nothing);
 - ``Incomplete``: none failed, but some could not be checked (a pod holds it, the run ended first);
 - ``Refused``: the request names a GPU this node does not have, or is not a request at all.
 """
@@ -59,7 +62,7 @@ def status_for(outcome: RunOutcome) -> PreflightStatus:
     gpus = {uuid: _verdict(g.verdict, g.reasons) for uuid, g in list(outcome.gpus.items())[:64]}
     verdicts = {g.verdict for g in gpus.values()}
     phase: Phase = "Passed"
-    if "failed" in verdicts:
+    if "failed" in verdicts or outcome.new_links:
         phase = "Failed"
     elif verdicts - {"passed"} or not verdicts:
         phase = "Incomplete"

@@ -1,7 +1,8 @@
 """The health part of a node agent, assembled from explicit parts and started in the right order.
 
 ``HealthService`` is what the node agent's composition root creates: it loads the bad-hardware
-list (local file, merged with the cluster's ``GpuBadHardware`` objects), withholds listed GPUs and
+list (local file, merged with the cluster's ``GpuBadHardware`` objects) and the degraded NVLink
+links (``health.links``: pairs active checks found slow, published, not withheld), withholds listed GPUs and
 restores strike counts *before* the monitor's first push, then starts the monitor whose rounds end
 with remediation and node publishing, and (given an exerciser) the burn-in, an active check of
 every GPU the startup gate waits for (``health.active_runner``), and then checks of idle GPUs
@@ -15,18 +16,22 @@ the device plugin.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from devicemodel.inventory import NodeInventory
+from devicemodel.inventory import DegradedLink, NodeInventory
 from hardware.exerciser.protocol import Exerciser
+from health.active import LinkVerdict
 from health.active_idle import IdleChecks
 from health.active_runner import ActiveCheckRunner, ActiveParts, Busy, Held, Hold
 from health.badlist import BadHardwareList
 from health.config import HealthSettings
 from health.engine import Clock, HealthEngine
+from health.links import inventory_links, next_links
+from health.links_file import DegradedLinkFile
 from health.metrics import HealthMetrics
 from health.monitor import HealthMonitor, HealthProbe, HealthSink
 from health.persist import StateWriter
@@ -37,6 +42,7 @@ from health.signals.kmsg import KernelLogTail
 from health.signals.protocol import HealthSignal
 
 log = logging.getLogger(__name__)
+links_log = logging.getLogger("health.links")  # degraded NVLink links' transitions
 KMSG_CURSOR_FILE = "kmsg-cursor.json"
 
 
@@ -61,6 +67,8 @@ class HealthParts:
     hold: Hold | None = None  # withholds the GPUs an active check runs on (the agent's gate)
     busy: Busy | None = None  # why a GPU cannot be exercised (a pod holds it); processes always count
     held: Held | None = None  # the device IDs pods hold, for checks between jobs (None: they are off)
+    # where the NVLink pairs active checks found slow go (the agent's ``set_degraded_links``)
+    links: Callable[[tuple[DegradedLink, ...]], None] | None = None
 
 
 class HealthService:
@@ -69,6 +77,9 @@ class HealthService:
         self.metrics = parts.metrics or HealthMetrics()
         self.state = StateWriter(on_result=self._count_write)
         self.badlist = BadHardwareList(parts.state_dir, writer=self.state)
+        self._link_file = DegradedLinkFile(parts.state_dir, writer=self.state)
+        self._links_lock = threading.Lock()
+        self.links = self._link_file.load()  # degraded NVLink pairs, by GPU UUIDs
         self.engine = HealthEngine(parts.inventory, parts.settings, clock=parts.clock)
         self.remediator = Remediator(
             node_name=parts.node_name,
@@ -112,8 +123,40 @@ class HealthService:
             hold=self.parts.hold,
             busy=self._busy,
             events=self._event if self.parts.cluster is not None else None,
+            links=self._measured_links,
         )
         return ActiveCheckRunner(self.monitor, active)
+
+    def _measured_links(self, measured: Mapping[frozenset[str], LinkVerdict]) -> set[frozenset[str]]:
+        """A run measured NVLink pairs: a slow one becomes a degraded link (its GPUs stay in
+        service), one measured at its rate again is cleared; persisted, logged, published. The
+        pairs newly degraded (a gang's preflight that found one fails: ``health.preflight``)."""
+        with self._links_lock:
+            change = next_links(self.links, measured)
+            if not change.changed:
+                return set()
+            self.links = change.links
+            self._link_file.save(change.links)
+        for record in change.added:
+            a, b = record.gpus
+            line = f"NVLink {a} <-> {b} degraded ({record.fraction:.0%} of its rate): {record.reason}"
+            links_log.warning("%s; both GPUs stay in service, work across the pair is placed elsewhere", line)
+            if self.parts.cluster is not None:
+                self._event("GpuweaveNvlinkDegraded", line, True)
+        for record in change.cleared:
+            links_log.warning("NVLink %s <-> %s measured at its rate again: no longer degraded", *record.gpus)
+        self._push_links()
+        return {record.pair for record in change.added}
+
+    def start_links(self) -> None:
+        """Publish the degraded links remembered from before a restart (``start`` does it first)."""
+        self._push_links()
+
+    def _push_links(self) -> None:
+        if self.parts.links is not None:
+            with self._links_lock:
+                records = list(self.links.values())
+            self.parts.links(inventory_links(records, self.engine.inventory))
 
     def _busy(self, uuid: str) -> str | None:
         """Why an active check must leave the GPU alone: compute processes, or the caller's ``busy``."""
@@ -136,6 +179,7 @@ class HealthService:
         """Bad list first, then the monitor; the burn-in (when configured) runs beside the first
         rounds and the startup gate waits for it."""
         self._load_bad_list()
+        self.start_links()
         if self.active is not None:
             self.active.begin_burn_in()
         self.monitor.start()

@@ -16,6 +16,9 @@ composed beside it by ``gpuweave.node.dra``):
   The bookkeeping behind these (faults, withheld devices, gates, lost GPUs) is
   ``nodeagent.health_book.DeviceHealthBook``; the agent pushes its verdicts into every list
   and streams the change.
+- ``set_degraded_links(links)``: the NVLink pairs health's active checks found slow; no device
+  is withheld for them, they are published (``status.degradedLinks``) so the extender's set choice
+  avoids spanning them.
 - ``control.add_route(method, handler)`` adds a command to ``STATE_DIR/agent.sock``.
 - ``add_listener(fn)`` calls ``fn()`` after every change (the publisher uses it).
 - ``allocations`` holds the device IDs granted since start, with when (a second source of "held by
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from devicemodel.inventory import NodeInventory
+from devicemodel.inventory import DegradedLink, NodeInventory
 from devicemodel.sharing import SharingPlan
 from devicemodel.state_file import write_json_atomically
 from nodeagent.allocation import DeviceListing, MpsPipeLookup
@@ -109,6 +112,7 @@ class NodeAgent:
         self._rediscover: threading.Thread | None = None
         self._resources: dict[str, ResourceState] = {}
         self._health_book = DeviceHealthBook()  # faults, withheld devices, gates, lost GPUs
+        self._degraded: tuple[DegradedLink, ...] = ()  # NVLink pairs found slow (published only)
         self._listeners: list[Callable[[], None]] = []
         self._inventory: NodeInventory | None = None
         self._mps_pipes: MpsPipeLookup | None = None
@@ -249,6 +253,20 @@ class NodeAgent:
                 return
             self._apply()
         self._changed()
+
+    def set_degraded_links(self, links: Iterable[DegradedLink]) -> None:
+        """The NVLink pairs health's active checks found slow now (all of them: a pair left out
+        is no longer degraded); listeners hear of a change (the publisher republishes)."""
+        links = tuple(sorted(links, key=lambda link: sorted(link.pair)))
+        with self._lock:
+            if links == self._degraded:
+                return
+            self._degraded = links
+        self._changed()
+
+    def degraded_links(self) -> tuple[DegradedLink, ...]:
+        with self._lock:
+            return self._degraded
 
     def health_maps(self) -> tuple[dict[str, str], dict[str, str]]:
         """(faults, withheld): device ID or GPU UUID -> reason; withheld includes every gate's

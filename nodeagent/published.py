@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from devicemodel.contracts import API_GROUP, API_VERSION, LABEL_PREFLIGHT, NODE_INVENTORY_KIND
-from devicemodel.inventory import NodeInventory
+from devicemodel.degraded import STATUS_FIELD as DEGRADED_FIELD
+from devicemodel.degraded import links_to_wire
+from devicemodel.inventory import DegradedLink, NodeInventory
 from devicemodel.sharing import SharingMode, SharingPlan
 from devicemodel.spec import NodeProfileSpec
 from nodeagent.devices import lost_reasons
@@ -131,8 +133,10 @@ def inventory_object(
     sharing: SharingPlan | None = None,
     faults: Mapping[str, str] | None = None,
     withheld: Mapping[str, str] | None = None,
+    degraded: Iterable[DegradedLink] = (),
 ) -> dict[str, Any]:
-    """The cluster-scoped ``GpuNodeInventory`` named after the node."""
+    """The cluster-scoped ``GpuNodeInventory`` named after the node; ``degraded``: the NVLink pairs
+    the agent's active checks found slow (``status.degradedLinks``, left out when there are none)."""
     plan = sharing or SharingPlan()
     devices = _device_health(inventory, faults or {}, withheld or {})
     shared = {
@@ -147,6 +151,9 @@ def inventory_object(
     }
     if shared:
         status["sharing"] = shared
+    links = links_to_wire(degraded)
+    if links:
+        status[DEGRADED_FIELD] = links
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": NODE_INVENTORY_KIND,

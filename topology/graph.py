@@ -11,7 +11,7 @@ cannot mutate it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,7 @@ class TopologyShape:
     """
 
     bandwidth_gbps: tuple[tuple[float, ...], ...]  # pair bandwidth; 0 on the diagonal
-    nvlinked: tuple[tuple[bool, ...], ...]  # pair reaches by NVLink or NVSwitch
+    nvlinked: tuple[tuple[bool, ...], ...]  # pair reaches by NVLink or NVSwitch (not found slow)
     host_gbps: tuple[float, ...]  # each GPU's PCIe x16 host link
     nic_local: tuple[bool, ...]  # a NIC sits on the GPU's own PCIe switch
     numa_rank: tuple[int, ...]  # NUMA node, renumbered by first appearance
@@ -115,6 +115,9 @@ class TopologyGraph:
                 link = _gpu_pair_link(a, b, lanes=lanes, fabric=fabric, fabric_links=fabric_links,
                                       ports=ports)
                 gbps = link_gbps(link, architectures=(a.architecture, b.architecture))
+                kept = inventory.degraded_fraction(a.index, b.index)
+                if kept is not None and link.is_nvlink:  # found slow: its measured share, never faster
+                    link, gbps = replace(link, degraded=True), gbps * min(1.0, max(0.0, kept))
                 edges[frozenset((_gpu_node(a.index), _gpu_node(b.index)))] = (link, gbps)
             for nic in inventory.nics:
                 link = PairLink(pcie_class(place_of(a, ports), place_of(nic, ports)))
@@ -187,7 +190,8 @@ class TopologyGraph:
         return tuple(name for _, name in sorted(same_numa))
 
     def nvlink_components(self, available: Iterable[int] | None = None) -> list[frozenset[int]]:
-        """Groups of GPUs joined by NVLink paths (not necessarily all pairs), largest first."""
+        """Groups of GPUs joined by NVLink paths (not necessarily all pairs), largest first; a pair
+        an active check found slow is no NVLink path here (nor in ``largest_nvlink_clique``)."""
         import networkx as nx  # noqa: PLC0415 (deferred: only graph algorithms need it)
 
         subgraph = self._nvlink_subgraph(available)
@@ -218,7 +222,7 @@ class TopologyGraph:
         order = list(self._gpus.values())
         bandwidth = tuple(tuple(0.0 if a.index == b.index else self.pair_bandwidth(a.index, b.index)
                                 for b in order) for a in order)
-        nvlinked = tuple(tuple(a.index != b.index and self.pair_link(a.index, b.index).is_nvlink
+        nvlinked = tuple(tuple(a.index != b.index and self.pair_link(a.index, b.index).nvlink_usable
                                for b in order) for a in order)
         return TopologyShape(
             bandwidth_gbps=bandwidth,
@@ -242,7 +246,7 @@ class TopologyGraph:
         subgraph.add_nodes_from(_gpu_node(i) for i in chosen)
         for a in chosen:
             for b in chosen:
-                if a < b and self.pair_link(a, b).is_nvlink:
+                if a < b and self.pair_link(a, b).nvlink_usable:
                     subgraph.add_edge(_gpu_node(a), _gpu_node(b))
         return subgraph
 

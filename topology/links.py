@@ -56,10 +56,17 @@ _RANKS = MappingProxyType({
 
 @dataclass(frozen=True)
 class PairLink:
-    """The link between two devices: its class and, for NVLink classes, the lane count."""
+    """The link between two devices: its class and, for NVLink classes, the lane count.
+
+    ``degraded``: an active check measured the pair's NVLink below its threshold
+    (``devicemodel.inventory.DegradedLink``); the class and lanes stay as the hardware reports them,
+    but the pair no longer counts as NVLink-connected (``nvlink_usable``) and its modelled
+    bandwidth is scaled down (``TopologyGraph``).
+    """
 
     link_class: LinkClass
     nvlinks: int = 0
+    degraded: bool = False
 
     @property
     def label(self) -> str:
@@ -71,6 +78,11 @@ class PairLink:
     @property
     def is_nvlink(self) -> bool:
         return self.link_class.is_nvlink
+
+    @property
+    def nvlink_usable(self) -> bool:
+        """NVLink- or NVSwitch-connected and not found slow: what ``nvlink-required`` accepts."""
+        return self.link_class.is_nvlink and not self.degraded
 
     @property
     def via_nvswitch(self) -> bool:
@@ -135,6 +147,6 @@ def link_gbps(link: PairLink, *, architectures: tuple[Architecture, ...]) -> flo
     """
     if link.link_class is LinkClass.X:
         return LOCAL_GBPS
-    if link.is_nvlink:
+    if link.link_class.is_nvlink:
         return link.nvlinks * min(nvlink_gbps_per_link(a) for a in architectures)
     return _PCIE_PATH_FACTOR[link.link_class] * min(pcie_x16_gbps(a) for a in architectures)

@@ -4,7 +4,9 @@ The request goes over the agent's control socket (``STATE_DIR/agent.sock``): ``h
 starts the run (the agent exercises the GPUs nothing holds, withholding them meanwhile), then this
 command asks ``health.check.run`` for its outcome every half second, printing a progress line
 every few seconds, until the run is done. A failed GPU is withheld by the agent's health as any
-fault is (docs/health.md, Active checks). Exit 0 when every GPU checked passed, 1 otherwise.
+fault is (docs/health.md, Active checks); an NVLink pair below threshold fails neither GPU and is
+published as a degraded link. Exit 0 when every GPU checked passed and no link was slow, 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def run_check(args: argparse.Namespace) -> int:
         0
         if outcome["state"] == "done"
         and all(g["verdict"] in ("passed", "skipped") for g in outcome["gpus"].values())
+        and not outcome.get("slowLinks")
         else 1
     )
 
@@ -95,6 +98,8 @@ def outcome_text(outcome: dict[str, Any]) -> str:
         reasons = gpu["reasons"] or [""]
         lines.append(f"{gpu['index']:>3}  {gpu['verdict']:<10}  {uuid:<40}  {reasons[0]}")
         lines.extend(f"{'':>3}  {'':<10}  {'':<40}  {reason}" for reason in reasons[1:])
+    slow = outcome.get("slowLinks", [])
+    lines.extend(f"degraded link (both GPUs stay in service): {text}" for text in slow)
     measured = [r for r in outcome.get("results", []) if r.get("gbps") is not None or r.get("seconds")]
     if measured:
         lines.append(f"{'check':<7}  {'GPU':<12}  {'peer':<12}  {'status':<8}  {'seconds':>8}  {'GB/s':>7}")

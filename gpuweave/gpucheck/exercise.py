@@ -7,7 +7,8 @@ never DCGM: the point is to prove gpuweave's own kernels and copies on this driv
 the copies are judged against), then every check is judged as the agent judges it
 (``health.active``). The recording goes to ``<out>/exerciser/<product>-<driver>.json``: the
 timings and bandwidths of every check, what each was judged against and every finding, GPUs
-named by index (no UUID, serial number or host name).
+named by index (no UUID, serial number or host name). An NVLink pair below threshold fails the
+step too (the agent would keep both GPUs in service and publish the link as degraded).
 
 Read-only to device settings: contexts, allocations, kernels, copies and peer access end with the
 child process; no MIG, reset, clock, power, ECC, persistence or compute-mode call is made.
@@ -32,7 +33,7 @@ from hardware.nvml_fixture import fixture_name
 from hardware.profiles import load_profile
 from hardware.simulated.backend import SimulatedBackend
 from hardware.simulated.exerciser import SimulatedExerciser
-from health.active import Thresholds, Verdict, judge, verdicts
+from health.active import Thresholds, Verdict, judge, judge_links, verdicts
 
 LEVEL = 1
 EXERCISE_DEADLINE_S = 25.0  # the whole level-1 run of every GPU; a hang fails the step within it
@@ -88,6 +89,15 @@ def _exercise(
         items = found.get(inventory.gpu(failed[0]).uuid) or []
         first = _anonymous(inventory, items[0].reason) if items else "not every check ran"
         raise CheckFailedError(f"GPU(s) {', '.join(map(str, failed))} failed: {first} (recorded in {target})")
+    slow = sorted(
+        (sorted(inventory.gpu_by_uuid(u).index for u in v.pair), v.text)
+        for v in judge_links([report], expected, thresholds=Thresholds()).values()
+        if v.slow
+    )
+    if slow:  # the agent would serve both GPUs but publish the link degraded: a host check fails it
+        pairs = ", ".join(f"{a}-{b}" for (a, b), _ in slow)
+        first = _anonymous(inventory, slow[0][1])
+        raise CheckFailedError(f"NVLink pair(s) {pairs} slow: {first} (recorded in {target})")
     checks = len(report.results)
     return f"{len(gpus)} GPUs passed level {LEVEL} in {report.seconds:.1f}s ({checks} checks), {target}"
 

@@ -23,6 +23,7 @@ from typing import Any
 from dradriver.claim_cdi import CLAIM_FILE_PREFIX
 from health.badlist import BAD_HARDWARE_FILE, STRIKES_FILE
 from health.kube import CORDON_ANNOTATION
+from health.links_file import DEGRADED_LINKS_FILE
 from health.scope import (
     AGENT_CONDITIONS,
     TAINT_HEALTH_PENDING,
@@ -33,7 +34,8 @@ from nodeagent.published import AGENT_LABEL_KEYS, LABEL_TOPOLOGY
 
 AGENT_TAINTS = frozenset({TAINT_NODE_FAULT, TAINT_HEALTH_PENDING})
 AGENT_ANNOTATIONS = frozenset({CORDON_ANNOTATION})
-BAD_HARDWARE_FILES = frozenset({BAD_HARDWARE_FILE, STRIKES_FILE})
+# what the node's hardware showed: kept with ``--keep-bad-hardware``
+BAD_HARDWARE_FILES = frozenset({BAD_HARDWARE_FILE, STRIKES_FILE, DEGRADED_LINKS_FILE})
 DEVICE_PLUGIN_SOCKET_PREFIX = "gpuweave-"  # deviceplugin/server.py: gpuweave-<resource>.sock
 DRA_DRIVER_DIR = "gpuweave.io"  # <kubelet root>/plugins/gpuweave.io/ (dradriver/plugin.py)
 DRA_REGISTRATION_SOCKET = "gpuweave.io-reg.sock"  # <kubelet root>/plugins_registry/

@@ -118,6 +118,7 @@ def start_node_health(
             busy=busy_for(held),
             held=held if pods_known else None,
             clock=clock,
+            links=agent.set_degraded_links,
         )
     )
     if isinstance(backend, SimulatedBackend):
@@ -248,6 +249,7 @@ def status(service: HealthService) -> dict[str, Any]:
         "startupPending": snap.startup_pending,
         "rounds": service.monitor.rounds_completed,
         "badHardware": sorted(service.badlist.entries()),
+        "degradedLinks": sorted([*record.gpus, record.reason] for record in service.links.values()),
         "unsavedState": service.state.unsaved(),
         "activeChecks": _active_status(service),
     }

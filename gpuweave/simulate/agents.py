@@ -176,6 +176,7 @@ SAMPLED_POLL_INTERVAL_S = 1.0
 # (``health_round``) at simulated times, so remediation and probation follow the simulated clock.
 DRIVEN_ROUND_INTERVAL_S = 86_400.0
 LATENT_CELL = 1 << 20  # a latent memory fault's byte offset: inside the 2 % a level-1 pattern covers
+SLOW_NVLINK_SHARE = 0.5  # a latent slow NVLink pair runs at half its rate (half its lanes trained)
 # The simulation schedules checks between jobs itself, on the simulated clock (``latent``)
 DRIVEN_ACTIVE = ActiveSettings(idle=IdleSettings(interval_s=0))
 
@@ -320,7 +321,11 @@ class NodeAgentPool:
         agent = self._nodes[node].agent
         faults, withheld = agent.health_maps()
         return inventory_object(
-            agent.inventory, sharing=agent.config.sharing, faults=faults, withheld=withheld
+            agent.inventory,
+            sharing=agent.config.sharing,
+            faults=faults,
+            withheld=withheld,
+            degraded=agent.degraded_links(),
         )
 
     def resources(self, node: int) -> dict[str, int]:
@@ -455,13 +460,15 @@ class NodeAgentPool:
                 seen.append(held.kubelet.wait_unhealthy(gpu.uuid, since=started, timeout=5.0))
         return None if any(s is None for s in seen) else max(s for s in seen if s is not None)
 
-    def inject_latent(self, node: int, gpus: Sequence[int], *, slow_nvlink: bool) -> None:
+    def inject_latent(
+        self, node: int, gpus: Sequence[int], *, slow_nvlink: bool, share: float = SLOW_NVLINK_SHARE
+    ) -> None:
         """A fault only an active check finds, in the node's simulated hardware (``gpuweave sim
         inject --bad-memory`` / ``--slow-nvlink``): a stuck memory cell 1 MiB into the GPU, or the
-        NVLink pair of two GPUs at half its lanes."""
+        NVLink pair of two GPUs at ``share`` of its rate (half its lanes)."""
         faults = self._nodes[node].backend.node.exerciser
         if slow_nvlink:
-            faults.slow_pair(gpus[0], gpus[1])
+            faults.slow_pair(gpus[0], gpus[1], share=share)
         else:
             faults.add_bad_cell(gpus[0], LATENT_CELL)
 
@@ -470,7 +477,8 @@ class NodeAgentPool:
     ) -> set[int]:
         """One active-check run of the node's agent (its runner, exerciser and health engine, as a
         check between jobs or a gang's preflight runs it), now; the GPUs it failed. The agent's
-        health withholds them, as after any run."""
+        health withholds them, as after any run; an NVLink pair it measured slow fails neither GPU
+        but becomes one of the agent's degraded links (``degraded_pairs``)."""
         health = self._nodes[node].health
         if health is None or health.active is None or not gpus:
             return set()
@@ -488,6 +496,10 @@ class NodeAgentPool:
             lambda: not any(self.gpu_healthy(node, gpu) for gpu in failed),
         )
         return failed
+
+    def degraded_pairs(self, node: int) -> set[frozenset[int]]:
+        """The NVLink pairs (GPU indices) the node's agent holds as degraded now (what it publishes)."""
+        return {link.pair for link in self._nodes[node].agent.degraded_links()}
 
     def gpu_healthy(self, node: int, gpu: int) -> bool:
         """Whether the node's kubelet currently sees the GPU as Healthy (the agent's verdict)."""

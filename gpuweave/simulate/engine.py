@@ -526,7 +526,11 @@ class Simulation:
             started.append(pod)
         if self._latent is not None:
             self._latent.pods_started(started, now + delay_s)
-        timing = job_timing([(self.state.fleet[p.node], p.gpus) for p in started], step=self._step)
+        timing = job_timing(
+            [(self.state.fleet[p.node], p.gpus) for p in started],
+            step=self._step,
+            slow_pairs=self._latent.slow_pairs() if self._latent is not None else None,
+        )
         run_s = job.duration_s * timing.stretch
         for pod in started:
             self._ends[pod.pod_id] = now + delay_s + run_s

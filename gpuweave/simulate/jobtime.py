@@ -183,12 +183,15 @@ def node_network_gbps(node: FleetNode) -> float:
     return NIC_GBPS[NicType.ETHERNET]
 
 
-def _intra_node(node: FleetNode, gpus: Sequence[int]) -> tuple[SlowestLink, float]:
-    """The worst GPU pair of the set: its class and modelled bandwidth (``topology.links``)."""
+def _intra_node(
+    node: FleetNode, gpus: Sequence[int], slow: Mapping[frozenset[int], float]
+) -> tuple[SlowestLink, float]:
+    """The worst GPU pair of the set: its class and modelled bandwidth (``topology.links``); a
+    pair in ``slow`` runs at its share of that (a slow NVLink pair keeps its class)."""
     worst: tuple[SlowestLink, float] = (SlowestLink.LOCAL, math.inf)
     for i, a in enumerate(gpus):
         for b in gpus[i + 1 :]:
-            gbps = node.graph.pair_bandwidth(a, b)
+            gbps = node.graph.pair_bandwidth(a, b) * slow.get(frozenset((a, b)), 1.0)
             if gbps < worst[1]:
                 worst = (_INTRA_CLASS[node.graph.pair_link(a, b).link_class], gbps)
     return worst
@@ -216,13 +219,17 @@ def job_timing(
     *,
     step: TrainingStep | None = None,
     tier_labels: Sequence[str] = DEFAULT_TIER_LABELS,
+    slow_pairs: Mapping[str, Mapping[frozenset[int], float]] | None = None,
 ) -> JobTiming:
-    """The timing of a job whose pods run on ``members`` (node, its GPU indices)."""
+    """The timing of a job whose pods run on ``members`` (node, its GPU indices). ``slow_pairs``:
+    per node name, GPU pairs whose link runs at a share of its modelled bandwidth (a slow NVLink
+    pair, half its lanes: ``latent``), whoever placed the job there."""
     step = step or TrainingStep()
     gpus = sum(len(g) for _, g in members)
     if gpus < 2:
         return JobTiming(SlowestLink.LOCAL, math.inf, 1.0)
-    intra = [_intra_node(node, tuple(g)) for node, g in members if len(g) > 1]
+    slow = slow_pairs or {}
+    intra = [_intra_node(node, tuple(g), slow.get(node.name, {})) for node, g in members if len(g) > 1]
     slowest, gbps = min(intra, key=lambda c: c[1]) if intra else (SlowestLink.NVLINK, math.inf)
     nvlink_us = RING_HOP_LATENCY_US[SlowestLink.NVLINK]
     actual = Ring(gpus, gbps, RING_HOP_LATENCY_US[slowest])

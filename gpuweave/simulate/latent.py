@@ -15,14 +15,23 @@ own runner, exerciser and health engine (``NodeAgentPool.active_check``), on the
   tick, last checked ``interval_s`` ago or freed by a job: ``IdleSettings`` below), at most
   ``max_gpus`` at once;
 - **gang preflight**: before a multi-node gang starts, the copies (host <-> device, NVLink) on
-  every GPU planned for it; a node that fails keeps the gang from starting there, the agent
-  withholds the GPUs and the gang is placed again (the next tick).
+  every GPU planned for it; a node that fails (a GPU failed, or a slow pair found now among them)
+  keeps the gang from starting there, the agent withholds the failed GPUs or publishes the pair
+  degraded, and the gang is placed again (the next tick) knowing it.
 
-A GPU a check finds is withheld by its agent (the extender learns it from the published
-inventory) and taken out of the simulated state. Each fault ends up **caught before a job** (a
-check found it before any job was hit), **found after** a job hit it, or **not found** by the end
-of the run. The baselines run no agents and no active checks: nothing finds a latent fault, and
-every job placed on one is hit.
+A GPU a check fails (a bad cell) is withheld by its agent (the extender learns it from the published
+inventory) and taken out of the simulated state. A slow pair fails neither GPU: the agent records
+the pair as a degraded link and publishes it, and the extender's set choice avoids spanning it
+(``health.links``); its GPUs keep serving.
+
+A slow pair is physical truth from the moment it fires (``slow_pairs``): every job, under every
+policy, whose pod holds both of its GPUs and starts after that runs with the pair at
+``SLOW_NVLINK_SHARE`` of its bandwidth, through the step-time model (``jobtime``: the ring runs at
+its slowest link). A bad cell changes no job's run time (the simulation models no corrupted result).
+
+Each fault ends up **caught before a job** (a check found it before any job was hit), **found
+after** a job hit it, or **not found** by the end of the run. The baselines run no agents and no
+active checks: nothing finds a latent fault, and every job placed on one is hit.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuweave.simulate.agents import NodeAgentPool
+from gpuweave.simulate.agents import SLOW_NVLINK_SHARE, NodeAgentPool
 from gpuweave.simulate.fleet import FleetNode
 from gpuweave.simulate.state import GpuMode, RunningPod, SimState
 from hardware.exerciser.levels import peer_pairs
@@ -169,6 +178,15 @@ class LatentFaults:
                 self._agents.inject_latent(node, gpus, slow_nvlink=spec.kind is LatentKind.SLOW_NVLINK)
             self.pods_started([p for p in state.pods.values() if p.node == node], now)
 
+    def slow_pairs(self) -> dict[str, dict[frozenset[int], float]]:
+        """Per node name, the NVLink pairs a fired slow-NVLink fault slowed, and the share of their
+        bandwidth they keep: the hardware as it is, found or not (``jobtime.job_timing``)."""
+        slow: dict[str, dict[frozenset[int], float]] = {}
+        for record in self.records:
+            if record.kind == LatentKind.SLOW_NVLINK.value:
+                slow.setdefault(record.node, {})[frozenset(record.gpus)] = SLOW_NVLINK_SHARE
+        return slow
+
     def node_joined(self, node: int, machine: FleetNode) -> None:
         """A new machine took row ``node`` (the lifecycle): its checks start afresh."""
         self._fleet = (*self._fleet[:node], machine, *self._fleet[node + 1 :])
@@ -205,7 +223,7 @@ class LatentFaults:
             checked = self._checked.setdefault(node, {})
             free, seen, settings = set(gpus) - held, self._seen[node], self._idle
             chosen = due(seen, gpus, healthy=free, last_checked=checked, now=now, settings=settings)
-            if chosen and self._check(state, node, [gpus.index(u) for u in chosen], now, trigger="idle"):
+            if chosen and any(self._check(state, node, [gpus.index(u) for u in chosen], now, trigger="idle")):
                 changed.append(node)
         return changed
 
@@ -216,13 +234,15 @@ class LatentFaults:
             return True
         passed = True
         for node, gpus in placed:
-            if self._agents.has(node) and self._check(state, node, list(gpus), now, trigger="preflight"):
-                passed = False
+            if self._agents.has(node) and any(self._check(state, node, list(gpus), now, trigger="preflight")):
+                passed = False  # a GPU failed, or a slow pair the plan did not know of (``health.preflight``)
         return passed
 
-    def _check(self, state: SimState, node: int, gpus: list[int], now: float, *, trigger: str) -> bool:
-        """One run on the node's agent; the GPUs it failed leave the simulated state. True when
-        something failed."""
+    def _check(
+        self, state: SimState, node: int, gpus: list[int], now: float, *, trigger: str
+    ) -> tuple[bool, bool]:
+        """One run on the node's agent; the GPUs it failed leave the simulated state. (whether a
+        GPU failed, whether a slow NVLink pair became a degraded link: its GPUs stay)."""
         assert self._agents is not None
         self.check_runs += 1
         failed = self._agents.active_check(
@@ -234,13 +254,17 @@ class LatentFaults:
         )
         uuids = [g.uuid for g in self._fleet[node].inventory.gpus]
         self._checked.setdefault(node, {}).update(dict.fromkeys((uuids[g] for g in gpus), now))
+        degraded = self._agents.degraded_pairs(node)
+        newly = False
         for record in self._open_on(self._fleet[node].name):
-            if set(record.gpus) & failed:
+            slow = record.kind == LatentKind.SLOW_NVLINK.value
+            if (slow and frozenset(record.gpus) in degraded) or (not slow and set(record.gpus) & failed):
                 record.caught_s, record.caught_by = now, trigger
+                newly = newly or slow
         for gpu in failed:
             if state.modes[node][gpu] is GpuMode.NORMAL and not state.pods_on_gpu(node, gpu):
                 state.set_mode(node, gpu, GpuMode.WITHHELD)
-        return bool(failed)
+        return bool(failed), newly
 
     # ---- report -------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

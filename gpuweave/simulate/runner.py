@@ -242,6 +242,7 @@ def run_simulation(options: SimulateOptions) -> int:
     # the agents' active-check runs log each finding; the report's latent-fault rows count them
     logging.getLogger("health.active_runner").setLevel(logging.ERROR)
     logging.getLogger("health.active_claims").setLevel(logging.ERROR)
+    logging.getLogger("health.links").setLevel(logging.ERROR)  # a slow NVLink pair found: the same rows
     # a reset that fails (an Xid 79's GPU stays off the bus) is the report's replacement line
     logging.getLogger("health.remediation").setLevel(logging.ERROR)
     logging.getLogger("hardware.health_probe").setLevel(logging.ERROR)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from devicekinds.registry import KINDS
 from devicemodel.assignment import PodAssignment, fits_resource
 from devicemodel.contracts import ANNOTATION_ASSIGNMENT
+from devicemodel.degraded import STATUS_FIELD, links_from_wire
 from devicemodel.errors import InvalidInputError
 from devicemodel.gangs import (
     ANNOTATION_EXPECTED_DURATION,
@@ -105,12 +106,26 @@ def inventory_record(obj: Mapping[str, Any], *, templates: SpecTemplates | None 
     status = _mapping(obj.get("status"))
     return InventoryRecord(
         node=name,
-        inventory=inventory,
+        inventory=_with_degraded_links(inventory, status),
         unhealthy=_unhealthy(status),
         sharing=_sharing(
             _mapping(status.get("sharing")) or _mapping(_mapping(obj.get("spec")).get("sharing"))
         ),
     )
+
+
+def _with_degraded_links(inventory: NodeInventory, status: Mapping[str, Any]) -> NodeInventory:
+    """The NVLink pairs the node agent found slow (``status.degradedLinks``, absent in inventories
+    written before it existed), on the inventory the topology search reads; an entry naming no GPU
+    of the node, or not parsing, is logged and left out."""
+    links, problems = links_from_wire(status.get(STATUS_FIELD))
+    known = {g.index for g in inventory.gpus}
+    kept = tuple(link for link in links if {link.gpu_a, link.gpu_b} <= known)
+    if len(kept) < len(links):
+        problems.append(f"{len(links) - len(kept)} degraded link(s) name GPUs the node does not have")
+    for problem in problems:
+        LOG.warning("GpuNodeInventory %s: ignoring %s", inventory.name, problem)
+    return replace(inventory, degraded_links=kept) if kept else inventory
 
 
 def _unhealthy(status: Mapping[str, Any]) -> frozenset[str]:

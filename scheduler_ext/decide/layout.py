@@ -58,6 +58,9 @@ class NodeLayout:
     nics: tuple[NicSlot, ...]
     # The devices of the resource kinds the core plans generically, per resource name (``KINDS``).
     extra: tuple[tuple[str, tuple[KindSlot, ...]], ...] = ()
+    # NVLink pairs an active check found slow (``NodeInventory.degraded_links``): (a, b, share
+    # kept), a < b; not in ``nvlink_pairs``, and their search scores them at the share they keep
+    degraded: tuple[tuple[int, int, float], ...] = ()
 
     @cached_property
     def extra_slots(self) -> Mapping[str, tuple[KindSlot, ...]]:
@@ -100,7 +103,15 @@ def _nvlink_pairs(inventory: NodeInventory) -> frozenset[tuple[int, int]]:
     }
     if inventory.nvswitch is not None:
         pairs.update((a, b) for a, b in combinations(sorted(inventory.nvswitch.gpus), 2))
-    return frozenset(pairs)
+    return frozenset(pairs) - {(a, b) for a, b, _ in _degraded(inventory)}
+
+
+def _degraded(inventory: NodeInventory) -> tuple[tuple[int, int, float], ...]:
+    found: dict[tuple[int, int], float] = {}
+    for link in inventory.degraded_links:
+        a, b = min(link.gpu_a, link.gpu_b), max(link.gpu_a, link.gpu_b)
+        found[(a, b)] = min(link.fraction, found.get((a, b), link.fraction))
+    return tuple(sorted((a, b, share) for (a, b), share in found.items()))
 
 
 def build_layout(
@@ -116,7 +127,9 @@ def build_layout(
     efa = [n for n in inventory.nics if n.type is NicType.EFA]
     nics = tuple(NicSlot(i, n.numa_node, n.pcie_switch) for i, n in enumerate(efa))
     extra, extra_ids = _kind_devices(inventory, sharing or {})
-    layout = NodeLayout(gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics, extra=extra)
+    layout = NodeLayout(
+        gpus=slots, nvlink_pairs=pairs, migs=migs, nics=nics, extra=extra, degraded=_degraded(inventory)
+    )
     index = LayoutIndex(
         gpu_uuids={g.index: g.uuid for g in inventory.gpus},
         mig_uuids=tuple(m.uuid for m in inventory.mig_devices),

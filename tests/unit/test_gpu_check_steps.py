@@ -97,7 +97,7 @@ def test_the_exercise_step_fails_naming_the_gpu_and_where_it_recorded_why(tmp_pa
         backend.node.exerciser.slow_pair(2, 3)
         simulated = SimulatedExerciser(inventory, backend.node.health, backend.node.exerciser)
         expected = expectations(inventory, {g.uuid: (5, 16) for g in inventory.gpus})
-        failed = r"GPU\(s\) 2, 3 failed: active-check: NVLink copies gpu2 -> gpu3"
+        failed = r"NVLink pair\(s\) 2-3 slow: active-check: NVLink copies gpu2 -> gpu3"
         with pytest.raises(CheckFailedError, match=failed):
             exercise._exercise(inventory, simulated, expected, tmp_path, simulate="dgx-h100")
     finally:

@@ -4,13 +4,14 @@ re-checks, hangs, and what reaches the engine, the startup taint and the bad-har
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from devicemodel.errors import InvalidInputError
+from devicemodel.inventory import DegradedLink
 from hardware.exerciser.protocol import ExercisePlan, ExerciseReport
 from hardware.health_probe import GpuReadings, NvmlHealthProbe
 from hardware.profiles import load_profile
@@ -20,7 +21,8 @@ from health.active import Thresholds, judge_deltas
 from health.active_io import deltas
 from health.active_runner import ActiveCheckRunner, ActiveParts
 from health.config import ActiveSettings, HealthSettings
-from health.errors import ActiveCheckBusyError
+from health.errors import ActiveCheckBusyError, HealthStateError
+from health.links_file import DEGRADED_LINKS_FILE, DegradedLinkFile
 from health.policy import DeviceState
 from health.scope import TAINT_HEALTH_PENDING
 from health.service import HealthParts, HealthService
@@ -51,7 +53,12 @@ def backend(tmp_path: Path) -> Iterator[SimulatedBackend]:
 
 
 def health(
-    backend: SimulatedBackend, tmp_path: Path, *, clock: FakeClock | None = None, **active: object
+    backend: SimulatedBackend,
+    tmp_path: Path,
+    *,
+    clock: FakeClock | None = None,
+    links: Callable[[tuple[DegradedLink, ...]], None] | None = None,
+    **active: object,
 ) -> tuple[HealthService, RecordingCluster, Holds]:
     node = backend.node
     probe = NvmlHealthProbe(
@@ -73,6 +80,7 @@ def health(
         cluster=cluster,
         exerciser=SimulatedExerciser(node.inventory, node.health, node.exerciser),
         hold=holds,
+        links=links,
         **({"clock": clock} if clock is not None else {}),
     )
     return HealthService(parts), cluster, holds
@@ -133,33 +141,45 @@ def run_rounds(service: HealthService, count: int) -> None:
         service.monitor.run_round()
 
 
-def test_a_slow_nvlink_pair_withholds_both_ends_until_a_check_passes_then_probation(
+def test_a_slow_nvlink_pair_is_a_degraded_link_both_gpus_pass_until_it_is_measured_at_its_rate(
     backend: SimulatedBackend, tmp_path: Path
 ) -> None:
-    service, _, _ = health(backend, tmp_path, recheck_interval_s=0)
-    service._load_bad_list()
+    published: list[tuple[DegradedLink, ...]] = []
+    service, cluster, _ = health(backend, tmp_path, links=published.append, recheck_interval_s=0)
+    service.start_links()
+    assert published == [()]
     backend.node.exerciser.slow_pair(1, 2)
     runner = service.active
     assert runner is not None
     outcome = runner.run(None, level=1)
-    failed = {u for u, g in outcome.gpus.items() if g.verdict == "failed"}
-    assert failed == {uuid(backend, 1), uuid(backend, 2)}
-    assert "below 55% of its 18 lanes' 450.0 GB/s" in outcome.gpus[uuid(backend, 2)].reasons[0]
+    assert {g.verdict for g in outcome.gpus.values()} == {"passed"}  # the link is slow, not the GPUs
+    (link,) = published[-1]
+    assert (link.gpu_a, link.gpu_b, link.fraction) == (1, 2, 0.425)
+    assert "below 55% of its 18 lanes' 450.0 GB/s" in link.reason
+    assert any(reason == "GpuweaveNvlinkDegraded" for reason, _ in cluster.events)
     metric = service.metrics.registry.get_sample_value
-    assert metric("gpuweave_health_active_gpus_total", {"trigger": "on-demand", "verdict": "failed"}) == 2
+    assert metric("gpuweave_health_active_gpus_total", {"trigger": "on-demand", "verdict": "passed"}) == 8
     assert metric("gpuweave_health_active_checks_total", {"check": "p2p", "status": "done"}) == 8
     slow = {"device": uuid(backend, 1), "check": "p2p", "peer": uuid(backend, 2)}
     assert metric("gpuweave_health_active_bandwidth_gbps", slow) == pytest.approx(191.25)
-    faults = {"signal": "active-check", "severity": "suspect", "cause": "hardware"}
-    assert metric("gpuweave_health_faults_total", faults) == 2
-    run_rounds(service, 4)  # passive rounds are clean, but no round counts while a re-check is due
-    assert states(service)[uuid(backend, 1)] is DeviceState.SUSPECT
-    backend.node.exerciser.clear()
-    assert runner.run([1, 2], level=1).gpus[uuid(backend, 1)].verdict == "passed"
-    run_rounds(service, 1)
-    assert states(service)[uuid(backend, 1)] is DeviceState.PROBATION
     run_rounds(service, 2)
-    assert set(states(service).values()) == {DeviceState.HEALTHY}
+    assert set(states(service).values()) == {DeviceState.HEALTHY}  # nothing withheld
+    # persisted: a restarted agent publishes it again before any check
+    again: list[tuple[DegradedLink, ...]] = []
+    restarted, _, _ = health(backend, tmp_path, links=again.append)
+    restarted.start_links()
+    assert [(x.gpu_a, x.gpu_b) for x in again[-1]] == [(1, 2)]
+    backend.node.exerciser.clear()
+    runner.run([1, 2], level=1)
+    assert published[-1] == ()  # measured at its rate: cleared
+    assert DegradedLinkFile(tmp_path / "state").load() == {}
+
+
+def test_a_broken_degraded_links_file_stops_the_start(backend: SimulatedBackend, tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / DEGRADED_LINKS_FILE).write_text('[{"gpus": ["GPU-a"], "fraction": 0.5}]')
+    with pytest.raises(HealthStateError, match="not a degraded-link record"):
+        health(backend, tmp_path)
 
 
 def test_a_narrow_pcie_link_and_a_slow_compute_are_found(backend: SimulatedBackend, tmp_path: Path) -> None:
@@ -248,11 +268,11 @@ def test_one_run_at_a_time_and_bad_requests_are_refused_before_a_run(
 def test_a_withheld_gpu_is_rechecked_on_its_interval(backend: SimulatedBackend, tmp_path: Path) -> None:
     clock = FakeClock()
     service, _, _ = health(backend, tmp_path, clock=clock, recheck_interval_s=300)
-    backend.node.exerciser.slow_pair(4, 5)
+    backend.node.health.set_pcie_width(4, 8)  # copies at half the link's rate: Suspect
     runner = service.active
     assert runner is not None
-    runner.run([4, 5], level=1)
-    backend.node.exerciser.clear()
+    assert runner.run([4, 5], level=1).gpus[uuid(backend, 4)].verdict == "failed"
+    backend.node.health.set_pcie_width(4, 16)
     service.monitor.run_round()  # the first due re-check starts at once
     wait_until("the re-check", lambda: runner.runs.running() is None and service.engine.rechecks == {})
     assert runner.runs.last_json()["trigger"] == "recheck"  # type: ignore[index]

@@ -82,7 +82,7 @@ def test_an_idle_check_finds_a_bad_cell_before_a_job_and_the_gpu_leaves_the_stat
         pool.close()
 
 
-def test_a_gang_preflight_finds_a_slow_nvlink_pair_a_job_already_ran_on() -> None:
+def test_a_gang_preflight_finds_a_slow_nvlink_pair_a_job_already_ran_on_and_keeps_its_gpus() -> None:
     state = state_of(["p5.48xlarge"], 2)
     spec = LatentSpec(LatentKind.SLOW_NVLINK, 0.1)
     ((node, pair),) = draw_targets(state.fleet, [spec], seed=5)
@@ -95,9 +95,18 @@ def test_a_gang_preflight_finds_a_slow_nvlink_pair_a_job_already_ran_on() -> Non
         (record,) = latent.records
         assert record.jobs_hit == ["pair"]
         whole = tuple(range(8))
+        assert latent.slow_pairs() == {state.fleet[node].name: {frozenset(pair): 0.5}}  # truth, found or not
+        # a slow link fails no GPU, but the plan did not know it: the gang is placed again knowing it
         assert latent.preflight(state, [(0, whole), (1, whole)], 200.0) is False
         assert record.outcome == "found after a job hit it" and record.caught_by == "preflight"
-        assert {state.modes[node][g] for g in pair} == {GpuMode.WITHHELD}
+        assert {state.modes[node][g] for g in pair} == {GpuMode.NORMAL}
+        assert pool.degraded_pairs(node) == {frozenset(pair)}
+        status = pool.published(node)["status"]
+        uuids = {state.fleet[node].inventory.gpus[g].uuid for g in pair}
+        assert not uuids & set(status["unhealthyDevices"])  # what the extender reads: both in service
+        (published,) = status["degradedLinks"]
+        assert sorted(published["gpus"]) == sorted(pair) and published["fraction"] == 0.425
+        assert latent.preflight(state, [(0, whole), (1, whole)], 205.0) is True  # known now: it passes
         other = 1 - node
         assert latent.preflight(state, [(other, whole)], 210.0) is True  # one node: nothing to prove
     finally:

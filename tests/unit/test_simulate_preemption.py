@@ -257,6 +257,9 @@ class _FailingPreflight:
 
     def pods_started(self, pods: object, now: float) -> None: ...
 
+    def slow_pairs(self) -> dict[str, dict[frozenset[int], float]]:
+        return {}  # no slow NVLink pair: job times as placed
+
 
 def test_a_failed_gang_preflight_leaves_a_gang_re_created_after_a_fault_recovering() -> None:
     """The loop binds a gang's members before its preflight (the deployed extender checks before
