@@ -557,6 +557,42 @@ def cost_per_pod(results: list[PhaseResult]) -> dict[str, Any]:
     return cost
 
 
+def phase_medians(results: list[PhaseResult]) -> dict[str, Any]:
+    """Medians over the rounds, per phase: CPU ms per pod of each process (and all together),
+    kube-apiserver requests per pod (``"POST pods/binding"`` as ``POST_pods/binding``), and the
+    extender's RSS, peak RSS and first sync."""
+    cpu: dict[str, dict[str, float]] = {}
+    requests: dict[str, dict[str, float]] = {}
+    for phase in ("baseline", "extender"):
+        rows = [r for r in results if r.phase == phase]
+        medians = {
+            name: statistics.median(r.cpu_ms_per_pod[name] for r in rows) for name in rows[0].cpu_ms_per_pod
+        }
+        cpu[phase] = {name: round(ms, 2) for name, ms in medians.items()} | {
+            "all": round(sum(medians.values()), 2)
+        }
+        keys = sorted({key for r in rows for key in r.api_requests_per_pod})
+        requests[phase] = {
+            key.replace(" ", "_"): round(
+                statistics.median(r.api_requests_per_pod.get(key, 0.0) for r in rows), 2
+            )
+            for key in keys
+        }
+    ours = [r for r in results if r.phase == "extender"]
+
+    def median_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return round(statistics.median(known), 2) if known else None
+
+    return {
+        "cpu_ms_per_pod_median": cpu,
+        "api_requests_per_pod_median": requests,
+        "extender_rss_mib_median": median_of([r.extender_rss_mib for r in ours]),
+        "extender_peak_rss_mib_median": median_of([r.extender_peak_rss_mib for r in ours]),
+        "extender_first_sync_s_median": median_of([r.extender_first_sync_s for r in ours]),
+    }
+
+
 def report(
     results: list[PhaseResult],
     verbs: dict[str, dict[str, float]],
@@ -643,6 +679,8 @@ def report(
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
         "extender_over_baseline_per_round": per_round,
+        "median_pods_per_s": {"baseline": round(baseline_rate, 1), "extender": round(extender_rate, 1)},
+        **phase_medians(results),
         **cost,
         "extender_mean_ms_per_verb": verbs["mean_ms"],
         "extender_calls_per_verb": verbs["calls"],
