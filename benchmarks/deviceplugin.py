@@ -133,6 +133,11 @@ def rpc_latencies(
     }
     return {
         "rpcs": table,
+        # the same figures as a list the docs can address (rows[rpc=Allocate,resource=...])
+        "rpc_rows": [
+            {"rpc": name.split(" ", 1)[0], "resource": name.split(" ", 1)[1], **row}
+            for name, row in table.items()
+        ],
         "rss_mb_after_start": rss_after_start,
         "rss_mb": agent.rss_bytes() / 2**20,
         "allocate_p99_ms": max(v["p99_ms"] for k, v in table.items() if k.startswith("Allocate")),

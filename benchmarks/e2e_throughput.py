@@ -102,6 +102,9 @@ class PhaseResult:
     scheduler_algorithm_ms: dict[str, float] = field(default_factory=dict)
     # the extender's own time per call (read to written) for filter, prioritize and bind: p50, p99 in ms
     extender_verb_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # seconds from the extender's start to its first sync (every list in, /readyz 200); extender
+    # phases only, not part of the phase's rate
+    extender_first_sync_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -467,7 +470,8 @@ def run(
             results.append(run_phase(plane, phase="baseline", round_=round_, pods=pods, config_path=baseline))
             started = time.monotonic()
             extender, url = start_extender(plane, kubeconfig=kubeconfig, name=f"extender-{round_}")
-            print(f"extender ready (first sync of {nodes} Nodes) in {time.monotonic() - started:.1f} s")
+            first_sync_s = round(time.monotonic() - started, 2)
+            print(f"extender ready (first sync of {nodes} Nodes) in {first_sync_s:.1f} s")
             with_extender = render_scheduler_config(plane, extender_url=url, kubeconfig=kubeconfig)
             results.append(
                 run_phase(
@@ -482,7 +486,9 @@ def run(
             )
             text = extender_metrics(url)
             verbs.append(extender_verbs(text))
-            results[-1] = replace(results[-1], extender_verb_ms=extender_verb_ms(text))
+            results[-1] = replace(
+                results[-1], extender_verb_ms=extender_verb_ms(text), extender_first_sync_s=first_sync_s
+            )
             extender.stop()
             extender = None
         return results, merged_verbs(verbs)
@@ -549,6 +555,42 @@ def cost_per_pod(results: list[PhaseResult]) -> dict[str, Any]:
     if latency:
         cost["extender_verb_ms"] = latency
     return cost
+
+
+def phase_medians(results: list[PhaseResult]) -> dict[str, Any]:
+    """Medians over the rounds, per phase: CPU ms per pod of each process (and all together),
+    kube-apiserver requests per pod (``"POST pods/binding"`` as ``POST_pods/binding``), and the
+    extender's RSS, peak RSS and first sync."""
+    cpu: dict[str, dict[str, float]] = {}
+    requests: dict[str, dict[str, float]] = {}
+    for phase in ("baseline", "extender"):
+        rows = [r for r in results if r.phase == phase]
+        medians = {
+            name: statistics.median(r.cpu_ms_per_pod[name] for r in rows) for name in rows[0].cpu_ms_per_pod
+        }
+        cpu[phase] = {name: round(ms, 2) for name, ms in medians.items()} | {
+            "all": round(sum(medians.values()), 2)
+        }
+        keys = sorted({key for r in rows for key in r.api_requests_per_pod})
+        requests[phase] = {
+            key.replace(" ", "_"): round(
+                statistics.median(r.api_requests_per_pod.get(key, 0.0) for r in rows), 2
+            )
+            for key in keys
+        }
+    ours = [r for r in results if r.phase == "extender"]
+
+    def median_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return round(statistics.median(known), 2) if known else None
+
+    return {
+        "cpu_ms_per_pod_median": cpu,
+        "api_requests_per_pod_median": requests,
+        "extender_rss_mib_median": median_of([r.extender_rss_mib for r in ours]),
+        "extender_peak_rss_mib_median": median_of([r.extender_peak_rss_mib for r in ours]),
+        "extender_first_sync_s_median": median_of([r.extender_first_sync_s for r in ours]),
+    }
 
 
 def report(
@@ -637,6 +679,8 @@ def report(
         "results": [asdict(r) for r in results],
         "extender_over_baseline": round(ratio, 3),
         "extender_over_baseline_per_round": per_round,
+        "median_pods_per_s": {"baseline": round(baseline_rate, 1), "extender": round(extender_rate, 1)},
+        **phase_medians(results),
         **cost,
         "extender_mean_ms_per_verb": verbs["mean_ms"],
         "extender_calls_per_verb": verbs["calls"],

@@ -3,7 +3,7 @@
 A sourced figure in docs/*.md is followed by a marker naming its results file and the value in
 it: ``**2.46x**<!-- results: extender http_p50_over_bare_server.5000 -->``. The path is dotted
 keys (a number indexes a list); ``rows[nodes=15000,mode=http]`` picks the one list item whose
-fields match. The quoted
+fields match (a dot inside the brackets is the value's: ``rows[node=p5.48xlarge]``). The quoted
 number must equal the file's value rounded to the decimals the doc shows.
 """
 
@@ -23,6 +23,7 @@ MARKED = re.compile(
     r"(?P<number>-?[0-9][0-9,]*(?:\.[0-9]+)?)[^0-9<]{0,12}?<!-- results: (?P<name>[\w.-]+) (?P<path>\S+) -->"
 )
 SELECTOR = re.compile(r"^(?P<key>\w+)\[(?P<match>[^\]]+)\]$")
+STEP = re.compile(r"\.(?![^\[]*\])")  # a dot outside a selector's brackets: p5.48xlarge stays whole
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def _step(value: Any, part: str) -> Any:
 
 def resolve(results: dict[str, Any], path: str) -> float:
     value: Any = results
-    for part in path.split("."):
+    for part in STEP.split(path):
         value = _step(value, part)
     return float(value)
 
@@ -91,6 +92,7 @@ def test_every_results_file_says_how_when_and_where_it_was_measured() -> None:
 def test_a_figure_that_differs_from_its_file_is_reported() -> None:
     rows = [{"nodes": 5000, "p99_ms": 12.5}, {"nodes": 15000, "p99_ms": 20.04}]
     results = {"ratio": {"5000": 2.4649}, "rows": rows}
+    assert resolve({"rows": [{"node": "p5.48xlarge", "ms": 0.3}]}, "rows[node=p5.48xlarge].ms") == 0.3
     text = (
         "**2.46x**<!-- results: r ratio.5000 --> and 20.1 ms<!-- results: r rows[nodes=15000].p99_ms -->"
         " and 12.50 ms <!-- results: r rows[nodes=5000].p99_ms -->"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from benchmarks.e2e_throughput import (
     ALGORITHM_HISTOGRAM,
+    PhaseResult,
     bucket_quantile,
     extender_verb_ms,
     histogram_buckets,
     parse_api_counters,
+    phase_medians,
 )
 
 METRICS = """\
@@ -91,3 +93,32 @@ def test_the_extenders_own_time_per_verb_is_read_per_verb() -> None:
     assert latency["filter"] == {"p50": 1.5, "p99": 4.7}
     assert latency["prioritize"] == {"p50": 0.5, "p99": 0.99}
     assert latency["bind"] == {}
+
+
+def test_the_results_file_gets_each_phases_medians_and_the_extenders_first_sync() -> None:
+    def phase(name: str, round_: int, cpu: float, sync: float | None) -> PhaseResult:
+        return PhaseResult(
+            phase=name,
+            pods=10,
+            bound=10,
+            seconds=1.0,
+            pods_per_s=10.0,
+            cpu_ms_per_pod={"kube-scheduler": cpu, "extender": cpu / 2},
+            api_requests_per_pod={"POST pods/binding": 1.0 + round_},
+            extender_rss_mib=100.0 + round_,
+            round=round_,
+            extender_first_sync_s=sync,
+        )
+
+    results = [phase("baseline", r, 4.0 + r, None) for r in range(3)]
+    results += [phase("extender", r, 6.0 + r, 1.5 + r) for r in range(3)]
+    medians = phase_medians(results)
+    assert medians["cpu_ms_per_pod_median"]["extender"] == {
+        "kube-scheduler": 7.0,
+        "extender": 3.5,
+        "all": 10.5,
+    }
+    assert medians["api_requests_per_pod_median"]["baseline"] == {"POST_pods/binding": 2.0}
+    assert medians["extender_rss_mib_median"] == 101.0
+    assert medians["extender_peak_rss_mib_median"] is None
+    assert medians["extender_first_sync_s_median"] == 2.5
