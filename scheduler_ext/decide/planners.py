@@ -140,9 +140,12 @@ class Planner:
 
         The first three are relative to this node (how well the set uses it); for 2+ GPUs the
         set's absolute quality is mixed in, so an NVLink quad beats a PCIe-only node's best four.
+        Packing counts the GPUs left against all the node was built with: a GPU in MIG mode or
+        withheld as unhealthy does not make its node look emptier than an intact node with as
+        many free (that node can still take a node-sized pod; this one cannot either way).
         """
         remaining = self.free.free_gpus - frozenset(chosen.gpus)
-        total = max(1, len(self.free.healthy_gpus))
+        total = max(1, len(self.layout.gpus))
         packing = 1.0 - len(remaining) / total
         lookahead = 1.0 if not remaining else chosen.lookahead  # a node filled exactly: no fragments
         fit = RELATIVE_WEIGHT * chosen.quality + PACKING_WEIGHT * packing + LOOKAHEAD_WEIGHT * lookahead

@@ -19,6 +19,7 @@ is unresolvable and its preemption is refused.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ class Recovery:
     book: GangBook
     tier_labels: Sequence[str]
     gang_of: GangOf  # the coordinator's (PodGroup sizes and tier labels applied)
+    wall_clock: Callable[[], float] = time.time  # pods' start times are Unix seconds
 
     def unplaced_alone(
         self,
@@ -175,10 +177,37 @@ class Recovery:
             placed_nodes=placed_nodes,
             preferred=preferred,
         )
-        allowed = room & frozenset(proposed)
+        states = self.cache.states()
+        free_now = sum(
+            1
+            for n in candidates
+            if (state := states.get(n)) is not None and self.core.decide(request, state, host=host).fits
+        )
+        allowed = self._cheapest(room & frozenset(proposed), request, needed=max(1, needed - free_now))
         if allowed:
             self.book.remember_preempting(gang.key, sorted(allowed))
         return allowed
+
+    def _cheapest(self, nodes: frozenset[str], request: PodRequest, *, needed: int) -> frozenset[str]:
+        """Of ``nodes``, the ``needed`` (members with no free place now) whose evictable pods have
+        run the least device-time (ties kept): an evicted pod restarts from its beginning, so what
+        it ran is lost. kube-scheduler picks among the candidates by priority and then the fewest
+        victims, which would as soon evict one 8-GPU job minutes from its end as three single-GPU
+        pods that just started. A node a member fits now needs no eviction (``needed`` counts
+        only the members without one)."""
+        if len(nodes) <= needed:
+            return nodes
+        now = self.wall_clock()
+        lost = {
+            node: sum(
+                len(r.devices) * max(0.0, now - (r.started_s if r.started_s is not None else now))
+                for r in self.cache.holdings_on(node)
+                if evictable(r, request, set(), cache=self.cache)
+            )
+            for node in nodes
+        }
+        cutoff = sorted(lost.values())[needed - 1]
+        return frozenset(n for n, cost in lost.items() if cost <= cutoff)
 
     def _nominated(self, gang: Gang) -> list[str]:
         """Nodes kube-scheduler nominated for the gang's pending members (as the cache last saw them)."""

@@ -105,9 +105,16 @@ class GangCoordinator:
     recovery: Recovery = field(init=False, repr=False)  # where a recovering gang may preempt
 
     def __post_init__(self) -> None:
-        self.recovery = Recovery(self.cache, self.core, self.book, self.tier_labels, self.gang_of)
         if self.tier_waits is None:
             self.tier_waits = TierWaits(self.cache, tier_labels=self.tier_labels, clock=self.book.clock)
+        self.recovery = Recovery(
+            self.cache,
+            self.core,
+            self.book,
+            self.tier_labels,
+            self.gang_of,
+            wall_clock=self.tier_waits.wall_clock,
+        )
 
     def gang_of(self, pod: Mapping[str, Any]) -> Gang | None:
         """The pod's gang; raises ``gangs.BadGangError`` for one it cannot act on (a required tier

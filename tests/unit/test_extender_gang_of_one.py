@@ -278,3 +278,23 @@ def test_a_gang_of_one_preempted_for_a_higher_priority_does_not_preempt_in_turn(
         assert not result.FailedNodes and set(result.FailedAndUnresolvableNodes) == set(NAMES)
         assert answer == {}
     extender.close()
+
+
+def test_a_recovering_gang_of_one_preempts_where_the_victims_lose_the_least_run(tmp_path: Path) -> None:
+    """Block B cannot be opened (b1 and b2 at the training priority); a0 and a1 each hold one
+    priority-0 8-GPU pod, so either opens block A and kube-scheduler would take either (one
+    victim each). a0's pod has run 9,000 s, a1's 1,000 s: an evicted pod restarts from its
+    beginning, so the preempt verb answers a1 only. With no start time known both stay."""
+    extender, fills = _ran_on_b0(tmp_path, b1_priority=TRAINING)
+    again = _solo("solo-0")
+    assert set(_filter(extender.service, again, NAMES).FailedNodes) == {"a0", "a1"}
+    proposed = {n: [fills[n]] for n in ("a0", "a1")}
+    assert _preempt(extender.service, again, proposed) == proposed
+    for node, started in (("a0", "2026-01-01T00:00:00Z"), ("a1", "2026-01-01T02:13:20Z")):
+        bound = extender.cache.pod_object(uid=fills[node])
+        assert bound is not None
+        extender.cache.upsert_pod({**bound, "status": {"phase": "Running", "startTime": started}})
+    assert extender.gangs is not None
+    extender.gangs.recovery.wall_clock = lambda: 1_767_225_600.0 + 9_000.0  # 2026-01-01T02:30:00Z
+    assert _preempt(extender.service, again, proposed) == {"a1": [fills["a1"]]}
+    extender.close()

@@ -93,3 +93,18 @@ def test_absolute_quality_orders_hardware_classes() -> None:
     quad = (0, 1, 2, 3)
     h100, dgx1, l40s = quality("dgx-h100", quad), quality("dgx1-v100", quad), quality("l40s-pcie-8", quad)
     assert 1.0 >= h100 > dgx1 > l40s >= 0.0
+
+
+def test_a_single_gpu_fills_the_node_that_lost_a_gpu_before_an_intact_one(core: DecisionCore) -> None:
+    """Two p4d nodes with 6 GPUs free each: one has 2 busy, the other 1 busy and 1 withheld as
+    unhealthy. Packing counts what is left against the GPUs the node was built with, so both
+    look equally full; the withheld GPU does not make its node look emptier (it cannot take an
+    8-GPU pod either way, and leaving it half idle would fragment the intact one)."""
+    intact = _hold(_state(core, "p4d.24xlarge", "intact"), [0, 1])
+    inventory = profile_inventory("p4d.24xlarge", "broken")
+    broken = _hold(
+        core.registry.node_state(inventory, name="broken", unhealthy=frozenset({inventory.gpus[1].uuid})), [0]
+    )
+    assert len(intact.free.free_gpus) == len(broken.free.free_gpus) == 6
+    assert core.decide(_gpus(1), broken).score >= core.decide(_gpus(1), intact).score
+    assert core.decide(_gpus(1), broken).quality == pytest.approx(core.decide(_gpus(1), intact).quality)
