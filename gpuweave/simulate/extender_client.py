@@ -148,6 +148,7 @@ class ExtenderPlacer:
         )
         self._connection: http.client.HTTPConnection | None = None
         self.calls = 0
+        self.reconnects = 0  # idle keep-alive connections the extender had closed
         self._pod_ids: dict[str, str] = {}  # extender UID -> the simulation's pod ID
         self._unplaced: tuple[dict[str, Any], list[str]] | None = None  # last pod no node passed for
         # DefaultPreemption's random offset into the potential nodes (drawn only where it matters:
@@ -225,14 +226,27 @@ class ExtenderPlacer:
         if self._connection is None:
             return self._call(verb, body)
         payload = orjson.dumps(body)
+        try:
+            data, status = self._send(verb, payload)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The extender drops a keep-alive connection left idle past its read timeout
+            # (``ExtenderHandler.timeout``: a wait in the simulation's loop can take that long on
+            # a loaded machine); the request never reached a handler. Like kube-scheduler's HTTP
+            # client, open a new connection and send it once more.
+            self._connection.close()
+            self.reconnects += 1
+            data, status = self._send(verb, payload)
+        if status != 200:
+            raise ExtenderCallError(f"extender /{verb} answered HTTP {status}: {data[:200]!r}")
+        return orjson.loads(data)
+
+    def _send(self, verb: str, payload: bytes) -> tuple[bytes, int]:
+        assert self._connection is not None
         self._connection.request(
             "POST", f"/{verb}", body=payload, headers={"Content-Type": "application/json"}
         )
         response = self._connection.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise ExtenderCallError(f"extender /{verb} answered HTTP {response.status}: {data[:200]!r}")
-        return orjson.loads(data)
+        return response.read(), response.status
 
     def _call(self, verb: str, body: Mapping[str, Any]) -> Any:
         """The verb on the service objects, with the JSON shapes the HTTP adapter would return."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.placers import make_placer
 from gpuweave.simulate.workload import Job, JobKind
+from scheduler_ext.serving.server import ExtenderHandler
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
 
@@ -190,3 +192,29 @@ def test_cli_simulate_refuses_an_out_it_cannot_write_before_the_run(
     assert captured.out == ""  # nothing ran: no setup line, no table
     (line,) = captured.err.splitlines()
     assert line.startswith(f"gpuweave simulate: --out {blocker / 'report'}: cannot write the report there")
+
+
+def test_the_loop_goes_on_when_the_extender_dropped_an_idle_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extender closes a keep-alive connection idle past its read timeout; the simulation's
+    client opens a new one and sends the call again, as kube-scheduler's does, and the run goes on."""
+    monkeypatch.setattr(ExtenderHandler, "timeout", 0.05)
+    profiles = ["p4d.24xlarge"]
+    fleet = build_fleet(profiles, nodes=1)
+    jobs = [_job(f"s{i}", JobKind.SINGLE, at=60.0 * i) for i in range(4)]
+    placer = ExtenderPlacer(fleet, share_nodes=frozenset())
+    idle = {"ticks": 0}
+
+    def pause(_: int) -> None:  # the loop busy elsewhere, past the server's timeout, on a few ticks
+        if idle["ticks"] < 3:
+            idle["ticks"] += 1
+            time.sleep(0.2)
+
+    try:
+        sim = Simulation(
+            fleet=fleet, jobs=jobs, placer=placer, metric_model=_model(profiles), duration_s=600.0
+        )
+        result = sim.run(on_tick=pause)
+    finally:
+        placer.close()
+    assert placer.reconnects > 0
+    assert result.placement_mismatches == 0 and result.jobs_unfinished == 0  # every job ran to its end
