@@ -15,6 +15,7 @@ once; one more is answered ``busy`` at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -159,12 +160,12 @@ def call_agent(
         conn.settimeout(timeout)
         try:
             conn.connect(str(path))
-            conn.sendall(json.dumps({"method": method, "params": params or {}}).encode() + b"\n")
         except OSError as exc:
             raise ControlError(
                 f"cannot reach the node agent at {path}: {exc}; is `gpuweave node-agent` running?",
                 code="unavailable",
             ) from exc
+        send_request(conn, json.dumps({"method": method, "params": params or {}}).encode() + b"\n")
         line = _answer(conn, method=method, path=path, timeout=timeout)
     response = _decode_answer(line, method=method, path=path)
     if not response.get("ok"):
@@ -173,6 +174,16 @@ def call_agent(
         )
     result = response.get("result")
     return result if isinstance(result, dict) else {"value": result}
+
+
+def send_request(conn: socket.socket, line: bytes) -> None:
+    """Send one request line on a connected socket. The agent may answer without reading it (a
+    ``busy`` refusal is written and the connection closed the moment it is accepted), so a send
+    that finds the agent's side closed is not an error here: its answer is already queued on this
+    socket, and reading it says what happened (``busy``), or, if nothing is there, that the agent
+    went away (``lost``)."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        conn.sendall(line)
 
 
 def _answer(conn: socket.socket, *, method: str, path: Path, timeout: float) -> bytes:

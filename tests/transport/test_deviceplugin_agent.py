@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import select
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from devicemodel.inventory import NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
 from deviceplugin.frontend import device_plugin_agent
 from nodeagent.agent import AgentConfig, NodeAgent
-from nodeagent.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent
+from nodeagent.control import CONTROL_SOCKET, MAX_CONNECTIONS, REQUEST_DEADLINE_S, call_agent, send_request
 from nodeagent.errors import ControlError
 from proto.v1beta1 import api_pb2
 from tests.support.kubelet_emulator import KubeletEmulator
@@ -185,11 +187,20 @@ def test_control_socket_routes(running: tuple[NodeAgent, KubeletEmulator, Holder
         call_agent(agent.config.state_dir, "device.withhold", {"devices": "x"})
 
 
-def _raw_exchange(path: Path, line: bytes) -> dict[str, Any]:
+def _raw_exchange(path: Path, line: bytes, *, after_the_close: bool = False) -> dict[str, Any]:
+    """Send ``line`` and read the answer. ``after_the_close``: send only once the agent has
+    answered and closed its side (what a client that sends late meets when it is refused)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(10)
         conn.connect(str(path))
-        conn.sendall(line)
+        if after_the_close:
+            poller = select.poll()
+            poller.register(conn, select.POLLIN | select.POLLHUP | select.POLLRDHUP)
+            assert poller.poll(10_000), "the agent neither answered nor closed"
+            deadline = time.monotonic() + 10
+            while not any(event & (select.POLLHUP | select.POLLRDHUP) for _, event in poller.poll(100)):
+                assert time.monotonic() < deadline, "the agent answered but kept the connection open"
+        send_request(conn, line)
         answer = conn.makefile("rb").readline()
     decoded: dict[str, Any] = json.loads(answer)
     return decoded
@@ -231,6 +242,12 @@ def test_connections_beyond_the_bound_are_answered_busy(
         answer = _raw_exchange(path, b'{"method": "agent.status"}\n')
         assert answer["ok"] is False and answer["code"] == "busy", answer
         assert str(MAX_CONNECTIONS) in answer["error"]
+        # a client that sends only after the refusal closed the connection still reads why
+        late = _raw_exchange(path, b'{"method": "agent.status"}\n', after_the_close=True)
+        assert late["ok"] is False and late["code"] == "busy", late
+        with pytest.raises(ControlError, match="already holds") as refused:
+            call_agent(agent.config.state_dir, "agent.status", timeout=10)
+        assert refused.value.code == "busy"
     finally:
         for conn in idle:
             conn.close()
