@@ -5,61 +5,94 @@ The node agent publishes each NVLink pair its active checks measured below thres
 indices, the share of the modelled bandwidth the pair kept); the scheduler extender reads them back
 onto the node's inventory. Reading is tolerant: an inventory written before the field existed has
 none, and an entry that does not parse is skipped (and named) rather than failing the node.
+
+Each entry is read through ``DegradedLinkEntry`` with the CRD's bounds
+(``manifests/crds/gpunodeinventories.yaml``): two distinct GPU indices below ``spec.MAX_GPUS``, a
+finite fraction in 0..1, a reason of at most ``MAX_REASON`` characters; strict types (no ``true``
+for 1, no ``"0.5"`` for 0.5). Fields it does not know are ignored: a newer agent's, read by an
+older extender during a rolling upgrade. A list longer than the CRD's ``maxItems`` is not read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any, Generic, TypeVar
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from devicemodel.errors import clip
 from devicemodel.inventory import DegradedLink
+from devicemodel.spec import MAX_GPUS
+from devicemodel.validation import first_problem
 
 STATUS_FIELD = "degradedLinks"
+MAX_LINKS = 512  # the CRD's maxItems
+MAX_REASON = 1024  # the CRD's maxLength of one reason
+
+G = TypeVar("G")
+
+
+def _two_gpus(gpus: list[G]) -> list[G]:
+    if gpus[0] == gpus[1]:
+        raise ValueError("names one GPU twice; a link joins two GPUs")
+    return gpus
+
+
+class LinkEntry(BaseModel, Generic[G]):
+    """A degraded link wherever it is read (here by GPU index, in the agent's state file by GPU
+    UUID): two distinct GPUs, the finite share of the rate kept, a bounded reason (null: none)."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    gpus: Annotated[list[G], Field(min_length=2, max_length=2), AfterValidator(_two_gpus)]
+    fraction: float = Field(ge=0, le=1, allow_inf_nan=False)
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+
+
+GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+
+
+class DegradedLinkEntry(LinkEntry[GpuIndex]):
+    """One entry of ``status.degradedLinks``, as the CRD has it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def link(self) -> DegradedLink:
+        return DegradedLink(self.gpus[0], self.gpus[1], self.fraction, self.reason or "")
 
 
 def links_to_wire(links: Iterable[DegradedLink]) -> list[dict[str, Any]]:
     """Entries sorted by pair, the fraction rounded to 3 places (a re-measure that moves it in the
-    fourth does not rewrite the object)."""
+    fourth does not rewrite the object), each reason clipped to ``MAX_REASON``. Past ``MAX_LINKS``
+    links (the API server would refuse the whole status) only the slowest are written."""
+    kept = sorted(links, key=lambda item: item.fraction)[:MAX_LINKS]
     entries = []
-    for link in sorted(links, key=lambda item: (min(item.gpu_a, item.gpu_b), max(item.gpu_a, item.gpu_b))):
+    for link in sorted(kept, key=lambda item: (min(item.gpu_a, item.gpu_b), max(item.gpu_a, item.gpu_b))):
         entry: dict[str, Any] = {
             "gpus": sorted((link.gpu_a, link.gpu_b)),
             "fraction": round(link.fraction, 3),
         }
         if link.reason:
-            entry["reason"] = link.reason
+            entry["reason"] = clip(link.reason, limit=MAX_REASON)
         entries.append(entry)
     return entries
 
 
 def links_from_wire(raw: object) -> tuple[tuple[DegradedLink, ...], list[str]]:
-    """(links, problems): the entries that parse, and one line per entry that does not."""
+    """(links, problems): the entries that parse, and one line per entry that does not, naming the
+    entry and its field (``degradedLinks[3].gpus: names GPU 2 twice; ...``)."""
     if raw is None:
         return (), []
     if not isinstance(raw, list):
         return (), [f"{STATUS_FIELD} is not a list"]
+    if len(raw) > MAX_LINKS:
+        return (), [f"{STATUS_FIELD} has {len(raw)} entries, more than the {MAX_LINKS} the CRD allows"]
     links, problems = [], []
     for position, entry in enumerate(raw):
-        link = _one(entry)
-        if link is None:
-            problems.append(f"{STATUS_FIELD}[{position}] is not {{gpus: [a, b], fraction: 0..1}}: {entry!r}")
-        else:
-            links.append(link)
+        try:
+            links.append(DegradedLinkEntry.model_validate(entry).link())
+        except ValidationError as exc:
+            where, problem = first_problem(exc, whole="")
+            field = f".{where}" if where else ""
+            problems.append(f"{STATUS_FIELD}[{position}]{field}: {problem}")
     return tuple(links), problems
-
-
-def _one(entry: object) -> DegradedLink | None:
-    if not isinstance(entry, dict):
-        return None
-    gpus, fraction = entry.get("gpus"), entry.get("fraction")
-    if (
-        not isinstance(gpus, list)
-        or len(gpus) != 2
-        or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
-        or gpus[0] == gpus[1]
-        or not isinstance(fraction, int | float)
-        or isinstance(fraction, bool)
-        or not 0.0 <= float(fraction) <= 1.0
-    ):
-        return None
-    return DegradedLink(int(gpus[0]), int(gpus[1]), float(fraction), str(entry.get("reason") or ""))

@@ -2,20 +2,53 @@
 
 Written atomically through the agent's ``StateWriter`` (a crash leaves the old file or the new one;
 a full disk keeps the links in memory and retries every round), as the bad-hardware list is. A file
-that does not parse stops the start with one line naming it (``HealthStateError``), as a broken
-bad-hardware list does: the agent never silently forgets what it found.
+that does not parse stops the start with one line naming it and the field at fault
+(``HealthStateError``), as a broken bad-hardware list does: the agent never silently forgets what
+it found.
+
+The file is a JSON list of ``{"gpus": [uuid, uuid], "fraction": 0.425, "reason": "..."}``, read
+through ``LinkRecordEntry``: strict types, two distinct non-empty GPU UUIDs, a finite fraction in
+0..1, no field the agent does not write (an unknown one is a file this agent did not write, so the
+start stops rather than guess), at most ``MAX_RECORDS`` entries. What ``save`` writes always reads
+back: reasons clipped to ``MAX_REASON``, past ``MAX_RECORDS`` only the slowest links (logged).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any
 
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from devicemodel.degraded import MAX_REASON, LinkEntry
+from devicemodel.errors import clip
+from devicemodel.validation import first_problem
 from health.errors import HealthStateError
 from health.links import LinkRecord
 from health.persist import StateWriter, read_json
 
+log = logging.getLogger(__name__)
+
 DEGRADED_LINKS_FILE = "degraded-links.json"
+MAX_RECORDS = 4096  # every pair of 90 GPUs: far past what a node has, even after GPU swaps
+MAX_UUID = 256  # an NVML GPU UUID has 40 characters
+
+GpuUuid = Annotated[str, Field(min_length=1, max_length=MAX_UUID)]
+
+
+class LinkRecordEntry(LinkEntry[GpuUuid]):
+    """One entry of the file: a degraded pair by GPU UUID."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def record(self) -> LinkRecord:
+        a, b = sorted(self.gpus)
+        return LinkRecord((a, b), self.fraction, self.reason or "")
+
+
+_FILE = TypeAdapter(Annotated[list[LinkRecordEntry], Field(max_length=MAX_RECORDS)])
 
 
 class DegradedLinkFile:
@@ -28,31 +61,33 @@ class DegradedLinkFile:
         if raw is None:
             return {}
         try:
-            records = [_record(entry) for entry in list(raw)]
-        except (TypeError, ValueError, KeyError) as exc:
-            raise HealthStateError(
-                f"{self._path} has an entry that is not a degraded-link record: {exc}; fix or delete it"
-            ) from exc
+            entries = _FILE.validate_python(raw)
+        except ValidationError as exc:
+            raise HealthStateError(f"{self._path} {_problem(exc)}; fix or delete it") from exc
+        records = [entry.record() for entry in entries]
         return {record.pair: record for record in records}
 
     def save(self, links: Mapping[frozenset[str], LinkRecord]) -> None:
-        entries = [
-            {"gpus": list(r.gpus), "fraction": r.fraction, "reason": r.reason}
-            for r in sorted(links.values(), key=lambda r: r.gpus)
+        records = sorted(links.values(), key=lambda r: r.fraction)
+        if len(records) > MAX_RECORDS:
+            log.error(
+                "%d degraded links, more than the %d %s keeps; saving the slowest",
+                len(records),
+                MAX_RECORDS,
+                self._path,
+            )
+        entries: list[dict[str, Any]] = [
+            {"gpus": list(r.gpus), "fraction": r.fraction, "reason": clip(r.reason, limit=MAX_REASON)}
+            for r in sorted(records[:MAX_RECORDS], key=lambda r: r.gpus)
         ]
         self._writer.write(self._path, entries)
 
 
-def _record(entry: object) -> LinkRecord:
-    if not isinstance(entry, dict):
-        raise TypeError(f"{entry!r} is not an object")
-    gpus = entry["gpus"]
-    if not isinstance(gpus, list) or len(gpus) != 2 or not all(isinstance(g, str) and g for g in gpus):
-        raise ValueError(f"gpus {gpus!r} is not two GPU UUIDs")
-    if gpus[0] == gpus[1]:
-        raise ValueError(f"gpus {gpus!r} names one GPU twice")
-    fraction = entry["fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
-        raise ValueError(f"fraction {fraction!r} is not a number in 0..1")
-    a, b = sorted(gpus)
-    return LinkRecord((a, b), float(fraction), str(entry.get("reason") or ""))
+def _problem(exc: ValidationError) -> str:
+    """What is wrong, in one clause: the entry and its field, or the file as a whole."""
+    where, problem = first_problem(exc, whole="")
+    entry, _, field = where.partition(".")
+    if not entry.isdigit():
+        return f"is not a list of at most {MAX_RECORDS} degraded-link records: {problem}"
+    at = f"[{entry}].{field}" if field else f"[{entry}]"
+    return f"has an entry that is not a degraded-link record: {at}: {problem}"
