@@ -11,11 +11,12 @@ all but the wall-clock measurements).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.report import simulated_figures
+from gpuweave.simulate.runner import SimulateOptions, run_simulation
 from gpuweave.simulate.workload import Job, JobKind
 from topology.fragmentation import FragmentModel, TaskShape, typical_workload
 
@@ -152,3 +154,52 @@ def test_a_mig_pod_admitted_right_after_its_gpu_switched_to_mig_is_never_refused
     finally:
         pool.close()
     assert pool.admitted == 6 and pool.admission_failures == []
+
+
+def test_every_extender_call_finds_what_each_agent_publishes_in_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extender decides from the request and its cache only, so its cache must hold, at every
+    call, the object each agent publishes at that moment: an agent's thread that changed it
+    without the loop having waited for the change would make the answer depend on when the
+    change came (its delivery at this tick or the next). The short run of the test above, with
+    its faults and the latent faults' active checks, observed at each verb."""
+    pools: list[NodeAgentPool] = []
+    delivered: dict[int, dict[str, Any]] = {}
+    behind: list[str] = []
+    calls: list[str] = []
+    start_pool, receive, post = NodeAgentPool.__init__, ExtenderPlacer.receive_inventory, ExtenderPlacer._post
+
+    def started(pool: NodeAgentPool, *args: Any, **kwargs: Any) -> None:
+        start_pool(pool, *args, **kwargs)
+        pools.append(pool)
+
+    def received(placer: ExtenderPlacer, node: int, obj: Mapping[str, Any]) -> None:
+        delivered[node] = copy.deepcopy(dict(obj))
+        receive(placer, node, obj)
+
+    def posted(placer: ExtenderPlacer, verb: str, body: Mapping[str, Any]) -> Any:
+        calls.append(verb)
+        for node in [n for n in range(64) if pools and pools[-1].has(n)]:
+            if pools[-1].published(node) != delivered.get(node):
+                behind.append(f"t={placer.now_s:.0f} /{verb}: node {node}")
+        return post(placer, verb, body)
+
+    monkeypatch.setattr(NodeAgentPool, "__init__", started)
+    monkeypatch.setattr(ExtenderPlacer, "receive_inventory", received)
+    monkeypatch.setattr(ExtenderPlacer, "_post", posted)
+    options = SimulateOptions(
+        nodes=4,
+        profiles=None,
+        trace=None,
+        policy="gpuweave",
+        seed=7,
+        duration_s=3600.0,
+        load=0.95,
+        out=tmp_path / "out",
+        compare=False,
+        progress=False,
+    )
+    assert run_simulation(options) == 0
+    assert {"filter", "prioritize", "bind"} <= set(calls)
+    assert behind == []
