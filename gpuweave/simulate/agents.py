@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from devicemodel.assignment import parent_gpu_of_share
-from devicemodel.contracts import mig_resource_name
 from devicemodel.errors import GpuweaveError
 from devicemodel.inventory import NicType, NodeInventory
 from devicemodel.sharing import GpuSharing, SharingMode, SharingPlan
@@ -331,8 +330,32 @@ class NodeAgentPool:
     def resources(self, node: int) -> dict[str, int]:
         return self._nodes[node].kubelet.resources()
 
+    def kubelet_follows(self, node: int, resources: Collection[str] | None = None) -> bool:
+        """Whether the node's kubelet lists every device the agent serves now under ``resources``
+        (None: all of its resources) with the health the agent gives it: its ListAndWatch streams
+        have carried the agent's last change (a reshape's new devices, released after being
+        withheld as their GPU changed mode; a GPU or an adapter back). Devices the agent no longer
+        serves may still be listed: the kubelet keeps them, and they decide nothing here."""
+        started = self._nodes[node]
+        served = started.agent.resource_names()
+        for name in served if resources is None else [r for r in resources if r in served]:
+            listed = started.kubelet.devices(name)
+            if any(listed.get(s.device.id) != s.health for s in started.agent.state_of(name).snapshot()):
+                return False
+        return True
+
+    def _settle_kubelet(self, node: int, what: str, resources: Collection[str] | None = None) -> None:
+        """Wait until the node's kubelet lists the devices as its agent serves them now
+        (``kubelet_follows``), so that what it admits never depends on how fast its streams ran."""
+        name = self._fleet[node].name
+        settle(f"the kubelet of {name} {what}", lambda: self.kubelet_follows(node, resources))
+
     def admit(self, node: int, devices: Mapping[str, Sequence[str]], *, pod_id: str = "") -> bool:
-        """The kubelet admits a pod's container with the devices the scheduler chose."""
+        """The kubelet admits a pod's container with the devices the scheduler chose, once it
+        lists those resources' devices as the agent serves them (the kubelet's
+        GetPreferredAllocation offers the devices it sees Healthy: a list behind the agent's
+        would refuse a device the agent serves)."""
+        self._settle_kubelet(node, f"listing {sorted(devices)} as its agent serves them", devices.keys())
         for resource, ids in devices.items():
             try:
                 self._nodes[node].kubelet.admit(resource, list(ids))
@@ -377,11 +400,9 @@ class NodeAgentPool:
         except GpuweaveError as exc:
             self.reshape_refusals.append(f"{self._fleet[node].name} GPU {gpu}: {exc}")
             return False
-        created: dict[str, list[str]] = {}
-        for device in self.inventory(node).mig_devices_of(gpu):
-            created.setdefault(mig_resource_name(device.profile), []).append(device.uuid)
-        if not self._nodes[node].kubelet.wait_listed(created, timeout=SETTLE_TIMEOUT_S):
-            raise stalled(f"the kubelet listing the new MIG devices of {self._fleet[node].name} GPU {gpu}")
+        # a kubelet only admits pods to devices its ListAndWatch streams announced Healthy: the
+        # new MIG devices are listed first withheld (their GPU changing mode), then released
+        self._settle_kubelet(node, f"listing the MIG devices of GPU {gpu} as its agent serves them")
         return True
 
     def inject_xid(self, node: int, gpu: int, xid: int) -> float | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,21 +160,6 @@ class SimKubelet(api_pb2_grpc.RegistrationServicer):
         deadline = time.monotonic() + timeout
         with self._lock:
             while not all(r in self._plugins and self._plugins[r].updates for r in resources):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
-
-    def wait_listed(self, devices: Mapping[str, Collection[str]], *, timeout: float = 20.0) -> bool:
-        """Until every resource's plugin lists those device IDs (new MIG devices after a reshape:
-        a kubelet only admits pods to devices its ListAndWatch stream has announced)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while not all(
-                r in self._plugins and set(ids) <= self._plugins[r].health.keys()
-                for r, ids in devices.items()
-            ):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
