@@ -131,7 +131,7 @@ class HostCores:
         ``free``, ``cores``: milli-GPU and CPU milli free per kind (``KindTotals``); ``spare``:
         CPU milli free on nodes with no GPU free."""
         rate, other = self.per_gpu_milli, self.other_per_gpu_milli
-        if rate <= 0:
+        if rate <= 0 or len(free) < 2:  # one kind: the same charge on every node moves no choice
             return {}
         usable = {k: min(g, cores.get(k, 0.0) / rate) for k, g in free.items()}
         surplus = {k: max(cores.get(k, 0.0) - rate * g, 0.0) for k, g in free.items()}

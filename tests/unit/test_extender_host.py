@@ -78,7 +78,9 @@ def test_cores_spent_faster_than_a_cpu_poor_kinds_gpus_cost_the_gpus_they_strand
     heavy = cores.stranded(470, 11_000, free, host, spare=0.0)
     assert heavy == {POOR: pytest.approx(3200 - 470 - 2100)}  # nothing on RICH: its cores are spare
     assert cores.stranded(810, 3_000, free, host, spare=0.0) == {}  # fewer cores than the GPU needs
-    assert cores.stranded(470, 11_000, {POOR: 2000.0}, {POOR: 32_000.0}, spare=0.0) == {}  # cores to spare
+    spared = {POOR: 2000.0, RICH: 2000.0}
+    assert cores.stranded(470, 11_000, spared, {POOR: 32_000.0, RICH: 104_000.0}, spare=0.0) == {}
+    assert cores.stranded(470, 11_000, {POOR: 4000.0}, {POOR: 32_000.0}, spare=0.0) == {}  # one kind
 
 
 def test_when_cpu_only_tasks_need_more_than_the_spare_cores_every_kind_costs_the_same() -> None:
