@@ -156,7 +156,8 @@ SAME_COST = 1e-6  # milli-GPU: float noise of equal sums
 
 
 class KindTotals:
-    """Per node kind: GPUs built and milli-GPU free now, kept up to date on every node rebuild.
+    """Per node kind: GPUs built, milli-GPU free and the CPU free beside it now (with the CPU free
+    on nodes with no GPU free, ``spare``), kept up to date on every node rebuild.
 
     ``number_of`` maps a node to its kind's small integer (``kinds[number]`` is the kind): the
     per-request pass over every node name looks kinds up by int, whose hash is itself, where a
