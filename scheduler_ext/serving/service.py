@@ -243,14 +243,10 @@ class ExtenderService:
         if shaped is None or shaped[0].total_gpu_milli == 0:
             return None
         kinds = self.cache.kinds
-        pressure = self.core.reserved(kinds).pressure(kinds.free)
-        if not pressure:
+        per_kind = self.core.reserved(kinds).costs(shaped[0].total_gpu_milli, shaped[0].cpu_milli, kinds)
+        if not per_kind:
             return None
-        return {
-            number: p * shaped[0].total_gpu_milli
-            for number, kind in enumerate(kinds.kinds)
-            if (p := pressure.get(kind))
-        }
+        return {number: c for number, kind in enumerate(kinds.kinds) if (c := per_kind.get(kind))}
 
     def _host_only_scores(self, host: HostRequest, names: list[str]) -> list[int]:
         """A pod asking for no device, sent by a profile that sends every pod: steer its CPU and
