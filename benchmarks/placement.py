@@ -264,11 +264,12 @@ def print_table(variant: str, ours: dict[str, Any], published: PublishedCurves |
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The figures the docs quote from a report, per variant (``benchmarks/results/<name>.json``).
 
-    Per policy: the allocation at 130% arrived load per seed and median, and the median
-    fragment/total there. Where gpuweave and FGD both ran, ``gpuweave_minus_fgd`` of the median
-    curves: at 130%, per load, its smallest value over every load and over 100..130% with the load
-    where it falls (the first such load on a tie), the first load where the curves differ, and the
-    same per seed. Where the report has the published FGD curve, gpuweave against it as well."""
+    Per policy: the allocation at 130% arrived load per seed and median, the median
+    fragment/total there, and per seed what the run left (``left_at_end``: idle GPUs, leftovers).
+    Where gpuweave and FGD both ran, ``gpuweave_minus_fgd`` of the median curves: at 130%, per
+    load, its smallest value over every load and over 100..130% with the load where it falls (the
+    first such load on a tie), the first load where the curves differ, and the same per seed.
+    Where the report has the published FGD curve, gpuweave against it as well."""
     return {
         "seeds": list(report["method"]["seeds"]),
         "variants": {variant: _variant_summary(data) for variant, data in report["variants"].items()},
@@ -283,6 +284,9 @@ def _variant_summary(data: dict[str, Any]) -> dict[str, Any]:
                 "at_130": policy["median"]["allocation"][FULL_LOAD],
                 "seeds_at_130": {str(run["seed"]): run["allocation"][FULL_LOAD] for run in policy["runs"]},
                 "fragment_total_at_130": policy["median"]["fragment_total"][FULL_LOAD],
+                "left_at_130": {
+                    str(run["seed"]): _left(run["left"]) for run in policy["runs"] if "left" in run
+                },
             }
             for name, policy in ours.items()
         }
@@ -309,6 +313,20 @@ def _variant_summary(data: dict[str, Any]) -> dict[str, Any]:
             "gpuweave_min_gap": min(gap for _, gap in gaps(gpuweave, published_fgd)),
         }
     return result
+
+
+def _left(left: dict[str, Any]) -> dict[str, Any]:
+    """``left_at_end``'s figures the docs quote (its histograms stay in the report)."""
+    short = left["idle_gpus_short_of"]
+    return {
+        "idle_gpus": left["idle_gpus"],
+        "idle_gpus_short_of_cpu": short["cpu"],
+        "idle_gpus_short_of_memory": short["memory"],
+        "partly_used_gpus": left["partly_used_gpus"],
+        "leftover_gpus": left["leftover_gpus"],
+        "smallest_failed_share_milli": left["smallest_failed_share_milli"],
+        "leftover_gpus_below_it": left["leftover_gpus_below_it"],
+    }
 
 
 def _comparison(ahead: Sequence[float], behind: Sequence[float], *, by_load: bool = True) -> dict[str, Any]:

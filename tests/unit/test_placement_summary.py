@@ -13,8 +13,20 @@ from benchmarks.placement import main, summary, summary_rows
 LOADS = range(131)
 
 
+LEFT = {
+    "idle_gpus": 3,
+    "idle_gpus_short_of": {"cpu": 2, "memory": 1},
+    "partly_used_gpus": 7,
+    "leftover_gpus": 2.5,
+    "smallest_failed_share_milli": 220,
+    "leftover_gpus_below_it": 1.25,
+    "leftover_histogram_milli": {100: 7},
+    "failed_by_request": {"1 GPU": 4},
+}
+
+
 def _run(seed: int, allocation: list[float], fragment: float) -> dict[str, object]:
-    return {"seed": seed, "allocation": allocation, "fragment_total": [fragment] * 131}
+    return {"seed": seed, "allocation": allocation, "fragment_total": [fragment] * 131, "left": LEFT}
 
 
 def _policy(runs: list[dict[str, object]], median: list[float], fragment: float) -> dict[str, object]:
@@ -54,6 +66,15 @@ def test_the_summary_holds_the_figures_the_docs_tables_show() -> None:
     assert tiny["policies"]["fgd"]["seeds_at_130"] == {"1": 90.0, "2": 92.0}
     assert tiny["policies"]["gpuweave"]["seeds_at_130"] == {"1": 90.5, "2": 92.3}
     assert tiny["policies"]["gpuweave"]["fragment_total_at_130"] == 4.0
+    assert tiny["policies"]["fgd"]["left_at_130"]["2"] == {
+        "idle_gpus": 3,
+        "idle_gpus_short_of_cpu": 2,
+        "idle_gpus_short_of_memory": 1,
+        "partly_used_gpus": 7,
+        "leftover_gpus": 2.5,
+        "smallest_failed_share_milli": 220,
+        "leftover_gpus_below_it": 1.25,
+    }
     gap = tiny["gpuweave_minus_fgd"]
     assert gap["at_130"] == pytest.approx(0.4)
     assert (gap["min_gap"], gap["min_gap_load"]) == (0.0, 0)
