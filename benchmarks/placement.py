@@ -458,13 +458,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _write(report, args.out, plots=not args.no_plots)
     if args.results is not None:
-        print("\n".join(summary_rows(summary(report))))
+        summarized = summary(report)
+        print("\n".join(summary_rows(summarized)))
         source = {
             "run_command": command_line("benchmarks.placement", argv),
             "path": str(args.out / "placement.json"),
         }
         write_results(
-            args.results, {"report": source, **summary(report)}, module="benchmarks.placement", argv=argv
+            args.results, {"report": source, **summarized}, module="benchmarks.placement", argv=argv
         )
     return 0
 
