@@ -316,7 +316,8 @@ def _variant_summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _left(left: dict[str, Any]) -> dict[str, Any]:
-    """``left_at_end``'s figures the docs quote (its histograms stay in the report)."""
+    """``left_at_end``'s figures the docs quote (its histogram stays in the report); the failed pods
+    per request keyed without the space (``1GPU``, ``810m``) so a doc's results mark can name them."""
     short = left["idle_gpus_short_of"]
     return {
         "idle_gpus": left["idle_gpus"],
@@ -326,6 +327,7 @@ def _left(left: dict[str, Any]) -> dict[str, Any]:
         "leftover_gpus": left["leftover_gpus"],
         "smallest_failed_share_milli": left["smallest_failed_share_milli"],
         "leftover_gpus_below_it": left["leftover_gpus_below_it"],
+        "failed_by_request": {label.replace(" ", ""): n for label, n in left["failed_by_request"].items()},
     }
 
 

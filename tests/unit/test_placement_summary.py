@@ -74,6 +74,7 @@ def test_the_summary_holds_the_figures_the_docs_tables_show() -> None:
         "leftover_gpus": 2.5,
         "smallest_failed_share_milli": 220,
         "leftover_gpus_below_it": 1.25,
+        "failed_by_request": {"1GPU": 4},
     }
     gap = tiny["gpuweave_minus_fgd"]
     assert gap["at_130"] == pytest.approx(0.4)
