@@ -14,6 +14,15 @@ are reported on the held-out seeds 1000..1009, the default. No parameter is set 
     .venv/bin/python -m benchmarks.placement                 # default trace, held-out seeds
     .venv/bin/python -m benchmarks.placement --quick         # default trace, seeds 1000,1001
     .venv/bin/python -m benchmarks.placement --variants all  # the 17 paper traces (long)
+    .venv/bin/python -m benchmarks.placement --results NAME  # also benchmarks/results/NAME.json
+    .venv/bin/python -m benchmarks.placement --summarize DIR/placement.json --results NAME \
+        --run-command "CMD"                                  # that file from a finished run's report
+
+``--results`` writes the figures the docs quote (``summary``: per trace and policy the allocation
+at 130% arrived load per seed and median; gpuweave minus FGD at 130%, its smallest value over
+loads 0..130 and 100..130, the first load where the curves differ) with
+``benchmarks.results_file.write_results``; ``--summarize`` writes it from a report already made,
+recording the command that made the report beside its own.
 
 The trace is read from ``--data-dir`` (default ../shared/data/alibaba-gpu-2023/csv beside the
 repository); it is never packaged.
@@ -30,11 +39,13 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.placement_plots import plot_report
 from benchmarks.placement_published import PublishedCurves, load_published
+from benchmarks.results_file import command_line, write_results
 from devicemodel.errors import GpuweaveError
 from devicemodel.sharing import MILLI_PER_GPU
 from gpuweave.simulate.fgd.artifact import artifact_run
@@ -53,6 +64,8 @@ DEFAULT_PUBLISHED_DIR = DEFAULT_TRACE_DIR.parents[1] / "fgd-atc23-results"
 DEFAULT_OUT = Path("benchmarks/results/placement")
 METRICS = ("allocation", "fragment_total", "fragment_idle")
 TABLE_POINTS = (50, 70, 80, 90, 95, 100, 110, 120, 130)
+FULL_LOAD = 130  # % of GPU capacity the stream reaches; the figures are read there
+LATE_LOADS = (100, 130)  # past capacity: the range of summary()'s second smallest gap
 BINNING_NOISE = 0.15  # points of allocation; see verdict()
 TUNING_SEEDS = "42..51"  # the only seeds any parameter may be chosen on
 HELD_OUT_SEEDS = "1000..1009"  # the seeds results are reported on
@@ -199,6 +212,15 @@ def leftover_lines(curves: PackingCurves) -> str:
     )
 
 
+def gaps(ahead: Sequence[float], behind: Sequence[float]) -> list[tuple[int, float]]:
+    """``(load, ahead - behind)`` at every load (the curves' index, % arrived) where both have a value."""
+    return [
+        (load, a - b)
+        for load, (a, b) in enumerate(zip(ahead, behind, strict=True))
+        if not (math.isnan(a) or math.isnan(b))
+    ]
+
+
 def verdict(ours: dict[str, Any], published: PublishedCurves | None, variant: str) -> dict[str, Any]:
     """gpuweave against FGD: at 130%, and the worst gap over every load (median curves)."""
     gpuweave = ours.get("gpuweave", {}).get("median", {}).get("allocation")
@@ -211,12 +233,10 @@ def verdict(ours: dict[str, Any], published: PublishedCurves | None, variant: st
     for label, reference in references.items():
         if reference is None:
             continue
-        gaps = [
-            g - r for g, r in zip(gpuweave, reference, strict=True) if not (math.isnan(g) or math.isnan(r))
-        ]
+        smallest = min(gap for _, gap in gaps(gpuweave, reference))
         result[f"{label}_at_130"] = reference[130]
-        result[f"min_gap_vs_{label}"] = min(gaps)
-        result[f"not_below_{label}_at_any_load"] = min(gaps) >= -0.05  # 0.05 points: rounding of the CSVs
+        result[f"min_gap_vs_{label}"] = smallest
+        result[f"not_below_{label}_at_any_load"] = smallest >= -0.05  # 0.05 points: rounding of the CSVs
     published_fgd = result.get("fgd_published_at_130")
     if published_fgd is not None:
         result["target_met"] = gpuweave[130] > published_fgd and bool(
@@ -239,6 +259,127 @@ def print_table(variant: str, ours: dict[str, Any], published: PublishedCurves |
         f"{'fragment/total % @130':<24}"
         + "".join(f"{n}={d['median']['fragment_total'][130]:.2f} " for n, d in ours.items())
     )
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures the docs quote from a report, per variant (``benchmarks/results/<name>.json``).
+
+    Per policy: the allocation at 130% arrived load per seed and median, the median
+    fragment/total there, and per seed what the run left (``left_at_end``: idle GPUs, leftovers).
+    Where gpuweave and FGD both ran, ``gpuweave_minus_fgd`` of the median curves: at 130%, per
+    load, its smallest value over every load and over 100..130% with the load where it falls (the
+    first such load on a tie), the first load where the curves differ, and the same per seed.
+    Where the report has the published FGD curve, gpuweave against it as well."""
+    return {
+        "seeds": list(report["method"]["seeds"]),
+        "variants": {variant: _variant_summary(data) for variant, data in report["variants"].items()},
+    }
+
+
+def _variant_summary(data: dict[str, Any]) -> dict[str, Any]:
+    ours: dict[str, Any] = data["ours"]
+    result: dict[str, Any] = {
+        "policies": {
+            name: {
+                "at_130": policy["median"]["allocation"][FULL_LOAD],
+                "seeds_at_130": {str(run["seed"]): run["allocation"][FULL_LOAD] for run in policy["runs"]},
+                "fragment_total_at_130": policy["median"]["fragment_total"][FULL_LOAD],
+                "left_at_130": {
+                    str(run["seed"]): _left(run["left"]) for run in policy["runs"] if "left" in run
+                },
+            }
+            for name, policy in ours.items()
+        }
+    }
+    if "gpuweave" not in ours:
+        return result
+    gpuweave = ours["gpuweave"]["median"]["allocation"]
+    if "fgd" in ours:
+        comparison = _comparison(gpuweave, ours["fgd"]["median"]["allocation"])
+        fgd_runs = {run["seed"]: run["allocation"] for run in ours["fgd"]["runs"]}
+        per_seed = {
+            str(run["seed"]): _comparison(run["allocation"], fgd_runs[run["seed"]], by_load=False)
+            for run in ours["gpuweave"]["runs"]
+            if run["seed"] in fgd_runs
+        }
+        comparison["per_seed"] = per_seed
+        comparison["seeds_ahead_at_130"] = sum(1 for seed in per_seed.values() if seed["at_130"] > 0)
+        comparison["seeds_compared"] = len(per_seed)
+        result["gpuweave_minus_fgd"] = comparison
+    published_fgd = data.get("published", {}).get("fgd", {}).get("allocation")
+    if published_fgd is not None:
+        result["published_fgd"] = {
+            "at_130": published_fgd[FULL_LOAD],
+            "gpuweave_min_gap": min(gap for _, gap in gaps(gpuweave, published_fgd)),
+        }
+    return result
+
+
+def _left(left: dict[str, Any]) -> dict[str, Any]:
+    """``left_at_end``'s figures the docs quote (its histogram stays in the report); the failed pods
+    per request keyed without the space (``1GPU``, ``810m``) so a doc's results mark can name them."""
+    short = left["idle_gpus_short_of"]
+    return {
+        "idle_gpus": left["idle_gpus"],
+        "idle_gpus_short_of_cpu": short["cpu"],
+        "idle_gpus_short_of_memory": short["memory"],
+        "partly_used_gpus": left["partly_used_gpus"],
+        "leftover_gpus": left["leftover_gpus"],
+        "smallest_failed_share_milli": left["smallest_failed_share_milli"],
+        "leftover_gpus_below_it": left["leftover_gpus_below_it"],
+        "failed_by_request": {label.replace(" ", ""): n for label, n in left["failed_by_request"].items()},
+    }
+
+
+def _comparison(ahead: Sequence[float], behind: Sequence[float], *, by_load: bool = True) -> dict[str, Any]:
+    every = gaps(ahead, behind)
+    smallest = min(every, key=lambda pair: pair[1])
+    late = min(
+        (pair for pair in every if LATE_LOADS[0] <= pair[0] <= LATE_LOADS[1]), key=lambda pair: pair[1]
+    )
+    result: dict[str, Any] = {
+        "at_130": ahead[FULL_LOAD] - behind[FULL_LOAD],
+        "min_gap": smallest[1],
+        "min_gap_load": smallest[0],
+        "min_gap_100_130": late[1],
+        "min_gap_100_130_load": late[0],
+        "curves_differ_from": next((load for load, gap in every if gap != 0), None),
+    }
+    if by_load:
+        known = dict(every)
+        result["by_load"] = [known.get(load) for load in range(len(ahead))]
+    return result
+
+
+def summary_rows(summarized: dict[str, Any]) -> list[str]:
+    """The docs' table of gpuweave against FGD, one Markdown row per variant (header first)."""
+    lines = [
+        "| trace | gpuweave @130 | FGD @130 | gpuweave \u2212 FGD @130 | min gap, loads 0..130 "
+        "| curves differ from | min gap, loads 100..130 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for variant, data in summarized["variants"].items():
+        gap = data.get("gpuweave_minus_fgd")
+        if gap is None:
+            continue
+        policies = data["policies"]
+        smallest = (
+            "0.00 (never below)"
+            if round(gap["min_gap"], 2) == 0
+            else f"{gap['min_gap']:+.2f} at {gap['min_gap_load']}%"
+        )
+        differ = "never" if gap["curves_differ_from"] is None else f"{gap['curves_differ_from']}%"
+        cells = (
+            variant,
+            f"{policies['gpuweave']['at_130']:.2f}",
+            f"{policies['fgd']['at_130']:.2f}",
+            f"{gap['at_130']:+.2f}",
+            smallest,
+            differ,
+            f"{gap['min_gap_100_130']:+.2f} at {gap['min_gap_100_130_load']}%",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,11 +407,32 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print what each run leaves at 130%% (idle GPUs, leftover milli-GPU, failed pods by request)",
     )
+    parser.add_argument(
+        "--results",
+        metavar="NAME",
+        help="also write summary() to benchmarks/results/NAME.json (the figures the docs quote)",
+    )
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        metavar="REPORT",
+        help="run nothing: summarize this placement.json (print the table; with --results, write it)",
+    )
+    parser.add_argument(
+        "--run-command", help="with --summarize: the command that made the report, recorded in the results"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.summarize is not None:
+        if args.results is not None and not args.run_command:
+            parser.error("--summarize with --results needs --run-command (what made the report)")
+        return _summarize(args.summarize, results=args.results, run_command=args.run_command, argv=argv)
+    if args.run_command:
+        parser.error("--run-command goes with --summarize")
     variants = list(PAPER_VARIANTS) if args.variants == "all" else args.variants.split(",")
     seeds = [1000, 1001] if args.quick else parse_seeds(args.seeds)
     if args.quick:
@@ -297,6 +459,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"benchmarks.placement: {exc}", file=sys.stderr)
         return 2
     _write(report, args.out, plots=not args.no_plots)
+    if args.results is not None:
+        summarized = summary(report)
+        print("\n".join(summary_rows(summarized)))
+        source = {
+            "run_command": command_line("benchmarks.placement", argv),
+            "path": str(args.out / "placement.json"),
+        }
+        write_results(
+            args.results, {"report": source, **summarized}, module="benchmarks.placement", argv=argv
+        )
+    return 0
+
+
+def _summarize(
+    path: Path, *, results: str | None, run_command: str | None, argv: Sequence[str] | None
+) -> int:
+    """``--summarize``: the table and, with ``--results``, the results file of a report already made."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"benchmarks.placement: {path}: {exc}", file=sys.stderr)
+        return 2
+    summarized = summary(report)
+    print("\n".join(summary_rows(summarized)))
+    if results is not None:
+        written = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
+        source = {"run_command": run_command, "path": str(path), "written": written}
+        write_results(results, {"report": source, **summarized}, module="benchmarks.placement", argv=argv)
     return 0
 
 
