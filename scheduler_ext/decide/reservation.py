@@ -46,11 +46,13 @@ class ReservedDemand:
         kinds = [k for k, gpus in capacity.items() if gpus > 0]
         memory = workload.memory_mib or (0,) * len(workload.shapes)
         demand = dict.fromkeys(kinds, 0.0)
-        total = 0.0
+        total = gpu_cores = other_cores = 0.0
         for shape, p, mem in zip(workload.shapes, workload.probabilities, memory, strict=True):
             if shape.is_cpu_only:
+                other_cores += p * shape.cpu_milli
                 continue
             total += p * shape.total_gpu_milli
+            gpu_cores += p * shape.cpu_milli
             fits = [
                 k
                 for k in kinds
@@ -63,9 +65,6 @@ class ReservedDemand:
                 room = sum(capacity[k] for k in fits)
                 for kind in fits:
                     demand[kind] += capacity[kind] / room * p * shape.total_gpu_milli
-        pairs = list(zip(workload.shapes, workload.probabilities, strict=True))
-        gpu_cores = sum(p * s.cpu_milli for s, p in pairs if not s.is_cpu_only)
-        other_cores = sum(p * s.cpu_milli for s, p in pairs if s.is_cpu_only)
         return cls(
             {k: (d / total if total > 0 else 0.0) for k, d in demand.items() if d > 0},
             HostCores(gpu_cores / total, other_cores / total) if total > 0 else None,
