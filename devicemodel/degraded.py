@@ -15,7 +15,7 @@ older extender during a rolling upgrade. A list longer than the CRD's ``maxItems
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -30,6 +30,8 @@ MAX_LINKS = 512  # the CRD's maxItems
 MAX_REASON = 1024  # the CRD's maxLength of one reason
 
 G = TypeVar("G")
+T = TypeVar("T")
+K = TypeVar("K", int, str)  # a GPU as an entry names it: index (status) or UUID (state file)
 
 
 def _two_gpus(gpus: list[G]) -> list[G]:
@@ -61,21 +63,40 @@ class DegradedLinkEntry(LinkEntry[GpuIndex]):
         return DegradedLink(self.gpus[0], self.gpus[1], self.fraction, self.reason or "")
 
 
+def slowest_entries(
+    links: Iterable[T],
+    *,
+    limit: int,
+    fraction: Callable[[T], float],
+    gpus: Callable[[T], Sequence[K]],
+    reason: Callable[[T], str | None],
+) -> list[dict[str, Any]]:
+    """Degraded links as ``LinkEntry`` dicts, for the status field and the agent's state file alike:
+    past ``limit`` links only the slowest (what a reader acts on first), sorted by GPU pair, each
+    reason clipped to ``MAX_REASON`` (omitted where ``reason`` gives None), so what is written
+    always reads back."""
+    kept = sorted(links, key=fraction)[:limit]
+    entries = []
+    for link in sorted(kept, key=lambda item: sorted(gpus(item))):
+        entry: dict[str, Any] = {"gpus": sorted(gpus(link)), "fraction": fraction(link)}
+        text = reason(link)
+        if text is not None:
+            entry["reason"] = clip(text, limit=MAX_REASON)
+        entries.append(entry)
+    return entries
+
+
 def links_to_wire(links: Iterable[DegradedLink]) -> list[dict[str, Any]]:
     """Entries sorted by pair, the fraction rounded to 3 places (a re-measure that moves it in the
     fourth does not rewrite the object), each reason clipped to ``MAX_REASON``. Past ``MAX_LINKS``
     links (the API server would refuse the whole status) only the slowest are written."""
-    kept = sorted(links, key=lambda item: item.fraction)[:MAX_LINKS]
-    entries = []
-    for link in sorted(kept, key=lambda item: (min(item.gpu_a, item.gpu_b), max(item.gpu_a, item.gpu_b))):
-        entry: dict[str, Any] = {
-            "gpus": sorted((link.gpu_a, link.gpu_b)),
-            "fraction": round(link.fraction, 3),
-        }
-        if link.reason:
-            entry["reason"] = clip(link.reason, limit=MAX_REASON)
-        entries.append(entry)
-    return entries
+    return slowest_entries(
+        links,
+        limit=MAX_LINKS,
+        fraction=lambda link: round(link.fraction, 3),
+        gpus=lambda link: (link.gpu_a, link.gpu_b),
+        reason=lambda link: link.reason or None,
+    )
 
 
 def links_from_wire(raw: object) -> tuple[tuple[DegradedLink, ...], list[str]]:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from devicemodel.degraded import MAX_REASON, LinkEntry
-from devicemodel.errors import clip
+from devicemodel.degraded import LinkEntry, slowest_entries
 from devicemodel.validation import first_problem
 from health.errors import HealthStateError
 from health.links import LinkRecord
@@ -68,18 +67,20 @@ class DegradedLinkFile:
         return {record.pair: record for record in records}
 
     def save(self, links: Mapping[frozenset[str], LinkRecord]) -> None:
-        records = sorted(links.values(), key=lambda r: r.fraction)
-        if len(records) > MAX_RECORDS:
+        if len(links) > MAX_RECORDS:
             log.error(
                 "%d degraded links, more than the %d %s keeps; saving the slowest",
-                len(records),
+                len(links),
                 MAX_RECORDS,
                 self._path,
             )
-        entries: list[dict[str, Any]] = [
-            {"gpus": list(r.gpus), "fraction": r.fraction, "reason": clip(r.reason, limit=MAX_REASON)}
-            for r in sorted(records[:MAX_RECORDS], key=lambda r: r.gpus)
-        ]
+        entries = slowest_entries(
+            links.values(),
+            limit=MAX_RECORDS,
+            fraction=lambda r: r.fraction,
+            gpus=lambda r: r.gpus,
+            reason=lambda r: r.reason,
+        )
         self._writer.write(self._path, entries)
 
 
