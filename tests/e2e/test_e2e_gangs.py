@@ -41,6 +41,7 @@ from tests.e2e.cluster import (
 from tests.e2e.gpu_nodes import create_gpu_node, held_devices
 from tests.e2e.pods import GPU, scheduling_failure
 from tests.support.pods import pod_body
+from tests.support.waiting import wait_until
 from topology.network import LABEL_AWS_LAYER_3
 
 pytestmark = pytest.mark.e2e
@@ -108,6 +109,29 @@ def _create_node(plane: ControlPlane, name: str) -> PodAssignment:
     )
     gpus = [g.uuid for g in inventory.gpus]
     return PodAssignment(node=name, containers={"main": ContainerAssignment(devices={GPU: gpus})})
+
+
+def _admitted_with(plane: ControlPlane, priority_class: str) -> bool:
+    """Whether a pod naming ``priority_class`` passes admission now (a dry run, nothing created)."""
+    probe = _pod("priority-probe", gpus=1)
+    probe["spec"]["priorityClassName"] = priority_class
+    try:
+        plane.core.create_namespaced_pod(NAMESPACE, probe, dry_run="All")
+    except ApiException as exc:
+        if exc.status == 403:
+            return False
+        raise
+    return True
+
+
+def _create_high_priority(plane: ControlPlane, scheduling: client.SchedulingV1Api) -> None:
+    """The PriorityClass ``HIGH``, once the API server's Priority admission knows it: that plugin
+    reads classes from its informer, so a pod created right after the class can be refused with
+    "no PriorityClass with name ... was found" (403)."""
+    scheduling.create_priority_class(
+        {"metadata": {"name": HIGH}, "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
+    )
+    wait_until(f"admission to know PriorityClass {HIGH}", lambda: _admitted_with(plane, HIGH), timeout=30)
 
 
 def _pod(
@@ -325,9 +349,7 @@ def test_a_recovering_gang_preempts_a_lower_priority_pod_in_its_block(
     the priority-0 pod on gang-b2 is evicted, gang-a2's filler stays, and the gang runs again on
     gang-b1 and gang-b2."""
     scheduling = client.SchedulingV1Api(plane.api)
-    scheduling.create_priority_class(
-        {"metadata": {"name": HIGH}, "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
-    )
+    _create_high_priority(plane, scheduling)
     try:
         members = [_pod(f"rec-{index}", gang="rec") for index in range(2)]
         for member in members:
@@ -385,9 +407,7 @@ def test_a_gang_of_one_preempts_only_once_it_ran(plane: ControlPlane, gangs: Gan
     extender lets kube-scheduler evict one priority-0 pod of its block (gang-b1 or gang-b2), and it
     runs there."""
     scheduling = client.SchedulingV1Api(plane.api)
-    scheduling.create_priority_class(
-        {"metadata": {"name": HIGH}, "value": 1000, "preemptionPolicy": "PreemptLowerPriority"}
-    )
+    _create_high_priority(plane, scheduling)
     squatters = {f"one-squat-{n.removeprefix('gang-')}": n for n in ("gang-a1", "gang-b1", "gang-b2")}
 
     def solo() -> dict[str, Any]:
