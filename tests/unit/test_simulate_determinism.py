@@ -24,13 +24,12 @@ import pytest
 
 from devicemodel.contracts import mig_resource_name
 from gpuweave.simulate.agents import NodeAgentPool
-from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.report import simulated_figures
 from gpuweave.simulate.runner import SimulateOptions, run_simulation
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+from tests.support.sim_agents import simulation_with_agents
 
 pytestmark = pytest.mark.slow
 
@@ -97,23 +96,8 @@ def _mig_cycles() -> dict[str, Any]:
         Job(f"mig-{i}", JobKind.MIG, i * MIG_CYCLE_S, 60.0, 1, 1, 0, 4000, 16_384, "1g.10gb")
         for i in range(MIG_CYCLES)
     ]
-    model = FragmentModel(typical_workload([TaskShape(4000, 1000, 1)]), models=["dgx-a100"], max_gpus=8)
-    pool = NodeAgentPool(fleet, share_nodes=frozenset())
-    placer = ExtenderPlacer(fleet, share_nodes=frozenset())
-    try:
-        result = Simulation(
-            fleet=fleet,
-            jobs=jobs,
-            placer=placer,
-            metric_model=model,
-            duration_s=MIG_CYCLES * MIG_CYCLE_S,
-            faults=(),
-            share_nodes=frozenset(),
-            agents=pool,
-        ).run()
-    finally:
-        placer.close()
-        pool.close()
+    with simulation_with_agents(fleet, jobs, duration_s=MIG_CYCLES * MIG_CYCLE_S) as (sim, pool, _):
+        result = sim.run()
     return {
         "admissions": result.admissions,
         "refused": result.admission_failures,

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from devicemodel.contracts import RESOURCE_GPU
 from gpuweave.simulate.agents import NodeAgentPool
-from gpuweave.simulate.engine import Simulation
-from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+from tests.support.sim_agents import simulation_with_agents
 
 RESOURCE_EFA = "vpc.amazonaws.com/efa"
 
@@ -49,24 +47,8 @@ def test_the_report_records_the_gpu_back_and_the_efa_loss_measured() -> None:
     fleet = build_fleet(profiles, nodes=2)
     jobs = [Job(f"s{i}", JobKind.SINGLE, 60.0 * i, 7200.0, 1, 1, 1000, 4000, 16_384) for i in range(3)]
     faults = (FaultSpec(FaultKind.ECC_DBE, 0.3, 1800.0), FaultSpec(FaultKind.EFA_LINK, 0.5, 600.0))
-    model = FragmentModel(typical_workload([TaskShape(4000, 1000, 1)]), models=profiles, max_gpus=8)
-    pool = NodeAgentPool(fleet, share_nodes=frozenset())
-    placer = ExtenderPlacer(fleet, share_nodes=frozenset())
-    try:
-        sim = Simulation(
-            fleet=fleet,
-            jobs=jobs,
-            placer=placer,
-            metric_model=model,
-            duration_s=3600.0,
-            faults=faults,
-            share_nodes=frozenset(),
-            agents=pool,
-        )
-        result = sim.run()
-    finally:
-        placer.close()
-        pool.close()
+    with simulation_with_agents(fleet, jobs, duration_s=3600.0, faults=faults) as run:
+        result = run.sim.run()
     gpu, efa = result.faults
     assert gpu.gpu is not None and gpu.restored_at_s is not None
     assert gpu.health_rounds == 3 and gpu.restored_at_s - gpu.at_s == 3 * 60.0

@@ -5,12 +5,9 @@ and the node's kubelet admits it."""
 from __future__ import annotations
 
 from devicemodel.contracts import RESOURCE_GPU, mig_resource_name
-from gpuweave.simulate.agents import NodeAgentPool
-from gpuweave.simulate.engine import Simulation
-from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.fleet import build_fleet
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+from tests.support.sim_agents import simulation_with_agents
 
 
 def _mig_job(index: int, profile: str, *, at: float) -> Job:
@@ -20,26 +17,10 @@ def _mig_job(index: int, profile: str, *, at: float) -> Job:
 def test_mig_pods_are_bound_by_the_extender_to_devices_the_agent_created() -> None:
     fleet = build_fleet(["dgx-a100"], nodes=1)
     jobs = [_mig_job(i, p, at=60.0 * i) for i, p in enumerate(["3g.40gb", "1g.10gb", "1g.10gb"])]
-    model = FragmentModel(typical_workload([TaskShape(4000, 1000, 1)]), models=["dgx-a100"], max_gpus=8)
-    pool = NodeAgentPool(fleet, share_nodes=frozenset())
-    placer = ExtenderPlacer(fleet, share_nodes=frozenset())
-    try:
-        sim = Simulation(
-            fleet=fleet,
-            jobs=jobs,
-            placer=placer,
-            metric_model=model,
-            duration_s=1100.0,
-            faults=(),
-            share_nodes=frozenset(),
-            agents=pool,
-        )
+    with simulation_with_agents(fleet, jobs, duration_s=1100.0) as (sim, pool, _):
         result = sim.run()
         resources = pool.resources(0)
         mig_devices = pool.inventory(0).mig_devices
-    finally:
-        placer.close()
-        pool.close()
     assert result.jobs_started == 3 and result.reshapes
     assert result.placement_mismatches == 0 and result.admission_failures == 0
     assert result.admissions == 3  # each MIG pod admitted by the kubelet with its device

@@ -8,23 +8,18 @@ import numpy as np
 
 from gpuweave.simulate.agents import NodeAgentPool
 from gpuweave.simulate.cluster import Request
-from gpuweave.simulate.engine import Simulation
 from gpuweave.simulate.extender_client import ExtenderPlacer
 from gpuweave.simulate.faults import FaultKind, FaultSpec
 from gpuweave.simulate.fleet import FleetNode, build_fleet
 from gpuweave.simulate.state import SimState
 from gpuweave.simulate.workload import Job, JobKind
-from topology.fragmentation import FragmentModel, TaskShape, typical_workload
+from tests.support.sim_agents import one_shape_model, simulation_with_agents
 
 EIGHT_GPUS = Request(88_000, 786_432, 8, 1000)
 
 
-def _model() -> FragmentModel:
-    return FragmentModel(typical_workload([TaskShape(4000, 1000, 1)]), models=["p4d.24xlarge"], max_gpus=8)
-
-
 def _place_all_eight(placer: ExtenderPlacer, fleet: tuple[FleetNode, ...], pod_id: str) -> bool:
-    state = SimState.create(fleet, _model())
+    state = SimState.create(fleet, one_shape_model(fleet))
     rng = np.random.default_rng(0)
     placement = placer.place(state, EIGHT_GPUS, allowed=np.ones(1, dtype=bool), rng=rng, pod_id=pod_id)
     if placement is not None:
@@ -64,26 +59,17 @@ class _NoDirectFaults(ExtenderPlacer):
         self.told.append(f"restored {node}/{gpu}")
 
 
+def _in_process(fleet: tuple[FleetNode, ...]) -> _NoDirectFaults:
+    return _NoDirectFaults(fleet, share_nodes=frozenset(), transport="in-process")
+
+
 def test_in_the_loop_the_extender_learns_a_fault_and_the_recovery_from_published_inventories() -> None:
     fleet = build_fleet(["p4d.24xlarge"], nodes=1)
     jobs = [Job(f"s{i}", JobKind.SINGLE, 0.0, 7200.0, 1, 1, 1000, 4000, 16_384) for i in range(8)]
-    pool = NodeAgentPool(fleet, share_nodes=frozenset())
-    placer = _NoDirectFaults(fleet, share_nodes=frozenset(), transport="in-process")
-    try:
-        sim = Simulation(
-            fleet=fleet,
-            jobs=jobs,
-            placer=placer,
-            metric_model=_model(),
-            duration_s=3600.0,
-            faults=(FaultSpec(FaultKind.ECC_DBE, 0.3, 1800.0),),
-            share_nodes=frozenset(),
-            agents=pool,
-        )
-        result = sim.run()
-    finally:
-        placer.close()
-        pool.close()
+    faults = (FaultSpec(FaultKind.ECC_DBE, 0.3, 1800.0),)
+    with simulation_with_agents(fleet, jobs, duration_s=3600.0, faults=faults, placer=_in_process) as run:
+        result = run.sim.run()
+    placer = run.placer
     (fault,) = result.faults
     assert placer.told == []  # never told by the simulation
     assert fault.restored_at_s is not None  # the agent's reset and probation brought it back
