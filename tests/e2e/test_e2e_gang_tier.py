@@ -250,14 +250,19 @@ def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
         "nvidia.com/gpu.clique domain (its gpuweave.io/gang-tier), all or none"
     )
 
-    def waits_for_a_clique() -> str | None:
-        """The member's failure once all eight members exist (a member filtered before the last
-        was created is refused with the count first, and kube-scheduler retries it)."""
-        message = scheduling_failure(plane, NAMESPACE, again[0])
-        return message if message and waiting in message else None
+    def failures() -> dict[str, str | None]:
+        return {name: scheduling_failure(plane, NAMESPACE, name) for name in again}
 
-    message = wait_for("the gang to wait for a clique", waits_for_a_clique)
-    print(f"{again[0]}: {message}")
+    def waits_for_a_clique() -> tuple[str, str] | None:
+        """A member's failure once all eight members exist (one filtered before the last was
+        created is refused with the count; kube-scheduler retries it on the next pod event)."""
+        found = [(name, m) for name, m in failures().items() if m and waiting in m]
+        return found[0] if found else None
+
+    member, message = wait_for(
+        "the gang to wait for a clique", waits_for_a_clique, seen=lambda: repr(failures())
+    )
+    print(f"{member}: {message}")
     assert "the most any network domain holds is 7 (nvidia.com/gpu.clique=" in message
     assert not _bound(plane, again)  # 7 + 7 whole trays exist, but in two cliques
 

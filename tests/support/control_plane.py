@@ -63,15 +63,24 @@ def harness_k134_binary() -> Path:
     )
 
 
-def wait_for(what: str, check: Callable[[], T | None], *, timeout: float = 60.0, every: float = 0.2) -> T:
-    """Poll ``check`` until it returns something other than None/False; fail naming ``what``."""
+def wait_for(
+    what: str,
+    check: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    every: float = 0.2,
+    seen: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``check`` until it returns something other than None/False; fail naming ``what``, and
+    what ``seen`` says was there instead."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value is not None and value is not False:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}", pytrace=False)
+            instead = f"; instead: {seen()}" if seen is not None else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{instead}", pytrace=False)
         time.sleep(every)
 
 
