@@ -254,8 +254,10 @@ def test_a_clique_gang_stays_in_one_clique_and_moves_whole_after_a_tray_fault(
         return {name: scheduling_failure(plane, NAMESPACE, name) for name in again}
 
     def waits_for_a_clique() -> tuple[str, str] | None:
-        """A member's failure once all eight members exist (one filtered before the last was
-        created is refused with the count; kube-scheduler retries it on the next pod event)."""
+        """A member's failure once the extender knows all eight members. One filtered before
+        that is refused with the count, and where two attempts got the same count kube-scheduler
+        writes no new condition, so nothing requeues it until the next cluster event: the
+        members attempted last carry the gang's reason."""
         found = [(name, m) for name, m in failures().items() if m and waiting in m]
         return found[0] if found else None
 
