@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -225,9 +226,25 @@ class RealNode:
 
     def stop(self) -> None:
         """Stop the node and forget it, as when a node leaves (no garbage collector runs here):
-        its Node, ResourceSlices and GpuNodeInventory are deleted so later tests do not see it."""
+        its Node, ResourceSlices and GpuNodeInventory are deleted so later tests do not see it.
+        Once the harness has cleaned up after itself, the node's directory keeps its logs only."""
         self.process.stop(timeout=60)
         self.plane.forget_node(self.name)
+        if self.process.popen.returncode == 0:  # killed instead: its containers may still be there
+            shed_all_but_logs(self.dir)
+
+
+def shed_all_but_logs(directory: Path) -> None:
+    """Remove what a stopped node left in ``directory`` (image archives, containerd's content and
+    snapshots, the kubelet's directory: about 3 GB a node, which outlives pytest's own clean-up of
+    its temporary directories since it lies under ``SHORT_ROOT``) except ``logs``."""
+    for entry in directory.iterdir():
+        if entry.name == "logs":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 # ---- seer pods: what a container on the real node saw ------------------------------------------
