@@ -236,7 +236,7 @@ class RealNode:
 
 def shed_all_but_logs(directory: Path) -> None:
     """Remove what a stopped node left in ``directory`` (image archives, containerd's content and
-    snapshots, the kubelet's directory: about 3 GB a node, which outlives pytest's own clean-up of
+    snapshots, the kubelet's directory: about 0.8 GB a node, which outlives pytest's own clean-up of
     its temporary directories since it lies under ``SHORT_ROOT``) except ``logs``."""
     for entry in directory.iterdir():
         if entry.name == "logs":
