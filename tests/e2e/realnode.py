@@ -299,16 +299,15 @@ def wait_reported(node: RealNode, name: str) -> tuple[Any, dict[str, Any]]:
         seen = node.seen(pod)
         return (pod, seen) if seen is not None else None
 
-    try:
-        return wait_for(f"pod {name} running and its container's report", reported, timeout=120)
-    except pytest.fail.Exception:
+    def state() -> str:
         pod = node.plane.core.read_namespaced_pod(name, SEER_NAMESPACE)
         statuses = [(c.name, c.state) for c in pod.status.container_statuses or []]
-        pytest.fail(
+        return (
             f"pod {name} on node {pod.spec.node_name!r}, phase {pod.status.phase}, containers {statuses}, "
-            f"conditions {[(c.type, c.status, c.message) for c in pod.status.conditions or []]}",
-            pytrace=False,
+            f"conditions {[(c.type, c.status, c.message) for c in pod.status.conditions or []]}"
         )
+
+    return wait_for(f"pod {name} running and its container's report", reported, timeout=120, seen=state)
 
 
 def delete_pod(node: RealNode, name: str) -> None:
